@@ -1,0 +1,147 @@
+"""Build and load a task's CUDA extension (JIT, cached, student and reference side by side).
+
+`load_extension(task, solution)` compiles `taskN/binding.cpp` with the student's
+`taskN/kernels/*.cu` (or the reference's `taskN/solution/kernels/*.cu`) into
+`build/taskN-student` or `build/taskN-solution`, so one process can load both.
+Ninja rebuilds only what changed (headers included). Whatever goes wrong — no
+GPU, no nvcc, no ninja, a compiler error — comes back as one `BuildError` whose
+message says what to do, with the full log kept in the build folder.
+
+Known traps handled here:
+- a build killed half-way leaves `build/.../lock`, and torch's loader would wait
+  for it forever: we hold our own `flock` while building (the kernel releases it
+  when a process dies), so a torch lock found under it is stale and removed;
+- ninja's default parallelism can exhaust memory on small machines: MAX_JOBS;
+- building for every architecture is slow: TORCH_CUDA_ARCH_LIST is set to the
+  GPU that is present.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from common.impl import REPO, label
+
+BUILD_ROOT = REPO / "build"
+CUDA_FLAGS = ["-O3", "-lineinfo", "-Xptxas=-warn-spills"]
+MAX_ERROR_LINES = 12
+
+
+class BuildError(RuntimeError):
+    """The extension could not be built or loaded; the message is the whole story."""
+
+
+def build_dir(task: int, solution: bool) -> Path:
+    return BUILD_ROOT / f"task{task}-{'solution' if solution else 'student'}"
+
+
+def kernel_sources(task: int, solution: bool) -> list[Path]:
+    folder = REPO / f"task{task}" / ("solution/kernels" if solution else "kernels")
+    return sorted(folder.glob("*.cu"))
+
+
+def find_nvcc() -> str | None:
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    if CUDA_HOME and (Path(CUDA_HOME) / "bin" / "nvcc").exists():
+        return str(Path(CUDA_HOME) / "bin" / "nvcc")
+    return shutil.which("nvcc")
+
+
+def check_toolchain() -> None:
+    """Raise BuildError naming the first missing piece: GPU, CUDA build of torch, nvcc, ninja."""
+    from torch.utils.cpp_extension import is_ninja_available
+
+    if torch.version.cuda is None:
+        raise BuildError(
+            f"this PyTorch ({torch.__version__}) is a CPU-only build, so CUDA extensions cannot be built. "
+            "Install a CUDA build of PyTorch (see README, Set-up) on a machine with an NVIDIA GPU."
+        )
+    if not torch.cuda.is_available():
+        raise BuildError("no CUDA GPU is visible (torch.cuda.is_available() is False); run on a GPU node.")
+    if find_nvcc() is None:
+        raise BuildError(
+            "nvcc was not found: load your CUDA toolkit (for example `module load cuda`) or set CUDA_HOME."
+        )
+    if not is_ninja_available():
+        raise BuildError("ninja was not found: `pip install ninja` (it is in the project's dependencies).")
+
+
+def _compiler_errors(log: str) -> str:
+    """The lines a student needs from a ninja/nvcc log: the errors, with file and line."""
+    wanted = [ln for ln in log.splitlines() if re.search(r"\berror\b|undefined symbol|fatal", ln, re.IGNORECASE)]
+    wanted = [ln.strip() for ln in wanted if not ln.lstrip().startswith(("FAILED:", "ninja: build stopped"))]
+    if not wanted:
+        wanted = log.strip().splitlines()[-MAX_ERROR_LINES:]
+    more = len(wanted) - MAX_ERROR_LINES
+    return "\n".join(wanted[:MAX_ERROR_LINES]) + (f"\n... and {more} more" if more > 0 else "")
+
+
+def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda_flags: list[str] | None = None):
+    """Build (if needed) and import the task's extension; raises BuildError with a clear message."""
+    from torch.utils.cpp_extension import load
+
+    check_toolchain()
+    sources = [REPO / f"task{task}" / "binding.cpp", *kernel_sources(task, solution)]
+    missing = [str(s.relative_to(REPO)) for s in sources if not s.exists()]
+    if missing or len(sources) < 2:
+        raise BuildError(f"task {task}: source files missing: {', '.join(missing) or 'no kernels/*.cu'}")
+
+    folder = build_dir(task, solution)
+    folder.mkdir(parents=True, exist_ok=True)
+    if "TORCH_CUDA_ARCH_LIST" not in os.environ:
+        major, minor = torch.cuda.get_device_capability()
+        os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
+    os.environ.setdefault("MAX_JOBS", str(max(1, min(4, (os.cpu_count() or 2) // 2))))
+
+    name = f"task{task}_{'solution' if solution else 'student'}"
+    started = time.perf_counter()
+    with open(folder / "build.flock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # another process building the same extension: wait for it
+        stale = folder / "lock"
+        if stale.exists():
+            stale.unlink()  # no live build holds it, or we would not hold the flock
+        try:
+            module = load(
+                name=name,
+                sources=[str(s) for s in sources],
+                extra_include_paths=[str(REPO)],
+                extra_cflags=["-O3"],
+                extra_cuda_cflags=CUDA_FLAGS + (extra_cuda_flags or []),
+                build_directory=str(folder),
+                verbose=False,
+            )
+        except (RuntimeError, OSError, ImportError) as err:
+            log = folder / "build.log"
+            log.write_text(str(err))
+            raise BuildError(
+                f"building task {task} ({label(solution)}) failed:\n{_compiler_errors(str(err))}\n"
+                f"(full log: {log.relative_to(REPO)})"
+            ) from None
+    if not quiet:
+        print(f"task {task} ({label(solution)}): built in {folder.relative_to(REPO)} "
+              f"({time.perf_counter() - started:.1f} s, arch {os.environ['TORCH_CUDA_ARCH_LIST']})")
+    return module
+
+
+def compile_main(task: int, argv: list[str] | None = None) -> int:
+    """`python -m taskN.compile [--solution]`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=f"python -m task{task}.compile",
+                                     description=f"Build task {task}'s CUDA extension.")
+    parser.add_argument("--solution", action="store_true", help="build the reference solution")
+    args = parser.parse_args(argv)
+    try:
+        load_extension(task, args.solution)
+    except BuildError as err:
+        print(f"task {task}: {err}")
+        return 1
+    return 0

@@ -1,0 +1,116 @@
+"""Correctness checks: compare an output with a float64 reference.
+
+Every check in the course goes through `compare`, so a wrong value, a NaN, an
+Inf and an element the kernel never wrote (left at the NaN that `poisoned`
+filled it with) all fail the same way, with the first few bad indices printed.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+SHOW_FIRST = 5  # how many mismatching indices a message lists
+
+
+@dataclass
+class CheckResult:
+    passed: bool
+    message: str
+    max_abs_err: float = math.nan
+    max_rel_err: float = math.nan
+    mean_abs_err: float = math.nan
+    mismatches: int = 0
+
+    def metrics(self) -> dict:
+        return {
+            "max_abs_err": self.max_abs_err,
+            "max_rel_err": self.max_rel_err,
+            "mean_abs_err": self.mean_abs_err,
+            "mismatches": self.mismatches,
+        }
+
+
+def poisoned(shape, device, dtype=torch.float32) -> torch.Tensor:
+    """An output buffer full of NaN: any element a kernel forgets to write shows up."""
+    return torch.full(tuple(shape), math.nan, device=device, dtype=dtype)
+
+
+@contextmanager
+def exact_float32():
+    """Turn TF32 off so float32 matmuls are true float32 (and the reference is exact)."""
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def random_tensor(shape, seed: int, device="cpu", dtype=torch.float32) -> torch.Tensor:
+    """Fresh standard-normal values from a seed, generated on the CPU so every device sees the same data."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(tuple(shape), generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
+
+
+def _fmt_index(flat: int, shape) -> tuple:
+    index = []
+    for size in reversed(shape):
+        index.append(flat % size)
+        flat //= size
+    return tuple(reversed(index))
+
+
+def compare(out, ref, *, atol: float, rtol: float, name: str = "output") -> CheckResult:
+    """Elementwise |out - ref| <= atol + rtol * |ref|; NaN or Inf in `out` always fails."""
+    if not isinstance(out, torch.Tensor):
+        return CheckResult(False, f"{name} should be a torch.Tensor, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(ref.shape):
+        return CheckResult(False, f"{name} has shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
+    got = out.detach().to("cpu", torch.float64)
+    want = ref.detach().to("cpu", torch.float64)
+    total = got.numel()
+
+    bad_values = ~torch.isfinite(got)
+    if bad_values.any():
+        nans = int(torch.isnan(got).sum())
+        infs = int(bad_values.sum()) - nans
+        if nans == total:
+            return CheckResult(False, f"{name} is entirely NaN: nothing was written to it", mismatches=total)
+        first = [_fmt_index(i, got.shape) for i in bad_values.flatten().nonzero()[:SHOW_FIRST, 0].tolist()]
+        return CheckResult(
+            False,
+            f"{name} has {nans} NaN and {infs} Inf of {total} elements (unwritten or overflowed); "
+            f"first at {', '.join(map(str, first))}",
+            mismatches=int(bad_values.sum()),
+        )
+
+    diff = (got - want).abs()
+    rel = diff / want.abs().clamp_min(1e-12)
+    bad = diff > atol + rtol * want.abs()
+    count = int(bad.sum())
+    result = CheckResult(
+        passed=count == 0,
+        message="",
+        max_abs_err=float(diff.max()) if total else 0.0,
+        max_rel_err=float(rel.max()) if total else 0.0,
+        mean_abs_err=float(diff.mean()) if total else 0.0,
+        mismatches=count,
+    )
+    if count == 0:
+        result.message = f"max abs err {result.max_abs_err:.2e}, max rel err {result.max_rel_err:.2e}"
+        return result
+    flat_got, flat_want = got.flatten(), want.flatten()
+    shown = [
+        f"{_fmt_index(i, got.shape)}: got {flat_got[i]:.6g}, expected {flat_want[i]:.6g}"
+        for i in bad.flatten().nonzero()[:SHOW_FIRST, 0].tolist()
+    ]
+    result.message = (
+        f"{name}: {count} of {total} elements differ (atol {atol:g}, rtol {rtol:g}; "
+        f"max abs err {result.max_abs_err:.3e}); first: " + "; ".join(shown)
+    )
+    return result

@@ -1,0 +1,172 @@
+"""Result records: what a task's test found, as JSON the grader reads.
+
+A `Report` collects one entry per check or benchmark case. It prints one line per
+case as it goes (with which implementation ran), turns a skeleton's
+NotImplementedError into 'not implemented yet: see README, Task N, step K', and at
+the end writes the JSON record (`--json PATH`) and returns the exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import subprocess
+import sys
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from common.checks import CheckResult
+from common.impl import REPO, label, student_files
+from common.skeleton import remaining_todos
+
+# Status of a whole task run, in the order the grader reports them.
+PASSED, FAILED, NOT_IMPLEMENTED, NEEDS_CUDA = "passed", "failed", "not_implemented", "needs_cuda"
+
+
+class NeedsCuda(Exception):
+    """Raised when a check cannot run on this machine because it has no CUDA GPU."""
+
+
+@dataclass
+class Case:
+    name: str
+    kind: str  # "check" (gates points) or "benchmark" (reports numbers)
+    passed: bool
+    message: str
+    metrics: dict = field(default_factory=dict)
+
+
+def environment() -> dict:
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()})",
+    }
+    try:
+        env["commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+        ).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        env["commit"] = None
+    return env
+
+
+def _json_safe(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+class Report:
+    def __init__(self, task: int, solution: bool, title: str):
+        self.task = task
+        self.solution = solution
+        self.cases: list[Case] = []
+        self.not_implemented: str | None = None
+        self.needs_cuda: str | None = None
+        self.notes: list[str] = []
+        print(f"Task {task}: {title} — {label(solution)}")
+
+    # -- recording -------------------------------------------------------------
+    def add(self, name: str, passed: bool, message: str, metrics: dict | None = None, kind: str = "check"):
+        self.cases.append(Case(name, kind, passed, message, metrics or {}))
+        mark = "PASS" if passed else "FAIL"
+        if kind == "benchmark":
+            mark = "INFO" if passed else "FAIL"
+        print(f"  [{mark}] {name}: {message}")
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+        print(f"  note: {message}")
+
+    @property
+    def stopped(self) -> bool:
+        """True once a skeleton step was found missing: later cases would fail the same way."""
+        return self.not_implemented is not None
+
+    def run(self, name: str, fn, kind: str = "check"):
+        """Run one case. `fn` returns a CheckResult, or (passed, message, metrics).
+
+        An exception fails this case only; a NotImplementedError (a skeleton step)
+        stops the run, since every later case would fail the same way.
+        """
+        if self.stopped:
+            return None
+        try:
+            result = fn()
+        except NotImplementedError as err:
+            self.not_implemented = self._first_missing_step(err)
+            print(f"  not implemented yet: {self.not_implemented}")
+            return None
+        except NeedsCuda as err:
+            self.needs_cuda = str(err)
+            print(f"  [SKIP] {name}: {err}")
+            return None
+        except Exception as err:  # a student's bug fails their case, never the whole test
+            self.add(name, False, f"raised {type(err).__name__}: {err}\n{_short_traceback(err)}", kind=kind)
+            return None
+        if isinstance(result, CheckResult):
+            self.add(name, result.passed, result.message, result.metrics(), kind)
+        else:
+            passed, message, metrics = result
+            self.add(name, passed, message, metrics, kind)
+        return result
+
+    def _first_missing_step(self, err: NotImplementedError) -> str:
+        """Point at the earliest step still marked TODO, not just the first one a case happened to call."""
+        todos = [] if self.solution else sorted(
+            {step for path in student_files(self.task) for step in remaining_todos(path)},
+            key=lambda step: int(step.split(":")[0].removeprefix("step ")),
+        )
+        if not todos:
+            return str(err).removeprefix("see ") or "a step raised NotImplementedError"
+        more = f" ({len(todos) - 1} more step(s) after it are still TODO)" if len(todos) > 1 else ""
+        return f"see README, Task {self.task}, {todos[0]}{more}"
+
+    # -- summary ---------------------------------------------------------------
+    def status(self) -> str:
+        if self.not_implemented:
+            return NOT_IMPLEMENTED
+        if not self.cases and self.needs_cuda:
+            return NEEDS_CUDA
+        return PASSED if self.cases and all(c.passed for c in self.cases) else FAILED
+
+    def finish(self, json_path: str | None) -> int:
+        status = self.status()
+        checks = [c for c in self.cases if c.kind == "check"]
+        passed = sum(c.passed for c in checks)
+        if status == NOT_IMPLEMENTED:
+            print(f"Task {self.task}: not implemented yet: {self.not_implemented}")
+        elif status == NEEDS_CUDA:
+            print(f"Task {self.task}: needs a CUDA GPU ({self.needs_cuda})")
+        else:
+            print(f"Task {self.task}: {passed}/{len(checks)} checks passed — {status.upper()} ({label(self.solution)})")
+        if json_path:
+            record = {
+                "task": self.task,
+                "implementation": label(self.solution),
+                "status": status,
+                "not_implemented": self.not_implemented,
+                "needs_cuda": self.needs_cuda,
+                "notes": self.notes,
+                "environment": environment(),
+                "cases": [asdict(c) for c in self.cases],
+            }
+            Path(json_path).write_text(json.dumps(_json_safe(record), indent=2))
+        return 0 if status in (PASSED, NEEDS_CUDA) else 1
+
+
+def _short_traceback(err: BaseException, frames: int = 3) -> str:
+    """The last few frames only: enough to find the line, not a wall of text."""
+    lines = traceback.format_exception(type(err), err, err.__traceback__)
+    body = "".join(lines[-(frames + 1) : -1]) if len(lines) > 1 else ""
+    return "    " + body.strip().replace("\n", "\n    ") if body else ""

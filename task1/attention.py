@@ -1,0 +1,79 @@
+"""Task 1: naive multi-head attention in PyTorch.
+
+Shapes: the layer takes query, key, value of shape (batch, seq, hidden) with
+hidden = num_heads * head_dim; inside, each head works on (batch, heads, seq, head_dim).
+The functions below are the steps of README, Task 1; `MultiHeadAttention` chains them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from common.validate import check_hidden, check_qkv
+
+
+def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """(batch, seq, num_heads * head_dim) -> (batch, num_heads, seq, head_dim)"""
+    # TODO (README, Task 1, step 1: split the heads with view and transpose)
+    raise NotImplementedError("see README, Task 1, step 1: split the heads with view and transpose")
+
+
+def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """(batch, heads, seq_q, head_dim), (batch, heads, seq_k, head_dim) -> (batch, heads, seq_q, seq_k)"""
+    # TODO (README, Task 1, step 2: scaled scores q k^T / sqrt(head_dim))
+    raise NotImplementedError("see README, Task 1, step 2: scaled scores q k^T / sqrt(head_dim)")
+
+
+def apply_causal_mask(scores: torch.Tensor) -> torch.Tensor:
+    """Hide future keys: query i sees key j only if j <= i + (seq_k - seq_q), aligned to the end."""
+    # TODO (README, Task 1, step 3: causal mask with triu and masked_fill(-inf))
+    raise NotImplementedError("see README, Task 1, step 3: causal mask with triu and masked_fill(-inf)")
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + mask) v for tensors of shape (batch, heads, seq, head_dim)."""
+    scores = attention_scores(q, k)
+    if causal:
+        scores = apply_causal_mask(scores)
+    # TODO (README, Task 1, step 4: softmax over the keys, then weight the values)
+    raise NotImplementedError("see README, Task 1, step 4: softmax over the keys, then weight the values")
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(batch, num_heads, seq, head_dim) -> (batch, seq, num_heads * head_dim)"""
+    # TODO (README, Task 1, step 5: merge the heads back with transpose and reshape)
+    raise NotImplementedError("see README, Task 1, step 5: merge the heads back with transpose and reshape")
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with bias-free projections, like nn.MultiheadAttention(bias=False, batch_first=True)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, device=None, dtype=None):
+        super().__init__()
+        self.head_dim = check_hidden(hidden_size, num_heads)
+        self.hidden_size, self.num_heads = hidden_size, num_heads
+        make = lambda: nn.Linear(hidden_size, hidden_size, bias=False, device=device, dtype=dtype)  # noqa: E731
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = make(), make(), make(), make()
+
+    def attend(self, q, k, v, causal):
+        """The attention core on (batch, heads, seq, head_dim); later tasks swap in their kernels here."""
+        return attention(q, k, v, causal)
+
+    def forward(self, query, key, value, causal: bool = False) -> torch.Tensor:
+        """query (batch, seq_q, hidden); key, value (batch, seq_k, hidden) -> (batch, seq_q, hidden)"""
+        check_qkv(query, key, value, dims=3, seq_dim=1, causal=causal, hidden=self.hidden_size)
+        q = split_heads(self.q_proj(query), self.num_heads)
+        k = split_heads(self.k_proj(key), self.num_heads)
+        v = split_heads(self.v_proj(value), self.num_heads)
+        return self.out_proj(merge_heads(self.attend(q, k, v, causal)))
+
+    @torch.no_grad()
+    def load_from_torch(self, mha: nn.MultiheadAttention) -> MultiHeadAttention:
+        """Copy the weights of a bias-free nn.MultiheadAttention, so both compute the same function."""
+        w_q, w_k, w_v = mha.in_proj_weight.chunk(3)
+        for linear, w in zip((self.q_proj, self.k_proj, self.v_proj, self.out_proj), (w_q, w_k, w_v, mha.out_proj.weight)):
+            linear.weight.copy_(w)
+        return self

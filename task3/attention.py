@@ -1,0 +1,64 @@
+"""Task 3: FlashAttention-2 forward (Algorithm 1 of Dao, 2023) in PyTorch.
+
+Shapes: q is (batch, heads, seq_q, head_dim); k and v are (batch, heads, seq_k, head_dim).
+The loop walks over query tiles of `block_rows` (Br) rows and, inside, key/value
+tiles of `block_cols` (Bc) rows. It keeps, per query row, the running maximum m_i,
+the running sum l_i and the unnormalised output acc, so it never holds more than
+a (Br x Bc) block of scores: the full (seq_q x seq_k) matrix is never built.
+
+Erratum: the paper's line 10 rescales the old output by diag(exp(m_old - m_new))^-1;
+the inverse is wrong. Since m_new >= m_old, the factor exp(m_old - m_new) <= 1
+itself shrinks what was accumulated under the old maximum.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from common.validate import check_qkv
+
+
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    block_rows: int = 64,
+    block_cols: int = 64,
+    return_lse: bool = False,
+):
+    """softmax(q k^T / sqrt(d) + mask) v, tile by tile. Returns out, or (out, lse) with lse (batch, heads, seq_q).
+
+    Causal masking is aligned to the end: query i sees key j when j <= i + (seq_k - seq_q).
+    """
+    check_qkv(q, k, v, dims=4, seq_dim=2, causal=causal)
+    if block_rows < 1 or block_cols < 1:
+        raise ValueError(f"block_rows and block_cols must be positive, got {block_rows} and {block_cols}")
+    seq_q, seq_k, head_dim = q.shape[2], k.shape[2], q.shape[3]
+    scale = 1.0 / math.sqrt(head_dim)
+    offset = seq_k - seq_q  # query i is aligned with key i + offset
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], dtype=q.dtype, device=q.device)
+
+    for row_start in range(0, seq_q, block_rows):
+        row_end = min(row_start + block_rows, seq_q)
+        # TODO (README, Task 3, step 1: load the query tile Q_i and start m_i = -inf, l_i = 0, acc = 0)
+        raise NotImplementedError("see README, Task 3, step 1: load the query tile Q_i and start m_i = -inf, l_i = 0, acc = 0")
+
+        # TODO (README, Task 3, step 2: stop the key loop after the last tile a causal query tile can see)
+        col_stop = seq_k
+        for col_start in range(0, col_stop, block_cols):
+            col_end = min(col_start + block_cols, seq_k)
+            k_j, v_j = k[:, :, col_start:col_end], v[:, :, col_start:col_end]  # (B, H, Bc, d)
+            # TODO (README, Task 3, step 3: scores S_ij = scale * Q_i K_j^T, masked where a key is in a query's future)
+            raise NotImplementedError("see README, Task 3, step 3: scores S_ij = scale * Q_i K_j^T, masked where a key is in a query's future")
+
+            # TODO (README, Task 3, step 4: online softmax: new max, rescale l_i and acc by exp(m_old - m_new), add P_ij V_j)
+            raise NotImplementedError("see README, Task 3, step 4: online softmax: new max, rescale l_i and acc by exp(m_old - m_new), add P_ij V_j")
+
+        # TODO (README, Task 3, step 5: normalise, O_i = acc / l_i, and save the log-sum-exp L_i = m_i + log(l_i))
+        raise NotImplementedError("see README, Task 3, step 5: normalise, O_i = acc / l_i, and save the log-sum-exp L_i = m_i + log(l_i)")
+
+    return (out, lse) if return_lse else out

@@ -1,0 +1,86 @@
+"""Task 3: FlashAttention-2 forward (Algorithm 1 of Dao, 2023) in PyTorch.
+
+Shapes: q is (batch, heads, seq_q, head_dim); k and v are (batch, heads, seq_k, head_dim).
+The loop walks over query tiles of `block_rows` (Br) rows and, inside, key/value
+tiles of `block_cols` (Bc) rows. It keeps, per query row, the running maximum m_i,
+the running sum l_i and the unnormalised output acc, so it never holds more than
+a (Br x Bc) block of scores: the full (seq_q x seq_k) matrix is never built.
+
+Erratum: the paper's line 10 rescales the old output by diag(exp(m_old - m_new))^-1;
+the inverse is wrong. Since m_new >= m_old, the factor exp(m_old - m_new) <= 1
+itself shrinks what was accumulated under the old maximum.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from common.validate import check_qkv
+
+
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    block_rows: int = 64,
+    block_cols: int = 64,
+    return_lse: bool = False,
+):
+    """softmax(q k^T / sqrt(d) + mask) v, tile by tile. Returns out, or (out, lse) with lse (batch, heads, seq_q).
+
+    Causal masking is aligned to the end: query i sees key j when j <= i + (seq_k - seq_q).
+    """
+    check_qkv(q, k, v, dims=4, seq_dim=2, causal=causal)
+    if block_rows < 1 or block_cols < 1:
+        raise ValueError(f"block_rows and block_cols must be positive, got {block_rows} and {block_cols}")
+    seq_q, seq_k, head_dim = q.shape[2], k.shape[2], q.shape[3]
+    scale = 1.0 / math.sqrt(head_dim)
+    offset = seq_k - seq_q  # query i is aligned with key i + offset
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], dtype=q.dtype, device=q.device)
+
+    for row_start in range(0, seq_q, block_rows):
+        row_end = min(row_start + block_rows, seq_q)
+        # BEGIN SOLUTION "step 1: load the query tile Q_i and start m_i = -inf, l_i = 0, acc = 0"
+        q_i = q[:, :, row_start:row_end]  # (B, H, Br, d)
+        m_i = torch.full(q_i.shape[:3], -math.inf, dtype=q.dtype, device=q.device)  # running max
+        l_i = torch.zeros(q_i.shape[:3], dtype=q.dtype, device=q.device)  # running sum of exp
+        acc = torch.zeros_like(q_i)  # unnormalised output
+        # END SOLUTION
+
+        # BEGIN SOLUTION "step 2: stop the key loop after the last tile a causal query tile can see"
+        # With a causal mask the last row of this tile sees keys up to row_end - 1 + offset;
+        # later tiles are entirely masked, so they are skipped rather than computed.
+        col_stop = min(seq_k, row_end + offset) if causal else seq_k
+        # SKELETON
+        # col_stop = seq_k
+        # END SOLUTION
+        for col_start in range(0, col_stop, block_cols):
+            col_end = min(col_start + block_cols, seq_k)
+            k_j, v_j = k[:, :, col_start:col_end], v[:, :, col_start:col_end]  # (B, H, Bc, d)
+            # BEGIN SOLUTION "step 3: scores S_ij = scale * Q_i K_j^T, masked where a key is in a query's future"
+            s_ij = (q_i @ k_j.transpose(-2, -1)) * scale  # (B, H, Br, Bc)
+            if causal and col_end - 1 > row_start + offset:  # only tiles that cross the diagonal need a mask
+                rows = torch.arange(row_start, row_end, device=q.device)[:, None]
+                cols = torch.arange(col_start, col_end, device=q.device)[None, :]
+                s_ij = s_ij.masked_fill(cols > rows + offset, -math.inf)
+            # END SOLUTION
+
+            # BEGIN SOLUTION "step 4: online softmax: new max, rescale l_i and acc by exp(m_old - m_new), add P_ij V_j"
+            m_new = torch.maximum(m_i, s_ij.amax(dim=-1))
+            p_ij = torch.exp(s_ij - m_new[..., None])  # (B, H, Br, Bc), unnormalised probabilities
+            correction = torch.exp(m_i - m_new)  # <= 1: what was summed under the old max shrinks
+            l_i = correction * l_i + p_ij.sum(dim=-1)
+            acc = correction[..., None] * acc + p_ij @ v_j
+            m_i = m_new
+            # END SOLUTION
+
+        # BEGIN SOLUTION "step 5: normalise, O_i = acc / l_i, and save the log-sum-exp L_i = m_i + log(l_i)"
+        out[:, :, row_start:row_end] = acc / l_i[..., None]
+        lse[:, :, row_start:row_end] = m_i + torch.log(l_i)
+        # END SOLUTION
+
+    return (out, lse) if return_lse else out
