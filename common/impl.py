@@ -40,3 +40,27 @@ def student_files(task: int) -> list[Path]:
         if p.suffix in (".py", ".cu") and "solution" not in p.relative_to(folder).parts
         and p.name not in ("__init__.py", "test.py", "compile.py") and "__pycache__" not in p.parts
     )
+
+
+# PyTorch's own attention: a task that asks you to write attention must not call these.
+PYTORCH_ATTENTION = ("scaled_dot_product_attention", "multi_head_attention_forward", "MultiheadAttention(")
+
+
+def forbidden_uses(task: int, solution: bool, names=PYTORCH_ATTENTION) -> list[str]:
+    """'file:line: name' for each use of `names` in the student's files (none for the reference)."""
+    if solution:
+        return []
+    found = []
+    for path in student_files(task):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0].split("//")[0]
+            found += [f"{path.relative_to(REPO)}:{number}: {name}" for name in names if name in code]
+    return found
+
+
+def check_no_pytorch_attention(task: int, solution: bool):
+    """A report case: passes unless the student's files call PyTorch's attention."""
+    uses = forbidden_uses(task, solution)
+    if uses:
+        return False, "calls PyTorch's own attention, which this task asks you to write: " + "; ".join(uses), {}
+    return True, "no call to PyTorch's own attention", {}

@@ -62,6 +62,7 @@ def main(argv=None) -> int:
     args = cli.parser(1, __doc__.splitlines()[2]).parse_args(argv)
     report = Report(1, args.solution, "naive multi-head attention")
     mod = impl.load(1, "attention", args.solution)
+    report.run("does not call PyTorch's attention", lambda: impl.check_no_pytorch_attention(1, args.solution))
     cases = CASES + cli.extra_cases(1, args.hidden)
     for device in cli.devices():
         for i, shape in enumerate(cases):

@@ -109,6 +109,7 @@ def main(argv=None) -> int:
     args = cli.parser(3, __doc__.splitlines()[2]).parse_args(argv)
     report = Report(3, args.solution, "FlashAttention-2 in PyTorch")
     mod = impl.load(3, "attention", args.solution)
+    report.run("does not call PyTorch's attention", lambda: impl.check_no_pytorch_attention(3, args.solution))
     cases = CASES + cli.extra_cases(3, args.hidden)
     for device in cli.devices():
         for i, shape in enumerate(cases):

@@ -58,7 +58,7 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention with bias-free projections, like nn.MultiheadAttention(bias=False, batch_first=True)."""
+    """Multi-head attention with bias-free projections: nn.MultiheadAttention with bias=False, batch_first=True."""
 
     def __init__(self, hidden_size: int, num_heads: int, device=None, dtype=None):
         super().__init__()

@@ -1,0 +1,60 @@
+"""python -m grader.handout DEST
+
+Export the student repository: every tracked file except the reference
+solutions and the hidden cases, the skeletons in place (regenerated, so they
+match the reference), and a blank Results.md. DEST must not exist yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from common.impl import REPO
+from common.skeleton import generate
+
+BLANK_RESULTS = "# Results\n\nNot graded yet: run `python -m grader` to fill this in.\n"
+
+
+def instructor_only(rel: Path) -> bool:
+    return "solution" in rel.parts or rel == Path("grader/hidden.py")
+
+
+def tracked_files() -> list[Path]:
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    return [Path(p) for p in out.decode().split("\0") if p]
+
+
+def export(dest: Path) -> list[Path]:
+    if dest.exists():
+        raise SystemExit(f"{dest} already exists; choose a new folder")
+    skeletons = generate(REPO)
+    written = []
+    for rel in tracked_files():
+        if instructor_only(rel) or not (REPO / rel).is_file():
+            continue
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if rel in skeletons:
+            target.write_text(skeletons[rel])
+        elif rel == Path("Results.md"):
+            target.write_text(BLANK_RESULTS)
+        else:
+            target.write_bytes((REPO / rel).read_bytes())
+        written.append(rel)
+    return written
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grader.handout", description=__doc__.splitlines()[0])
+    parser.add_argument("dest", type=Path, help="folder to create")
+    args = parser.parse_args(argv)
+    written = export(args.dest)
+    print(f"wrote {len(written)} files to {args.dest} (no solutions, no hidden cases, skeletons in place)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

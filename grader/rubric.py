@@ -1,0 +1,67 @@
+"""The rubric: points per task, and how a task's test record becomes a score.
+
+Correctness gates points: a task earns its correctness points in proportion to
+the checks that pass, and its performance points (tasks 4 and 5) only when every
+check passes. Performance is scored against the reference solution timed in the
+same run (`vs_reference` = reference time / student time in each benchmark
+case), so the grade does not depend on which GPU ran it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TaskRubric:
+    title: str
+    points: float
+    performance_points: float = 0.0  # part of `points`
+    needs_cuda: bool = False
+    timeout_s: int = 600
+
+
+RUBRIC = {
+    1: TaskRubric("naive multi-head attention (PyTorch)", 2),
+    2: TaskRubric("softmax and tiled GEMM kernels (CUDA)", 3, needs_cuda=True, timeout_s=900),
+    3: TaskRubric("FlashAttention-2 (PyTorch)", 3),
+    4: TaskRubric("fused FlashAttention kernel (CUDA)", 4, performance_points=1, needs_cuda=True, timeout_s=1200),
+    5: TaskRubric("KV cache and decode kernels (CUDA)", 4, performance_points=1, needs_cuda=True, timeout_s=1200),
+    6: TaskRubric("prefill/decode inside a small LLM", 3),
+    7: TaskRubric("the kernels inside GPT-2", 1),
+}
+TOTAL_POINTS = sum(r.points for r in RUBRIC.values())
+# Full performance points at this fraction of the reference's speed, linear below it.
+FULL_SPEED_FRACTION = 0.8
+
+
+def score(task: int, record: dict) -> tuple[float, str]:
+    """(points earned, one-line explanation) for a finished test record."""
+    rubric = RUBRIC[task]
+    status = record.get("status")
+    if status == "not_implemented":
+        return 0.0, f"not implemented yet: {record.get('not_implemented')}"
+    if status == "needs_cuda":
+        return 0.0, f"not graded here: needs a CUDA GPU ({record.get('needs_cuda')})"
+    cases = record.get("cases", [])
+    checks = [c for c in cases if c["kind"] == "check"]
+    if not checks:
+        return 0.0, "no checks ran"
+    passed = sum(c["passed"] for c in checks)
+    correctness_points = rubric.points - rubric.performance_points
+    earned = correctness_points * passed / len(checks)
+    why = f"{passed}/{len(checks)} checks passed"
+    if rubric.performance_points:
+        if passed < len(checks):
+            why += "; performance not scored until every check passes"
+        else:
+            ratios = [c["metrics"]["vs_reference"] for c in cases
+                      if c["kind"] == "benchmark" and c["metrics"].get("vs_reference") is not None]
+            if not ratios:
+                why += "; performance not scored (no reference timing in this run: grade with the instructor's grader)"
+            else:
+                fraction = sum(min(1.0, r / FULL_SPEED_FRACTION) for r in ratios) / len(ratios)
+                earned += rubric.performance_points * fraction
+                why += (f"; speed {sum(ratios) / len(ratios):.2f}x the reference on average "
+                        f"({fraction:.0%} of the performance points)")
+    return round(earned, 3), why

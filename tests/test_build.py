@@ -1,0 +1,33 @@
+"""The extension loader's failures are one clear paragraph (what CI can test without a GPU)."""
+
+import pytest
+import torch
+
+from common import build
+from common.build import BuildError
+
+
+def test_no_gpu_gives_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(BuildError) as err:
+        build.load_extension(2, solution=True)
+    message = str(err.value)
+    assert ("CPU-only build" in message) or ("no CUDA GPU" in message)
+    assert "Traceback" not in message
+
+
+def test_compiler_errors_are_extracted_from_a_ninja_log():
+    log = ("Error building extension 'task4_student': [1/3] /usr/bin/nvcc ... -c attention.cu\n"
+           "FAILED: attention.cuda.o\n"
+           "/repo/task4/kernels/attention.cu(42): error: identifier \"acc\" is undefined\n"
+           "1 error detected in the compilation of \"attention.cu\".\n"
+           "ninja: build stopped: subcommand failed.\n")
+    shown = build._compiler_errors(log)
+    assert 'attention.cu(42): error: identifier "acc" is undefined' in shown
+    assert "FAILED" not in shown and "ninja: build stopped" not in shown
+
+
+def test_student_and_reference_build_in_separate_folders():
+    assert build.build_dir(4, True) != build.build_dir(4, False)
+    assert build.build_dir(4, False).name == "task4-student"

@@ -1,0 +1,62 @@
+"""common.checks must fail on every kind of wrong output; a check that cannot fail proves nothing."""
+
+import math
+
+import torch
+
+from common.checks import compare, poisoned, random_tensor
+from common.reference import attention_reference, causal_mask
+
+
+def test_correct_output_passes():
+    ref = random_tensor((3, 4), 0)
+    assert compare(ref.clone(), ref, atol=1e-6, rtol=1e-6).passed
+
+
+def test_wrong_value_fails_and_names_the_index():
+    ref = random_tensor((3, 4), 0)
+    out = ref.clone()
+    out[1, 2] += 1.0
+    result = compare(out, ref, atol=1e-5, rtol=1e-5)
+    assert not result.passed and result.mismatches == 1 and "(1, 2)" in result.message
+
+
+def test_nan_and_inf_fail_even_when_the_reference_is_close():
+    ref = random_tensor((5,), 1)
+    for bad in (math.nan, math.inf, -math.inf):
+        out = ref.clone()
+        out[3] = bad
+        result = compare(out, ref, atol=1e9, rtol=1e9)
+        assert not result.passed and "(3,)" in result.message
+
+
+def test_unwritten_output_fails():
+    ref = random_tensor((2, 3), 2)
+    untouched = poisoned(ref.shape, "cpu")
+    assert "entirely NaN" in compare(untouched, ref, atol=1, rtol=1).message
+    half = untouched.clone()
+    half[0] = ref[0]
+    result = compare(half, ref, atol=1, rtol=1)
+    assert not result.passed and "3 NaN" in result.message
+
+
+def test_shape_and_type_mismatch_fail():
+    ref = random_tensor((2, 3), 3)
+    assert "shape" in compare(ref.T, ref, atol=1, rtol=1).message
+    assert "torch.Tensor" in compare([1.0], ref, atol=1, rtol=1).message
+
+
+def test_causal_mask_is_aligned_to_the_end():
+    mask = causal_mask(2, 4)
+    # the last query sees every key; the one before it all but the last key
+    assert mask.tolist() == [[False, False, False, True], [False, False, False, False]]
+
+
+def test_reference_matches_a_direct_float64_formula():
+    q, k, v = (random_tensor((1, 2, 5, 8), s).double() for s in (1, 2, 3))
+    out, lse = attention_reference(q, k, v, causal=True)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(8)
+    scores = scores + torch.triu(torch.full((5, 5), -math.inf, dtype=torch.float64), 1)
+    assert torch.allclose(out, torch.softmax(scores, -1) @ v, atol=1e-12)
+    assert torch.allclose(lse, torch.logsumexp(scores, -1), atol=1e-12)
+    assert out.dtype == torch.float64

@@ -1,0 +1,31 @@
+"""Every .cu file, skeletons included, compiles with plain nvcc: no GPU and no torch headers needed."""
+
+import re
+import subprocess
+
+import pytest
+
+from tests.conftest import REPO, needs_nvcc
+
+CU_FILES = sorted(p.relative_to(REPO) for p in REPO.glob("task*/**/*.cu"))
+TORCH_INCLUDE = re.compile(r'#\s*include\s*[<"](torch|ATen|c10|cublas|cudnn)', re.IGNORECASE)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("source", CU_FILES, ids=str)
+def test_compiles_with_nvcc(source, tmp_path):
+    proc = subprocess.run(
+        ["nvcc", "-c", "-O3", "-arch=sm_90", "-std=c++17", "-Xptxas=-v,-warn-spills", "-Werror=all-warnings",
+         str(REPO / source), "-o", str(tmp_path / "k.o")],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, f"nvcc -c {source} failed:\n{proc.stderr[-4000:]}"
+    spills = [ln for ln in proc.stderr.splitlines() if re.search(r"[1-9]\d* bytes spill", ln)]
+    if "solution" in source.parts:
+        assert not spills, f"{source}: the reference spills registers:\n" + "\n".join(spills)
+
+
+@pytest.mark.parametrize("source", CU_FILES, ids=str)
+def test_kernels_are_plain_cuda(source):
+    text = (REPO / source).read_text()
+    assert not TORCH_INCLUDE.search(text), f"{source} includes a torch/cuBLAS/cuDNN header; kernels stay plain CUDA"

@@ -1,0 +1,21 @@
+import subprocess
+import sys
+
+from tests.conftest import REPO, needs_solution
+
+
+@needs_solution(1)
+def test_handout_has_no_solutions_and_blank_results(tmp_path):
+    dest = tmp_path / "handout"
+    subprocess.run([sys.executable, "-m", "grader.handout", str(dest)], cwd=REPO, check=True, capture_output=True)
+    files = {p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()}
+    assert not [f for f in files if "/solution/" in f], "solutions leaked into the handout"
+    assert "grader/hidden.py" not in files
+    assert {"README.md", "task1/attention.py", "task3/attention.py", "grader/__main__.py", ".ci/run"} <= files
+    assert "Not graded yet" in (dest / "Results.md").read_text()
+    assert "BEGIN SOLUTION" not in (dest / "task1/attention.py").read_text()
+
+    # the handout grades on its own: skeletons not implemented, no crash, no hidden cases needed
+    proc = subprocess.run([sys.executable, "-m", "grader", "--tasks", "1,3"], cwd=dest, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "not implemented yet" in (dest / "Results.md").read_text()
