@@ -1,0 +1,1 @@
+"""Shared by every task: checks, timing, builds, implementation choice, result records."""

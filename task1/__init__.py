@@ -1,0 +1,1 @@
+"""Task 1: naive multi-head attention in PyTorch."""

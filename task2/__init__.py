@@ -1,0 +1,1 @@
+"""Task 2: attention from separate CUDA kernels (softmax, tiled GEMM_NT and GEMM_NN)."""

@@ -1,0 +1,1 @@
+"""Task 4: one fused FlashAttention CUDA kernel."""

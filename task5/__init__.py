@@ -1,0 +1,1 @@
+"""Task 5: KV-cache update and decode kernels (CUDA). Not in the kit yet."""
