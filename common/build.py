@@ -74,6 +74,20 @@ def check_toolchain() -> None:
         raise BuildError("ninja was not found: `pip install ninja` (it is in the project's dependencies).")
 
 
+PLAIN_CUDA_ONLY = re.compile(r'^\s*#\s*include\s*[<"](torch|ATen|c10|cublas|cudnn|cutlass)', re.IGNORECASE | re.MULTILINE)
+
+
+def check_plain_cuda(sources: list[Path]) -> None:
+    """Kernels must do the work themselves: no PyTorch, cuBLAS or cuDNN from a .cu file."""
+    for src in sources:
+        match = PLAIN_CUDA_ONLY.search(src.read_text())
+        if match:
+            raise BuildError(
+                f"{src.relative_to(REPO)} includes {match.group(0).strip()!r}: kernel files must be plain CUDA "
+                "(the binding owns everything PyTorch; libraries such as cuBLAS would do the task for you)"
+            )
+
+
 def _compiler_errors(log: str) -> str:
     """The lines a student needs from a ninja/nvcc log: the errors, with file and line."""
     wanted = [ln for ln in log.splitlines() if re.search(r"\berror\b|undefined symbol|fatal", ln, re.IGNORECASE)]
@@ -88,12 +102,12 @@ def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda
     """Build (if needed) and import the task's extension; raises BuildError with a clear message."""
     from torch.utils.cpp_extension import load
 
-    check_toolchain()
     sources = [REPO / f"task{task}" / "binding.cpp", *kernel_sources(task, solution)]
     missing = [str(s.relative_to(REPO)) for s in sources if not s.exists()]
     if missing or len(sources) < 2:
         raise BuildError(f"task {task}: source files missing: {', '.join(missing) or 'no kernels/*.cu'}")
-
+    check_plain_cuda(sources[1:])
+    check_toolchain()
     folder = build_dir(task, solution)
     folder.mkdir(parents=True, exist_ok=True)
     if "TORCH_CUDA_ARCH_LIST" not in os.environ:

@@ -74,6 +74,9 @@ class Report:
         self.not_implemented: str | None = None
         self.needs_cuda: str | None = None
         self.notes: list[str] = []
+        self.part_steps: tuple[int, ...] | None = None  # README steps of the part under test, if any
+        self.parts = self.missing_parts = 0
+        self.missing_message: str | None = None  # the first part's missing step
         print(f"Task {task}: {title} — {label(solution)}")
 
     # -- recording -------------------------------------------------------------
@@ -121,11 +124,28 @@ class Report:
             self.add(name, passed, message, metrics, kind)
         return result
 
+    def begin_part(self, name: str, steps: tuple[int, ...]) -> None:
+        """Start an independently graded part (README steps `steps`), e.g. Task 2's softmax."""
+        self.part_steps = steps
+        self.parts += 1
+        print(f" {name}:")
+
+    def end_part(self, name: str) -> None:
+        """A part with a step still missing becomes one failed check, and the next part still runs."""
+        if self.not_implemented:
+            self.add(name, False, f"not implemented yet: {self.not_implemented}")
+            self.missing_parts += 1
+            self.missing_message = self.missing_message or self.not_implemented
+            self.not_implemented = None
+        self.part_steps = None
+
     def _first_missing_step(self, err: NotImplementedError) -> str:
         """Point at the earliest step still marked TODO, not just the first one a case happened to call."""
+        number = lambda step: int(step.split(":")[0].removeprefix("step "))  # noqa: E731
         todos = [] if self.solution else sorted(
-            {step for path in student_files(self.task) for step in remaining_todos(path)},
-            key=lambda step: int(step.split(":")[0].removeprefix("step ")),
+            {step for path in student_files(self.task) for step in remaining_todos(path)
+             if self.part_steps is None or number(step) in self.part_steps},
+            key=number,
         )
         if not todos:
             return str(err).removeprefix("see ") or "a step raised NotImplementedError"
@@ -134,6 +154,8 @@ class Report:
 
     # -- summary ---------------------------------------------------------------
     def status(self) -> str:
+        if self.parts and self.missing_parts == self.parts:  # every part is still a skeleton
+            self.not_implemented = self.missing_message
         if self.not_implemented:
             return NOT_IMPLEMENTED
         if not self.cases and self.needs_cuda:

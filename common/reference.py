@@ -29,3 +29,38 @@ def attention_reference(q, k, v, causal: bool = False, scale: float | None = Non
             scores = scores.masked_fill(causal_mask(q.shape[-2], k.shape[-2], q.device), -math.inf)
         lse = torch.logsumexp(scores, dim=-1)
         return torch.softmax(scores, dim=-1) @ v, lse
+
+
+def naive_attention(q, k, v, causal: bool = False, scale: float | None = None):
+    """The unfused baseline in the inputs' dtype: matmul, mask, softmax, matmul (the whole score matrix)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ k.transpose(-2, -1)) * scale
+    if causal:
+        scores = scores.masked_fill(causal_mask(q.shape[-2], k.shape[-2], q.device), -math.inf)
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def attention_flops(batch: int, heads: int, seq_q: int, seq_k: int, head_dim: int, causal: bool) -> float:
+    """4 * B * H * Sq * Sk * D (two matmuls of 2 flops per multiply-add); about half of that when causal."""
+    flops = 4.0 * batch * heads * seq_q * seq_k * head_dim
+    if causal:  # the fraction of (query, key) pairs left unmasked, end-aligned
+        visible = sum(min(seq_k, i + 1 + seq_k - seq_q) for i in range(seq_q)) if seq_q < 100_000 else seq_q * seq_k / 2
+        flops *= visible / (seq_q * seq_k)
+    return flops
+
+
+def fp32_peak_tflops(device=None) -> float:
+    """An upper bound on the GPU's float32 (non-tensor-core) rate: 128 lanes per SM, 2 flops per FMA, 2 GHz.
+
+    Real chips run at most at this; a measurement above it means skipped work, not a fast kernel.
+    """
+    props = torch.cuda.get_device_properties(device)
+    return props.multi_processor_count * 128 * 2 * 2.0e9 / 1e12
+
+
+@torch.no_grad()
+def copy_mha_weights(layer, mha) -> None:
+    """Give a layer with q_proj, k_proj, v_proj, out_proj the weights of a bias-free nn.MultiheadAttention."""
+    w_q, w_k, w_v = mha.in_proj_weight.chunk(3)
+    for linear, w in zip((layer.q_proj, layer.k_proj, layer.v_proj, layer.out_proj), (w_q, w_k, w_v, mha.out_proj.weight)):
+        linear.weight.copy_(w)

@@ -61,15 +61,23 @@ def benchmark(
     fn,
     device="cpu",
     *,
+    setup=None,
     warmup: int = 3,
     min_reps: int = 10,
     max_reps: int = 200,
     max_seconds: float = 10.0,
     rel_err: float = 0.01,
 ) -> Timing:
-    """Median time of `fn()` in milliseconds; `fn` must run all of its work on the current stream."""
+    """Median time of `fn()` in milliseconds.
+
+    `setup()`, when given, runs before each repetition outside the timed interval
+    (for example to write fresh values into the inputs, so a kernel that returns a
+    cached result is caught when its last output is checked).
+    """
     device = torch.device(device)
+    setup = setup or (lambda: None)
     for _ in range(warmup):
+        setup()
         fn()
     samples: list[float] = []
     start_time = time.perf_counter()
@@ -77,6 +85,7 @@ def benchmark(
         torch.cuda.synchronize(device)
         stream = torch.cuda.current_stream(device)
         while len(samples) < max_reps:
+            setup()
             _flush_l2(device)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record(stream)
@@ -90,6 +99,7 @@ def benchmark(
                 break
     else:
         while len(samples) < max_reps:
+            setup()
             t0 = time.perf_counter()
             fn()
             samples.append((time.perf_counter() - t0) * 1e3)

@@ -12,6 +12,7 @@ import math
 import torch
 from torch import nn
 
+from common.reference import copy_mha_weights
 from common.validate import check_hidden, check_qkv
 
 
@@ -70,10 +71,7 @@ class MultiHeadAttention(nn.Module):
         v = split_heads(self.v_proj(value), self.num_heads)
         return self.out_proj(merge_heads(self.attend(q, k, v, causal)))
 
-    @torch.no_grad()
     def load_from_torch(self, mha: nn.MultiheadAttention) -> MultiHeadAttention:
         """Copy the weights of a bias-free nn.MultiheadAttention, so both compute the same function."""
-        w_q, w_k, w_v = mha.in_proj_weight.chunk(3)
-        for linear, w in zip((self.q_proj, self.k_proj, self.v_proj, self.out_proj), (w_q, w_k, w_v, mha.out_proj.weight)):
-            linear.weight.copy_(w)
+        copy_mha_weights(self, mha)
         return self
