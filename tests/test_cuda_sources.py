@@ -14,8 +14,10 @@ TORCH_INCLUDE = re.compile(r'#\s*include\s*[<"](torch|ATen|c10|cublas|cudnn)', r
 @needs_nvcc
 @pytest.mark.parametrize("source", CU_FILES, ids=str)
 def test_compiles_with_nvcc(source, tmp_path):
+    # A skeleton may warn (variables its TODOs will use); the reference must be warning-free.
+    strict = ["-Werror=all-warnings"] if "solution" in source.parts else []
     proc = subprocess.run(
-        ["nvcc", "-c", "-O3", "-arch=sm_90", "-std=c++17", "-Xptxas=-v,-warn-spills", "-Werror=all-warnings",
+        ["nvcc", "-c", "-O3", "-arch=sm_90", "-std=c++17", "-Xptxas=-v,-warn-spills", *strict,
          str(REPO / source), "-o", str(tmp_path / "k.o")],
         capture_output=True, text=True, timeout=600,
     )

@@ -1,32 +1,87 @@
 // Input validation shared by every task's binding.
 //
-// The kernels in taskN/kernels/*.cu take raw pointers and trust them; the binding
-// is the only place that sees torch tensors, so it checks everything here and a
-// student's kernel never receives a tensor it was not written for.
+// The kernels in taskN/kernels/*.cu take raw pointers and trust them; the binding is
+// the only place that sees torch tensors, so it checks everything here and a student's
+// kernel never receives a tensor it was not written for. Every message names the
+// argument and what was expected.
+//
+// Numbers and shapes go into messages as text made by std::to_string (num, shape),
+// never streamed into TORCH_CHECK directly: TORCH_CHECK formats its arguments through a
+// std::ostream, and on the course's GPU machines an integer or a shape formatted that
+// way from inside an extension crashed the process (a segfault instead of the error;
+// seen with torch 2.11 / CUDA 13, most likely a C++ runtime mismatch). Strings are safe.
 #pragma once
 
 #include <cuda_runtime_api.h>
 #include <torch/extension.h>
 
+#include <climits>
+#include <cstdint>
 #include <string>
 
-// Each check names the argument, so the Python error says exactly what is wrong.
+inline std::string num(int64_t x) { return std::to_string(x); }
+
+inline std::string shape(const torch::Tensor& t) {
+  std::string s = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
+  return s + "]";
+}
+
 inline void check_cuda_float32(const torch::Tensor& t, const char* name) {
-  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got a tensor on ", t.device(),
+  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got one on ", t.device().str(),
               " (move it with .cuda())");
-  TORCH_CHECK(t.scalar_type() == torch::kFloat32, name, " must be float32, got ", t.scalar_type(),
-              " (this course's kernels work in float32)");
+  TORCH_CHECK(t.scalar_type() == torch::kFloat32, name, " must be float32, got ",
+              c10::toString(t.scalar_type()), " (this course's kernels work in float32)");
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous (call .contiguous() first)");
 }
 
 inline void check_dim(const torch::Tensor& t, const char* name, int64_t dim) {
-  TORCH_CHECK(t.dim() == dim, name, " must have ", dim, " dimensions, got shape ", t.sizes());
+  TORCH_CHECK(t.dim() == dim, name, " must have ", num(dim), " dimensions, got shape ", shape(t));
 }
 
 inline void check_same_device(const torch::Tensor& a, const char* a_name, const torch::Tensor& b,
                               const char* b_name) {
-  TORCH_CHECK(a.device() == b.device(), a_name, " is on ", a.device(), " but ", b_name, " is on ",
-              b.device());
+  TORCH_CHECK(a.device() == b.device(), a_name, " is on ", a.device().str(), " but ", b_name,
+              " is on ", b.device().str());
+}
+
+inline void check_not_empty(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.numel() > 0, name, " is empty (shape ", shape(t),
+              "); every dimension must be at least 1");
+}
+
+// The kernels index with int: counts, and offsets inside one matrix, must fit in one.
+inline void check_fits_int(int64_t value, const char* what) {
+  TORCH_CHECK(value <= INT_MAX, what, " is ", num(value), ", more than the kernels' int indices hold (",
+              num(INT_MAX), ")");
+}
+
+// a.size(a_dim) must equal b.size(b_dim); `what` names the dimension, e.g. "head_dim".
+inline void check_size(const torch::Tensor& a, const char* a_name, int64_t a_dim, const torch::Tensor& b,
+                       const char* b_name, int64_t b_dim, const char* what) {
+  TORCH_CHECK(a.size(a_dim) == b.size(b_dim), a_name, " and ", b_name, " disagree on ", what, ": ",
+              a_name, ".size(", num(a_dim), ") = ", num(a.size(a_dim)), " but ", b_name, ".size(",
+              num(b_dim), ") = ", num(b.size(b_dim)));
+}
+
+inline void check_same_shape(const torch::Tensor& a, const char* a_name, const torch::Tensor& b,
+                             const char* b_name) {
+  TORCH_CHECK(a.sizes() == b.sizes(), a_name, " must have the same shape as ", b_name, ": got ",
+              shape(a), " and ", shape(b));
+}
+
+// Both tensors are contiguous (checked first), so they share memory iff their byte ranges
+// intersect. A kernel that reads `in` while writing `out` would read its own results.
+inline bool overlaps(const torch::Tensor& a, const torch::Tensor& b) {
+  const char* a_begin = static_cast<const char*>(a.data_ptr());
+  const char* b_begin = static_cast<const char*>(b.data_ptr());
+  return a_begin < b_begin + b.nbytes() && b_begin < a_begin + a.nbytes();
+}
+
+inline void check_no_overlap(const torch::Tensor& out, const char* out_name, const torch::Tensor& in,
+                             const char* in_name) {
+  TORCH_CHECK(!overlaps(out, in), out_name, " must not share memory with ", in_name,
+              " (pass a separate output tensor)");
 }
 
 // Every launcher returns the cudaError_t of its launch; this turns it into a Python error.
