@@ -1,0 +1,94 @@
+// Task 4 binding: checks the tensors, then hands raw pointers to the launcher in
+// kernels/attention.cu (or solution/kernels/attention.cu) on PyTorch's current stream.
+// Shared by the student build and the reference build; students do not edit it.
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/extension.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <tuple>
+
+#include "../common/csrc/checks.h"
+
+// Defined in kernels/attention.cu.
+// q: (batch_heads, seq_q, head_dim); k, v: (batch_heads, seq_k, head_dim); out: (batch_heads, seq_q, head_dim)
+// all contiguous float32 on the device. Returns the launch's cudaError_t (cudaGetLastError after the launch).
+cudaError_t flash_attention_forward(const float* q, const float* k, const float* v, float* out,
+                                    int batch_heads, int seq_q, int seq_k, int head_dim,
+                                    float scale, bool causal, cudaStream_t stream);
+int flash_attention_block_rows();
+int flash_attention_block_cols();
+int flash_attention_max_head_dim();
+
+static bool fits_int(int64_t x) { return x <= std::numeric_limits<int>::max(); }
+
+// q: (batch, heads, seq_q, head_dim); k, v: (batch, heads, seq_k, head_dim);
+// out: (batch, heads, seq_q, head_dim), written in place.
+void forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+             torch::Tensor& out, bool causal, double scale) {
+  // q first and completely: the other tensors are measured against it. Then the
+  // shapes, and only then the layout of k, v and out: a slice of the wrong length is
+  // usually not contiguous either, and its length is the mistake to report.
+  check_cuda_float32(q, "q");
+  check_dim(q, "q", 4);
+  check_dim(k, "k", 4);
+  check_dim(v, "v", 4);
+  check_dim(out, "out", 4);
+
+  const int64_t batch = q.size(0), heads = q.size(1), seq_q = q.size(2), head_dim = q.size(3);
+  const int64_t seq_k = k.size(2);
+  TORCH_CHECK(k.size(0) == batch && k.size(1) == heads && k.size(3) == head_dim,
+              "k must be (batch, heads, seq_k, head_dim) with q's batch, heads and head_dim (q is ",
+              shape(q), "), got ", shape(k));
+  TORCH_CHECK(v.sizes() == k.sizes(), "v must have k's shape ", shape(k), ", got ", shape(v));
+  TORCH_CHECK(out.sizes() == q.sizes(), "out must have q's shape ", shape(q), ", got ",
+              shape(out));
+
+  const int max_head_dim = flash_attention_max_head_dim();
+  TORCH_CHECK(head_dim >= 1, "head_dim must be at least 1, got ", num(head_dim));
+  TORCH_CHECK(head_dim <= max_head_dim, "head_dim must be at most ", num(max_head_dim), ", got ",
+              num(head_dim));
+  TORCH_CHECK(seq_q >= 1, "q must have at least one query (seq_q >= 1), got shape ", shape(q));
+  TORCH_CHECK(seq_k >= 1, "k must have at least one key (seq_k >= 1), got shape ", shape(k));
+  // Query i sees keys j <= i + (seq_k - seq_q): with more queries than keys, the first
+  // seq_q - seq_k queries would see no key at all, and their softmax is undefined.
+  TORCH_CHECK(!causal || seq_q <= seq_k, "causal attention needs seq_q <= seq_k (the queries ",
+              "are the last seq_q positions of the keys), got seq_q = ", num(seq_q),
+              " and seq_k = ", num(seq_k));
+  TORCH_CHECK(fits_int(batch * heads), "batch * heads must fit in int, got ", num(batch * heads));
+  TORCH_CHECK(fits_int(seq_q * head_dim) && fits_int(seq_k * head_dim),
+              "one head's q, k and v must each have fewer than 2^31 elements, got seq_q = ",
+              num(seq_q), ", seq_k = ", num(seq_k), ", head_dim = ", num(head_dim));
+
+  check_cuda_float32(k, "k");
+  check_cuda_float32(v, "v");
+  check_cuda_float32(out, "out");
+  check_same_device(k, "k", q, "q");
+  check_same_device(v, "v", q, "q");
+  check_same_device(out, "out", q, "q");
+  if (q.numel() == 0) return;  // batch or heads is 0: nothing to do
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  check_launch(flash_attention_forward(q.data_ptr<float>(), k.data_ptr<float>(),
+                                       v.data_ptr<float>(), out.data_ptr<float>(),
+                                       (int)(batch * heads), (int)seq_q, (int)seq_k,
+                                       (int)head_dim, (float)scale, causal,
+                                       at::cuda::getCurrentCUDAStream()),
+               "flash_attention_forward");
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward", &forward,
+        "out = softmax(scale * q k^T + mask) v, fused (FlashAttention-2 forward); q, k, v, out "
+        "are (batch, heads, seq, head_dim) float32 CUDA tensors, out is written in place",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("causal"),
+        py::arg("scale"));
+  m.def("max_head_dim", &flash_attention_max_head_dim, "the largest head_dim the kernel supports");
+  m.def(
+      "tile_sizes",
+      [] { return std::make_tuple(flash_attention_block_rows(), flash_attention_block_cols()); },
+      "(Br, Bc): query rows per block and key/value rows per tile");
+}

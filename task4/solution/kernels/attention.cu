@@ -1,0 +1,425 @@
+// Task 4: fused attention, FlashAttention-2 forward (Algorithm 1 of the paper).
+//
+//   out = softmax(scale * Q K^T + mask) V        for every (batch, head)
+//
+// One block computes BLOCK_ROWS (Br) rows of out for one (batch, head). It keeps its
+// Br x D tile of Q in shared memory and walks over K and V in tiles of BLOCK_COLS (Bc)
+// rows. For each tile it computes the Br x Bc scores S = scale * Q K^T, folds them into
+// a running ("online") softmax, and adds P V to an unnormalised accumulator:
+//
+//   m_i = max(m_i, rowmax(S))                  running row maximum
+//   P   = exp(S - m_i)
+//   l_i = exp(m_old - m_i) * l_i + rowsum(P)   running row sum
+//   acc = exp(m_old - m_i) * acc + P V         running numerator
+//
+// and at the end out = acc / l_i. The (seq_q, seq_k) scores matrix of task 2 never
+// exists: every score lives in a register for one tile and is gone.
+//
+// With a causal mask, query i sees key j iff j <= i + (seq_k - seq_q) (the queries are
+// the last seq_q positions, as when decoding against a longer cache). K/V tiles
+// entirely above the diagonal are never visited; only the tiles that straddle it (or
+// hang over the end of the keys) apply the mask element by element.
+//
+// All tensors are row-major, contiguous float32; the arithmetic is plain FP32 FFMA (no
+// tensor cores). The kernel trusts its arguments: task4/binding.cpp checks the tensors.
+//
+// Build and test:
+//   python -m task4.compile            build this file (task4/kernels/attention.cu)
+//   python -m task4.test               check it against a float64 reference
+// Add --solution to either command to build and test the reference instead.
+//
+// Speed, measured on an H200 at batch 8, 32 heads, seq 4096, head_dim 128 (fp32, TF32
+// off; 4 * B * H * S^2 * D flops, half of them when causal):
+//   this kernel           55.0 ms (40 TFLOP/s)    causal 28.1 ms (39 TFLOP/s)
+//   SDPA                  46.8 ms (47 TFLOP/s)    causal 24.2 ms (45 TFLOP/s)
+//   naive PyTorch         67.7 ms (33 TFLOP/s)    causal 83.5 ms (13 TFLOP/s)
+// (SDPA = torch.nn.functional.scaled_dot_product_attention; naive = matmul, softmax,
+// matmul.) That is about 0.85x SDPA and 60% of the GPU's ~67 TFLOP/s of FP32 FFMA.
+// With 64 x 64 tiles and 4 x 4 per thread the same code takes 63 ms / 32 ms.
+
+#include <cuda_pipeline.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+// ----------------------------------------------------------------------------
+// Tile sizes (tune here)
+
+// Each block has ROW_THREADS x COL_THREADS threads. Thread (ty, tx) owns the
+// THREAD_ROWS rows ty, ty + ROW_THREADS, ... of the block's Br rows, and of each
+// Br x Bc tile of S the THREAD_COLS columns tx, tx + COL_THREADS, ...: every value it
+// reads from shared memory is reused THREAD_ROWS (or THREAD_COLS) times from a
+// register. For O it owns the same rows, so m_i and l_i never leave its registers.
+//
+// Measured on an H200 (fp32, head_dim 128, seq 4096): 128 x 128 tiles with 8 x 8 per
+// thread beat 64 x 64 tiles with 4 x 4 per thread by about 15%: twice the arithmetic
+// per shared-memory read. The price is one block per SM (about 200 KB of shared
+// memory) and about 250 registers per thread.
+constexpr int BLOCK_ROWS = 128;  // Br: query rows per block
+constexpr int BLOCK_COLS = 128;  // Bc: key/value rows per tile
+constexpr int THREAD_ROWS = 8;   // rows of S and O per thread
+constexpr int THREAD_COLS = 8;   // columns of S per thread
+// A promise to the compiler: it may use up to 65536 / (NUM_THREADS * MIN_BLOCKS_PER_SM)
+// registers per thread (at most 255). Shared memory allows one block per SM anyway.
+constexpr int MIN_BLOCKS_PER_SM = 1;
+
+constexpr int ROW_THREADS = BLOCK_ROWS / THREAD_ROWS;  // 16
+constexpr int COL_THREADS = BLOCK_COLS / THREAD_COLS;  // 16 neighbouring lanes share a row
+constexpr int NUM_THREADS = ROW_THREADS * COL_THREADS;  // 256
+
+// head_dim is padded up to one of these (zeros in the padding), so the inner loops
+// have compile-time trip counts. Thread tx owns the float4 columns 4 tx, 4 tx + 4
+// COL_THREADS, ... of O, so a padded head dim must be a multiple of 4 COL_THREADS.
+constexpr int MAX_HEAD_DIM = 128;
+constexpr int SMALL_HEAD_DIM = 64;
+
+// Shared-memory rows are padded by PAD floats: the COL_THREADS lanes that read
+// different rows of K at the same column then hit different banks (a row is D + 4
+// words, so consecutive rows start 4 banks apart, and a float4 covers 4 banks).
+constexpr int PAD = 4;
+
+static_assert(THREAD_ROWS * ROW_THREADS == BLOCK_ROWS && THREAD_COLS * COL_THREADS == BLOCK_COLS,
+              "the threads' micro-tiles cover the block's tile exactly");
+static_assert(32 % COL_THREADS == 0,
+              "the COL_THREADS lanes that share a row must sit in one warp (row max and sum "
+              "are reduced with warp shuffles)");
+static_assert(NUM_THREADS % 32 == 0 && NUM_THREADS <= 1024, "whole warps, at most 1024 threads");
+static_assert(BLOCK_COLS % 4 == 0, "P is read as float4 along its rows");
+static_assert(SMALL_HEAD_DIM % (4 * COL_THREADS) == 0 && MAX_HEAD_DIM % (4 * COL_THREADS) == 0,
+              "every thread owns whole float4 columns of O");
+
+// ----------------------------------------------------------------------------
+// Helpers
+
+// log2(e): exp(x) = exp2(x * log2(e)). Folding it into the scale turns every
+// exponential into one exp2f, the operation the hardware has.
+constexpr float LOG2E = 1.4426950408889634f;
+
+__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// Shared memory of one block, in floats: the Q tile, the K tile (which P overwrites
+// once S is computed: K is dead by then, and without the reuse four 128 x 132 tiles
+// would not fit in an SM), and the V tile.
+template <int D>
+__host__ __device__ constexpr int q_tile_floats() { return BLOCK_ROWS * (D + PAD); }
+template <int D>
+__host__ __device__ constexpr int kp_tile_floats() {
+  return BLOCK_COLS * (D + PAD) > BLOCK_ROWS * (BLOCK_COLS + PAD) ? BLOCK_COLS * (D + PAD)
+                                                                   : BLOCK_ROWS * (BLOCK_COLS + PAD);
+}
+template <int D>
+__host__ __device__ constexpr int v_tile_floats() { return BLOCK_COLS * (D + PAD); }
+template <int D>
+constexpr size_t smem_bytes() {
+  return sizeof(float) * (q_tile_floats<D>() + kp_tile_floats<D>() + v_tile_floats<D>());
+}
+static_assert(smem_bytes<MAX_HEAD_DIM>() <= 227 * 1024,
+              "a block may have at most 227 KB of shared memory on sm_90: smaller tiles");
+
+// Starts copying rows [row0, row0 + ROWS) of src, an (n_rows, head_dim) row-major
+// matrix, into tile, ROWS x (D + PAD) floats. Rows past n_rows and columns past
+// head_dim become zeros, so the padding adds nothing to Q K^T (and P V gets 0 * 0,
+// never 0 * garbage). Consecutive threads read consecutive float4 of a row: coalesced.
+//
+// The copies are asynchronous (cp.async, Ampere and later): they go from global to
+// shared memory without passing through registers, so all of a tile's loads are in
+// flight at once and the threads carry on. __pipeline_commit() closes a group of
+// copies; __pipeline_wait_prior(n) waits until at most the n latest groups are still
+// in flight. Only then, after a __syncthreads(), may the tile be read.
+template <int ROWS, int D>
+__device__ __forceinline__ void load_tile(float* tile, const float* src, int row0, int n_rows,
+                                          int head_dim) {
+  constexpr int VECS = D / 4;  // float4 per tile row
+  // 16-byte copies need every row to start on 16 bytes.
+  const bool vec = head_dim % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  for (int idx = threadIdx.x; idx < ROWS * VECS; idx += NUM_THREADS) {
+    const int r = idx / VECS, c = (idx % VECS) * 4;
+    float* dst = &tile[r * (D + PAD) + c];
+    const bool row_ok = row0 + r < n_rows;
+    const float* from = src + (size_t)(row0 + r) * head_dim + c;  // read only if row_ok
+    if (vec && row_ok && c < head_dim) {
+      __pipeline_memcpy_async(dst, from, 16);
+    } else {
+      for (int e = 0; e < 4; ++e) {
+        if (row_ok && c + e < head_dim)
+          __pipeline_memcpy_async(dst + e, from + e, 4);
+        else
+          dst[e] = 0.0f;
+      }
+    }
+  }
+}
+
+// Component i of a float4; i is a compile-time constant after unrolling, so this is a
+// register, not a memory access.
+__device__ __forceinline__ float component(const float4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+__device__ __forceinline__ void fma4(float4& acc, float a, const float4& b) {
+  acc.x += a * b.x;
+  acc.y += a * b.y;
+  acc.z += a * b.z;
+  acc.w += a * b.w;
+}
+
+// ----------------------------------------------------------------------------
+// The kernel
+
+// q, out: (BH, seq_q, head_dim); k, v: (BH, seq_k, head_dim). D is head_dim padded up.
+// grid (BH, ceil(seq_q / Br)), NUM_THREADS threads, smem_bytes<D>() of shared memory.
+// scale_log2 = scale * log2(e).
+template <int D>
+__global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS_PER_SM)
+    flash_attention_kernel(const float* __restrict__ q, const float* __restrict__ k,
+                           const float* __restrict__ v, float* __restrict__ out, int seq_q,
+                           int seq_k, int head_dim, float scale_log2, bool causal) {
+  constexpr int LD = D + PAD;                // row stride of the Q, K and V tiles
+  constexpr int LDP = BLOCK_COLS + PAD;      // row stride of the P tile
+  constexpr int O_VECS = D / (4 * COL_THREADS);  // float4 columns of O per thread
+
+  extern __shared__ float4 smem[];  // float4: 16-byte aligned for the float4 accesses
+  float* q_tile = reinterpret_cast<float*>(smem);  // (Br, D + PAD)
+  float* k_tile = q_tile + q_tile_floats<D>();     // (Bc, D + PAD)
+  float* p_tile = k_tile;                          // (Br, Bc + PAD), over K once S is done
+  float* v_tile = k_tile + kp_tile_floats<D>();    // (Bc, D + PAD)
+
+  const int tx = threadIdx.x % COL_THREADS;
+  const int ty = threadIdx.x / COL_THREADS;
+  // blockIdx.y counts down: with a causal mask the last query tiles have the most
+  // K/V tiles to visit, and starting them first keeps the GPU busy to the end.
+  const int q_start = (gridDim.y - 1 - blockIdx.y) * BLOCK_ROWS;
+  const int causal_offset = seq_k - seq_q;  // query i sees keys j <= i + causal_offset
+
+  // This block's (batch, head). The binding checks that one head fits in int; the
+  // whole tensor may not, hence size_t.
+  q += (size_t)blockIdx.x * seq_q * head_dim;
+  k += (size_t)blockIdx.x * seq_k * head_dim;
+  v += (size_t)blockIdx.x * seq_k * head_dim;
+  out += (size_t)blockIdx.x * seq_q * head_dim;
+
+  // Row i of this thread is query q_start + ty + i * ROW_THREADS.
+  float m_i[THREAD_ROWS];          // running max of the scores, in log2 units
+  float l_i[THREAD_ROWS];          // this thread's share of the running row sum
+  float4 acc[THREAD_ROWS][O_VECS];  // unnormalised out, columns 4 tx + 4 COL_THREADS c
+#pragma unroll
+  for (int i = 0; i < THREAD_ROWS; ++i) {
+    m_i[i] = -INFINITY;
+    l_i[i] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < O_VECS; ++c) acc[i][c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+
+  // BEGIN SOLUTION "step 1: load the Q tile, and count the K/V tiles it needs (causal: stop after the diagonal)"
+  load_tile<BLOCK_ROWS, D>(q_tile, q, q_start, seq_q, head_dim);
+  __pipeline_commit();  // waited for with the first K tile
+
+  // The last query of this tile sees keys up to its row + causal_offset; tiles that
+  // start past that are entirely masked, so they are not visited at all.
+  int kv_end = seq_k;
+  if (causal) kv_end = min(seq_k, min(q_start + BLOCK_ROWS, seq_q) + causal_offset);
+  const int num_kv_tiles = ceil_div(kv_end, BLOCK_COLS);
+  // SKELETON
+  // const int num_kv_tiles = 0;
+  // END SOLUTION
+
+  for (int t = 0; t < num_kv_tiles; ++t) {
+    const int kv_start = t * BLOCK_COLS;
+
+    // BEGIN SOLUTION "step 2: load the K and V tiles into shared memory"
+    // Two groups: S needs only K, so V keeps arriving while S is computed.
+    load_tile<BLOCK_COLS, D>(k_tile, k, kv_start, seq_k, head_dim);
+    __pipeline_commit();
+    load_tile<BLOCK_COLS, D>(v_tile, v, kv_start, seq_k, head_dim);
+    __pipeline_commit();
+    // END SOLUTION
+    __pipeline_wait_prior(1);  // this thread's copies of K (and the first time, Q) landed
+    __syncthreads();           // ... and everyone else's
+
+    // BEGIN SOLUTION "step 3: S = scale * Q K^T for this tile, masked where needed"
+    // s[i][j] = score of row ty + i ROW_THREADS against key kv_start + tx + j COL_THREADS.
+    // Both tiles are (rows, D): a score is the dot product of a Q row and a K row,
+    // read 4 floats at a time. The Q reads are broadcasts (one address per ty).
+    float s[THREAD_ROWS][THREAD_COLS] = {};
+#pragma unroll 4
+    for (int d = 0; d < D; d += 4) {
+      float4 k4[THREAD_COLS];
+#pragma unroll
+      for (int j = 0; j < THREAD_COLS; ++j)
+        k4[j] = *reinterpret_cast<const float4*>(&k_tile[(tx + j * COL_THREADS) * LD + d]);
+#pragma unroll
+      for (int i = 0; i < THREAD_ROWS; ++i) {
+        const float4 q4 = *reinterpret_cast<const float4*>(&q_tile[(ty + i * ROW_THREADS) * LD + d]);
+#pragma unroll
+        for (int j = 0; j < THREAD_COLS; ++j) {
+          s[i][j] += q4.x * k4[j].x;
+          s[i][j] += q4.y * k4[j].y;
+          s[i][j] += q4.z * k4[j].z;
+          s[i][j] += q4.w * k4[j].w;
+        }
+      }
+    }
+
+    // Only the tiles that hang over the end of the keys or cross the diagonal (the
+    // top row of the tile, q_start, is the most restricted) need the element mask.
+    const bool needs_mask = kv_start + BLOCK_COLS > seq_k ||
+                            (causal && kv_start + BLOCK_COLS - 1 > q_start + causal_offset);
+#pragma unroll
+    for (int i = 0; i < THREAD_ROWS; ++i) {
+      const int row = q_start + ty + i * ROW_THREADS;
+#pragma unroll
+      for (int j = 0; j < THREAD_COLS; ++j) {
+        const int col = kv_start + tx + j * COL_THREADS;
+        s[i][j] *= scale_log2;
+        if (needs_mask && (col >= seq_k || (causal && col > row + causal_offset)))
+          s[i][j] = -INFINITY;
+      }
+    }
+    // END SOLUTION
+
+    // BEGIN SOLUTION "step 4: online softmax: new row max m_i, rescale acc and l_i, P = exp(S - m_i)"
+#pragma unroll
+    for (int i = 0; i < THREAD_ROWS; ++i) {
+      // The row's maximum over this tile: over the thread's columns, then across the
+      // COL_THREADS neighbouring lanes that hold the rest of the row.
+      float row_max = s[i][0];
+#pragma unroll
+      for (int j = 1; j < THREAD_COLS; ++j) row_max = fmaxf(row_max, s[i][j]);
+#pragma unroll
+      for (int offset = COL_THREADS / 2; offset > 0; offset /= 2)
+        row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, offset));
+
+      // Key 0 is visible to every row, so tile 0 makes m_new finite and
+      // exp2(-inf - m_new) = 0 wipes the initial acc and l_i (never -inf - -inf).
+      const float m_new = fmaxf(m_i[i], row_max);
+      const float alpha = exp2f(m_i[i] - m_new);  // rescales what was summed so far
+      float row_sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < THREAD_COLS; ++j) {
+        s[i][j] = exp2f(s[i][j] - m_new);  // s now holds P; masked scores give 0
+        row_sum += s[i][j];
+      }
+      // Each thread sums only its own columns; the lanes' shares are added once, at
+      // the end (a common factor alpha does not care how the sum is split).
+      l_i[i] = l_i[i] * alpha + row_sum;
+#pragma unroll
+      for (int c = 0; c < O_VECS; ++c) {
+        acc[i][c].x *= alpha;
+        acc[i][c].y *= alpha;
+        acc[i][c].z *= alpha;
+        acc[i][c].w *= alpha;
+      }
+      m_i[i] = m_new;
+    }
+    // END SOLUTION
+
+    __syncthreads();  // everyone is done reading K: P may overwrite it
+
+    // BEGIN SOLUTION "step 5: write P to shared memory, then acc += P V"
+#pragma unroll
+    for (int i = 0; i < THREAD_ROWS; ++i)
+#pragma unroll
+      for (int j = 0; j < THREAD_COLS; ++j)
+        p_tile[(ty + i * ROW_THREADS) * LDP + tx + j * COL_THREADS] = s[i][j];
+    __pipeline_wait_prior(0);  // this thread's copies of V landed
+    __syncthreads();           // P and V are complete
+
+    // acc[i] += P[row i, :] V. Four keys at a time: one float4 of P per row (a
+    // broadcast), then for each key a float4 of V per owned column group (the
+    // COL_THREADS lanes of a row read consecutive float4: no bank conflicts).
+#pragma unroll 2
+    for (int j = 0; j < BLOCK_COLS; j += 4) {
+      float4 p4[THREAD_ROWS];
+#pragma unroll
+      for (int i = 0; i < THREAD_ROWS; ++i)
+        p4[i] = *reinterpret_cast<const float4*>(&p_tile[(ty + i * ROW_THREADS) * LDP + j]);
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+#pragma unroll
+        for (int c = 0; c < O_VECS; ++c) {
+          const float4 v4 =
+              *reinterpret_cast<const float4*>(&v_tile[(j + jj) * LD + 4 * (tx + c * COL_THREADS)]);
+#pragma unroll
+          for (int i = 0; i < THREAD_ROWS; ++i) fma4(acc[i][c], component(p4[i], jj), v4);
+        }
+      }
+    }
+    // END SOLUTION
+    __syncthreads();  // everyone is done with P and V before the next tile overwrites them
+  }
+
+  // BEGIN SOLUTION "step 6: add up l_i across the row's lanes, normalise acc, write out"
+  const bool vec = head_dim % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
+#pragma unroll
+  for (int i = 0; i < THREAD_ROWS; ++i) {
+    // Every lane takes part in the shuffles, even those whose row is past seq_q.
+    float l = l_i[i];
+#pragma unroll
+    for (int offset = COL_THREADS / 2; offset > 0; offset /= 2)
+      l += __shfl_xor_sync(0xffffffffu, l, offset);
+    const float inv_l = 1.0f / l;  // l >= 1: the maximum's own term is exp2(0) = 1
+
+    const int row = q_start + ty + i * ROW_THREADS;
+    if (row >= seq_q) continue;
+    float* out_row = out + (size_t)row * head_dim;
+#pragma unroll
+    for (int c = 0; c < O_VECS; ++c) {
+      const int col = 4 * (tx + c * COL_THREADS);
+      const float4 o = make_float4(acc[i][c].x * inv_l, acc[i][c].y * inv_l,
+                                   acc[i][c].z * inv_l, acc[i][c].w * inv_l);
+      if (col >= head_dim) continue;
+      if (vec) {
+        *reinterpret_cast<float4*>(&out_row[col]) = o;
+      } else {
+        out_row[col] = o.x;
+        if (col + 1 < head_dim) out_row[col + 1] = o.y;
+        if (col + 2 < head_dim) out_row[col + 2] = o.z;
+        if (col + 3 < head_dim) out_row[col + 3] = o.w;
+      }
+    }
+  }
+  // END SOLUTION
+}
+
+// ----------------------------------------------------------------------------
+// Launcher: called by task4/binding.cpp on PyTorch's current stream. Returns the error
+// of the launch (a bad configuration); errors inside the kernel surface later, at the
+// next synchronisation.
+
+template <int D>
+static cudaError_t launch(const float* q, const float* k, const float* v, float* out,
+                          int batch_heads, int seq_q, int seq_k, int head_dim, float scale,
+                          bool causal, cudaStream_t stream) {
+  // More than 48 KB of dynamic shared memory needs an explicit opt-in.
+  const size_t smem = smem_bytes<D>();
+  cudaError_t err = cudaFuncSetAttribute(flash_attention_kernel<D>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(batch_heads, ceil_div(seq_q, BLOCK_ROWS));
+  flash_attention_kernel<D><<<grid, NUM_THREADS, smem, stream>>>(
+      q, k, v, out, seq_q, seq_k, head_dim, scale * LOG2E, causal);
+  return cudaGetLastError();
+}
+
+// q: (batch_heads, seq_q, head_dim); k, v: (batch_heads, seq_k, head_dim);
+// out: (batch_heads, seq_q, head_dim).
+cudaError_t flash_attention_forward(const float* q, const float* k, const float* v, float* out,
+                                    int batch_heads, int seq_q, int seq_k, int head_dim,
+                                    float scale, bool causal, cudaStream_t stream) {
+  if (batch_heads < 0 || seq_q < 1 || seq_k < 1 || head_dim < 1 || head_dim > MAX_HEAD_DIM ||
+      (causal && seq_q > seq_k) || (seq_q - 1) / BLOCK_ROWS >= 65535)
+    return cudaErrorInvalidValue;
+  if (batch_heads == 0) return cudaSuccess;
+  if (head_dim <= SMALL_HEAD_DIM)
+    return launch<SMALL_HEAD_DIM>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale,
+                                  causal, stream);
+  return launch<MAX_HEAD_DIM>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale, causal,
+                              stream);
+}
+
+// The tile sizes and the largest head_dim, for the binding to report.
+int flash_attention_block_rows() { return BLOCK_ROWS; }
+int flash_attention_block_cols() { return BLOCK_COLS; }
+int flash_attention_max_head_dim() { return MAX_HEAD_DIM; }
