@@ -79,6 +79,7 @@ def check_attention(ext, shape, causal, seed, solution):
 def check_errors(ext):
     x = torch.randn(4, 8, device="cuda")
     a = torch.randn(2, 5, 3, device="cuda")
+    wide = torch.randn(1, 1, 4, 256, device="cuda")
     bad = [
         ("softmax of a CPU tensor", lambda: ext.softmax(x.cpu(), x), "CUDA"),
         ("softmax of float64", lambda: ext.softmax(x.double(), x), "float32"),
@@ -86,8 +87,10 @@ def check_errors(ext):
         ("gemm_nt with mismatched k", lambda: ext.gemm_nt(a, torch.randn(2, 4, 7, device="cuda"),
                                                            torch.empty(2, 5, 4, device="cuda")), "disagree"),
         ("gemm_nn with half", lambda: ext.gemm_nn(a.half(), a, a), "float32"),
-        ("attention with head_dim 256", lambda: ext.attention(*(torch.randn(1, 1, 4, 256, device="cuda"),) * 4,
-                                                              False, 0.1), "head_dim must be at most 128"),
+        ("attention with head_dim 256", lambda: ext.attention(wide, wide, wide, torch.empty_like(wide), False, 0.1),
+         "head_dim must be at most 128"),
+        ("attention writing over its input", lambda: ext.attention(wide, wide, wide, wide, False, 0.1),
+         "must not share memory"),
     ]
     for what, call, words in bad:
         try:
