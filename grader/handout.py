@@ -22,9 +22,25 @@ def instructor_only(rel: Path) -> bool:
     return "solution" in rel.parts or rel == Path("grader/hidden.py")
 
 
+NOT_EXPORTED = {".git", "build", "grader-work", "__pycache__", ".scratch", ".venv", ".pytest_cache"}
+
+
 def tracked_files() -> list[Path]:
-    out = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
-    return [Path(p) for p in out.decode().split("\0") if p]
+    """git's tracked files; outside a git checkout (an unpacked archive), every file but build output."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+        files = [Path(p) for p in out.decode().split("\0") if p]
+    except (OSError, subprocess.CalledProcessError):
+        files = []
+    if files:
+        return files
+    return sorted(rel for rel in (p.relative_to(REPO) for p in REPO.rglob("*") if p.is_file()) if _source(rel))
+
+
+def _source(rel: Path) -> bool:
+    """Not build output, caches, virtual environments or grading results."""
+    return (not NOT_EXPORTED & set(rel.parts) and not any(part.endswith(".egg-info") for part in rel.parts)
+            and rel.name != "results.json")
 
 
 def export(dest: Path) -> list[Path]:

@@ -250,12 +250,14 @@ def sweep(solution, path="task4-sweep.csv"):
     for causal, style in ((False, "-"), (True, "--")):
         sel = [r for r in rows if r["causal"] == causal]
         tag = "causal" if causal else "full"
-        for key, label in (("kernel_ms", "your kernel"), ("naive_ms", "naive PyTorch"), ("sdpa_ms", "SDPA")):
-            points = [(r["seq"], r[key]) for r in sel if r[key] is not None]
-            axes[0].plot(*zip(*points), style, marker="o", label=f"{label} ({tag})")
-            tflops = [(s, attention_flops(r["batch"], 32, s, s, 128, causal) / (t * 1e-3) / 1e12)
-                      for (s, t), r in zip(points, [r for r in sel if r[key] is not None])]
-            axes[1].plot(*zip(*tflops), style, marker="o", label=f"{label} ({tag})")
+        for key, label, color in (("kernel_ms", "your kernel", "C0"), ("naive_ms", "naive PyTorch", "C1"),
+                                  ("sdpa_ms", "SDPA", "C2")):
+            ran = [r for r in sel if r[key] is not None]  # a baseline that ran out of memory has no point
+            seqs = [r["seq"] for r in ran]
+            tflops = [attention_flops(r["batch"], 32, r["seq"], r["seq"], 128, causal) / (r[key] * 1e-3) / 1e12
+                      for r in ran]
+            axes[0].plot(seqs, [r[key] for r in ran], style, color=color, marker="o", label=f"{label} ({tag})")
+            axes[1].plot(seqs, tflops, style, color=color, marker="o", label=f"{label} ({tag})")
     for ax, ylabel in zip(axes, ("time (ms), batch = 16384 / seq", "TFLOP/s")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("sequence length")

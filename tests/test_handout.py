@@ -19,3 +19,13 @@ def test_handout_has_no_solutions_and_blank_results(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "grader", "--tasks", "1,3"], cwd=dest, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "not implemented yet" in (dest / "Results.md").read_text()
+
+
+@needs_solution(1)
+def test_handout_from_a_copy_without_git(tmp_path, monkeypatch):
+    from grader import handout
+
+    monkeypatch.setattr(handout.subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(OSError("no git")))
+    written = {p.as_posix() for p in handout.export(tmp_path / "h")}
+    assert {"README.md", "task1/attention.py", ".ci/run"} <= written
+    assert not [f for f in written if "/solution/" in f or f.startswith(("build/", ".git/"))]
