@@ -40,3 +40,24 @@ def extra_cases(task: int, hidden: bool) -> list:
 
 def devices() -> list[str]:
     return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+
+
+def cuda_extension(report, load):
+    """The task's compiled extension from `load()`, or None once the report says why not.
+
+    No GPU is a skip (the task needs one), not a failure; a build error is a failure.
+    """
+    from common.build import BuildError
+    from common.records import NeedsCuda
+
+    def no_gpu():
+        raise NeedsCuda("no CUDA GPU is visible (torch.cuda.is_available() is False)")
+
+    if not torch.cuda.is_available():
+        report.run("build", no_gpu)
+        return None
+    try:
+        return load()
+    except BuildError as err:
+        report.add("build", False, str(err))
+        return None

@@ -67,8 +67,9 @@ void softmax_op(const torch::Tensor& x, const torch::Tensor& out) {
                "softmax_forward");
 }
 
-// a: (batch, m, k), b: (batch, n, k), c: (batch, m, n). c = a @ b^T per batch entry.
-void gemm_nt_op(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c) {
+// a: (batch, m, k); c: (batch, m, n); b: (batch, n, k) for gemm_nt (c = a @ b^T, as in Q K^T)
+// or (batch, k, n) for gemm_nn (c = a @ b, as in P V).
+void gemm_op(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c, bool nt) {
   check_cuda_float32(a, "a");
   check_cuda_float32(b, "b");
   check_cuda_float32(c, "c");
@@ -79,48 +80,22 @@ void gemm_nt_op(const torch::Tensor& a, const torch::Tensor& b, const torch::Ten
   check_same_device(a, "a", c, "c");
   check_not_empty(a, "a");
   check_not_empty(b, "b");
+  const int b_k = nt ? 2 : 1, b_n = nt ? 1 : 2;  // where b keeps k and n
   check_size(a, "a", 0, b, "b", 0, "batch");
-  check_size(a, "a", 2, b, "b", 2, "k");
+  check_size(a, "a", 2, b, "b", b_k, "k");
   check_size(c, "c", 0, a, "a", 0, "batch");
   check_size(c, "c", 1, a, "a", 1, "m");
-  check_size(c, "c", 2, b, "b", 1, "n");
+  check_size(c, "c", 2, b, "b", b_n, "n");
   check_no_overlap(c, "c", a, "a");
   check_no_overlap(c, "c", b, "b");
-  const int64_t batch = a.size(0), m = a.size(1), n = b.size(1), k = a.size(2);
+  const int64_t batch = a.size(0), m = a.size(1), n = b.size(b_n), k = a.size(2);
   check_gemm_sizes(batch, m, n, k);
 
   const c10::cuda::CUDAGuard guard(a.device());
-  check_launch(gemm_nt(a.data_ptr<float>(), b.data_ptr<float>(), c.data_ptr<float>(), (int)batch,
-                       (int)m, (int)n, (int)k, at::cuda::getCurrentCUDAStream()),
-               "gemm_nt");
-}
-
-// a: (batch, m, k), b: (batch, k, n), c: (batch, m, n). c = a @ b per batch entry.
-void gemm_nn_op(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c) {
-  check_cuda_float32(a, "a");
-  check_cuda_float32(b, "b");
-  check_cuda_float32(c, "c");
-  check_dim(a, "a", 3);
-  check_dim(b, "b", 3);
-  check_dim(c, "c", 3);
-  check_same_device(a, "a", b, "b");
-  check_same_device(a, "a", c, "c");
-  check_not_empty(a, "a");
-  check_not_empty(b, "b");
-  check_size(a, "a", 0, b, "b", 0, "batch");
-  check_size(a, "a", 2, b, "b", 1, "k");
-  check_size(c, "c", 0, a, "a", 0, "batch");
-  check_size(c, "c", 1, a, "a", 1, "m");
-  check_size(c, "c", 2, b, "b", 2, "n");
-  check_no_overlap(c, "c", a, "a");
-  check_no_overlap(c, "c", b, "b");
-  const int64_t batch = a.size(0), m = a.size(1), n = b.size(2), k = a.size(2);
-  check_gemm_sizes(batch, m, n, k);
-
-  const c10::cuda::CUDAGuard guard(a.device());
-  check_launch(gemm_nn(a.data_ptr<float>(), b.data_ptr<float>(), c.data_ptr<float>(), (int)batch,
-                       (int)m, (int)n, (int)k, at::cuda::getCurrentCUDAStream()),
-               "gemm_nn");
+  const auto launcher = nt ? gemm_nt : gemm_nn;
+  check_launch(launcher(a.data_ptr<float>(), b.data_ptr<float>(), c.data_ptr<float>(), (int)batch,
+                        (int)m, (int)n, (int)k, at::cuda::getCurrentCUDAStream()),
+               nt ? "gemm_nt" : "gemm_nn");
 }
 
 // q: (batch, heads, seq_q, head_dim), k and v: (batch, heads, seq_k, head_dim), out like q.
@@ -177,9 +152,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Task 2: attention from separate CUDA kernels (softmax, GEMM_NT, GEMM_NN)";
   m.def("softmax", &softmax_op, "out = softmax(x) along the last dimension; x, out: (rows, cols)",
         py::arg("x"), py::arg("out"));
-  m.def("gemm_nt", &gemm_nt_op, "c = a @ b^T; a: (batch, m, k), b: (batch, n, k), c: (batch, m, n)",
+  m.def("gemm_nt", [](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c) {
+          gemm_op(a, b, c, /*nt=*/true);
+        }, "c = a @ b^T; a: (batch, m, k), b: (batch, n, k), c: (batch, m, n)",
         py::arg("a"), py::arg("b"), py::arg("c"));
-  m.def("gemm_nn", &gemm_nn_op, "c = a @ b; a: (batch, m, k), b: (batch, k, n), c: (batch, m, n)",
+  m.def("gemm_nn", [](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c) {
+          gemm_op(a, b, c, /*nt=*/false);
+        }, "c = a @ b; a: (batch, m, k), b: (batch, k, n), c: (batch, m, n)",
         py::arg("a"), py::arg("b"), py::arg("c"));
   m.def("attention", &attention_op,
         "out = softmax(scale * q @ k^T, causal mask) @ v; q, out: (batch, heads, seq_q, head_dim), "

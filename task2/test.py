@@ -16,9 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from common import cli
-from common.build import BuildError
 from common.checks import compare, exact_float32, poisoned, random_tensor
-from common.records import NeedsCuda, Report
+from common.records import Report
 from common.reference import attention_reference, naive_attention
 from common.timing import benchmark
 from task2 import attention as mod
@@ -120,10 +119,6 @@ def time_attention(solution):
     return True, f"batch {b} heads {h} seq {s} head_dim {d}: " + "; ".join(parts), metrics
 
 
-def no_gpu():
-    raise NeedsCuda("no CUDA GPU is visible (torch.cuda.is_available() is False)")
-
-
 def main(argv=None) -> int:
     parser = cli.parser(2, __doc__.splitlines()[2])
     for part, steps in PARTS.items():
@@ -131,13 +126,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     chosen = [p for p in PARTS if getattr(args, p)] or list(PARTS)
     report = Report(2, args.solution, "softmax and tiled GEMM kernels")
-    if not torch.cuda.is_available():
-        report.run("build", no_gpu)
-        return report.finish(args.json)
-    try:
-        ext = mod.extension(args.solution)
-    except BuildError as err:
-        report.add("build", False, str(err))
+    ext = cli.cuda_extension(report, lambda: mod.extension(args.solution))
+    if ext is None:
         return report.finish(args.json)
 
     extra = cli.extra_cases(2, args.hidden)

@@ -24,9 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from common import cli, impl
-from common.build import BuildError
 from common.checks import compare, exact_float32, poisoned, random_tensor
-from common.records import NeedsCuda, Report
+from common.records import Report
 from common.reference import (attention_flops, attention_reference, causal_mask, fp32_peak_tflops,
                               naive_attention)
 from common.timing import benchmark
@@ -272,22 +271,13 @@ def sweep(solution, path="task4-sweep.csv"):
     print(f"wrote {png}")
 
 
-def no_gpu():
-    raise NeedsCuda("no CUDA GPU is visible (torch.cuda.is_available() is False)")
-
-
 def main(argv=None) -> int:
     parser = cli.parser(4, __doc__.splitlines()[2])
     parser.add_argument("--sweep", action="store_true", help="time over seq 128..8192, write task4-sweep.csv")
     args = parser.parse_args(argv)
     report = Report(4, args.solution, "fused FlashAttention kernel")
-    if not torch.cuda.is_available():
-        report.run("build", no_gpu)
-        return report.finish(args.json)
-    try:
-        ext = mod.extension(args.solution)
-    except BuildError as err:
-        report.add("build", False, str(err))
+    ext = cli.cuda_extension(report, lambda: mod.extension(args.solution))
+    if ext is None:
         return report.finish(args.json)
     if args.sweep:
         sweep(args.solution)

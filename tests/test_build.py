@@ -31,3 +31,25 @@ def test_compiler_errors_are_extracted_from_a_ninja_log():
 def test_student_and_reference_build_in_separate_folders():
     assert build.build_dir(4, True) != build.build_dir(4, False)
     assert build.build_dir(4, False).name == "task4-student"
+
+
+def test_kernels_that_include_torch_are_refused(tmp_path, monkeypatch):
+    cu = tmp_path / "attention.cu"
+    cu.write_text('#include <torch/extension.h>\n__global__ void k() {}\n')
+    monkeypatch.setattr(build, "REPO", tmp_path)
+    with pytest.raises(BuildError, match="must be plain CUDA"):
+        build.check_plain_cuda([cu])
+    cu.write_text('#include <cuda_runtime.h>\n// a comment about torch/extension.h is fine\n')
+    build.check_plain_cuda([cu])
+
+
+@pytest.mark.parametrize("task", [2, 4])
+def test_cuda_task_tests_skip_cleanly_without_a_gpu(task, tmp_path):
+    import importlib
+    import json
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    test = importlib.import_module(f"task{task}.test")
+    assert test.main(["--json", str(tmp_path / "r.json")]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["status"] == "needs_cuda"
