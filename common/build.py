@@ -77,9 +77,14 @@ def check_toolchain() -> None:
 PLAIN_CUDA_ONLY = re.compile(r'^\s*#\s*include\s*[<"](torch|ATen|c10|cublas|cudnn|cutlass)', re.IGNORECASE | re.MULTILINE)
 
 
+INCLUDES_SOLUTION = re.compile(r'^\s*#\s*include\s*[<"][^>"]*solution', re.MULTILINE)
+
+
 def check_plain_cuda(sources: list[Path]) -> None:
     """Kernels must do the work themselves: no PyTorch, cuBLAS or cuDNN from a .cu file."""
     for src in sources:
+        if "solution" not in src.parts and INCLUDES_SOLUTION.search(src.read_text()):
+            raise BuildError(f"{src.relative_to(REPO)} includes the reference solution: write the kernels yourself")
         match = PLAIN_CUDA_ONLY.search(src.read_text())
         if match:
             raise BuildError(
@@ -105,7 +110,8 @@ def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda
     sources = [REPO / f"task{task}" / "binding.cpp", *kernel_sources(task, solution)]
     missing = [str(s.relative_to(REPO)) for s in sources if not s.exists()]
     if missing or len(sources) < 2:
-        raise BuildError(f"task {task}: source files missing: {', '.join(missing) or 'no kernels/*.cu'}")
+        folder = f"task{task}/{'solution/kernels' if solution else 'kernels'}"
+        raise BuildError(f"task {task}: source files missing: {', '.join(missing) or f'no {folder}/*.cu'}")
     check_plain_cuda(sources[1:])
     check_toolchain()
     folder = build_dir(task, solution)

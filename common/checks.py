@@ -24,6 +24,7 @@ class CheckResult:
     max_rel_err: float = math.nan
     mean_abs_err: float = math.nan
     mismatches: int = 0
+    untouched: bool = False  # every element still holds the NaN the output was poisoned with
 
     def metrics(self) -> dict:
         return {
@@ -65,8 +66,12 @@ def _fmt_index(flat: int, shape) -> tuple:
     return tuple(reversed(index))
 
 
-def compare(out, ref, *, atol: float, rtol: float, name: str = "output") -> CheckResult:
-    """Elementwise |out - ref| <= atol + rtol * |ref|; NaN or Inf in `out` always fails."""
+def compare(out, ref, *, atol: float, rtol: float, name: str = "output", poisoned: bool = False) -> CheckResult:
+    """Elementwise |out - ref| <= atol + rtol * |ref|; NaN or Inf in `out` always fails.
+
+    poisoned=True says `out` was filled with NaN before the code under test ran, so an
+    all-NaN result means nothing was written (a skeleton), not NaN computed everywhere.
+    """
     if not isinstance(out, torch.Tensor):
         return CheckResult(False, f"{name} should be a torch.Tensor, got {type(out).__name__}")
     if tuple(out.shape) != tuple(ref.shape):
@@ -79,8 +84,12 @@ def compare(out, ref, *, atol: float, rtol: float, name: str = "output") -> Chec
     if bad_values.any():
         nans = int(torch.isnan(got).sum())
         infs = int(bad_values.sum()) - nans
+        if nans == total and poisoned:
+            return CheckResult(False, f"{name} is entirely NaN: nothing was written to it (or NaN was computed "
+                               "everywhere)", mismatches=total, untouched=True)
         if nans == total:
-            return CheckResult(False, f"{name} is entirely NaN: nothing was written to it", mismatches=total)
+            return CheckResult(False, f"{name} is entirely NaN (for example exp(-inf - (-inf)) in a row whose "
+                               "every score is -inf)", mismatches=total)
         first = [_fmt_index(i, got.shape) for i in bad_values.flatten().nonzero()[:SHOW_FIRST, 0].tolist()]
         return CheckResult(
             False,

@@ -42,6 +42,18 @@ def devices() -> list[str]:
     return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
 
 
+def student_module(report, task: int, name: str, solution: bool):
+    """Import taskN/<name>.py (or the reference); a file that does not import is a failed case, not a crash."""
+    from common import impl
+
+    try:
+        return impl.load(task, name, solution)
+    except Exception as err:  # SyntaxError, ImportError, anything the module runs at import time
+        report.add("import", False, f"could not import task{task}/{'solution/' if solution else ''}{name}.py: "
+                   f"{type(err).__name__}: {err}")
+        return None
+
+
 def cuda_extension(report, load):
     """The task's compiled extension from `load()`, or None once the report says why not.
 

@@ -11,6 +11,8 @@ import importlib
 from pathlib import Path
 from types import ModuleType
 
+from torch.utils._python_dispatch import TorchDispatchMode
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -42,25 +44,48 @@ def student_files(task: int) -> list[Path]:
     )
 
 
-# PyTorch's own attention: a task that asks you to write attention must not call these.
+# PyTorch's own attention: a task that asks you to write attention must not call it.
 PYTORCH_ATTENTION = ("scaled_dot_product_attention", "multi_head_attention_forward", "MultiheadAttention(")
+PYTORCH_ATTENTION_OPS = ("scaled_dot_product", "multi_head_attention")
 
 
-def forbidden_uses(task: int, solution: bool, names=PYTORCH_ATTENTION) -> list[str]:
-    """'file:line: name' for each use of `names` in the student's files (none for the reference)."""
+class AttentionOpWatch(TorchDispatchMode):
+    """Records PyTorch's attention operators run while active, however they were reached."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(op in str(func) for op in PYTORCH_ATTENTION_OPS):
+            self.seen.add(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _code_lines(path: Path):
+    comment = "#" if path.suffix == ".py" else "//"
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        yield number, line.split(comment)[0]
+
+
+def borrowed_work(task: int, solution: bool, ops_seen=()) -> list[str]:
+    """What in the student's files is not their own work: PyTorch's attention, or the reference solution."""
     if solution:
         return []
-    found = []
+    found = [f"ran {op}" for op in sorted(ops_seen)]
     for path in student_files(task):
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            code = line.split("#")[0].split("//")[0]
-            found += [f"{path.relative_to(REPO)}:{number}: {name}" for name in names if name in code]
+        rel = path.relative_to(REPO)
+        for number, code in _code_lines(path):
+            found += [f"{rel}:{number}: {name}" for name in PYTORCH_ATTENTION if name in code]
+            if "solution" in code and ("import" in code or "#include" in code):
+                found.append(f"{rel}:{number}: uses the reference solution")
     return found
 
 
-def check_no_pytorch_attention(task: int, solution: bool):
-    """A report case: passes unless the student's files call PyTorch's attention."""
-    uses = forbidden_uses(task, solution)
-    if uses:
-        return False, "calls PyTorch's own attention, which this task asks you to write: " + "; ".join(uses), {}
-    return True, "no call to PyTorch's own attention", {}
+def check_own_work(task: int, solution: bool, ops_seen=()):
+    """A rule case: fails (and the task scores 0) if the student's code borrows the attention it should write."""
+    found = borrowed_work(task, solution, ops_seen)
+    if found:
+        return False, "uses PyTorch's own attention or the reference solution, which this task asks you to " \
+                      "write yourself: " + "; ".join(found), {}
+    return True, "no PyTorch attention and no reference solution used", {}

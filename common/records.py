@@ -75,7 +75,7 @@ class Report:
         self.needs_cuda: str | None = None
         self.notes: list[str] = []
         self.part_steps: tuple[int, ...] | None = None  # README steps of the part under test, if any
-        self.parts = self.missing_parts = 0
+        self.parts = self.missing_parts = self.part_start = 0
         self.missing_message: str | None = None  # the first part's missing step
         print(f"Task {task}: {title} — {label(solution)}")
 
@@ -99,17 +99,17 @@ class Report:
     def run(self, name: str, fn, kind: str = "check"):
         """Run one case. `fn` returns a CheckResult, or (passed, message, metrics).
 
-        An exception fails this case only; a NotImplementedError (a skeleton step)
-        stops the run, since every later case would fail the same way.
+        An exception fails this case only. A step that is not written yet (a
+        NotImplementedError, or an output the kernel never touched) stops the run
+        while the student's files still mark steps TODO and nothing has passed,
+        since every later case would fail the same way; see `_missing`.
         """
         if self.stopped:
             return None
         try:
             result = fn()
         except NotImplementedError as err:
-            self.not_implemented = self._first_missing_step(err)
-            print(f"  not implemented yet: {self.not_implemented}")
-            return None
+            return self._missing(name, kind, f"raised NotImplementedError: {err}")
         except NeedsCuda as err:
             self.needs_cuda = str(err)
             print(f"  [SKIP] {name}: {err}")
@@ -118,6 +118,8 @@ class Report:
             self.add(name, False, f"raised {type(err).__name__}: {err}\n{_short_traceback(err)}", kind=kind)
             return None
         if isinstance(result, CheckResult):
+            if result.untouched:
+                return self._missing(name, kind, result.message)
             self.add(name, result.passed, result.message, result.metrics(), kind)
         else:
             passed, message, metrics = result
@@ -127,6 +129,7 @@ class Report:
     def begin_part(self, name: str, steps: tuple[int, ...]) -> None:
         """Start an independently graded part (README steps `steps`), e.g. Task 2's softmax."""
         self.part_steps = steps
+        self.part_start = len(self.cases)
         self.parts += 1
         print(f" {name}:")
 
@@ -139,18 +142,27 @@ class Report:
             self.not_implemented = None
         self.part_steps = None
 
-    def _first_missing_step(self, err: NotImplementedError) -> str:
-        """Point at the earliest step still marked TODO, not just the first one a case happened to call."""
+    def _missing(self, name: str, kind: str, message: str):
+        """'Not implemented yet' while it is plausible: steps still TODO and no check of this part passed.
+
+        Otherwise (a finished file, or one where earlier cases passed) it is an
+        ordinary failure of this case, so a half-done step still earns what passes.
+        """
         number = lambda step: int(step.split(":")[0].removeprefix("step "))  # noqa: E731
         todos = [] if self.solution else sorted(
             {step for path in student_files(self.task) for step in remaining_todos(path)
              if self.part_steps is None or number(step) in self.part_steps},
             key=number,
         )
-        if not todos:
-            return str(err).removeprefix("see ") or "a step raised NotImplementedError"
-        more = f" ({len(todos) - 1} more step(s) after it are still TODO)" if len(todos) > 1 else ""
-        return f"see README, Task {self.task}, {todos[0]}{more}"
+        passed_before = any(c.passed and c.kind == "check" for c in self.cases[self.part_start:])
+        if not todos or passed_before:
+            self.add(name, False, message, kind=kind)
+            return None
+        more = f" ({len(todos) - 1} more TODO line(s) after it)" if len(todos) > 1 else ""
+        self.not_implemented = (f"see README, Task {self.task}, {todos[0]}{more}; "
+                                "delete a step's TODO line once you have written it")
+        print(f"  not implemented yet: {self.not_implemented}")
+        return None
 
     # -- summary ---------------------------------------------------------------
     def status(self) -> str:

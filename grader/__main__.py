@@ -26,8 +26,20 @@ from common.records import environment
 from grader.rubric import RUBRIC, TOTAL_POINTS, score
 from grader.runner import run_task
 
-NOT_COPIED = shutil.ignore_patterns(".git", "build", "grader-work", "__pycache__", ".scratch", "*.egg-info",
-                                    ".venv", "Results.md", "results.json")
+_BUILD_OUTPUT = shutil.ignore_patterns(".git", "build", "grader-work", "__pycache__", ".scratch", "*.egg-info",
+                                       ".venv", "Results.md", "results.json")
+
+
+def not_copied(folder: str, names: list[str]) -> set[str]:
+    """Build output, and the Python reference solutions: a submission must not be able to import them.
+
+    The reference kernels stay: tasks 4 and 5 time them beside the student's (and the
+    build refuses a student .cu file that includes them).
+    """
+    skipped = set(_BUILD_OUTPUT(folder, names))
+    if Path(folder).name == "solution":
+        skipped |= {n for n in names if n != "kernels"}
+    return skipped
 STATUS_TEXT = {
     "passed": "passed",
     "failed": "failed",
@@ -50,7 +62,7 @@ def prepare_submission(submission: Path) -> tuple[Path, list[str]]:
     if not submission.is_dir():
         raise SystemExit(f"--submission: {submission} is not a directory")
     work = Path(tempfile.mkdtemp(prefix="grade-")) / "checkout"
-    shutil.copytree(REPO, work, ignore=NOT_COPIED)
+    shutil.copytree(REPO, work, ignore=not_copied)
     missing = []
     for rel in student_paths():
         src = submission / rel

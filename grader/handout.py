@@ -1,7 +1,7 @@
 """python -m grader.handout DEST
 
 Export the student repository: every tracked file except the reference
-solutions and the hidden cases, the skeletons in place (regenerated, so they
+solutions, the hidden cases and the instructors' notes (notes/), the skeletons in place (regenerated, so they
 match the reference), and a blank Results.md. DEST must not exist yet.
 """
 
@@ -19,7 +19,8 @@ BLANK_RESULTS = "# Results\n\nNot graded yet: run `python -m grader` to fill thi
 
 
 def instructor_only(rel: Path) -> bool:
-    return "solution" in rel.parts or rel == Path("grader/hidden.py")
+    """Reference solutions, hidden cases, and notes on how the reference was tuned."""
+    return "solution" in rel.parts or rel == Path("grader/hidden.py") or rel.parts[0] == "notes"
 
 
 NOT_EXPORTED = {".git", "build", "grader-work", "__pycache__", ".scratch", ".venv", ".pytest_cache"}

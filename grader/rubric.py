@@ -2,7 +2,9 @@
 
 Correctness gates points: a task earns its correctness points in proportion to
 the checks that pass, and its performance points (tasks 4 and 5) only when every
-check passes. Performance is scored against the reference solution timed in the
+check and every benchmark passes (a benchmark fails when the output of its last
+timed run is wrong or its speed is physically impossible). Breaking a rule (a
+"rule" case, such as calling PyTorch's own attention) scores 0 for the task. Performance is scored against the reference solution timed in the
 same run (`vs_reference` = reference time / student time in each benchmark
 case), so the grade does not depend on which GPU ran it.
 """
@@ -44,6 +46,9 @@ def score(task: int, record: dict) -> tuple[float, str]:
     if status == "needs_cuda":
         return 0.0, f"not graded here: needs a CUDA GPU ({record.get('needs_cuda')})"
     cases = record.get("cases", [])
+    broken_rules = [c for c in cases if c["kind"] == "rule" and not c["passed"]]
+    if broken_rules:  # e.g. calling PyTorch's own attention in a task that asks you to write it
+        return 0.0, "0 points: " + broken_rules[0]["message"]
     checks = [c for c in cases if c["kind"] == "check"]
     if not checks:
         return 0.0, "no checks ran"
@@ -52,8 +57,11 @@ def score(task: int, record: dict) -> tuple[float, str]:
     earned = correctness_points * passed / len(checks)
     why = f"{passed}/{len(checks)} checks passed"
     if rubric.performance_points:
+        failed_benchmarks = [c for c in cases if c["kind"] == "benchmark" and not c["passed"]]
         if passed < len(checks):
             why += "; performance not scored until every check passes"
+        elif failed_benchmarks:
+            why += f"; no performance points: {failed_benchmarks[0]['name']}: {failed_benchmarks[0]['message']}"
         else:
             ratios = [c["metrics"]["vs_reference"] for c in cases
                       if c["kind"] == "benchmark" and c["metrics"].get("vs_reference") is not None]

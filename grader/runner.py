@@ -43,16 +43,16 @@ def _signal_name(returncode: int) -> str:
 
 
 def crash_reason(returncode: int, output: str) -> str:
-    lowered = output.lower()
-    for needle, reason in CRASH_HINTS:
-        if needle in lowered:
-            return reason
+    """Why a test process ended without results: a hint from its last lines, else its signal or exit code."""
+    tail = [ln for ln in output.strip().splitlines() if ln.strip()][-30:]  # not the whole log: it reports OOM baselines
+    hint = next((reason for needle, reason in CRASH_HINTS if needle in "\n".join(tail).lower()), None)
     if returncode < 0:
         name = _signal_name(returncode)
         meaning = {"SIGSEGV": "segmentation fault", "SIGABRT": "aborted", "SIGKILL": "killed, perhaps out of memory"}
-        return f"crashed with {name} ({meaning.get(name, 'killed by a signal')})"
-    tail = [ln for ln in output.strip().splitlines() if ln.strip()][-3:]
-    return f"exited with code {returncode} without writing results: " + " | ".join(tail)
+        return f"crashed with {name} ({meaning.get(name, 'killed by a signal')})" + (f": {hint}" if hint else "")
+    if hint:
+        return hint
+    return f"exited with code {returncode} without writing results: " + " | ".join(tail[-3:])
 
 
 def run_task(task: int, workdir: Path, *, solution: bool, hidden: bool, timeout_s: int, echo: bool = True) -> TaskRun:
@@ -80,9 +80,12 @@ def run_task(task: int, workdir: Path, *, solution: bool, hidden: bool, timeout_
         proc.wait(timeout=timeout_s)
         timed_out = False
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the test and anything it started (ninja, nvcc)
-        proc.wait()
         timed_out = True
+    try:  # the test and anything it left behind (ninja, nvcc, a student's stray process)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
     reader.join(timeout=10)
     seconds = time.perf_counter() - started
     log = "".join(lines)

@@ -29,13 +29,16 @@ CASES = [
 ATOL, RTOL = 2e-5, 1e-4  # float32 against float64: rounding stays far below these
 
 
+WATCH = impl.AttentionOpWatch()  # every call into the student's code runs under it
+
+
 def check_core(mod, shape, causal, device, seed):
     batch, seq_q, seq_k, hidden, heads = shape
     d = hidden // heads
     q = random_tensor((batch, heads, seq_q, d), seed, device)
     k = random_tensor((batch, heads, seq_k, d), seed + 1, device)
     v = random_tensor((batch, heads, seq_k, d), seed + 2, device)
-    with exact_float32():
+    with exact_float32(), WATCH:
         out = mod.attention(q, k, v, causal=causal)
     return compare(out, attention_reference(q, k, v, causal)[0], atol=ATOL, rtol=RTOL, name="attention(q, k, v)")
 
@@ -49,7 +52,8 @@ def check_layer(mod, shape, causal, device, seed):
     key = random_tensor((batch, seq_k, hidden), seed + 2, device)
     value = random_tensor((batch, seq_k, hidden), seed + 3, device)
     with torch.no_grad(), exact_float32():
-        out = layer(query, key, value, causal=causal)
+        with WATCH:
+            out = layer(query, key, value, causal=causal)
         mask = causal_mask(seq_q, seq_k, device) if causal else None
         expected, _ = reference.double()(
             query.double(), key.double(), value.double(), attn_mask=mask, need_weights=False
@@ -61,8 +65,9 @@ def check_layer(mod, shape, causal, device, seed):
 def main(argv=None) -> int:
     args = cli.parser(1, __doc__.splitlines()[2]).parse_args(argv)
     report = Report(1, args.solution, "naive multi-head attention")
-    mod = impl.load(1, "attention", args.solution)
-    report.run("does not call PyTorch's attention", lambda: impl.check_no_pytorch_attention(1, args.solution))
+    mod = cli.student_module(report, 1, "attention", args.solution)
+    if mod is None:
+        return report.finish(args.json)
     cases = CASES + cli.extra_cases(1, args.hidden)
     for device in cli.devices():
         for i, shape in enumerate(cases):
@@ -76,6 +81,8 @@ def main(argv=None) -> int:
                            lambda: check_core(mod, shape, causal, device, seed))
                 report.run(f"{name}: layer vs nn.MultiheadAttention",
                            lambda: check_layer(mod, shape, causal, device, seed))
+    report.run("own work: no PyTorch attention, no reference solution",
+               lambda: impl.check_own_work(1, args.solution, WATCH.seen), kind="rule")
     return report.finish(args.json)
 
 

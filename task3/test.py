@@ -42,12 +42,19 @@ def inputs(shape, seed, device):
     )
 
 
+WATCH = impl.AttentionOpWatch()  # every call into the student's code runs under it
+
+
 def check_values(mod, shape, causal, device, seed):
     q, k, v = inputs(shape, seed, device)
-    with exact_float32():
-        result = mod.flash_attention(q, k, v, causal=causal, block_rows=shape[5], block_cols=shape[6], return_lse=True)
+    tiles = dict(block_rows=shape[5], block_cols=shape[6])
+    with exact_float32(), WATCH:
+        result = mod.flash_attention(q, k, v, causal=causal, return_lse=True, **tiles)
+        plain = mod.flash_attention(q, k, v, causal=causal, **tiles)
     if not (isinstance(result, tuple) and len(result) == 2):
         return False, "with return_lse=True, flash_attention must return (out, lse)", {}
+    if not isinstance(plain, torch.Tensor):
+        return False, f"without return_lse, flash_attention must return the output tensor, got {type(plain).__name__}", {}
     out, lse = result
     ref_out, ref_lse = attention_reference(q, k, v, causal)
     checked = compare(out, ref_out, atol=ATOL, rtol=RTOL, name="out")
@@ -59,36 +66,69 @@ def check_values(mod, shape, causal, device, seed):
     return checked
 
 
-class LargestTensor(TorchDispatchMode):
-    """Records the largest tensor any PyTorch operation produces while active."""
+class TensorStats(TorchDispatchMode):
+    """Records the largest tensor, and the elements of all tensors, that PyTorch operations produce."""
 
     def __init__(self):
         super().__init__()
-        self.largest, self.op = 0, None
+        self.largest, self.op, self.total = 0, None, 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         result = func(*args, **(kwargs or {}))
         for t in result if isinstance(result, (tuple, list)) else (result,):
-            if isinstance(t, torch.Tensor) and t.numel() > self.largest:
-                self.largest, self.op = t.numel(), str(func)
+            if isinstance(t, torch.Tensor):
+                self.total += t.numel()
+                if t.numel() > self.largest:
+                    self.largest, self.op = t.numel(), str(func)
         return result
+
+
+def run_with_stats(mod, q, k, v, causal, br, bc) -> TensorStats:
+    with TensorStats() as stats, WATCH:
+        mod.flash_attention(q, k, v, causal=causal, block_rows=br, block_cols=bc)
+    return stats
 
 
 def check_no_full_matrix(mod, device, seed):
     batch, heads, seq, d, br, bc = 1, 2, 512, 32, 64, 64
     q, k, v = inputs((batch, heads, seq, seq, d), seed, device)
-    with LargestTensor() as seen:
-        mod.flash_attention(q, k, v, causal=False, block_rows=br, block_cols=bc)
     full = batch * heads * seq * seq
     tile_bound = max(batch * heads * br * bc, q.numel())  # a score tile, or a tensor the size of the output
-    message = (f"largest intermediate has {seen.largest} elements (from {seen.op}); the full score matrix "
-               f"would have {full}, one {br}x{bc} tile {batch * heads * br * bc}")
-    if seen.largest > tile_bound:
-        return False, message + ": something as large as the full matrix was built, work tile by tile", {}
-    return True, message, {"largest_elements": seen.largest}
+    for causal in (False, True):
+        seen = run_with_stats(mod, q, k, v, causal, br, bc)
+        if seen.largest > tile_bound:
+            return False, (f"{'causal: ' if causal else ''}an intermediate has {seen.largest} elements (from "
+                           f"{seen.op}), as many as the full score matrix ({full}): work tile by tile "
+                           f"(one {br}x{bc} tile has {batch * heads * br * bc})"), {}
+    return True, f"largest intermediate {seen.largest} elements; the full score matrix would have {full}", \
+        {"largest_elements": seen.largest}
 
 
-def time_against_task1(flash, naive, device, solution):
+def check_causal_skips_tiles(mod, device, seed):
+    """With a causal mask, tiles past the diagonal must be skipped (step 2), not computed and discarded."""
+    q, k, v = inputs((1, 2, 512, 512, 32), seed, device)
+    full = run_with_stats(mod, q, k, v, False, 64, 64).total
+    causal = run_with_stats(mod, q, k, v, True, 64, 64).total
+    # 8 x 8 tiles: the causal loop visits 36 of them, 56% of the work; computing all 64 and masking is >= 100%.
+    ratio = causal / full
+    message = f"causal run produced {ratio:.0%} of the tensor elements of the full run (36 of 64 tiles is 56%)"
+    if ratio > 0.75:
+        return False, message + ": the tiles after the diagonal are computed, not skipped (README, Task 3, step 2)", {}
+    return True, message, {"causal_work_fraction": ratio}
+
+
+def time_against_task1(report, flash, device, solution):
+    """A benchmark beside Task 1's attention; Task 1's state (not done, broken) only ever adds a note."""
+    try:
+        naive = impl.load(1, "attention", solution)
+        passed, message, metrics = _time_both(flash, naive, device, solution)
+    except (Exception, SystemExit) as err:  # NotImplementedError included
+        report.note(f"{device}: timing against task 1 skipped: {type(err).__name__}: {err}")
+        return
+    report.add(f"{device} time against task 1", passed, message, metrics, kind="benchmark")
+
+
+def _time_both(flash, naive, device, solution):
     batch, heads, seq, d = TIMING_SHAPES[device]
     q, k, v = inputs((batch, heads, seq, seq, d), 7, device)
     metrics, parts = {}, []
@@ -108,8 +148,9 @@ def time_against_task1(flash, naive, device, solution):
 def main(argv=None) -> int:
     args = cli.parser(3, __doc__.splitlines()[2]).parse_args(argv)
     report = Report(3, args.solution, "FlashAttention-2 in PyTorch")
-    mod = impl.load(3, "attention", args.solution)
-    report.run("does not call PyTorch's attention", lambda: impl.check_no_pytorch_attention(3, args.solution))
+    mod = cli.student_module(report, 3, "attention", args.solution)
+    if mod is None:
+        return report.finish(args.json)
     cases = CASES + cli.extra_cases(3, args.hidden)
     for device in cli.devices():
         for i, shape in enumerate(cases):
@@ -123,22 +164,13 @@ def main(argv=None) -> int:
                 report.run(name, lambda: check_values(mod, shape, causal, device, seed))
         report.run(f"{device} never builds the full score matrix",
                    lambda: check_no_full_matrix(mod, device, cli.seed(999, args.hidden)))
-    for device in cli.devices():
-        if report.stopped or not all(c.passed for c in report.cases):
-            break
-        try:
-            naive = impl.load(1, "attention", args.solution)
-        except SystemExit as err:
-            report.note(f"timing against task 1 skipped: {err}")
-            break
-        # Task 1 not done yet shows up here as NotImplementedError: a note, not a task 3 failure.
-        try:
-            naive.attention(*inputs((1, 1, 2, 2, 4), 0, device))
-        except NotImplementedError:
-            report.note("timing against task 1 skipped: task 1 is not implemented yet")
-            break
-        report.run(f"{device} time against task 1",
-                   lambda: time_against_task1(mod, naive, device, args.solution), kind="benchmark")
+        report.run(f"{device} causal skips the tiles after the diagonal",
+                   lambda: check_causal_skips_tiles(mod, device, cli.seed(998, args.hidden)))
+    report.run("own work: no PyTorch attention, no reference solution",
+               lambda: impl.check_own_work(3, args.solution, WATCH.seen), kind="rule")
+    if not report.stopped and all(c.passed for c in report.cases):
+        for device in cli.devices():
+            time_against_task1(report, mod, device, args.solution)
     return report.finish(args.json)
 
 

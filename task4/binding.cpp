@@ -69,6 +69,10 @@ void forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
   check_same_device(k, "k", q, "q");
   check_same_device(v, "v", q, "q");
   check_same_device(out, "out", q, "q");
+  // The kernel reads q, k and v while it writes out: sharing memory would read its own results.
+  check_no_overlap(out, "out", q, "q");
+  check_no_overlap(out, "out", k, "k");
+  check_no_overlap(out, "out", v, "v");
   if (q.numel() == 0) return;  // batch or heads is 0: nothing to do
 
   const c10::cuda::CUDAGuard guard(q.device());

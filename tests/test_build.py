@@ -11,7 +11,7 @@ def test_no_gpu_gives_a_clear_error():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     with pytest.raises(BuildError) as err:
-        build.load_extension(2, solution=True)
+        build.load_extension(2, solution=False)  # the student's kernels exist in every checkout
     message = str(err.value)
     assert ("CPU-only build" in message) or ("no CUDA GPU" in message)
     assert "Traceback" not in message
@@ -38,6 +38,9 @@ def test_kernels_that_include_torch_are_refused(tmp_path, monkeypatch):
     cu.write_text('#include <torch/extension.h>\n__global__ void k() {}\n')
     monkeypatch.setattr(build, "REPO", tmp_path)
     with pytest.raises(BuildError, match="must be plain CUDA"):
+        build.check_plain_cuda([cu])
+    cu.write_text('#include "../solution/kernels/attention.cu"\n')
+    with pytest.raises(BuildError, match="includes the reference solution"):
         build.check_plain_cuda([cu])
     cu.write_text('#include <cuda_runtime.h>\n// a comment about torch/extension.h is fine\n')
     build.check_plain_cuda([cu])

@@ -20,6 +20,10 @@ SUBMISSIONS = {
     "pytorch_attention": ("    return torch.softmax(scores, dim=-1) @ v\n",
                           "    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)\n"),
     "raises": ("    return torch.softmax(scores, dim=-1) @ v\n", "    return torch.softmax(scores, dim=-1) @ v.T\n"),
+    "imports_solution": ("from common.validate import check_hidden, check_qkv\n",
+                         "from common.validate import check_hidden, check_qkv\n"
+                         "from task1.solution.attention import *  # noqa\n"),
+    "syntax_error": ("def merge_heads(", "def merge_heads(:"),
 }
 
 
@@ -44,8 +48,10 @@ def grade(tmp_path, name, timeout=120):
     ("correct", "passed", 2, "checks passed"),
     ("wrong_scale", "failed", None, "checks passed"),
     ("segfault", "crashed", 0, "segmentation fault"),
-    ("pytorch_attention", "failed", None, "calls PyTorch's own attention"),
+    ("pytorch_attention", "failed", 0, "PyTorch's own attention"),
     ("raises", "failed", None, "checks passed"),
+    ("imports_solution", "failed", 0, "import"),
+    ("syntax_error", "failed", 0, "could not import task1/attention.py: SyntaxError"),
     ("missing", "not implemented yet", 0, "see README, Task 1, step 1"),
 ])
 def test_verdicts_on_known_submissions(tmp_path, name, status, points, words):
@@ -60,6 +66,30 @@ def test_verdicts_on_known_submissions(tmp_path, name, status, points, words):
         assert test["score"] < 2
     assert results["score"] == test["score"]
     assert f"| 1. {RUBRIC[1].title} | {status} |" in md
+
+
+@needs_solution(3)
+def test_a_broken_task1_does_not_cost_task3(tmp_path):
+    sub = tmp_path / "sub"
+    for task in (1, 3):
+        (sub / f"task{task}").mkdir(parents=True)
+    (sub / "task3" / "attention.py").write_text((REPO / "task3/solution/attention.py").read_text())
+    (sub / "task1" / "attention.py").write_text(bad_variant(1, "attention.py", "    scores = attention_scores(q, k)\n",
+                                                            "    raise RuntimeError('task 1 is broken')\n"))
+    proc = subprocess.run([sys.executable, "-m", "grader", "--submission", str(sub), "--tasks", "3"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    (test,) = json.loads((sub / "results.json").read_text())["tests"]
+    assert test["score"] == 3 and "timing against task 1 skipped" in test["output"]
+
+
+def test_crash_reasons():
+    from grader.runner import crash_reason
+
+    oom_baseline = "attention alone: naive out of memory\n" + "ok\n" * 40
+    assert crash_reason(-11, oom_baseline) == "crashed with SIGSEGV (segmentation fault)"
+    assert "illegal memory access" in crash_reason(1, "RuntimeError: CUDA error: an illegal memory access")
+    assert "exited with code 3" in crash_reason(3, "something\nelse")
 
 
 @needs_solution(1)
@@ -99,6 +129,21 @@ def _record(checks, speeds=()):
     cases = [{"kind": "check", "passed": p, "metrics": {}} for p in checks]
     cases += [{"kind": "benchmark", "passed": True, "metrics": {"vs_reference": s}} for s in speeds]
     return {"status": "passed" if all(checks) else "failed", "cases": cases}
+
+
+def test_a_failed_benchmark_forfeits_the_performance_points():
+    record = _record([True, True], [3.0])
+    record["cases"].append({"kind": "benchmark", "passed": False, "name": "attention", "metrics": {},
+                            "message": "faster than the GPU's float32 peak"})
+    points, why = score(4, record)
+    assert points == 3 and "faster than the GPU" in why
+
+
+def test_a_broken_rule_scores_zero():
+    record = _record([True, True])
+    record["cases"].append({"kind": "rule", "passed": False, "name": "own work", "metrics": {},
+                            "message": "calls PyTorch's own attention"})
+    assert score(1, record) == (0.0, "0 points: calls PyTorch's own attention")
 
 
 def test_performance_points_need_every_check_and_follow_the_reference_ratio():

@@ -11,6 +11,7 @@ def test_handout_has_no_solutions_and_blank_results(tmp_path):
     files = {p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()}
     assert not [f for f in files if "/solution/" in f], "solutions leaked into the handout"
     assert "grader/hidden.py" not in files
+    assert not [f for f in files if f.startswith("notes/")], "instructor notes leaked into the handout"
     assert {"README.md", "task1/attention.py", "task3/attention.py", "grader/__main__.py", ".ci/run"} <= files
     assert "Not graded yet" in (dest / "Results.md").read_text()
     assert "BEGIN SOLUTION" not in (dest / "task1/attention.py").read_text()

@@ -2,22 +2,58 @@
 
 import json
 
+import pytest
+
+from common import records
 from common.checks import CheckResult
 from common.records import NeedsCuda, Report
 
 
+@pytest.fixture(autouse=True)
+def skeleton_file(tmp_path, monkeypatch):
+    """Task 1 as a skeleton, whatever state the real task1/ is in (students fill it in)."""
+    todo = tmp_path / "attention.py"
+    todo.write_text("# TODO (README, Task 1, step 1: do it)\n# TODO (README, Task 1, step 2: then this)\n")
+    monkeypatch.setattr(records, "student_files", lambda task: [todo] if task == 1 else [])
+
+
 def missing():
-    raise NotImplementedError("see README, Task 9, step 1: do it")
+    raise NotImplementedError("see README, Task 1, step 1: do it")
 
 
 def test_a_missing_step_stops_the_run(tmp_path):
-    report = Report(9, solution=False, title="t")
+    report = Report(1, solution=False, title="t")
     report.run("a", missing)
     report.run("b", lambda: CheckResult(True, "never runs"))
     assert report.status() == "not_implemented" and report.cases == []
     assert report.finish(str(tmp_path / "r.json")) == 1
     record = json.loads((tmp_path / "r.json").read_text())
-    assert record["status"] == "not_implemented" and "step 1: do it" in record["not_implemented"]
+    assert record["status"] == "not_implemented" and "README, Task 1, step 1" in record["not_implemented"]
+
+
+def test_not_implemented_after_a_passing_check_is_an_ordinary_failure():
+    report = Report(1, solution=False, title="t")
+    report.run("a", lambda: CheckResult(True, "fine"))
+    report.run("b", missing)
+    report.run("c", lambda: CheckResult(True, "still runs"))
+    assert report.status() == "failed" and [c.passed for c in report.cases] == [True, False, True]
+    assert "NotImplementedError" in report.cases[1].message
+
+
+def test_not_implemented_without_todo_lines_is_an_ordinary_failure():
+    report = Report(9, solution=False, title="t")  # no task 9 files, so no TODO lines
+    report.run("a", missing)
+    assert report.status() == "failed" and not report.cases[0].passed
+
+
+def test_an_untouched_output_is_not_implemented_only_while_steps_are_todo():
+    untouched = CheckResult(False, "output is entirely NaN", untouched=True)
+    skeleton = Report(1, solution=False, title="t")
+    skeleton.run("a", lambda: untouched)
+    assert skeleton.status() == "not_implemented"
+    reference = Report(1, solution=True, title="t")
+    reference.run("a", lambda: untouched)
+    assert reference.status() == "failed" and "entirely NaN" in reference.cases[0].message
 
 
 def test_a_student_exception_fails_only_its_case():
@@ -29,7 +65,7 @@ def test_a_student_exception_fails_only_its_case():
 
 
 def test_parts_are_graded_independently():
-    report = Report(9, solution=False, title="t")
+    report = Report(1, solution=False, title="t")
     report.begin_part("one", (1,))
     report.run("a", missing)
     report.end_part("one")
@@ -42,7 +78,7 @@ def test_parts_are_graded_independently():
 
 
 def test_every_part_missing_is_not_implemented():
-    report = Report(9, solution=False, title="t")
+    report = Report(1, solution=False, title="t")
     for part in ("one", "two"):
         report.begin_part(part, (1,))
         report.run("x", missing)

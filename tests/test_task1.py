@@ -60,3 +60,28 @@ def test_hidden_not_divisible_by_heads():
 
     with pytest.raises(ValueError, match="hidden_size 100 is not divisible by num_heads 3"):
         MultiHeadAttention(100, 3)
+
+
+def test_pytorch_attention_reached_through_torch_ops_is_caught(tmp_path):
+    import importlib.util
+
+    from task1 import test as t1
+    from tests.conftest import bad_variant
+
+    path = tmp_path / "attention.py"
+    path.write_text(bad_variant(1, "attention.py", "    return torch.softmax(scores, dim=-1) @ v\n",
+                                "    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)[0]\n"))
+    spec = importlib.util.spec_from_file_location("sneaky_task1", path)
+    sneaky = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sneaky)
+    t1.WATCH.seen.clear()
+    assert t1.check_core(sneaky, (1, 8, 8, 32, 2), False, "cpu", 0).passed  # right values...
+    passed, message, _ = impl_check(t1)
+    assert not passed and "scaled_dot_product" in message  # ...but not the student's own work
+    t1.WATCH.seen.clear()
+
+
+def impl_check(t1):
+    from common import impl
+
+    return impl.check_own_work(1, solution=False, ops_seen=t1.WATCH.seen)

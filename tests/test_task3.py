@@ -38,7 +38,7 @@ def test_full_matrix_is_detected(tmp_path):
                        "    seq_q, seq_k, head_dim = q.shape[2], k.shape[2], q.shape[3]\n"
                        "    block_rows, block_cols = seq_q, seq_k\n")
     passed, message, _ = task3_test.check_no_full_matrix(bad, "cpu", 0)
-    assert not passed and "full matrix" in message
+    assert not passed and "full score matrix" in message
 
 
 def test_the_papers_erratum_gives_wrong_values(tmp_path):
@@ -62,3 +62,16 @@ def test_bad_arguments(kwargs, words):
     q, k = torch.randn(1, 1, 4, 8), torch.randn(1, 1, 3, 8)
     with pytest.raises(ValueError, match=words):
         flash_attention(q, k, k, **kwargs)
+
+
+def test_causal_without_skipping_tiles_fails(tmp_path):
+    bad = load_variant(tmp_path, "col_stop = min(seq_k, row_end + offset) if causal else seq_k", "col_stop = seq_k")
+    assert task3_test.check_values(bad, (1, 2, 129, 129, 32, 32, 32), True, "cpu", 0).passed  # values are right
+    passed, message, _ = task3_test.check_causal_skips_tiles(bad, "cpu", 0)
+    assert not passed and "step 2" in message
+
+
+def test_always_returning_a_tuple_fails(tmp_path):
+    bad = load_variant(tmp_path, "    return (out, lse) if return_lse else out", "    return (out, lse)")
+    passed, message, _ = task3_test.check_values(bad, (1, 1, 9, 9, 8, 4, 4), False, "cpu", 0)
+    assert not passed and "without return_lse" in message
