@@ -93,10 +93,16 @@ def check_plain_cuda(sources: list[Path]) -> None:
             )
 
 
+COMPILER_ERROR = re.compile(
+    r"\(\d+\): (error|catastrophic error)"  # nvcc: file.cu(42): error: ...
+    r"|:\d+(:\d+)?: (fatal )?error"          # gcc: file.cpp:42:7: error: ...
+    r"|undefined symbol|error detected in the compilation"
+)
+
+
 def _compiler_errors(log: str) -> str:
-    """The lines a student needs from a ninja/nvcc log: the errors, with file and line."""
-    wanted = [ln for ln in log.splitlines() if re.search(r"\berror\b|undefined symbol|fatal", ln, re.IGNORECASE)]
-    wanted = [ln.strip() for ln in wanted if not ln.lstrip().startswith(("FAILED:", "ninja: build stopped"))]
+    """The lines a student needs from a ninja/nvcc log: the errors, with file and line, not the commands."""
+    wanted = [ln.strip() for ln in log.splitlines() if COMPILER_ERROR.search(ln)]
     if not wanted:
         wanted = log.strip().splitlines()[-MAX_ERROR_LINES:]
     more = len(wanted) - MAX_ERROR_LINES

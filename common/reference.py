@@ -41,12 +41,12 @@ def naive_attention(q, k, v, causal: bool = False, scale: float | None = None):
 
 
 def attention_flops(batch: int, heads: int, seq_q: int, seq_k: int, head_dim: int, causal: bool) -> float:
-    """4 * B * H * Sq * Sk * D (two matmuls of 2 flops per multiply-add); about half of that when causal."""
-    flops = 4.0 * batch * heads * seq_q * seq_k * head_dim
-    if causal:  # the fraction of (query, key) pairs left unmasked, end-aligned
-        visible = sum(min(seq_k, i + 1 + seq_k - seq_q) for i in range(seq_q)) if seq_q < 100_000 else seq_q * seq_k / 2
-        flops *= visible / (seq_q * seq_k)
-    return flops
+    """4 * B * H * (query, key) pairs * D: two matmuls of 2 flops per multiply-add, over the pairs computed.
+
+    Causal (end-aligned, seq_q <= seq_k) keeps query i's first i + 1 + seq_k - seq_q keys: about half.
+    """
+    pairs = seq_q * (seq_q + 1) // 2 + seq_q * (seq_k - seq_q) if causal else seq_q * seq_k
+    return 4.0 * batch * heads * pairs * head_dim
 
 
 def fp32_peak_tflops(device=None) -> float:

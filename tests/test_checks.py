@@ -60,3 +60,11 @@ def test_reference_matches_a_direct_float64_formula():
     assert torch.allclose(out, torch.softmax(scores, -1) @ v, atol=1e-12)
     assert torch.allclose(lse, torch.logsumexp(scores, -1), atol=1e-12)
     assert out.dtype == torch.float64
+
+
+def test_attention_flops_counts_the_visible_pairs():
+    from common.reference import attention_flops
+
+    assert attention_flops(1, 1, 4, 4, 1, causal=False) == 4 * 16
+    assert attention_flops(1, 1, 4, 4, 1, causal=True) == 4 * int((~causal_mask(4, 4)).sum())
+    assert attention_flops(2, 3, 3, 7, 5, causal=True) == 4 * 2 * 3 * 5 * int((~causal_mask(3, 7)).sum())
