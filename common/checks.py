@@ -66,14 +66,22 @@ def _fmt_index(flat: int, shape) -> tuple:
     return tuple(reversed(index))
 
 
-def compare(out, ref, *, atol: float, rtol: float, name: str = "output", poisoned: bool = False) -> CheckResult:
+def compare(out, ref, *, atol: float, rtol: float, name: str = "output", poisoned: bool = False,
+            device: str | None = None) -> CheckResult:
     """Elementwise |out - ref| <= atol + rtol * |ref|; NaN or Inf in `out` always fails.
 
     poisoned=True says `out` was filled with NaN before the code under test ran, so an
     all-NaN result means nothing was written (a skeleton), not NaN computed everywhere.
+    device: where the output must have been made (the inputs' device), for outputs that a
+    worker returned (they arrive on the CPU, marked with the device they were on).
     """
     if not isinstance(out, torch.Tensor):
         return CheckResult(False, f"{name} should be a torch.Tensor, got {type(out).__name__}")
+    made_on = getattr(out, "worker_device", out.device.type)
+    if device is not None and made_on != device:
+        return CheckResult(False, f"{name} is on {made_on}, but the inputs were on {device}: keep it on theirs")
+    if not out.is_floating_point():
+        return CheckResult(False, f"{name} has dtype {out.dtype}, expected a floating-point tensor")
     if tuple(out.shape) != tuple(ref.shape):
         return CheckResult(False, f"{name} has shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
     got = out.detach().to("cpu", torch.float64)

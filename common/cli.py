@@ -1,22 +1,34 @@
-"""The command line every `python -m taskN.test` shares, and its test cases' seeds.
+"""What every `python -m taskN.test` shares: its command line, its cases and seeds, its worker.
+
+A task's test is the trusted side: it makes the inputs, runs the reference, compares and
+writes the record. It never imports student code; it asks the worker (common/sandbox.py)
+to run the entry points of taskN/entry.py.
 
 Public cases are listed in each task's test.py. The grader adds `--hidden`: then
-`grader/hidden.py` (not in the student handout) adds more cases, and its secret
-seed is mixed into every public seed, so memorising outputs does not help.
+`grader/hidden.py` (instructor-only) adds cases to each named part, and its secret seed is
+mixed into every public seed, so memorising outputs does not help.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+
+from common.impl import REPO
 
 
 def parser(task: int, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m task{task}.test", description=description)
     p.add_argument("--solution", action="store_true", help="test the reference solution instead of your code")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON (the grader reads these)")
+    p.add_argument("--student-dir", type=Path, default=REPO, metavar="DIR",
+                   help="take the student's files from this checkout (default: this one)")
+    p.add_argument("--scratch", type=Path, metavar="DIR", help=argparse.SUPPRESS)  # the grader's scratch folder
     p.add_argument("--hidden", action="store_true", help=argparse.SUPPRESS)  # the grader's extra cases
     return p
 
@@ -34,42 +46,85 @@ def seed(public: int, hidden: bool) -> int:
     return (public * 1_000_003 + hidden_module().SECRET_SEED) % (2**62)
 
 
-def extra_cases(task: int, hidden: bool) -> list:
-    return list(hidden_module().CASES.get(task, [])) if hidden else []
+def extra_cases(task: int, part: str, hidden: bool) -> list:
+    return list(hidden_module().CASES.get(task, {}).get(part, [])) if hidden else []
 
 
 def devices() -> list[str]:
     return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
 
 
-def student_module(report, task: int, name: str, solution: bool):
-    """Import taskN/<name>.py (or the reference); a file that does not import is a failed case, not a crash."""
-    from common import impl
+@dataclass(frozen=True)
+class Case:
+    """One check's inputs: printed as its name in every report line, and its seed is explicit."""
 
-    try:
-        return impl.load(task, name, solution)
-    except Exception as err:  # SyntaxError, ImportError, anything the module runs at import time
-        report.add("import", False, f"could not import task{task}/{'solution/' if solution else ''}{name}.py: "
-                   f"{type(err).__name__}: {err}")
-        return None
+    part: str
+    shape: tuple
+    causal: bool
+    seed: int
+    device: str = "cuda"
+    label: str = ""  # the shape in words, e.g. "cpu batch 2 heads 3 seq 127x127 head_dim 32"
+
+    @property
+    def name(self) -> str:
+        return f"{self.label}{' causal' if self.causal else ''}"
 
 
-def cuda_extension(report, load):
-    """The task's compiled extension from `load()`, or None once the report says why not.
+def cases(task: int, part: str, public: list, hidden: bool, describe, *, devices=("cuda",),
+          causal=(False, True), causal_ok=lambda shape: True):
+    """Every case of a part: shape x causal x device, the hidden shapes after the public ones.
 
-    No GPU is a skip (the task needs one), not a failure; a build error is a failure.
+    Seeds depend on the shape's position and the mask, and are mixed with the secret seed
+    when graded, so a case's inputs are the same each run but unknown before grading.
     """
-    from common.build import BuildError
+    shapes = list(public) + extra_cases(task, part, hidden)
+    for device in devices:
+        for i, shape in enumerate(shapes):
+            for mask in causal:
+                if mask and not causal_ok(shape):
+                    continue
+                label = describe(shape) if devices == ("cuda",) else f"{device} {describe(shape)}"
+                yield Case(part, tuple(shape), mask, seed(100 * i + 10 * mask, hidden), device, label)
+
+
+@contextmanager
+def worker(report, task: int, args, **options):
+    """The task's worker, started, or None once the report says why it could not start.
+
+    A student file that does not import (a syntax error, an exception at import) is one
+    failed check named "import"; no GPU for a CUDA task is a skip.
+    """
     from common.records import NeedsCuda
+    from common.sandbox import Worker, WorkerDied, WorkerError, sandbox_status
+    from common.tasks import TASKS
 
-    def no_gpu():
-        raise NeedsCuda("no CUDA GPU is visible (torch.cuda.is_available() is False)")
-
-    if not torch.cuda.is_available():
-        report.run("build", no_gpu)
-        return None
+    report.sandbox = sandbox_status()
+    if TASKS[task].cuda and not torch.cuda.is_available():
+        report.run("build", lambda: (_ for _ in ()).throw(NeedsCuda("no CUDA GPU is visible "
+                                                                    "(torch.cuda.is_available() is False)")))
+        yield None
+        return
+    w = Worker(task, args.student_dir, solution=args.solution, scratch=args.scratch, **options)
+    for note in w.file_notes:
+        report.note(note)
     try:
-        return load()
-    except BuildError as err:
-        report.add("build", False, str(err))
-        return None
+        try:
+            w.start()
+        except WorkerError as err:
+            if err.kind == "BuildError":
+                report.add("build", False, err.message)
+            elif err.kind == "NeedsCuda":
+                report.run("build", lambda: (_ for _ in ()).throw(NeedsCuda(err.message)))
+            else:
+                report.add("import", False, f"could not import your code: {err.kind}: {err.message}\n{err.trace}")
+            yield None
+            return
+        except WorkerDied as err:
+            report.add("import", False, f"could not start your code: {err}")
+            yield None
+            return
+        yield w
+    finally:
+        w.__exit__(None, None, None)
+        report.worker_notes = list(w.notes)
+        report.attention_ops = set(w.attention_ops)

@@ -20,8 +20,10 @@ from pathlib import Path
 import torch
 
 from common.checks import CheckResult
-from common.impl import REPO, label, student_files
+from common.impl import REPO, label
+from common.sandbox import WorkerDied, WorkerError
 from common.skeleton import remaining_todos
+from common.tasks import student_files
 
 # Status of a whole task run, in the order the grader reports them.
 PASSED, FAILED, NOT_IMPLEMENTED, NEEDS_CUDA = "passed", "failed", "not_implemented", "needs_cuda"
@@ -67,9 +69,13 @@ def _json_safe(value):
 
 
 class Report:
-    def __init__(self, task: int, solution: bool, title: str):
+    def __init__(self, task: int, solution: bool, title: str, student_dir: Path = REPO):
         self.task = task
         self.solution = solution
+        self.student_dir = Path(student_dir)
+        self.sandbox: str | None = None  # how the worker was isolated (common/sandbox.py)
+        self.worker_notes: list[str] = []
+        self.attention_ops: set[str] = set()
         self.cases: list[Case] = []
         self.not_implemented: str | None = None
         self.needs_cuda: str | None = None
@@ -108,13 +114,20 @@ class Report:
             return None
         try:
             result = fn()
-        except NotImplementedError as err:
-            return self._missing(name, kind, f"raised NotImplementedError: {err}")
+        except WorkerError as err:  # the student's code raised
+            if err.kind == "NotImplementedError":
+                return self._missing(name, kind, f"raised NotImplementedError: {err.message}")
+            trace = "    " + err.trace.strip().replace("\n", "\n    ") if err.trace.strip() else ""
+            self.add(name, False, f"raised {err.kind}: {err.message}\n{trace}".rstrip(), kind=kind)
+            return None
+        except WorkerDied as err:
+            self.add(name, False, str(err), kind=kind)
+            return None
         except NeedsCuda as err:
             self.needs_cuda = str(err)
             print(f"  [SKIP] {name}: {err}")
             return None
-        except Exception as err:  # a student's bug fails their case, never the whole test
+        except Exception as err:  # the checks' own code failed on what the worker returned: this case only
             self.add(name, False, f"raised {type(err).__name__}: {err}\n{_short_traceback(err)}", kind=kind)
             return None
         if isinstance(result, CheckResult):
@@ -150,7 +163,7 @@ class Report:
         """
         number = lambda step: int(step.split(":")[0].removeprefix("step "))  # noqa: E731
         todos = [] if self.solution else sorted(
-            {step for path in student_files(self.task) for step in remaining_todos(path)
+            {step for rel in student_files(self.task) for step in remaining_todos(self.student_dir / rel)
              if self.part_steps is None or number(step) in self.part_steps},
             key=number,
         )
@@ -191,7 +204,8 @@ class Report:
                 "status": status,
                 "not_implemented": self.not_implemented,
                 "needs_cuda": self.needs_cuda,
-                "notes": self.notes,
+                "notes": self.notes + self.worker_notes,
+                "sandbox": self.sandbox,
                 "environment": environment(),
                 "cases": [asdict(c) for c in self.cases],
             }

@@ -39,7 +39,8 @@ class Timing:
         return f"{self.median_ms:.3f} ms (IQR {self.p25_ms:.3f}-{self.p75_ms:.3f}, {self.reps} runs)"
 
 
-def _summary(samples_ms: list[float]) -> Timing:
+def summarize(samples_ms: list[float]) -> Timing:
+    """Median, quartiles and range of samples in milliseconds."""
     q = statistics.quantiles(samples_ms, n=4) if len(samples_ms) > 1 else samples_ms * 3
     return Timing(statistics.median(samples_ms), min(samples_ms), max(samples_ms), q[0], q[2], len(samples_ms))
 
@@ -113,7 +114,7 @@ def benchmark(
             samples.append((time.perf_counter() - t0) * 1e3)
             if _settled(samples, min_reps, rel_err) or time.perf_counter() - start_time > max_seconds:
                 break
-    return _summary(samples)
+    return summarize(samples)
 
 
 def wall_clock(fn, device="cpu", *, warmup: int = 1, reps: int = 5) -> Timing:
@@ -129,4 +130,4 @@ def wall_clock(fn, device="cpu", *, warmup: int = 1, reps: int = 5) -> Timing:
         fn()
         sync()
         samples.append((time.perf_counter() - t0) * 1e3)
-    return _summary(samples)
+    return summarize(samples)

@@ -1,4 +1,4 @@
-"""python -m grader [--solution] [--submission DIR] [--tasks 1,3]
+"""python -m grader [--solution] [--submission DIR] [--tasks 1,3] [--out DIR]
 
 Grades every task in its own process and writes Results.md (for people) and
 results.json (Gradescope's autograder format).
@@ -6,7 +6,12 @@ results.json (Gradescope's autograder format).
 - no option: the student code in this checkout;
 - --solution: the reference solution;
 - --submission DIR: a student's checkout, graded with this checkout's tests and
-  hidden cases; only the files students write are taken from DIR.
+  hidden cases. Only the files students write (common/tasks.py) are taken from DIR, as
+  regular files (no links); the results go to --out, by default grading/<name of DIR>
+  beside DIR, never into DIR itself.
+
+Each task's test runs here (trusted code); the student's code runs in a worker process
+that the test starts (common/sandbox.py), inside bubblewrap when it is installed.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
+import os
 import shutil
 import sys
 import tempfile
@@ -23,23 +28,16 @@ from pathlib import Path
 
 from common.impl import REPO, label
 from common.records import environment
+from common.sandbox import copy_regular_file, sandbox_status
+from common.tasks import TASKS
 from grader.rubric import RUBRIC, TOTAL_POINTS, score
 from grader.runner import run_task
 
-_BUILD_OUTPUT = shutil.ignore_patterns(".git", "build", "grader-work", "__pycache__", ".scratch", "*.egg-info",
-                                       ".venv", "Results.md", "results.json")
-
-
-def not_copied(folder: str, names: list[str]) -> set[str]:
-    """Build output, and the Python reference solutions: a submission must not be able to import them.
-
-    The reference kernels stay: tasks 4 and 5 time them beside the student's (and the
-    build refuses a student .cu file that includes them).
-    """
-    skipped = set(_BUILD_OUTPUT(folder, names))
-    if Path(folder).name == "solution":
-        skipped |= {n for n in names if n != "kernels"}
-    return skipped
+SANDBOX_TEXT = {
+    "bubblewrap": "a sandboxed worker (bubblewrap: its own view of the files, its own processes, no network)",
+    "plain process": "a plain worker process (bubblewrap is not installed: the files of this machine were "
+                     "not hidden from it)",
+}
 STATUS_TEXT = {
     "passed": "passed",
     "failed": "failed",
@@ -50,27 +48,30 @@ STATUS_TEXT = {
 }
 
 
-def student_paths() -> list[Path]:
-    """The files students write: every skeleton generated from a solution/ file."""
+def skeleton_text(rel: str) -> bytes:
+    """The skeleton a missing student file is graded as."""
     from common.skeleton import generate
 
-    return sorted(generate(REPO))
+    generated = {str(path): text for path, text in generate(REPO).items()}
+    return generated[rel].encode() if rel in generated else (REPO / rel).read_bytes()
 
 
-def prepare_submission(submission: Path) -> tuple[Path, list[str]]:
-    """A scratch copy of this checkout with the student's files laid over it."""
+def prepare_submission(submission: Path, into: Path) -> list[str]:
+    """Copy the files students write from `submission` into `into`: regular files only, size-capped.
+
+    Returns notes on the files not taken (missing, a link, too large); those are graded as the skeleton.
+    """
     if not submission.is_dir():
         raise SystemExit(f"--submission: {submission} is not a directory")
-    work = Path(tempfile.mkdtemp(prefix="grade-")) / "checkout"
-    shutil.copytree(REPO, work, ignore=not_copied)
-    missing = []
-    for rel in student_paths():
-        src = submission / rel
-        if src.is_file():
-            shutil.copyfile(src, work / rel)
-        else:
-            missing.append(str(rel))
-    return work, missing
+    notes = []
+    for task in TASKS.values():
+        for rel in task.student_files:
+            why = copy_regular_file(submission / rel, into / rel)
+            if why:
+                (into / rel).parent.mkdir(parents=True, exist_ok=True)
+                (into / rel).write_bytes(skeleton_text(rel))
+                notes.append(f"{rel}: {why}, so the skeleton was graded instead")
+    return notes
 
 
 def cuda_available() -> bool:
@@ -79,16 +80,18 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def grade_task(task: int, workdir: Path, solution: bool, hidden: bool, timeout: int | None, has_cuda: bool) -> dict:
+def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidden: bool, timeout: int | None,
+               has_cuda: bool) -> dict:
     rubric = RUBRIC[task]
     entry = {"task": task, "title": rubric.title, "max_points": rubric.points, "points": 0.0, "record": None}
-    if not (workdir / f"task{task}" / "test.py").exists():
+    if not (REPO / f"task{task}" / "test.py").exists():
         return entry | {"status": "unavailable", "summary": "this task is not in the kit yet"}
     if rubric.needs_cuda and not has_cuda:
         return entry | {"status": "needs_cuda",
                         "summary": "not graded here: this task needs a CUDA GPU (run the grader on a GPU machine)"}
     print(f"\n== Task {task}: {rubric.title}")
-    run = run_task(task, workdir, solution=solution, hidden=hidden, timeout_s=timeout or rubric.timeout_s)
+    run = run_task(task, student_dir, scratch, solution=solution, hidden=hidden,
+                   timeout_s=timeout or rubric.timeout_s)
     if run.record is None:
         return entry | {"status": "crashed", "summary": run.reason, "seconds": run.seconds}
     points, why = score(task, run.record)
@@ -120,7 +123,17 @@ def _details(entry: dict, limit: int = 10) -> list[str]:
     return lines
 
 
-def write_results(entries: list[dict], out_dir: Path, graded: str, env: dict) -> tuple[Path, Path]:
+def write_new_file(path: Path, text: str) -> None:
+    """Write without following a link that someone left at `path` (it is replaced, its target untouched)."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def write_results(entries: list[dict], out_dir: Path, graded: str, env: dict,
+                  notes: list[str] = ()) -> tuple[Path, Path]:
     earned = sum(e["points"] for e in entries)
     graded_here = sum(e["max_points"] for e in entries if e["status"] not in ("unavailable", "needs_cuda"))
     when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
@@ -133,6 +146,8 @@ def write_results(entries: list[dict], out_dir: Path, graded: str, env: dict) ->
         f"- Score: **{earned:g} / {TOTAL_POINTS:g}** ({graded_here:g} of the {TOTAL_POINTS:g} points could be graded here)",
         f"- When: {when}; device: {env['device']}; Python {env['python']}, PyTorch {env['torch']}, "
         f"CUDA {env['cuda'] or 'none'}; commit {env['commit'] or 'unknown'}",
+        f"- Student code ran in: {SANDBOX_TEXT[sandbox_status()]}",
+        *[f"- Note: {n}" for n in notes],
         "",
         "| Task | Status | Points | Summary |",
         "|---|---|---|---|",
@@ -145,7 +160,7 @@ def write_results(entries: list[dict], out_dir: Path, graded: str, env: dict) ->
         if details:
             md += ["", f"## Task {e['task']}: {e['title']}", "", *details]
     md_path = out_dir / "Results.md"
-    md_path.write_text("\n".join(md) + "\n")
+    write_new_file(md_path, "\n".join(md) + "\n")
 
     tests = [{
         "name": f"Task {e['task']}: {e['title']}",
@@ -155,7 +170,8 @@ def write_results(entries: list[dict], out_dir: Path, graded: str, env: dict) ->
         "output": "\n".join([f"{STATUS_TEXT[e['status']]}: {e['summary']}", *_details(e, limit=50)]),
     } for e in entries]
     json_path = out_dir / "results.json"
-    json_path.write_text(json.dumps({"score": earned, "output": f"Graded: {graded}", "tests": tests}, indent=2))
+    output = "\n".join([f"Graded: {graded}", f"Student code ran in: {SANDBOX_TEXT[sandbox_status()]}", *notes])
+    write_new_file(json_path, json.dumps({"score": earned, "output": output, "tests": tests}, indent=2))
     return md_path, json_path
 
 
@@ -164,7 +180,16 @@ def write_grader_failure(out_dir: Path, error: str) -> None:
     failure = {"score": 0, "output": "The grader itself failed; tell your instructor.",
                "tests": [{"name": "grader failed", "score": 0, "max_score": TOTAL_POINTS,
                           "visibility": "visible", "output": error}]}
-    (out_dir / "results.json").write_text(json.dumps(failure, indent=2))
+    write_new_file(out_dir / "results.json", json.dumps(failure, indent=2))
+
+
+def default_out(args) -> Path:
+    """Never the submission itself: a student controls what is there (a results.json link, say)."""
+    if args.out:
+        return args.out
+    if args.submission:
+        return args.submission.resolve().parent / "grading" / args.submission.resolve().name
+    return REPO
 
 
 def main(argv=None) -> int:
@@ -173,8 +198,11 @@ def main(argv=None) -> int:
     parser.add_argument("--submission", type=Path, metavar="DIR", help="grade a student's checkout")
     parser.add_argument("--tasks", default=",".join(map(str, RUBRIC)), help="tasks to grade, e.g. 1,3")
     parser.add_argument("--timeout", type=int, help="seconds per task (default: the rubric's)")
-    parser.add_argument("--out", type=Path, help="where to write Results.md and results.json "
-                        "(default: the graded checkout)")
+    parser.add_argument("--out", type=Path, help="where to write Results.md and results.json (default: this "
+                        "checkout; with --submission DIR, grading/<name> beside DIR)")
+    parser.add_argument("--no-sandbox", action="store_true",
+                        help="grade a submission even though bubblewrap is not installed (its code can then read "
+                             "this machine's files, the hidden cases included)")
     args = parser.parse_args(argv)
     try:
         tasks = sorted({int(t) for t in args.tasks.split(",") if t.strip()})
@@ -184,28 +212,35 @@ def main(argv=None) -> int:
         parser.error(f"--tasks: no task {unknown[0]}; tasks are {', '.join(map(str, RUBRIC))}")
     if args.solution and args.submission:
         parser.error("--solution and --submission exclude each other")
+    if args.submission and sandbox_status() != "bubblewrap" and not args.no_sandbox:
+        parser.error("bubblewrap (bwrap) is not installed, so a submission's code could read this checkout, the "
+                     "hidden cases included: install it (Debian/Ubuntu: apt install bubblewrap), or pass "
+                     "--no-sandbox to grade anyway")
 
-    out_dir = args.out or args.submission or REPO
+    out_dir = default_out(args)
+    if out_dir.is_symlink():
+        parser.error(f"--out: {out_dir} is a link; give a real folder")
     out_dir.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="grade-"))
     try:
-        workdir, graded = REPO, f"{label(args.solution)} in {REPO}"
+        student_dir, graded, notes = REPO, f"{label(args.solution)} in this checkout", []
         if args.submission:
-            workdir, missing = prepare_submission(args.submission.resolve())
-            graded = f"submission {args.submission.resolve()}"
-            if missing:
-                print("missing from the submission (the skeleton is graded instead):", *missing, sep="\n  ")
+            student_dir = scratch / "submission"
+            notes = prepare_submission(args.submission, student_dir)
+            graded = f"submission {args.submission.resolve().name}"
+            for note in notes:
+                print(f"note: {note}")
         hidden = (REPO / "grader" / "hidden.py").exists()
         has_cuda = cuda_available()
-        entries = [grade_task(t, workdir, args.solution, hidden, args.timeout, has_cuda) for t in tasks]
-        env = environment()
-        md_path, json_path = write_results(entries, out_dir, graded, env)
-        if args.submission:
-            shutil.rmtree(workdir.parent, ignore_errors=True)
+        entries = [grade_task(t, student_dir, scratch, args.solution, hidden, args.timeout, has_cuda) for t in tasks]
+        md_path, json_path = write_results(entries, out_dir, graded, environment(), notes)
     except SystemExit:
         raise
     except Exception:
         write_grader_failure(out_dir, traceback.format_exc())
         raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
     print("\nTask  Status               Points   Summary")
     for e in entries:

@@ -1,8 +1,10 @@
 """Run one task's test in its own process, so a crash or hang costs that task only.
 
-The child writes its JSON record; the parent keeps its output in a log, enforces
-the time limit (killing the whole process group), and turns a segfault, a hang,
-a CUDA error or an out-of-memory error into a written-down reason.
+The child is the task's test (trusted code from this checkout), which runs the student's
+code in a worker of its own and writes the JSON record to a folder the worker cannot see.
+The parent keeps its output in a log, enforces the time limit (killing the whole process
+group), validates the record, and turns a segfault, a hang, a CUDA error or an
+out-of-memory error into a written-down reason.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from common.impl import REPO
 
 CRASH_HINTS = [
     ("illegal memory access", "a CUDA kernel read or wrote out of bounds (illegal memory access)"),
@@ -55,16 +59,20 @@ def crash_reason(returncode: int, output: str) -> str:
     return f"exited with code {returncode} without writing results: " + " | ".join(tail[-3:])
 
 
-def run_task(task: int, workdir: Path, *, solution: bool, hidden: bool, timeout_s: int, echo: bool = True) -> TaskRun:
-    results = workdir / "grader-work" / f"task{task}.json"
-    results.parent.mkdir(parents=True, exist_ok=True)
+def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hidden: bool, timeout_s: int,
+             echo: bool = True) -> TaskRun:
+    """Run taskN.test on the files in `student_dir`; everything it writes stays under `scratch`."""
+    results = scratch / f"task{task}.json"
     results.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", f"task{task}.test", "--json", str(results)]
+    work = scratch / f"task{task}-work"
+    work.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", f"task{task}.test", "--json", str(results), "--student-dir", str(student_dir),
+           "--scratch", str(work)]
     cmd += ["--solution"] if solution else []
     cmd += ["--hidden"] if hidden else []
-    env = dict(os.environ, PYTHONPATH=str(workdir), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", TMPDIR=str(work))
     started = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace", start_new_session=True)
     lines: list[str] = []
 
@@ -89,16 +97,36 @@ def run_task(task: int, workdir: Path, *, solution: bool, hidden: bool, timeout_
     reader.join(timeout=10)
     seconds = time.perf_counter() - started
     log = "".join(lines)
-    (workdir / "grader-work" / f"task{task}.log").write_text(log)
+    (scratch / f"task{task}.log").write_text(log)
 
     if timed_out:
         return TaskRun(task, None, f"timed out after {timeout_s} s (a hang or an endless loop?)", seconds, log)
-    record = None
-    if results.exists():
-        try:
-            record = json.loads(results.read_text())
-        except json.JSONDecodeError:
-            record = None
-    if record is None:
+    if not results.exists():
         return TaskRun(task, None, crash_reason(proc.returncode, log), seconds, log)
+    try:
+        record = valid_record(json.loads(results.read_text()), task)
+    except (ValueError, TypeError, KeyError) as err:
+        return TaskRun(task, None, f"its record is malformed ({err}), so it could not be scored", seconds, log)
     return TaskRun(task, record, None, seconds, log)
+
+
+STATUSES = ("passed", "failed", "not_implemented", "needs_cuda")
+KINDS = ("check", "benchmark", "rule", "given")  # given: a check of given code, reported, not scored
+
+
+def valid_record(record, task: int) -> dict:
+    """The record as scoring expects it, or ValueError: a malformed record costs its task only."""
+    if not isinstance(record, dict) or record.get("task") != task or record.get("status") not in STATUSES:
+        raise ValueError("not a record of this task")
+    cases = record.get("cases")
+    if not isinstance(cases, list):
+        raise ValueError("no list of cases")
+    for case in cases:
+        if (not isinstance(case, dict) or case.get("kind") not in KINDS or not isinstance(case.get("passed"), bool)
+                or not isinstance(case.get("name"), str) or not isinstance(case.get("message"), str)
+                or not isinstance(case.get("metrics", {}), dict)):
+            raise ValueError(f"a case is malformed: {str(case)[:200]}")
+        case.setdefault("metrics", {})
+    if not all(isinstance(n, str) for n in record.setdefault("notes", [])):
+        raise ValueError("notes must be text")
+    return record

@@ -2,7 +2,8 @@
 
 Shapes: the layer takes query, key, value of shape (batch, seq, hidden) with
 hidden = num_heads * head_dim; inside, each head works on (batch, heads, seq, head_dim).
-The functions below are the steps of README, Task 1; `MultiHeadAttention` chains them.
+The functions below are the steps of README, Task 1; `MultiHeadAttention` chains them
+inside the layer shell of common/layer.py (projections, input checks).
 """
 
 from __future__ import annotations
@@ -10,10 +11,8 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
-from common.reference import copy_mha_weights
-from common.validate import check_hidden, check_qkv
+from common.layer import AttentionLayer
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -49,29 +48,15 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     raise NotImplementedError("see README, Task 1, step 5: merge the heads back with transpose and reshape")
 
 
-class MultiHeadAttention(nn.Module):
-    """Multi-head attention with bias-free projections: nn.MultiheadAttention with bias=False, batch_first=True."""
+class MultiHeadAttention(AttentionLayer):
+    """The layer of nn.MultiheadAttention with bias=False, batch_first=True, made of the steps above
+    (common/layer.py has the rest)."""
 
-    def __init__(self, hidden_size: int, num_heads: int, device=None, dtype=None):
-        super().__init__()
-        self.head_dim = check_hidden(hidden_size, num_heads)
-        self.hidden_size, self.num_heads = hidden_size, num_heads
-        make = lambda: nn.Linear(hidden_size, hidden_size, bias=False, device=device, dtype=dtype)  # noqa: E731
-        self.q_proj, self.k_proj, self.v_proj, self.out_proj = make(), make(), make(), make()
+    def split_heads(self, x):
+        return split_heads(x, self.num_heads)
+
+    def merge_heads(self, x):
+        return merge_heads(x)
 
     def attend(self, q, k, v, causal):
-        """The attention core on (batch, heads, seq, head_dim); later tasks swap in their kernels here."""
         return attention(q, k, v, causal)
-
-    def forward(self, query, key, value, causal: bool = False) -> torch.Tensor:
-        """query (batch, seq_q, hidden); key, value (batch, seq_k, hidden) -> (batch, seq_q, hidden)"""
-        check_qkv(query, key, value, dims=3, seq_dim=1, causal=causal, hidden=self.hidden_size)
-        q = split_heads(self.q_proj(query), self.num_heads)
-        k = split_heads(self.k_proj(key), self.num_heads)
-        v = split_heads(self.v_proj(value), self.num_heads)
-        return self.out_proj(merge_heads(self.attend(q, k, v, causal)))
-
-    def load_from_torch(self, mha: nn.MultiheadAttention) -> MultiHeadAttention:
-        """Copy the weights of a bias-free nn.MultiheadAttention, so both compute the same function."""
-        copy_mha_weights(self, mha)
-        return self

@@ -6,6 +6,7 @@ Checks Task 1's naive multi-head attention on the CPU (and on CUDA when present)
   the same weights) run in float64,
 causal and not, on shapes that include seq 1, lengths that are not powers of two,
 cross-attention (seq_q != seq_k) and hidden 4096 with 32 heads.
+Your code runs in a worker process (task1/entry.py); this file only checks what it returns.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import nn
 
 from common import cli, impl
 from common.checks import compare, exact_float32, random_tensor
+from common.layer import mha_weights
 from common.records import Report
 from common.reference import attention_reference, causal_mask
 
@@ -29,60 +31,53 @@ CASES = [
 ATOL, RTOL = 2e-5, 1e-4  # float32 against float64: rounding stays far below these
 
 
-WATCH = impl.AttentionOpWatch()  # every call into the student's code runs under it
+def describe(shape) -> str:
+    return "batch {} seq {}x{} hidden {} heads {}".format(*shape)
 
 
-def check_core(mod, shape, causal, device, seed):
-    batch, seq_q, seq_k, hidden, heads = shape
+def check_core(worker, case):
+    batch, seq_q, seq_k, hidden, heads = case.shape
     d = hidden // heads
-    q = random_tensor((batch, heads, seq_q, d), seed, device)
-    k = random_tensor((batch, heads, seq_k, d), seed + 1, device)
-    v = random_tensor((batch, heads, seq_k, d), seed + 2, device)
-    with exact_float32(), WATCH:
-        out = mod.attention(q, k, v, causal=causal)
-    return compare(out, attention_reference(q, k, v, causal)[0], atol=ATOL, rtol=RTOL, name="attention(q, k, v)")
+    q = random_tensor((batch, heads, seq_q, d), case.seed)
+    k = random_tensor((batch, heads, seq_k, d), case.seed + 1)
+    v = random_tensor((batch, heads, seq_k, d), case.seed + 2)
+    on = lambda t: t.to(case.device)  # noqa: E731  the worker gets its copy; the reference uses ours
+    out = worker.call("attention", on(q), on(k), on(v), case.causal)
+    return compare(out, attention_reference(q, k, v, case.causal)[0], atol=ATOL, rtol=RTOL,
+                   name="attention(q, k, v)", device=case.device)
 
 
-def check_layer(mod, shape, causal, device, seed):
-    batch, seq_q, seq_k, hidden, heads = shape
-    torch.manual_seed(seed)
-    reference = nn.MultiheadAttention(hidden, heads, bias=False, batch_first=True, device=device)
-    layer = mod.MultiHeadAttention(hidden, heads, device=device).load_from_torch(reference)
-    query = random_tensor((batch, seq_q, hidden), seed + 1, device)
-    key = random_tensor((batch, seq_k, hidden), seed + 2, device)
-    value = random_tensor((batch, seq_k, hidden), seed + 3, device)
+def check_layer(worker, case):
+    batch, seq_q, seq_k, hidden, heads = case.shape
+    torch.manual_seed(case.seed)
+    reference = nn.MultiheadAttention(hidden, heads, bias=False, batch_first=True)
+    query = random_tensor((batch, seq_q, hidden), case.seed + 1)
+    key = random_tensor((batch, seq_k, hidden), case.seed + 2)
+    value = random_tensor((batch, seq_k, hidden), case.seed + 3)
+    on = lambda t: t.to(case.device)  # noqa: E731
+    out = worker.call("layer", hidden, heads, [on(w) for w in mha_weights(reference)],
+                      on(query), on(key), on(value), case.causal)
     with torch.no_grad(), exact_float32():
-        with WATCH:
-            out = layer(query, key, value, causal=causal)
-        mask = causal_mask(seq_q, seq_k, device) if causal else None
-        expected, _ = reference.double()(
-            query.double(), key.double(), value.double(), attn_mask=mask, need_weights=False
-        )
+        mask = causal_mask(seq_q, seq_k) if case.causal else None
+        expected, _ = reference.double()(query.double(), key.double(), value.double(), attn_mask=mask,
+                                         need_weights=False)
     # The layer's outputs are small (about 0.05), so the tolerance follows their scale.
-    return compare(out, expected, atol=ATOL * float(expected.abs().max()), rtol=RTOL, name="layer output")
+    return compare(out, expected, atol=ATOL * float(expected.abs().max()), rtol=RTOL, name="layer output",
+                   device=case.device)
 
 
 def main(argv=None) -> int:
     args = cli.parser(1, __doc__.splitlines()[2]).parse_args(argv)
-    report = Report(1, args.solution, "naive multi-head attention")
-    mod = cli.student_module(report, 1, "attention", args.solution)
-    if mod is None:
-        return report.finish(args.json)
-    cases = CASES + cli.extra_cases(1, args.hidden)
-    for device in cli.devices():
-        for i, shape in enumerate(cases):
-            for causal in (False, True):
-                if causal and shape[1] > shape[2]:
-                    continue
-                name = f"{device} batch {shape[0]} seq {shape[1]}x{shape[2]} hidden {shape[3]} heads {shape[4]}"
-                name += " causal" if causal else ""
-                seed = cli.seed(100 * i + 10 * causal, args.hidden)
-                report.run(f"{name}: attention core vs float64",
-                           lambda: check_core(mod, shape, causal, device, seed))
-                report.run(f"{name}: layer vs nn.MultiheadAttention",
-                           lambda: check_layer(mod, shape, causal, device, seed))
+    report = Report(1, args.solution, "naive multi-head attention", args.student_dir)
+    with cli.worker(report, 1, args, cuda=torch.cuda.is_available()) as worker:
+        if worker is None:
+            return report.finish(args.json)
+        for case in cli.cases(1, "attention", CASES, args.hidden, describe, devices=cli.devices(),
+                              causal_ok=lambda shape: shape[1] <= shape[2]):
+            report.run(f"{case.name}: attention core vs float64", lambda: check_core(worker, case))
+            report.run(f"{case.name}: layer vs nn.MultiheadAttention", lambda: check_layer(worker, case))
     report.run("own work: no PyTorch attention, no reference solution",
-               lambda: impl.check_own_work(1, args.solution, WATCH.seen), kind="rule")
+               lambda: impl.check_own_work(1, args.solution, args.student_dir, report.attention_ops), kind="rule")
     return report.finish(args.json)
 
 

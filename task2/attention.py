@@ -1,5 +1,7 @@
 """Task 2: the Python side of the separate kernels (softmax, GEMM_NT, GEMM_NN, attention).
 
+Given: not graded; edits here are not submitted (you write kernels/attention.cu).
+
 Each function allocates its output when none is given and calls the kernels in
 kernels/attention.cu (built on first use; `python -m task2.compile` builds ahead).
 Pass solution=True for the reference kernels.

@@ -1,4 +1,4 @@
-// Python bindings for task 2 (instructor-owned: not part of what students write).
+// Given: not graded; edits here are not submitted. Python bindings for task 2.
 //
 // The same file is built against task2/kernels/attention.cu (your kernels) and against
 // task2/solution/kernels/attention.cu (the reference) by python -m task2.compile. It checks

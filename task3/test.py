@@ -3,20 +3,25 @@
 Checks Task 3's FlashAttention-2 (PyTorch) on the CPU (and on CUDA when present):
 - output and log-sum-exp against a float64 reference, for several tile sizes,
   sequence lengths that are not multiples of the tiles, seq_q != seq_k, causal and not;
-- that no intermediate tensor is as large as the full (seq_q x seq_k) score matrix;
+- that the full (seq_q x seq_k) score matrix is never built: a case whose full matrix is
+  larger than the memory your code may use (a rule: the task scores 0 without it);
+- that causal runs skip the tiles after the diagonal (they take about half the CPU time);
 then times it next to Task 1's naive attention on the same inputs.
+Your code runs in a worker process (task3/entry.py); this file only checks what it returns.
 """
 
 from __future__ import annotations
 
+import time
+
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from common import cli, impl
-from common.checks import compare, exact_float32, random_tensor
+from common.checks import compare, random_tensor
 from common.records import Report
 from common.reference import attention_reference
-from common.timing import benchmark
+from common.sandbox import Worker, WorkerDied, WorkerError
+from common.timing import summarize
 
 # (batch, heads, seq_q, seq_k, head_dim, block_rows, block_cols)
 CASES = [
@@ -33,144 +38,144 @@ ATOL, RTOL = 2e-5, 1e-4
 TIMING_SHAPES = {"cpu": (2, 8, 512, 64), "cuda": (4, 32, 1024, 128)}  # (batch, heads, seq, head_dim)
 
 
-def inputs(shape, seed, device):
+# The rule case: one query tile against half a million keys. Tile by tile it needs a few
+# tiles of memory; the full score matrix (float64) needs 2 GiB, more than the worker may use.
+FULL_MATRIX_CASE = (1, 1, 512, 1 << 19, 4, 512, 4096)  # (batch, heads, seq_q, seq_k, head_dim, Br, Bc)
+MEMORY_LIMIT = 3 << 29  # 1.5 GiB of address space for the worker (PyTorch itself takes about 1 GiB)
+
+
+def describe(shape) -> str:
+    return "batch {} heads {} seq {}x{} head_dim {} tiles {}x{}".format(*shape)
+
+
+def inputs(shape, seed, dtype=torch.float32):
     batch, heads, seq_q, seq_k, d = shape[:5]
-    return (
-        random_tensor((batch, heads, seq_q, d), seed, device),
-        random_tensor((batch, heads, seq_k, d), seed + 1, device),
-        random_tensor((batch, heads, seq_k, d), seed + 2, device),
-    )
+    return (random_tensor((batch, heads, seq_q, d), seed, dtype=dtype),
+            random_tensor((batch, heads, seq_k, d), seed + 1, dtype=dtype),
+            random_tensor((batch, heads, seq_k, d), seed + 2, dtype=dtype))
 
 
-WATCH = impl.AttentionOpWatch()  # every call into the student's code runs under it
-
-
-def check_values(mod, shape, causal, device, seed):
-    q, k, v = inputs(shape, seed, device)
-    tiles = dict(block_rows=shape[5], block_cols=shape[6])
-    with exact_float32(), WATCH:
-        result = mod.flash_attention(q, k, v, causal=causal, return_lse=True, **tiles)
-        plain = mod.flash_attention(q, k, v, causal=causal, **tiles)
+def check_values(worker, case):
+    q, k, v = inputs(case.shape, case.seed)
+    tiles = case.shape[5:]
+    on = lambda t: t.to(case.device)  # noqa: E731
+    result = worker.call("flash", on(q), on(k), on(v), case.causal, *tiles, True)
+    plain = worker.call("flash", on(q), on(k), on(v), case.causal, *tiles, False)
     if not (isinstance(result, tuple) and len(result) == 2):
         return False, "with return_lse=True, flash_attention must return (out, lse)", {}
     if not isinstance(plain, torch.Tensor):
         return False, f"without return_lse, flash_attention must return the output tensor, got {type(plain).__name__}", {}
     out, lse = result
-    ref_out, ref_lse = attention_reference(q, k, v, causal)
-    checked = compare(out, ref_out, atol=ATOL, rtol=RTOL, name="out")
+    ref_out, ref_lse = attention_reference(q, k, v, case.causal)
+    checked = compare(out, ref_out, atol=ATOL, rtol=RTOL, name="out", device=case.device)
     if not checked.passed:
         return checked
-    checked_lse = compare(lse, ref_lse, atol=ATOL, rtol=RTOL, name="lse (the log-sum-exp m_i + log(l_i))")
-    if not checked_lse.passed:
-        return checked_lse
-    return checked
+    checked_lse = compare(lse, ref_lse, atol=ATOL, rtol=RTOL, name="lse (the log-sum-exp m_i + log(l_i))",
+                          device=case.device)
+    return checked if checked_lse.passed else checked_lse
 
 
-class TensorStats(TorchDispatchMode):
-    """Records the largest tensor, and the elements of all tensors, that PyTorch operations produce."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest, self.op, self.total = 0, None, 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        result = func(*args, **(kwargs or {}))
-        for t in result if isinstance(result, (tuple, list)) else (result,):
-            if isinstance(t, torch.Tensor):
-                self.total += t.numel()
-                if t.numel() > self.largest:
-                    self.largest, self.op = t.numel(), str(func)
-        return result
+OUT_OF_MEMORY = ("can't allocate memory", "bad_alloc", "MemoryError", "out of memory", "not enough memory")
 
 
-def run_with_stats(mod, q, k, v, causal, br, bc) -> TensorStats:
-    with TensorStats() as stats, WATCH:
-        mod.flash_attention(q, k, v, causal=causal, block_rows=br, block_cols=bc)
-    return stats
+def check_no_full_matrix(report, args, seed):
+    """In a worker of its own whose memory the operating system limits: the worker cannot lift it.
 
-
-def check_no_full_matrix(mod, device, seed):
-    batch, heads, seq, d, br, bc = 1, 2, 512, 32, 64, 64
-    q, k, v = inputs((batch, heads, seq, seq, d), seed, device)
-    full = batch * heads * seq * seq
-    tile_bound = max(batch * heads * br * bc, q.numel())  # a score tile, or a tensor the size of the output
-    for causal in (False, True):
-        seen = run_with_stats(mod, q, k, v, causal, br, bc)
-        if seen.largest > tile_bound:
-            return False, (f"{'causal: ' if causal else ''}an intermediate has {seen.largest} elements (from "
-                           f"{seen.op}), as many as the full score matrix ({full}): work tile by tile "
-                           f"(one {br}x{bc} tile has {batch * heads * br * bc})"), {}
-    return True, f"largest intermediate {seen.largest} elements; the full score matrix would have {full}", \
-        {"largest_elements": seen.largest}
-
-
-def check_causal_skips_tiles(mod, device, seed):
-    """With a causal mask, tiles past the diagonal must be skipped (step 2), not computed and discarded."""
-    q, k, v = inputs((1, 2, 512, 512, 32), seed, device)
-    full = run_with_stats(mod, q, k, v, False, 64, 64).total
-    causal = run_with_stats(mod, q, k, v, True, 64, 64).total
-    # 8 x 8 tiles: the causal loop visits 36 of them, 56% of the work; computing all 64 and masking is >= 100%.
-    ratio = causal / full
-    message = f"causal run produced {ratio:.0%} of the tensor elements of the full run (36 of 64 tiles is 56%)"
-    if ratio > 0.75:
-        return False, message + ": the tiles after the diagonal are computed, not skipped (README, Task 3, step 2)", {}
-    return True, message, {"causal_work_fraction": ratio}
-
-
-def time_against_task1(report, flash, device, solution):
-    """A benchmark beside Task 1's attention; Task 1's state (not done, broken) only ever adds a note."""
-    try:
-        naive = impl.load(1, "attention", solution)
-        passed, message, metrics = _time_both(flash, naive, device, solution)
-    except (Exception, SystemExit) as err:  # NotImplementedError included
-        report.note(f"{device}: timing against task 1 skipped: {type(err).__name__}: {err}")
+    Running out of memory there breaks the rule (the task scores 0); any other error is a
+    failed check, since the rule could not be judged.
+    """
+    name = "never builds the full score matrix"
+    b, h, sq, sk, d, br, bc = FULL_MATRIX_CASE
+    q, k, v = inputs(FULL_MATRIX_CASE, seed, torch.float64)
+    full_gib, limit_gib = b * h * sq * sk * 8 / 2**30, MEMORY_LIMIT / 2**30
+    what = f"seq {sq}x{sk} with {br}x{bc} tiles (float64)"
+    with Worker(3, args.student_dir, solution=args.solution, scratch=args.scratch, cuda=False,
+                memory_limit=MEMORY_LIMIT, purpose="memory-limit") as limited:
+        try:
+            limited.start()
+            shape = limited.call("flash_shapes", q, k, v, False, br, bc)
+        except (WorkerError, WorkerDied) as err:
+            if isinstance(err, WorkerDied) or any(words in str(err) for words in OUT_OF_MEMORY):
+                report.add(name, False, f"{what} ran out of the {limit_gib:.1f} GiB your code may use, where the full "
+                           f"score matrix would need {full_gib:.0f} GiB: work tile by tile and never build it ({err})",
+                           kind="rule")
+            else:
+                report.add(name, False, f"{what}: could not be judged, your code raised {err}")
+            return
+    if shape != tuple(q.shape):
+        report.add(name, False, f"{what}: the output has shape {shape}, expected {tuple(q.shape)}")
         return
-    report.add(f"{device} time against task 1", passed, message, metrics, kind="benchmark")
+    report.add(name, True, f"{what} ran within {limit_gib:.1f} GiB; the full score matrix would need {full_gib:.0f} GiB",
+               kind="rule")
 
 
-def _time_both(flash, naive, device, solution):
+def check_causal_skips_tiles(worker, seed):
+    """With a causal mask the tiles past the diagonal are skipped (step 2): measured as the worker's CPU time."""
+    q, k, v = inputs((1, 2, 2048, 2048, 32), seed)
+    spent = {}
+    for causal in (False, True, False, True):  # the smaller of two runs each: less noise
+        before = worker.cpu_seconds()
+        worker.call("flash", q, k, v, causal, 128, 128, False)
+        spent[causal] = min(spent.get(causal, float("inf")), worker.cpu_seconds() - before)
+    ratio = spent[True] / max(spent[False], 1e-9)
+    # 16 x 16 tiles: the causal loop visits 136 of them, 53% of the work; all 256 and a mask is >= 100%.
+    message = (f"causal run took {ratio:.0%} of the CPU time of the full one ({spent[True]:.2f} s vs "
+               f"{spent[False]:.2f} s; 136 of 256 tiles is 53%)")
+    if ratio > 0.8:
+        return False, message + ": the tiles after the diagonal are computed, not skipped (README, Task 3, step 2)", {}
+    return True, message, {"causal_cpu_fraction": ratio}
+
+
+def time_against_task1(report, worker, device, solution):
+    """A benchmark beside Task 1's attention; Task 1's state (not done, broken) only ever adds a note."""
     batch, heads, seq, d = TIMING_SHAPES[device]
-    q, k, v = inputs((batch, heads, seq, seq, d), 7, device)
+    q, k, v = (t.to(device) for t in inputs((batch, heads, seq, seq, d), 7))
     metrics, parts = {}, []
-    for causal in (False, True):
-        tag = "causal" if causal else "full"
-        with exact_float32():
-            t_flash = benchmark(lambda: flash.flash_attention(q, k, v, causal=causal), device, max_seconds=5)
-            t_naive = benchmark(lambda: naive.attention(q, k, v, causal=causal), device, max_seconds=5)
-        metrics |= t_flash.metrics(f"{tag}_flash_") | t_naive.metrics(f"{tag}_task1_")
-        metrics[f"{tag}_flash_over_task1"] = t_flash.median_ms / t_naive.median_ms
-        parts.append(f"{tag}: flash {t_flash.median_ms:.2f} ms, task 1 {t_naive.median_ms:.2f} ms "
-                     f"({t_flash.median_ms / t_naive.median_ms:.2f}x the time)")
+    try:
+        for causal in (False, True):
+            tag = "causal" if causal else "full"
+            t_flash, t_naive = (time_requests(worker, which, q, k, v, causal) for which in ("flash", "task1"))
+            metrics |= t_flash.metrics(f"{tag}_flash_") | t_naive.metrics(f"{tag}_task1_")
+            metrics[f"{tag}_flash_over_task1"] = t_flash.median_ms / t_naive.median_ms
+            parts.append(f"{tag}: flash {t_flash.median_ms:.2f} ms, task 1 {t_naive.median_ms:.2f} ms "
+                         f"({t_flash.median_ms / t_naive.median_ms:.2f}x the time)")
+    except Exception as err:  # noqa: BLE001  task 1 not done or broken: a note, not a failure of task 3
+        report.note(f"{device}: timing against task 1 skipped: {err}")
+        return
     shape = f"batch {batch} heads {heads} seq {seq} head_dim {d}"
-    return True, f"{shape}, task 1 from {impl.label(solution)}: " + "; ".join(parts), metrics
+    report.add(f"{device} time against task 1", True, f"{shape}, task 1 from {impl.label(solution)}: " + "; ".join(parts),
+               metrics, kind="benchmark")
+
+
+def time_requests(worker, which, q, k, v, causal, reps=5, per_request=3):
+    """Host clock around requests that each run the function `per_request` times and wait for the GPU."""
+    worker.call("repeat", 1, which, q, k, v, causal)  # warm-up
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        worker.call("repeat", per_request, which, q, k, v, causal)
+        samples.append((time.perf_counter() - start) * 1e3 / per_request)
+    return summarize(samples)
 
 
 def main(argv=None) -> int:
     args = cli.parser(3, __doc__.splitlines()[2]).parse_args(argv)
-    report = Report(3, args.solution, "FlashAttention-2 in PyTorch")
-    mod = cli.student_module(report, 3, "attention", args.solution)
-    if mod is None:
-        return report.finish(args.json)
-    cases = CASES + cli.extra_cases(3, args.hidden)
-    for device in cli.devices():
-        for i, shape in enumerate(cases):
-            for causal in (False, True):
-                if causal and shape[2] > shape[3]:
-                    continue
-                b, h, sq, sk, d, br, bc = shape
-                name = f"{device} batch {b} heads {h} seq {sq}x{sk} head_dim {d} tiles {br}x{bc}"
-                name += " causal" if causal else ""
-                seed = cli.seed(100 * i + 10 * causal, args.hidden)
-                report.run(name, lambda: check_values(mod, shape, causal, device, seed))
-        report.run(f"{device} never builds the full score matrix",
-                   lambda: check_no_full_matrix(mod, device, cli.seed(999, args.hidden)))
-        report.run(f"{device} causal skips the tiles after the diagonal",
-                   lambda: check_causal_skips_tiles(mod, device, cli.seed(998, args.hidden)))
+    report = Report(3, args.solution, "FlashAttention-2 in PyTorch", args.student_dir)
+    with cli.worker(report, 3, args, cuda=torch.cuda.is_available()) as worker:
+        if worker is None:
+            return report.finish(args.json)
+        for case in cli.cases(3, "attention", CASES, args.hidden, describe, devices=cli.devices(),
+                              causal_ok=lambda shape: shape[2] <= shape[3]):
+            report.run(case.name, lambda: check_values(worker, case))
+        report.run("causal skips the tiles after the diagonal",
+                   lambda: check_causal_skips_tiles(worker, cli.seed(998, args.hidden)))
+        if not report.stopped:
+            check_no_full_matrix(report, args, cli.seed(999, args.hidden))
+        if not report.stopped and all(c.passed for c in report.cases):
+            for device in cli.devices():
+                time_against_task1(report, worker, device, args.solution)
     report.run("own work: no PyTorch attention, no reference solution",
-               lambda: impl.check_own_work(3, args.solution, WATCH.seen), kind="rule")
-    if not report.stopped and all(c.passed for c in report.cases):
-        for device in cli.devices():
-            time_against_task1(report, mod, device, args.solution)
+               lambda: impl.check_own_work(3, args.solution, args.student_dir, report.attention_ops), kind="rule")
     return report.finish(args.json)
 
 

@@ -1,4 +1,4 @@
-// Task 4 binding: checks the tensors, then hands raw pointers to the launcher in
+// Given: not graded; edits here are not submitted. Task 4 binding: checks the tensors, then hands raw pointers to the launcher in
 // kernels/attention.cu (or solution/kernels/attention.cu) on PyTorch's current stream.
 // Shared by the student build and the reference build; students do not edit it.
 

@@ -8,8 +8,12 @@ Checks Task 4's fused FlashAttention kernel on the GPU, then measures it:
   the layer against nn.MultiheadAttention, the attention alone against the naive
   PyTorch attention and scaled_dot_product_attention, with TFLOP/s and peak memory;
 - batch 8, 32 heads, seq 4096, head_dim 128 against the same baselines and the
-  reference kernel (the grade's performance part), with fresh inputs for every
-  timed run and the last output checked afterwards.
+  reference kernel (the grade's performance part).
+Your kernel runs in a worker process (task4/entry.py) on GPU memory this process owns.
+Timing (common/bench.py) uses one host clock for your kernel, the reference and PyTorch:
+each timed request runs over distinct input sets, and every output it writes is checked
+(a sampled head of each, against float64) right after the request. The reference and
+PyTorch are timed after your worker has ended, so nothing of yours runs beside them.
 --sweep replaces those benchmarks (once the checks pass) by a sweep of the kernel, naive
 PyTorch and SDPA over seq 128..8192 into task4-sweep.csv (and a plot when matplotlib
 is installed).
@@ -19,18 +23,18 @@ from __future__ import annotations
 
 import csv
 import math
+import random
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common import cli, impl
+from common import bench, cli, impl
 from common.checks import compare, exact_float32, poisoned, random_tensor
+from common.layer import mha_weights
 from common.records import Report
-from common.reference import (attention_flops, attention_reference, causal_mask, fp32_peak_tflops,
-                              naive_attention)
-from common.timing import benchmark
-from task4 import attention as mod
+from common.reference import attention_flops, attention_reference, causal_mask, fp32_peak_tflops, naive_attention
+from common.sandbox import WorkerError
 
 # (batch, heads, seq_q, seq_k, head_dim)
 CASES = [
@@ -51,43 +55,42 @@ CASES = [
 ATOL, RTOL = 2e-5, 1e-4
 HANDOUT_CASES = [(4, 128), (64, 4096)]  # (batch, seq) at hidden 4096, 32 heads
 PERF_CASE = (8, 32, 4096, 128)  # (batch, heads, seq, head_dim)
+REPS = 5  # timed requests per benchmark
+
+
+def describe(shape) -> str:
+    return "batch {} heads {} seq {}x{} head_dim {}".format(*shape)
 
 
 def make_inputs(shape, seed, magnitude=1.0):
     b, h, sq, sk, d = shape
-    return (random_tensor((b, h, sq, d), seed, "cuda") * magnitude,
-            random_tensor((b, h, sk, d), seed + 1, "cuda"),
-            random_tensor((b, h, sk, d), seed + 2, "cuda"))
+    return (random_tensor((b, h, sq, d), seed) * magnitude, random_tensor((b, h, sk, d), seed + 1),
+            random_tensor((b, h, sk, d), seed + 2))
 
 
-def run_kernel(ext, q, k, v, causal, scale):
-    out = poisoned(q.shape, "cuda")
-    ext.forward(q, k, v, out, causal, scale)
-    torch.cuda.synchronize()
-    return out
-
-
-def check_case(ext, shape, causal, seed, scale=None, magnitude=1.0):
+def check_case(worker, shape, causal, seed, scale=None, magnitude=1.0):
     q, k, v = make_inputs(shape, seed, magnitude)
     scale = 1.0 / math.sqrt(shape[-1]) if scale is None else scale
-    out = run_kernel(ext, q, k, v, causal, scale)
+    out = poisoned(q.shape, "cuda")
+    worker.call("forward", q.cuda(), k.cuda(), v.cuda(), out, causal, scale)
     return compare(out, attention_reference(q, k, v, causal, scale)[0], atol=ATOL, rtol=RTOL, poisoned=True)
 
 
-def check_layer(solution, hidden, heads, seq, causal, seed):
+def check_layer(worker, hidden, heads, seq, causal, seed):
     torch.manual_seed(seed)
-    reference = nn.MultiheadAttention(hidden, heads, bias=False, batch_first=True, device="cuda")
-    layer = mod.FlashMultiHeadAttention(hidden, heads, device="cuda", solution=solution).load_from_torch(reference)
-    x = random_tensor((2, seq, hidden), seed + 1, "cuda")
+    reference = nn.MultiheadAttention(hidden, heads, bias=False, batch_first=True)
+    worker.call("make_layer", hidden, heads, [w.cuda() for w in mha_weights(reference)])
+    x = random_tensor((2, seq, hidden), seed + 1)
+    out = worker.call("layer", x.cuda(), causal)
     with torch.no_grad(), exact_float32():
-        out = layer(x, x, x, causal=causal)
-        mask = causal_mask(seq, seq, "cuda") if causal else None
+        mask = causal_mask(seq, seq) if causal else None
         expected, _ = reference.double()(x.double(), x.double(), x.double(), attn_mask=mask, need_weights=False)
-    return compare(out, expected, atol=ATOL * float(expected.abs().max()), rtol=RTOL, name="layer output")
+    return compare(out, expected, atol=ATOL * float(expected.abs().max()), rtol=RTOL, name="layer output",
+                   device="cuda")
 
 
-def check_errors(ext):
-    """Bad input must raise a clear error, never crash or compute garbage."""
+def check_errors(worker):
+    """The given binding's errors (not the student's work: reported, not scored)."""
     q = torch.randn(1, 2, 8, 64, device="cuda")
     bad = {
         "CPU tensor": ((q.cpu(), q, q, q), "must be a CUDA tensor"),
@@ -99,140 +102,225 @@ def check_errors(ext):
         "head_dim 256": ((torch.randn(1, 1, 4, 256, device="cuda"),) * 4, "head_dim must be at most 128"),
         "wrong out shape": ((q, q, q, q[:, :1]), "out"),
         "out is q": ((q, q.clone(), q.clone(), q), "must not share memory"),
+        "causal with seq_q > seq_k": ((q, q[:, :, :4], q[:, :, :4], q.clone()), "seq_q <= seq_k"),
     }
     for what, (args, words) in bad.items():
         try:
-            ext.forward(*args, False, 0.125)
-        except RuntimeError as err:
-            if words not in str(err):
+            worker.call("forward", *args, what.startswith("causal"), 0.125)
+        except WorkerError as err:
+            if words not in err.message:
                 return False, f"{what}: the error does not say {words!r}: {err}", {}
             continue
         return False, f"{what}: no error was raised", {}
-    try:
-        ext.forward(q, q[:, :, :4], q[:, :, :4], q, True, 0.125)
-        return False, "causal with seq_q > seq_k: no error was raised", {}
-    except RuntimeError:
-        pass
-    return True, f"{len(bad) + 1} kinds of bad input rejected with clear errors", {}
+    return True, f"{len(bad)} kinds of bad input rejected with clear errors", {}
 
 
 # -- measuring ------------------------------------------------------------------------------
 
-def timed(fn, **kw):
-    """A Timing, or the string 'out of memory' when the baseline does not fit on the GPU."""
-    try:
-        with torch.no_grad(), exact_float32():
-            return benchmark(fn, "cuda", **kw)
-    except torch.cuda.OutOfMemoryError:
-        torch.cuda.empty_cache()
-        return "out of memory"
+class TimedSets:
+    """Distinct input sets on the GPU for one benchmark, refreshed before every timed request.
 
+    Before each request the inputs get fresh values and the outputs NaN; one head of every
+    set, picked at random after the values are written, is copied here first, so what the
+    worker does to the inputs cannot change what its outputs are checked against.
+    """
 
-def peak_memory_mb(fn):
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    try:
-        with torch.no_grad(), exact_float32():
-            fn()
+    def __init__(self, batch, heads, seq, head_dim, estimate_ms):
+        shape = (batch, heads, seq, head_dim)
+        set_bytes = 4 * batch * heads * seq * head_dim * 4
+        self.count = bench.sets_for(set_bytes, estimate_ms)
+        self.sets = [tuple(torch.empty(shape, device="cuda") for _ in range(4)) for _ in range(self.count)]
+        self.picked: list = []
+        self.rng = random.Random()
+
+    def refresh(self):
+        self.picked = []
+        for q, k, v, out in self.sets:
+            for t in (q, k, v):
+                t.normal_()
+            out.fill_(math.nan)
+            b, h = self.rng.randrange(q.shape[0]), self.rng.randrange(q.shape[1])
+            self.picked.append((b, h, q[b, h].cpu(), k[b, h].cpu(), v[b, h].cpu()))
         torch.cuda.synchronize()
-    except torch.cuda.OutOfMemoryError:
-        torch.cuda.empty_cache()
-        return "out of memory"
-    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+    def check(self, causal, scale):
+        """Every output of the request just timed: raises AssertionError with the first wrong one."""
+        for i, ((q, k, v, out), (b, h, q_bh, k_bh, v_bh)) in enumerate(zip(self.sets, self.picked)):
+            expected = attention_reference(q_bh, k_bh, v_bh, causal, scale)[0]
+            result = compare(out[b, h], expected, atol=ATOL, rtol=RTOL, poisoned=True,
+                             name=f"output of timed run {i + 1} of {self.count}, head ({b}, {h})")
+            if not result.passed:
+                raise AssertionError(result.message)
 
 
-def describe(t) -> str:
-    return t if isinstance(t, str) else f"{t.median_ms:.3f} ms"
-
-
-def ratio(baseline, ours):
-    """How many times faster ours is, or None when the baseline did not run."""
-    return None if isinstance(baseline, str) or isinstance(ours, str) else baseline.median_ms / ours.median_ms
-
-
-def bench_layer(solution, batch, seq, causal):
-    hidden, heads = 4096, 32
-    torch.manual_seed(0)
-    mha = nn.MultiheadAttention(hidden, heads, bias=False, batch_first=True, device="cuda")
-    layer = mod.FlashMultiHeadAttention(hidden, heads, device="cuda", solution=solution).load_from_torch(mha)
-    x = torch.randn(batch, seq, hidden, device="cuda")
-    mask = causal_mask(seq, seq, "cuda") if causal else None
-    kw = dict(warmup=1, min_reps=5, max_seconds=4)
-    t_ours = timed(lambda: layer(x, x, x, causal=causal), **kw)
-    t_mha = timed(lambda: mha(x, x, x, attn_mask=mask, need_weights=False), **kw)
-    del x
-    speedup = ratio(t_mha, t_ours)
-    message = f"layer {describe(t_ours)}, nn.MultiheadAttention {describe(t_mha)}"
-    message += f" ({speedup:.2f}x)" if speedup else ""
-    return True, message, {"layer_ms": getattr(t_ours, "median_ms", None), "mha_ms": getattr(t_mha, "median_ms", None),
-                           "speedup_vs_mha": speedup}
-
-
-def bench_attention(solution, batch, heads, seq, head_dim, causal, with_reference=False, with_memory=True):
-    """The attention alone on (B, H, S, D): kernel vs naive PyTorch vs SDPA (and vs the reference kernel)."""
-    shape = (batch, heads, seq, head_dim)
-    q, k, v = (torch.randn(shape, device="cuda") for _ in range(3))
-    out = torch.empty_like(q)
-    fresh = lambda: (q.normal_(), k.normal_(), v.normal_())  # noqa: E731  new values, same buffers
-    ext = mod.extension(solution)
+def time_student(worker, batch, heads, seq, head_dim, causal, estimate_ms=50.0):
+    """Your kernel over distinct sets per request, every output checked; (Timing, sets used) or (message, None)."""
+    timed = TimedSets(batch, heads, seq, head_dim, estimate_ms)
     scale = 1.0 / math.sqrt(head_dim)
-    kw = dict(warmup=1, min_reps=5, max_seconds=4)
-    t_ours = timed(lambda: ext.forward(q, k, v, out, causal, scale), setup=fresh, **kw)
-    if isinstance(t_ours, str):
-        return False, f"the kernel ran {t_ours}", {}
-    # The last timed run's output must still be right: a kernel that caches or skips work fails here.
-    for b, h in [(0, 0), (batch - 1, heads - 1)]:
-        expected = attention_reference(q[b, h], k[b, h], v[b, h], causal, scale)[0]
-        result = compare(out[b, h], expected, atol=ATOL, rtol=RTOL, name=f"output of the last timed run, head ({b}, {h})")
-        if not result.passed:
-            return False, result.message, {}
+    kept = worker.keep("timed sets", timed.sets)
+    try:
+        timed.refresh()
+        worker.call("run_batch", kept, causal, scale)  # warm-up
+        timing = bench.host_clock(lambda: worker.call("run_batch", kept, causal, scale), reps=REPS,
+                                  per_request=timed.count, before=timed.refresh,
+                                  after=lambda: timed.check(causal, scale))
+    except AssertionError as err:
+        return str(err), None
+    finally:
+        worker.drop("timed sets")
+    return timing, timed.count
+
+
+def time_here(fn, batch, heads, seq, head_dim, count):
+    """A trusted implementation (the reference kernel, naive PyTorch, SDPA) timed the same way."""
+    def measure():
+        sets = [tuple(torch.randn(batch, heads, seq, head_dim, device="cuda") for _ in range(4)) for _ in range(count)]
+        with torch.no_grad(), exact_float32():
+            fn(*sets[0])
+            return bench.host_clock(lambda: bench.run_here(fn, sets), reps=REPS, per_request=count)
+    result = bench.or_out_of_memory(measure)
+    torch.cuda.empty_cache()
+    return result
+
+
+def benchmark_cases(solution):
+    """(name, batch, heads, seq, head_dim, causal, scored) of every timed attention case."""
+    b, h, s, d = PERF_CASE
+    cases = [(f"attention batch {b} heads {h} seq {s} head_dim {d}{' causal' if c else ''}", b, h, s, d, c, True)
+             for c in (False, True)]
+    for batch, seq in HANDOUT_CASES:
+        for c in (False, True):
+            cases.append((f"attention alone batch {batch} seq {seq} hidden 4096 heads 32{' causal' if c else ''}",
+                          batch, 32, seq, 128, c, False))
+    return cases
+
+
+def run_benchmarks(report, worker, solution, cases, layer_cases):
+    """Time your kernel in the worker for every case, end the worker, then time everything else here."""
+    student = {}
+    for name, b, h, s, d, causal, _ in cases:
+        student[name] = time_student(worker, b, h, s, d, causal)
+    layers = {}
+    for batch, seq, causal in layer_cases:
+        layers[(batch, seq, causal)] = time_student_layer(worker, batch, seq, causal)
+    worker.stop()  # its context is gone, and any work it had queued with it: the GPU is ours alone now
+
+    reference = load_reference(report) if any(scored for *_, scored in cases) else None
+    for name, b, h, s, d, causal, scored in cases:
+        timing, count = student[name]
+        report.run(name, lambda: attention_result(timing, count, reference if scored else None, b, h, s, d, causal),
+                   kind="benchmark")
+    for (batch, seq, causal), timing in layers.items():
+        report.run(f"layer batch {batch} seq {seq} hidden 4096 heads 32{' causal' if causal else ''}",
+                   lambda: layer_result(timing, batch, seq, causal), kind="benchmark")
+
+
+def load_reference(report):
+    """The reference kernel, built and run here (never in the worker); None in the student's handout."""
+    if not impl.has_solution(4):
+        return None
+    from task4 import attention as given
+
+    try:
+        return given.extension(solution=True)
+    except Exception as err:  # noqa: BLE001  the instructor's build: say so, keep the student's numbers
+        report.note(f"the reference kernel could not be built, so performance is not scored: {err}")
+        return None
+
+
+def attention_result(timing, count, reference, batch, heads, seq, head_dim, causal):
+    if count is None:
+        return False, timing, {}
+    scale = 1.0 / math.sqrt(head_dim)
     flops = attention_flops(batch, heads, seq, seq, head_dim, causal)
-    tflops = flops / (t_ours.median_ms * 1e-3) / 1e12
-    metrics = {"kernel_ms": t_ours.median_ms, "tflops": tflops}
-    message = f"kernel {t_ours.median_ms:.3f} ms ({tflops:.1f} TFLOP/s)"
-    if with_reference and impl.has_solution(4):
-        ref = mod.extension(True)  # timed right after the student's kernel, under the same conditions
-        t_ref = timed(lambda: ref.forward(q, k, v, out, causal, scale), setup=fresh, **kw)
-        metrics |= {"reference_ms": t_ref.median_ms, "vs_reference": t_ref.median_ms / t_ours.median_ms}
-        message += f", reference kernel {t_ref.median_ms:.3f} ms ({metrics['vs_reference']:.2f}x its speed)"
-    t_naive = timed(lambda: naive_attention(q, k, v, causal, scale), **kw)
-    t_sdpa = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale), **kw)
+    tflops = flops / (timing.median_ms * 1e-3) / 1e12
+    metrics = {"kernel_ms": timing.median_ms, "tflops": tflops, "sets_per_request": count}
+    message = f"kernel {timing.median_ms:.3f} ms ({tflops:.1f} TFLOP/s; {count} distinct input sets per request)"
+    if reference is not None:
+        t_ref = time_here(lambda q, k, v, o: reference.forward(q, k, v, o, causal, scale), batch, heads, seq,
+                          head_dim, count)
+        if not isinstance(t_ref, str):
+            metrics |= {"reference_ms": t_ref.median_ms, "vs_reference": t_ref.median_ms / timing.median_ms}
+            message += f", reference kernel {t_ref.median_ms:.3f} ms ({metrics['vs_reference']:.2f}x its speed)"
+    t_naive = time_here(lambda q, k, v, o: naive_attention(q, k, v, causal, scale), batch, heads, seq, head_dim, count)
+    t_sdpa = time_here(lambda q, k, v, o: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale),
+                       batch, heads, seq, head_dim, count)
     metrics |= {"naive_ms": getattr(t_naive, "median_ms", None), "sdpa_ms": getattr(t_sdpa, "median_ms", None),
-                "speedup_vs_naive": ratio(t_naive, t_ours), "speedup_vs_sdpa": ratio(t_sdpa, t_ours)}
-    message += f", naive {describe(t_naive)}, SDPA {describe(t_sdpa)}"
-    for name, label in (("naive", "naive"), ("sdpa", "SDPA")):
-        if metrics[f"speedup_vs_{name}"]:
-            message += f"; {metrics[f'speedup_vs_{name}']:.2f}x {label}"
-    if with_memory:
-        mem_ours = peak_memory_mb(lambda: ext.forward(q, k, v, out, causal, scale))
-        mem_naive = peak_memory_mb(lambda: naive_attention(q, k, v, causal, scale))
-        metrics |= {"kernel_peak_mb": mem_ours, "naive_peak_mb": mem_naive}
-        mib = lambda m: m if isinstance(m, str) else f"{m:.0f} MiB"  # noqa: E731
-        message += f"; extra memory: kernel {mib(mem_ours)}, naive {mib(mem_naive)}"
+                "speedup_vs_naive": bench.ratio(t_naive, timing), "speedup_vs_sdpa": bench.ratio(t_sdpa, timing)}
+    message += f", naive {bench.describe(t_naive)}, SDPA {bench.describe(t_sdpa)}"
+    for key, label in (("naive", "naive"), ("sdpa", "SDPA")):
+        if metrics[f"speedup_vs_{key}"]:
+            message += f"; {metrics[f'speedup_vs_{key}']:.2f}x {label}"
     bound = fp32_peak_tflops()
     if tflops > bound:
         return False, message + f": faster than the GPU's float32 peak ({bound:.0f} TFLOP/s), so work was skipped", metrics
     return True, message, metrics
 
 
-def sweep(solution, path="task4-sweep.csv"):
-    rows = []
+def time_student_layer(worker, batch, seq, causal, hidden=4096, heads=32):
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(hidden, heads, bias=False, batch_first=True)
+    worker.call("make_layer", hidden, heads, [w.cuda() for w in mha_weights(mha)])
+    count = bench.sets_for(batch * seq * hidden * 4 * 6, estimate_ms=1.0 if seq <= 1024 else 500.0, most=64)
+    inputs = [torch.randn(batch, seq, hidden, device="cuda") for _ in range(count)]
+    kept = worker.keep("layer inputs", inputs)
+    try:
+        worker.call("layer_batch", kept, causal)  # warm-up
+        return bench.host_clock(lambda: worker.call("layer_batch", kept, causal), reps=3, per_request=count), count
+    except torch.cuda.OutOfMemoryError:
+        return "out of memory", count
+    finally:
+        worker.drop("layer inputs")
+        del inputs
+        torch.cuda.empty_cache()
+
+
+def layer_result(timing_count, batch, seq, causal, hidden=4096, heads=32):
+    timing, count = timing_count
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(hidden, heads, bias=False, batch_first=True, device="cuda")
+    mask = causal_mask(seq, seq, "cuda") if causal else None
+
+    def measure():
+        inputs = [torch.randn(batch, seq, hidden, device="cuda") for _ in range(count)]
+        with torch.no_grad(), exact_float32():
+            run = lambda: [mha(x, x, x, attn_mask=mask, need_weights=False) for x in inputs]  # noqa: E731
+            run()
+            torch.cuda.synchronize()
+            return bench.host_clock(lambda: (run(), torch.cuda.synchronize()), reps=3, per_request=count)
+
+    t_mha = bench.or_out_of_memory(measure)
+    torch.cuda.empty_cache()
+    speedup = bench.ratio(t_mha, timing)
+    message = f"layer {bench.describe(timing)}, nn.MultiheadAttention {bench.describe(t_mha)}"
+    message += f" ({speedup:.2f}x)" if speedup else ""
+    return True, message, {"layer_ms": getattr(timing, "median_ms", None), "mha_ms": getattr(t_mha, "median_ms", None),
+                           "speedup_vs_mha": speedup}
+
+
+def sweep(report, worker, solution, path="task4-sweep.csv"):
+    cases = []
     for seq in (128, 256, 512, 1024, 2048, 4096, 8192):
         batch = max(1, 16384 // seq)
         for causal in (False, True):
-            passed, message, m = bench_attention(solution, batch, 32, seq, 128, causal, with_memory=False)
-            rows.append({"seq": seq, "batch": batch, "heads": 32, "head_dim": 128, "causal": causal,
-                         "kernel_correct": passed, "kernel_ms": m.get("kernel_ms"), "naive_ms": m.get("naive_ms"),
-                         "sdpa_ms": m.get("sdpa_ms"), "kernel_tflops": m.get("tflops")})
-            print(f"  {'' if passed else 'FAIL '}seq {seq:5d} batch {batch:3d} {'causal' if causal else 'full  '}: "
-                  f"{message}")
+            cases.append((f"sweep seq {seq} batch {batch}{' causal' if causal else ''}", batch, 32, seq, 128, causal,
+                          False))
+    run_benchmarks(report, worker, solution, cases, [])
+    rows = []
+    for (name, batch, heads, seq, d, causal, _), case in zip(cases, [c for c in report.cases if c.name.startswith("sweep")]):
+        m = case.metrics
+        rows.append({"seq": seq, "batch": batch, "heads": heads, "head_dim": d, "causal": causal,
+                     "kernel_correct": case.passed, "kernel_ms": m.get("kernel_ms"), "naive_ms": m.get("naive_ms"),
+                     "sdpa_ms": m.get("sdpa_ms"), "kernel_tflops": m.get("tflops")})
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
     print(f"wrote {path}")
+    plot_sweep(rows, path)
+
+
+def plot_sweep(rows, path):
     try:
         import matplotlib
 
@@ -271,47 +359,31 @@ def main(argv=None) -> int:
     parser = cli.parser(4, __doc__.splitlines()[2])
     parser.add_argument("--sweep", action="store_true", help="time over seq 128..8192, write task4-sweep.csv")
     args = parser.parse_args(argv)
-    report = Report(4, args.solution, "fused FlashAttention kernel")
-    ext = cli.cuda_extension(report, lambda: mod.extension(args.solution))
-    if ext is None:
-        return report.finish(args.json)
+    report = Report(4, args.solution, "fused FlashAttention kernel", args.student_dir)
+    with cli.worker(report, 4, args) as worker:
+        if worker is None:
+            return report.finish(args.json)
+        for case in cli.cases(4, "attention", CASES, args.hidden, describe, causal_ok=lambda s: s[2] <= s[3]):
+            report.run(case.name, lambda: check_case(worker, case.shape, case.causal, case.seed))
+        seed = cli.seed(7, args.hidden)
+        report.run("scale 0.3 and large scores (q x 4)",
+                   lambda: check_case(worker, (2, 2, 150, 150, 64), True, seed, scale=0.3, magnitude=4.0))
+        for hidden, heads, seq in ((256, 4, 100), (4096, 32, 65)):
+            for causal in (False, True):
+                report.run(f"layer hidden {hidden} heads {heads} seq {seq}{' causal' if causal else ''} "
+                           "vs nn.MultiheadAttention",
+                           lambda: check_layer(worker, hidden, heads, seq, causal, cli.seed(11, args.hidden)))
+        report.run("bad input raises clear errors (the given binding)", lambda: check_errors(worker), kind="given")
 
-    cases = CASES + cli.extra_cases(4, args.hidden)
-    for i, shape in enumerate(cases):
-        for causal in (False, True):
-            if causal and shape[2] > shape[3]:
-                continue
-            name = "batch {} heads {} seq {}x{} head_dim {}".format(*shape) + (" causal" if causal else "")
-            seed = cli.seed(100 * i + 10 * causal, args.hidden)
-            report.run(name, lambda: check_case(ext, shape, causal, seed))
-    seed = cli.seed(7, args.hidden)
-    report.run("scale 0.3 and large scores (q x 4)",
-               lambda: check_case(ext, (2, 2, 150, 150, 64), True, seed, scale=0.3, magnitude=4.0))
-    for hidden, heads, seq in ((256, 4, 100), (4096, 32, 65)):
-        for causal in (False, True):
-            report.run(f"layer hidden {hidden} heads {heads} seq {seq}{' causal' if causal else ''} "
-                       "vs nn.MultiheadAttention",
-                       lambda: check_layer(args.solution, hidden, heads, seq, causal, cli.seed(11, args.hidden)))
-    report.run("bad input raises clear errors", lambda: check_errors(ext))
-
-    if report.stopped or not all(c.passed for c in report.cases):
-        report.note("benchmarks skipped until every check passes")
-        return report.finish(args.json)
-    if args.sweep:
-        sweep(args.solution)
-        return report.finish(args.json)
-    b, h, s, d = PERF_CASE
-    for causal in (False, True):
-        tag = " causal" if causal else ""
-        report.run(f"attention batch {b} heads {h} seq {s} head_dim {d}{tag}",
-                   lambda: bench_attention(args.solution, b, h, s, d, causal, with_reference=True),
-                   kind="benchmark")
-    for batch, seq in HANDOUT_CASES:
-        for causal in (False, True):
-            tag = f"batch {batch} seq {seq} hidden 4096 heads 32{' causal' if causal else ''}"
-            report.run(f"layer {tag}", lambda: bench_layer(args.solution, batch, seq, causal), kind="benchmark")
-            report.run(f"attention alone {tag}",
-                       lambda: bench_attention(args.solution, batch, 32, seq, 128, causal), kind="benchmark")
+        if report.stopped or not all(c.passed for c in report.cases):
+            report.note("benchmarks skipped until every check passes")
+        elif args.sweep:
+            sweep(report, worker, args.solution)
+        else:
+            layer_cases = [(batch, seq, causal) for batch, seq in HANDOUT_CASES for causal in (False, True)]
+            run_benchmarks(report, worker, args.solution, benchmark_cases(args.solution), layer_cases)
+    report.run("own work: no PyTorch attention, no reference solution",
+               lambda: impl.check_own_work(4, args.solution, args.student_dir, report.attention_ops), kind="rule")
     return report.finish(args.json)
 
 

@@ -1,8 +1,11 @@
 """The grader's verdicts on known-bad submissions, one per failure mode, and its output formats."""
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -10,7 +13,40 @@ from grader import __main__ as grader
 from grader.rubric import RUBRIC, TOTAL_POINTS, score
 from tests.conftest import REPO, bad_variant, needs_solution
 
-# task 1 student files built from the reference with one change each
+
+def skeleton(task=1):
+    from common.skeleton import generate
+
+    return {str(k): v for k, v in generate(REPO).items()}[f"task{task}/attention.py"]
+
+
+SOLUTION_1 = (REPO / "task1/solution/attention.py").read_text() if (REPO / "task1/solution").is_dir() else ""
+GRAB_REFERENCE = """
+import glob, os
+roots = ["/work", "/home", "/root", "/tmp", "/srv", "/opt"]
+found = [p for r in roots for p in glob.glob(r + "/**/task1/solution/attention.py", recursive=True)]
+for path in found + ["/proc/1/cwd/task1/solution/attention.py"]:
+    try:
+        exec(open(path).read())
+        break
+    except OSError:
+        pass
+"""
+FORGE_RECORD = """
+import atexit, glob, json, os
+def forge():
+    record = {"task": 1, "status": "passed", "cases": [{"name": "x", "kind": "check", "passed": True,
+              "message": "", "metrics": {}}], "notes": []}
+    roots = ["/work", "/home", "/root", "/tmp"]
+    for path in [p for r in roots for p in glob.glob(r + "/**/*.json", recursive=True)]:
+        try:
+            open(path, "w").write(json.dumps(record))
+        except OSError:
+            pass
+atexit.register(forge)
+forge()
+"""
+# Task 1 student files: the reference with one change, or the skeleton with an attack added.
 SUBMISSIONS = {
     "correct": None,
     "wrong_scale": ("/ math.sqrt(q.shape[-1])", "/ q.shape[-1]"),
@@ -19,55 +55,140 @@ SUBMISSIONS = {
     "hang": ("    scores = attention_scores(q, k)\n", "    import time\n    time.sleep(600)\n    scores = attention_scores(q, k)\n"),
     "pytorch_attention": ("    return torch.softmax(scores, dim=-1) @ v\n",
                           "    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)\n"),
-    "raises": ("    return torch.softmax(scores, dim=-1) @ v\n", "    return torch.softmax(scores, dim=-1) @ v.T\n"),
-    "imports_solution": ("from common.validate import check_hidden, check_qkv\n",
-                         "from common.validate import check_hidden, check_qkv\n"
-                         "from task1.solution.attention import *  # noqa\n"),
+    "sdpa_by_built_name_in_a_thread": ("    return torch.softmax(scores, dim=-1) @ v\n",
+        "    import concurrent.futures, torch.nn.functional as F\n"
+        "    from torch.utils._python_dispatch import _disable_current_modes\n"
+        "    with _disable_current_modes(), concurrent.futures.ThreadPoolExecutor() as pool:\n"
+        "        return pool.submit(getattr(F, 'scaled_dot_' + 'product_attention'), q, k, v, is_causal=causal).result()\n"),
+    "raises": ("    return torch.softmax(scores, dim=-1) @ v\n",
+               "    if q.shape[-2] == 1:\n        raise ValueError('one query: not handled')\n"
+               "    return torch.softmax(scores, dim=-1) @ v\n"),
+    "imports_solution": ("from common.layer import AttentionLayer\n",
+                         "from common.layer import AttentionLayer\nfrom task1.solution.attention import *  # noqa\n"),
+    "imports_the_checks_reference": ("    return torch.softmax(scores, dim=-1) @ v\n",
+        "    import importlib\n    return importlib.import_module('common.refer' + 'ence').attention_reference(q, k, v, causal)[0].float()\n"),
     "syntax_error": ("def merge_heads(", "def merge_heads(:"),
+    "sys_exit_at_import": ("solution", "\nimport sys\nsys.exit(0)\n"),
+    "leftover_thread": ("from common.layer import AttentionLayer\n",
+                        "from common.layer import AttentionLayer\nimport threading, time\n"
+                        "threading.Thread(target=time.sleep, args=(3600,)).start()\n"),
+    # attacks on the skeleton: none of them may earn a point
+    "reads_the_reference_from_disk": ("skeleton", GRAB_REFERENCE),
+    "forges_the_record": ("skeleton", FORGE_RECORD),
+    "kills_the_checks": ("skeleton", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"),
+    "patches_the_checks": ("skeleton", "try:\n    import common.checks as c\n    c.compare = lambda *a, **k: None\n"
+                                       "except ImportError:\n    pass\n"),
+    "detached_process": ("skeleton", "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', "
+                         "'import time, glob\\nfor _ in range(600):\\n    time.sleep(0.1)\\n    "
+                         "[open(p, \"w\").write(\"{}\") for p in glob.glob(\"/**/results.json\", recursive=True)]'], "
+                         "start_new_session=True)\n"),
 }
 
 
-def grade(tmp_path, name, timeout=120):
+def submission_text(name):
+    variant = SUBMISSIONS[name]
+    if variant is None:
+        return SOLUTION_1
+    if variant[0] in ("skeleton", "solution"):
+        return (skeleton() if variant[0] == "skeleton" else SOLUTION_1) + variant[1]
+    return bad_variant(1, "attention.py", *variant)
+
+
+def grade(tmp_path, name, timeout=120, tasks="1", files=None):
     sub = tmp_path / name
-    if name != "missing":
-        variant = SUBMISSIONS[name]
-        text = bad_variant(1, "attention.py", *variant) if variant else (REPO / "task1/solution/attention.py").read_text()
-        (sub / "task1").mkdir(parents=True)
-        (sub / "task1" / "attention.py").write_text(text)
-    else:
-        sub.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "grader", "--submission", str(sub), "--tasks", "1",
-                           "--timeout", str(timeout)], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    results = json.loads((sub / "results.json").read_text())
-    return results, (sub / "Results.md").read_text()
+    sub.mkdir()
+    for rel, text in (files if files is not None else {"task1/attention.py": submission_text(name)}).items():
+        (sub / rel).parent.mkdir(parents=True, exist_ok=True)
+        (sub / rel).write_bytes(text if isinstance(text, bytes) else text.encode())
+    proc = subprocess.run([sys.executable, "-m", "grader", "--submission", str(sub), "--tasks", tasks,
+                           "--timeout", str(timeout)], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = tmp_path / "grading" / name
+    assert not (sub / "results.json").exists(), "results must not be written into the submission"
+    results = json.loads((out / "results.json").read_text())
+    return results, (out / "Results.md").read_text()
 
 
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (apt install bubblewrap)")
+
+
+@needs_bwrap
 @needs_solution(1)
 @pytest.mark.parametrize("name, status, points, words", [
     ("correct", "passed", 2, "checks passed"),
     ("wrong_scale", "failed", None, "checks passed"),
-    ("segfault", "crashed", 0, "segmentation fault"),
+    ("segfault", "failed", 0, "segmentation fault"),
     ("pytorch_attention", "failed", 0, "PyTorch's own attention"),
+    ("sdpa_by_built_name_in_a_thread", "failed", 0, "PyTorch's own attention"),
     ("raises", "failed", None, "checks passed"),
     ("imports_solution", "failed", 0, "import"),
-    ("syntax_error", "failed", 0, "could not import task1/attention.py: SyntaxError"),
+    ("imports_the_checks_reference", "failed", 0, "reference"),
+    ("syntax_error", "failed", 0, "could not import your code: SyntaxError"),
+    ("sys_exit_at_import", "passed", 2, "called sys.exit(0) while it was imported"),
+    ("leftover_thread", "passed", 2, "checks passed"),
+    ("reads_the_reference_from_disk", "not implemented yet", 0, "see README, Task 1, step 1"),
+    ("forges_the_record", "not implemented yet", 0, "see README, Task 1, step 1"),
+    ("kills_the_checks", "not implemented yet", 0, "see README, Task 1, step 1"),
+    ("patches_the_checks", "not implemented yet", 0, "see README, Task 1, step 1"),
+    ("detached_process", "not implemented yet", 0, "see README, Task 1, step 1"),
     ("missing", "not implemented yet", 0, "see README, Task 1, step 1"),
 ])
 def test_verdicts_on_known_submissions(tmp_path, name, status, points, words):
-    results, md = grade(tmp_path, name)
+    results, md = grade(tmp_path, name, files={} if name == "missing" else None)
+    if name == "detached_process":
+        import time
+
+        time.sleep(3)  # a process that outlived its task would rewrite the results now
+        results = json.loads((tmp_path / "grading" / name / "results.json").read_text())
     (test,) = results["tests"]
     assert test["name"].startswith("Task 1") and test["max_score"] == 2 and test["visibility"] == "visible"
     assert test["output"].startswith(status), test["output"]
-    assert words in test["output"]
+    assert words in test["output"] + results["output"], test["output"]
     if points is not None:
         assert test["score"] == points
     else:
-        assert test["score"] < 2
+        assert 0 < test["score"] < 2
     assert results["score"] == test["score"]
     assert f"| 1. {RUBRIC[1].title} | {status} |" in md
+    assert not list(Path(tempfile.gettempdir()).glob("grade-*/submission")), "a scratch copy was left behind"
 
 
+@needs_bwrap
+@needs_solution(1)
+def test_links_and_odd_bytes_in_a_submission(tmp_path):
+    text = SOLUTION_1.replace('"""Task 1:', '"""Task 1 (caf\xe9):').encode("latin-1")
+    results, _ = grade(tmp_path, "latin1", files={"task1/attention.py": text})
+    assert results["tests"][0]["score"] == 2
+    sub = tmp_path / "linked"
+    (sub / "task1").mkdir(parents=True)
+    (sub / "task1" / "attention.py").symlink_to(REPO / "task1/solution/attention.py")
+    proc = subprocess.run([sys.executable, "-m", "grader", "--submission", str(sub), "--tasks", "1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    results = json.loads((tmp_path / "grading" / "linked" / "results.json").read_text())
+    assert results["score"] == 0 and "not a regular file" in results["output"], proc.stdout[-2000:]
+
+
+def test_results_are_written_without_following_links(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "results.json").symlink_to(victim)
+    grader.write_grader_failure(tmp_path / "out", "boom")
+    assert victim.read_text() == "keep me" and not (tmp_path / "out" / "results.json").is_symlink()
+
+
+def test_a_malformed_record_costs_its_task_only():
+    from grader.runner import valid_record
+
+    good = {"task": 1, "status": "passed", "cases": [{"name": "a", "kind": "check", "passed": True, "message": ""}]}
+    assert valid_record(good, 1)["cases"][0]["metrics"] == {}
+    for bad in ({"task": 1, "status": "passed", "cases": [{"name": "a", "passed": True, "message": ""}]},
+                {"task": 2, "status": "passed", "cases": []}, {"task": 1, "status": "great", "cases": []}, []):
+        with pytest.raises((ValueError, TypeError)):
+            valid_record(bad, 1)
+
+
+@needs_bwrap
 @needs_solution(3)
 def test_a_broken_task1_does_not_cost_task3(tmp_path):
     sub = tmp_path / "sub"
@@ -79,7 +200,7 @@ def test_a_broken_task1_does_not_cost_task3(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "grader", "--submission", str(sub), "--tasks", "3"],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    (test,) = json.loads((sub / "results.json").read_text())["tests"]
+    (test,) = json.loads((tmp_path / "grading" / "sub" / "results.json").read_text())["tests"]
     assert test["score"] == 3 and "timing against task 1 skipped" in test["output"]
 
 
@@ -92,6 +213,7 @@ def test_crash_reasons():
     assert "exited with code 3" in crash_reason(3, "something\nelse")
 
 
+@needs_bwrap
 @needs_solution(1)
 def test_a_hang_costs_only_its_task(tmp_path):
     results, _ = grade(tmp_path, "hang", timeout=15)
@@ -102,7 +224,7 @@ def test_a_hang_costs_only_its_task(tmp_path):
 def test_cuda_tasks_without_a_gpu_are_not_failed(tmp_path):
     (tmp_path / "task2").mkdir()
     (tmp_path / "task2" / "test.py").write_text("raise SystemExit('must not run')\n")
-    entry = grader.grade_task(2, tmp_path, solution=False, hidden=False, timeout=10, has_cuda=False)
+    entry = grader.grade_task(2, tmp_path, tmp_path, solution=False, hidden=False, timeout=10, has_cuda=False)
     assert entry["status"] == "needs_cuda" and entry["points"] == 0
     md, js = grader.write_results([entry], tmp_path, "test", {"device": "CPU", "python": "3", "torch": "t",
                                                               "cuda": None, "commit": None})
@@ -110,7 +232,7 @@ def test_cuda_tasks_without_a_gpu_are_not_failed(tmp_path):
 
 
 def test_tasks_not_yet_built_are_marked_unavailable(tmp_path):
-    entry = grader.grade_task(7, tmp_path, solution=False, hidden=False, timeout=10, has_cuda=True)
+    entry = grader.grade_task(7, tmp_path, tmp_path, solution=False, hidden=False, timeout=10, has_cuda=True)
     assert entry["status"] == "unavailable"
 
 

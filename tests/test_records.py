@@ -4,21 +4,32 @@ import json
 
 import pytest
 
-from common import records
 from common.checks import CheckResult
-from common.records import NeedsCuda, Report
+from common.records import NeedsCuda
+from common.records import Report as _Report
+from common.sandbox import WorkerDied, WorkerError
 
 
 @pytest.fixture(autouse=True)
-def skeleton_file(tmp_path, monkeypatch):
+def skeleton_dir(tmp_path, monkeypatch):
     """Task 1 as a skeleton, whatever state the real task1/ is in (students fill it in)."""
-    todo = tmp_path / "attention.py"
+    todo = tmp_path / "task1" / "attention.py"
+    todo.parent.mkdir()
     todo.write_text("# TODO (README, Task 1, step 1: do it)\n# TODO (README, Task 1, step 2: then this)\n")
-    monkeypatch.setattr(records, "student_files", lambda task: [todo] if task == 1 else [])
+    global STUDENT_DIR
+    STUDENT_DIR = tmp_path
+    return tmp_path
 
 
-def missing():
-    raise NotImplementedError("see README, Task 1, step 1: do it")
+def Report(task, solution, title):  # noqa: N802  the report of a student checkout that is a skeleton
+    return _Report(task, solution, title, STUDENT_DIR)
+
+
+STUDENT_DIR = None
+
+
+def missing():  # what the worker reports when a skeleton's step raises
+    raise WorkerError("NotImplementedError", "see README, Task 1, step 1: do it", "")
 
 
 def test_a_missing_step_stops_the_run(tmp_path):
@@ -57,11 +68,19 @@ def test_an_untouched_output_is_not_implemented_only_while_steps_are_todo():
 
 
 def test_a_student_exception_fails_only_its_case():
+    def raises():
+        raise WorkerError("ZeroDivisionError", "division by zero", "  File task1/attention.py, line 3\n")
+
+    def dies():
+        raise WorkerDied("the process running your code crashed with SIGSEGV (segmentation fault)")
+
     report = Report(9, solution=False, title="t")
-    report.run("a", lambda: 1 / 0)
-    report.run("b", lambda: CheckResult(True, "fine"))
-    assert [c.passed for c in report.cases] == [False, True]
-    assert "ZeroDivisionError" in report.cases[0].message and report.status() == "failed"
+    report.run("a", raises)
+    report.run("b", dies)
+    report.run("c", lambda: CheckResult(True, "fine"))
+    assert [c.passed for c in report.cases] == [False, False, True]
+    assert "ZeroDivisionError" in report.cases[0].message and "task1/attention.py" in report.cases[0].message
+    assert "SIGSEGV" in report.cases[1].message and report.status() == "failed"
 
 
 def test_parts_are_graded_independently():

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from task1 import test as task1_test
-from tests.conftest import needs_solution
+from tests.conftest import bad_variant, needs_solution, run_test, submission
 
 pytestmark = needs_solution(1)
 
@@ -12,14 +12,14 @@ pytestmark = needs_solution(1)
 def test_reference_passes(tmp_path):
     import json
 
-    assert task1_test.main(["--solution", "--json", str(tmp_path / "r.json")]) == 0
+    assert task1_test.main(["--solution", "--json", str(tmp_path / "r.json"), "--scratch", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "r.json").read_text())
     assert record["status"] == "passed" and record["implementation"] == "reference solution"
     assert any("hidden 4096 heads 32" in c["name"] for c in record["cases"])
 
 
-def test_skeleton_reports_the_first_missing_step(capsys):
-    assert task1_test.main([]) == 1
+def test_skeleton_reports_the_first_missing_step(capsys, tmp_path):
+    assert task1_test.main(["--scratch", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "not implemented yet: see README, Task 1, step 1" in out
     assert "Traceback" not in out
@@ -63,25 +63,9 @@ def test_hidden_not_divisible_by_heads():
 
 
 def test_pytorch_attention_reached_through_torch_ops_is_caught(tmp_path):
-    import importlib.util
-
-    from task1 import test as t1
-    from tests.conftest import bad_variant
-
-    path = tmp_path / "attention.py"
-    path.write_text(bad_variant(1, "attention.py", "    return torch.softmax(scores, dim=-1) @ v\n",
-                                "    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)[0]\n"))
-    spec = importlib.util.spec_from_file_location("sneaky_task1", path)
-    sneaky = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sneaky)
-    t1.WATCH.seen.clear()
-    assert t1.check_core(sneaky, (1, 8, 8, 32, 2), False, "cpu", 0).passed  # right values...
-    passed, message, _ = impl_check(t1)
-    assert not passed and "scaled_dot_product" in message  # ...but not the student's own work
-    t1.WATCH.seen.clear()
-
-
-def impl_check(t1):
-    from common import impl
-
-    return impl.check_own_work(1, solution=False, ops_seen=t1.WATCH.seen)
+    sub = submission(tmp_path, {"task1/attention.py": bad_variant(
+        1, "attention.py", "    return torch.softmax(scores, dim=-1) @ v\n",
+        "    return getattr(torch.ops.aten, '_scaled_dot_product_' + 'flash_attention_for_cpu')(q, k, v)[0]\n")})
+    record = run_test(1, sub, tmp_path)
+    rule = [c for c in record["cases"] if c["kind"] == "rule"]
+    assert not rule[0]["passed"] and "scaled_dot_product" in rule[0]["message"]

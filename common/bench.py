@@ -1,0 +1,75 @@
+"""Benchmarks the worker cannot bend: one host clock, the same for the student's code and the baselines.
+
+The student's code runs in another process, so CUDA events of the checks cannot see its
+kernels. Instead the checks time whole requests: the worker runs the function over `sets`
+distinct input sets and waits for the GPU before it answers, and the clock (here) stops
+when the answer arrives. Each request is long next to the cost of a request itself (about
+0.1 ms: `sets` is chosen so), and every output of every timed request is checked right
+after it, so an answer sent before the kernels finished, or one computed earlier, fails.
+The reference kernel and PyTorch's baselines are timed here with the same clock, over the
+same number of sets, so the ratios compare like with like.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from common.timing import Timing, summarize
+
+SET_MEMORY_BUDGET = 8 << 30  # bytes of GPU memory for the distinct input sets of one request
+MIN_REQUEST_MS = 20.0  # a request this long makes its own cost (about 0.1 ms) negligible
+
+
+def sets_for(set_bytes: int, estimate_ms: float, most: int = 256) -> int:
+    """How many distinct input sets a request runs: enough for MIN_REQUEST_MS, within the memory budget."""
+    wanted = max(1, int(MIN_REQUEST_MS / max(estimate_ms, 1e-3)) + 1)
+    return max(1, min(wanted, most, SET_MEMORY_BUDGET // max(set_bytes, 1)))
+
+
+def host_clock(request, *, reps: int, per_request: int, before=None, after=None, device="cuda") -> Timing:
+    """Median time of one call: `request()` runs `per_request` calls and returns once they are done.
+
+    `before()` runs outside the clock before each request (fresh inputs, poisoned outputs);
+    `after()` right after it, also outside the clock (the checks of every output).
+    """
+    samples = []
+    for _ in range(reps):
+        if before:
+            before()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        request()
+        samples.append((time.perf_counter() - start) * 1e3 / per_request)
+        if after:
+            after()
+    return summarize(samples)
+
+
+def run_here(fn, sets) -> None:
+    """The trusted side's own request: `fn` over every set, then wait for the GPU (as the worker does)."""
+    for s in sets:
+        fn(*s)
+    torch.cuda.synchronize()
+
+
+def ratio(baseline, ours):
+    """How many times faster `ours` is, or None when the baseline did not run (out of memory)."""
+    if not isinstance(baseline, Timing) or not isinstance(ours, Timing):
+        return None
+    return baseline.median_ms / ours.median_ms
+
+
+def describe(t) -> str:
+    return t if isinstance(t, str) else f"{t.median_ms:.3f} ms"
+
+
+def or_out_of_memory(measure):
+    """A Timing, or the string 'out of memory' when a baseline does not fit on the GPU."""
+    try:
+        return measure()
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return "out of memory"

@@ -1,0 +1,338 @@
+"""Where student code runs: a worker process with its own view of the files (trusted side).
+
+`Worker` builds the view, a fresh folder holding the student's files (regular files only)
+and the given code the worker needs (common/tasks.py lists both), starts
+`python -m common.worker` there and talks to it over a socket (common/wire.py).
+
+With bubblewrap (`bwrap`) installed, the worker runs inside it:
+- the file system is read-only, and the checkout, the submission, the results folder,
+  home folders and /tmp are hidden behind empty folders (only Python's own folders and the
+  view are put back), so neither the reference solutions nor the hidden cases are there;
+- its own PID namespace: it cannot see or signal the checks, and every process it starts
+  dies with it (--die-with-parent);
+- no network, and no capabilities when run as root.
+Without bubblewrap it is a plain process in the view: the split between checks and student
+code still holds (separate memory, validated replies, records written by the checks), but
+the files of the machine are not hidden and a detached process may outlive the task.
+`SANDBOX` says which one applies; the grader writes it into the results.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import signal
+import site
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import wire
+from common.impl import REPO
+from common.tasks import TASKS, WORKER_COMMON
+
+BWRAP = shutil.which("bwrap")
+MAX_STUDENT_FILE_BYTES = 2 * 1024 * 1024
+START_TIMEOUT_S = 300  # importing torch, and building a CUDA task's extension
+CALL_TIMEOUT_S = 300
+MAX_RESTARTS = 3  # a crashing case costs that case; after this many crashes the rest fail at once
+
+
+def sandbox_status() -> str:
+    if BWRAP and os.environ.get("KIT_NO_SANDBOX") != "1":
+        return "bubblewrap"
+    return "plain process"
+
+
+class WorkerError(Exception):
+    """The student's code raised; `kind` is the exception's type name."""
+
+    def __init__(self, kind: str, message: str, trace: str):
+        super().__init__(f"{kind}: {message}")
+        self.kind, self.message, self.trace = kind, message, trace
+
+
+class WorkerDied(Exception):
+    """The worker ended, hung, or answered with something that is not a message."""
+
+
+def copy_regular_file(src: Path, dst: Path) -> str | None:
+    """Copy one submitted file without following links; None, or why it was not copied."""
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return "missing"
+    except OSError:
+        return "not a regular file (a link?)"
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "not a regular file"
+        data = f.read(MAX_STUDENT_FILE_BYTES + 1)
+        mtime = os.fstat(fd).st_mtime_ns
+    if len(data) > MAX_STUDENT_FILE_BYTES:
+        return f"larger than {MAX_STUDENT_FILE_BYTES // 1024 // 1024} MiB"
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes(data)
+    os.utime(dst, ns=(mtime, mtime))  # an unchanged kernel keeps its cached build
+    return None
+
+
+def make_view(task: int, student_dir: Path, view: Path, solution: bool) -> list[str]:
+    """Fill `view` with the given code and the student's files; returns notes on files not taken."""
+    if view.exists():
+        shutil.rmtree(view)
+    view.mkdir(parents=True)
+    spec = TASKS[task]
+    for rel in WORKER_COMMON + spec.given_files:
+        (view / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, view / rel)
+    for used in spec.uses:
+        for rel in TASKS[used].given_files:
+            if not (view / rel).exists():
+                (view / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(REPO / rel, view / rel)
+    notes = []
+    for number in (task, *spec.uses):
+        for rel in TASKS[number].student_files:
+            source = REPO / TASKS[number].solution_file(rel) if solution else student_dir / rel
+            why = copy_regular_file(source, view / rel)
+            if why:
+                notes.append(f"{rel}: {why}, so it was not used")
+    return notes
+
+
+def _hidden_roots(extra: list[Path]) -> list[Path]:
+    roots = [Path("/tmp"), Path("/home"), Path("/root"), REPO.resolve(), *[p.resolve() for p in extra]]
+    return sorted({r for r in roots if r.exists()}, key=lambda p: len(p.parts))
+
+
+def _python_paths() -> list[Path]:
+    """Folders Python and its packages live in: put back inside hidden folders, read-only."""
+    paths = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent.parent}
+    paths |= {Path(p) for p in sys.path if p and Path(p).is_dir()}
+    paths |= {Path(p) for p in site.getsitepackages() if Path(p).is_dir()}
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    if CUDA_HOME:
+        paths.add(Path(CUDA_HOME))
+    for tool in ("nvcc", "ninja", "c++", "gcc"):
+        found = shutil.which(tool)
+        if found:
+            paths.add(Path(found).resolve().parent)
+    repo = REPO.resolve()
+    return sorted(p.resolve() for p in paths if p.exists() and not _inside(p.resolve(), repo, but=".venv"))
+
+
+def _inside(path: Path, root: Path, but: str) -> bool:
+    """True if path is the checkout or inside it, except its virtual environment."""
+    try:
+        rel = path.relative_to(root)
+    except ValueError:
+        return False
+    return not rel.parts or rel.parts[0] != but
+
+
+def bwrap_command(view: Path, writable: list[Path], hide: list[Path]) -> list[str]:
+    cmd = [BWRAP, "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc"]
+    for root in _hidden_roots(hide):
+        cmd += ["--tmpfs", str(root)]
+    for path in _python_paths():
+        cmd += ["--ro-bind", str(path), str(path)]
+    cmd += ["--ro-bind", str(view), str(view)]
+    for path in writable:
+        cmd += ["--bind", str(path), str(path)]
+    cmd += ["--unshare-pid", "--unshare-net", "--unshare-uts", "--die-with-parent", "--chdir", str(view)]
+    if os.geteuid() == 0:
+        cmd += ["--cap-drop", "ALL"]
+    if not sys.stdin.isatty():
+        cmd += ["--new-session"]  # no terminal to type into; with one, breakpoint() needs it
+    return cmd + ["--"]
+
+
+class Worker:
+    """One task's worker. Use as a context manager; `call` runs an entry point of taskN/entry.py."""
+
+    def __init__(self, task: int, student_dir: Path, *, solution: bool = False, scratch: Path | None = None,
+                 memory_limit: int | None = None, cuda: bool = True, hide: tuple[Path, ...] = (),
+                 block_attention: bool = True, purpose: str = "checks"):
+        self.task, self.student_dir, self.solution = task, Path(student_dir), solution
+        self.memory_limit, self.cuda, self.hide = memory_limit, cuda, list(hide)
+        self.block_attention = block_attention
+        kind = "solution" if solution else "student"
+        self.scratch = Path(scratch) if scratch else REPO / "build"
+        # One folder per purpose: two workers of a task at once must not share their view. The path stays
+        # the same from run to run, so ninja's cache of the student's build (keyed by source paths) holds.
+        self.view = self.scratch / "worker" / f"task{task}-{kind}-{purpose}"
+        self.builds = self.scratch / "worker-builds" / f"task{task}-{kind}"  # kept between runs: ninja's cache
+        self.proc: subprocess.Popen | None = None
+        self.sock: socket.socket | None = None
+        self.attention_ops: set[str] = set()
+        self.notes: list[str] = []
+        self.restarts = 0
+        self.file_notes = make_view(task, self.student_dir, self.view, solution)
+
+    # -- process ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the worker and import the task's entry points (WorkerError if the student's file fails)."""
+        parent, child = socket.socketpair()
+        self.builds.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KIT_", "PYTHON"))}
+        env |= {"PYTHONPATH": str(self.view), "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTHONSAFEPATH": "1", "KIT_BUILD_ROOT": str(self.builds)}
+        if not self.cuda:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        cmd = [sys.executable, "-m", "common.worker", str(child.fileno()), str(self.task)]
+        if sandbox_status() == "bubblewrap":
+            hide = [self.student_dir, *self.hide, self.scratch]
+            cmd = bwrap_command(self.view, [self.builds], hide) + cmd
+        limit = self.memory_limit
+
+        def in_child():
+            if limit:
+                resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            try:  # the worker dies with the checks (bubblewrap does this for the whole sandbox)
+                import ctypes
+
+                ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+            except (OSError, AttributeError):
+                pass
+
+        self.proc = subprocess.Popen(cmd, cwd=self.view, env=env, pass_fds=(child.fileno(),),
+                                     start_new_session=True, preexec_fn=in_child)
+        child.close()
+        self.sock = parent
+        self._request({"op": "start", "block_attention": self.block_attention}, timeout=START_TIMEOUT_S)
+
+    def stop(self) -> None:
+        """End the worker and every process it started."""
+        if self.sock:
+            try:
+                self.sock.settimeout(2)
+                wire.send_frame(self.sock, wire.encode_request({"op": "exit"}))
+            except OSError:
+                pass
+            self.sock.close()
+            self.sock = None
+        if self.proc:
+            try:
+                self.proc.wait(timeout=5)  # a leftover thread must not keep the checks waiting
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.proc.wait()
+            self.proc = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        shutil.rmtree(self.view, ignore_errors=True)
+
+    def exit_reason(self) -> str:
+        if self.proc is None:
+            return "the worker is not running"
+        code = self.proc.poll()
+        if code is None:
+            return "the worker stopped answering"
+        if code > 128 and sandbox_status() == "bubblewrap":
+            code = 128 - code  # bubblewrap reports a signal that ended its child as 128 + the signal
+        if code < 0:
+            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
+            meaning = {"SIGSEGV": "segmentation fault", "SIGABRT": "aborted", "SIGKILL": "killed, perhaps out of memory"}
+            return f"the process running your code crashed with {name} ({meaning.get(name, 'killed by a signal')})"
+        return f"the process running your code exited with code {code}"
+
+    # -- requests --------------------------------------------------------------------------
+    def _request(self, request: dict, timeout: float):
+        if self.sock is None:
+            raise WorkerDied("the worker is not running")
+        try:
+            self.sock.settimeout(timeout)
+            wire.send_frame(self.sock, wire.encode_request(request))
+            payload = wire.recv_frame(self.sock, wire.MAX_REPLY_BYTES)
+        except socket.timeout:
+            self.stop()
+            raise WorkerDied(f"your code did not answer within {timeout:.0f} s (an endless loop, or a hang?)") from None
+        except (EOFError, OSError, wire.ProtocolError) as err:
+            time.sleep(0.2)  # let the exit status arrive
+            reason = self.exit_reason() if isinstance(err, (EOFError, OSError)) else f"a malformed reply: {err}"
+            self.stop()
+            raise WorkerDied(reason) from None
+        try:
+            reply = wire.decode_reply(payload)
+            ops, notes = reply.get("attention_ops", []), reply.get("notes", [])
+            self.attention_ops |= {str(op)[:200] for op in ops}
+            self.notes = [str(n)[:1000] for n in notes][:20]
+        except (wire.ProtocolError, AttributeError, TypeError) as err:
+            self.stop()
+            raise WorkerDied(f"a malformed reply: {err}") from None
+        if "error" in reply:
+            e = reply["error"]
+            if not isinstance(e, dict):
+                raise WorkerDied("a malformed error reply")
+            raise WorkerError(str(e.get("type", "Exception"))[:100], str(e.get("message", ""))[:wire.MAX_TEXT],
+                              str(e.get("traceback", ""))[:wire.MAX_TEXT])
+        if "ok" not in reply:
+            raise WorkerDied("a reply without a result")
+        return reply["ok"]
+
+    def _ensure_running(self) -> None:
+        if self.proc is not None and self.proc.poll() is None and self.sock is not None:
+            return
+        if self.restarts >= MAX_RESTARTS:
+            raise WorkerDied(f"not run: the process running your code crashed {MAX_RESTARTS} times already")
+        self.restarts += 1
+        self.stop()
+        self.start()
+
+    def call(self, name: str, *args, timeout: float = CALL_TIMEOUT_S, **kwargs):
+        """Run entry point `name` in the worker; returns its validated result (CPU tensors, plain values)."""
+        self._ensure_running()
+        return self._request({"op": "call", "name": name, "args": args, "kwargs": kwargs}, timeout)
+
+    def keep(self, name: str, value) -> wire.Kept:
+        """Hand `value` over once (CUDA tensors are mapped then); pass the returned Kept to later calls."""
+        self._ensure_running()
+        self._request({"op": "keep", "name": name, "value": value}, CALL_TIMEOUT_S)
+        return wire.Kept(name)
+
+    def drop(self, name: str) -> None:
+        if self.sock is not None:
+            self._request({"op": "drop", "name": name}, CALL_TIMEOUT_S)
+
+    def cpu_seconds(self) -> float:
+        """CPU time used so far by the worker's processes, read by the checks from /proc."""
+        if self.proc is None:
+            return 0.0
+        tick = os.sysconf("SC_CLK_TCK")
+        children: dict[int, list[int]] = {}
+        stats: dict[int, list[str]] = {}
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                pid = int(entry.name)
+                stats[pid] = fields
+                children.setdefault(int(fields[1]), []).append(pid)
+        total, todo = 0.0, [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            if pid in stats:
+                total += (int(stats[pid][11]) + int(stats[pid][12])) / tick
+            todo += children.get(pid, [])
+        return total
+
+
+def scratch_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="kit-"))

@@ -1,0 +1,58 @@
+"""What each task is made of: the one list of the files a student writes, and the given code beside them.
+
+Records (the TODO scan), the worker's view, the grader (what it takes from a submission)
+and the handout all read this list. `tests/test_tasks.py` checks it against the skeletons
+generated from the reference files, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Task:
+    number: int
+    student_files: tuple[str, ...]  # what the student writes (the skeletons), relative to the checkout
+    given_files: tuple[str, ...]  # given code the worker runs beside them (not graded, not submitted)
+    uses: tuple[int, ...] = ()  # other tasks whose student files this task's worker loads too
+    cuda: bool = False  # the student's code is CUDA: the worker builds it
+
+    def solution_file(self, rel: str) -> str:
+        """task4/kernels/attention.cu -> task4/solution/kernels/attention.cu"""
+        head, rest = rel.split("/", 1)
+        return f"{head}/solution/{rest}"
+
+
+TASKS = {
+    1: Task(1, ("task1/attention.py",), ("task1/__init__.py", "task1/entry.py")),
+    2: Task(2, ("task2/kernels/attention.cu",),
+            ("task2/__init__.py", "task2/entry.py", "task2/attention.py", "task2/binding.cpp"), cuda=True),
+    3: Task(3, ("task3/attention.py",), ("task3/__init__.py", "task3/entry.py"), uses=(1,)),
+    4: Task(4, ("task4/kernels/attention.cu",),
+            ("task4/__init__.py", "task4/entry.py", "task4/attention.py", "task4/binding.cpp"), cuda=True),
+}
+
+# The shared code the worker needs: everything in common/ that student code or the given code
+# imports. Not here, so never in the worker's view: the reference implementations
+# (common/reference.py), the checks, records and timing of the trusted side, the grader.
+WORKER_COMMON = (
+    "common/__init__.py",
+    "common/build.py",
+    "common/impl.py",
+    "common/layer.py",
+    "common/tasks.py",
+    "common/validate.py",
+    "common/watch.py",
+    "common/wire.py",
+    "common/worker.py",
+    "common/csrc/checks.h",
+)
+
+
+def student_files(task: int) -> tuple[str, ...]:
+    return TASKS[task].student_files if task in TASKS else ()
+
+
+def all_student_files() -> list[str]:
+    return [rel for task in TASKS.values() for rel in task.student_files]

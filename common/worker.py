@@ -1,0 +1,117 @@
+"""The worker: the process that runs the student's code for the checks, and nothing else.
+
+`common/sandbox.py` starts it (inside bubblewrap where installed) in a folder that holds
+only the student's files and the given code. It serves requests from the checks over the
+socket it was handed: import the task's entry points (`taskN/entry.py`), call one, keep
+an object for later calls, exit. It never sees the checks' reference, the secret seed or
+the place where results are written; what it sends back is validated by the checks.
+
+Your `print` output and `breakpoint()` work as usual: they use the terminal, not the socket.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import socket
+import sys
+import traceback
+from pathlib import Path
+
+from common import watch, wire
+
+HERE = Path(__file__).resolve().parent.parent
+notes: list[str] = []  # things the checks should know, sent with every reply
+
+
+def load_student_module(name: str):
+    """Import a student file, keeping what it defined even if it calls sys.exit() at import."""
+    if name in sys.modules:
+        return sys.modules[name]
+    path = HERE / (name.replace(".", "/") + ".py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None:
+        raise ImportError(f"{path.relative_to(HERE)} is missing")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SystemExit as stop:
+        notes.append(f"{path.relative_to(HERE)} called sys.exit({stop.code!r}) while it was imported; "
+                     "the lines after that call did not run")
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _short_traceback(err: BaseException, frames: int = 4) -> str:
+    lines = traceback.format_exception(type(err), err, err.__traceback__)
+    return "".join(lines[-(frames + 1):-1]) if len(lines) > 1 else ""
+
+
+def _resolve(value, kept: dict):
+    if isinstance(value, wire.Kept):
+        return kept[value.name]
+    if isinstance(value, (list, tuple)):
+        return type(value)(_resolve(v, kept) for v in value)
+    if isinstance(value, dict):
+        return {k: _resolve(v, kept) for k, v in value.items()}
+    return value
+
+
+def serve(sock: socket.socket, task: int) -> None:
+    entry, kept = None, {}
+    while True:
+        request = wire.decode_request(wire.recv_frame(sock, wire.MAX_REQUEST_BYTES))
+        op = request["op"]
+        reply: dict = {}
+        try:
+            if op == "exit":
+                return
+            if op == "start":
+                if request.get("block_attention", True):
+                    watch.block_pytorch_attention()
+                entry = importlib.import_module(f"task{task}.entry")
+                reply["ok"] = None
+            elif op == "keep":
+                kept[request["name"]] = request["value"]
+                reply["ok"] = None
+            elif op == "drop":
+                kept.pop(request["name"], None)
+                reply["ok"] = None
+            elif op == "call":
+                fn = getattr(entry, request["name"])
+                args, kwargs = _resolve(request["args"], kept), _resolve(request["kwargs"], kept)
+                with watch.AttentionOpWatch():
+                    reply["ok"] = fn(*args, **kwargs)
+            else:
+                raise ValueError(f"unknown request {op!r}")
+        except BaseException as err:  # noqa: BLE001  a student's exception is an answer, not the worker's end
+            if isinstance(err, KeyboardInterrupt):
+                raise
+            reply = {"error": {"type": type(err).__name__, "message": str(err)[:wire.MAX_TEXT],
+                               "traceback": _short_traceback(err)[:wire.MAX_TEXT]}}
+        reply["attention_ops"] = sorted(watch.seen)
+        reply["notes"] = list(notes)
+        try:
+            payload = wire.encode_reply(reply)
+        except TypeError as err:
+            payload = wire.encode_reply({"error": {"type": "TypeError", "message": str(err), "traceback": ""},
+                                         "attention_ops": sorted(watch.seen), "notes": list(notes)})
+        wire.send_frame(sock, payload)
+
+
+def main() -> None:
+    fd, task = int(sys.argv[1]), int(sys.argv[2])
+    sock = socket.socket(fileno=fd)
+    try:
+        serve(sock, task)
+    except EOFError:
+        pass  # the checks are done, or gone: nothing left to do
+    finally:
+        sock.close()
+
+
+if __name__ == "__main__":
+    main()

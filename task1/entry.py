@@ -1,0 +1,30 @@
+"""Task 1's entry points: how the checks call your code (task1/attention.py).
+
+Given: not graded; edits here are not submitted. This runs in the worker process, beside
+your code; the checks (task1/test.py) run in another process and only see what these
+functions return.
+"""
+
+import torch
+
+from common.worker import load_student_module
+
+student = load_student_module("task1.attention")
+
+
+def attention(q, k, v, causal):
+    return student.attention(q, k, v, causal=causal)
+
+
+def layer(hidden, heads, weights, query, key, value, causal):
+    with torch.no_grad():
+        mha = student.MultiHeadAttention(hidden, heads, device=query.device).load_weights(*weights)
+        return mha(query, key, value, causal=causal)
+
+
+def repeat(times, q, k, v, causal):
+    """Run attention `times` times and wait for the GPU: the checks time the whole request."""
+    for _ in range(times):
+        student.attention(q, k, v, causal=causal)
+    if q.is_cuda:
+        torch.cuda.synchronize()

@@ -1,0 +1,46 @@
+"""Task 4's entry points: how the checks call your kernel (task4/kernels/attention.cu).
+
+Given: not graded; edits here are not submitted. This runs in the worker process: it
+builds your kernel with task4/binding.cpp and calls it on tensors the checks own (shared
+GPU memory), then waits for the GPU, so the checks read finished outputs.
+"""
+
+import torch
+
+from task4 import attention
+
+ext = attention.extension()  # builds on first use; a compiler error is reported as the build check
+
+
+def forward(q, k, v, out, causal, scale):
+    ext.forward(q, k, v, out, causal, scale)
+    torch.cuda.synchronize()
+
+
+def run_batch(sets, causal, scale):
+    """The kernel over every (q, k, v, out) set, then wait for the GPU: the checks time this request."""
+    for q, k, v, out in sets:
+        ext.forward(q, k, v, out, causal, scale)
+    torch.cuda.synchronize()
+
+
+_layer = None
+
+
+def make_layer(hidden, heads, weights):
+    """The whole layer with your kernel inside, kept here for the calls below."""
+    global _layer
+    _layer = attention.FlashMultiHeadAttention(hidden, heads, device="cuda").load_weights(*weights)
+
+
+def layer(x, causal):
+    with torch.no_grad():
+        return _layer(x, x, x, causal=causal)
+
+
+def layer_batch(inputs, causal):
+    """The layer over every input, then wait for the GPU: the checks time this request."""
+    with torch.no_grad():
+        for x in inputs:
+            _layer(x, x, x, causal=causal)
+    torch.cuda.synchronize()
