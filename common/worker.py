@@ -103,6 +103,8 @@ def serve(sock: socket.socket, task: int) -> None:
 
 
 def main() -> None:
+    # Run as __main__; the entry points import common.worker: let them find this module, not a second copy.
+    sys.modules["common.worker"] = sys.modules[__name__]
     fd, task = int(sys.argv[1]), int(sys.argv[2])
     sock = socket.socket(fileno=fd)
     try:

@@ -132,13 +132,13 @@ def main(argv=None) -> int:
     with cli.worker(report, 2, args) as worker:
         if worker is None:
             return report.finish(args.json)
-        describe = {"softmax": "softmax {}x{}".format, "gemm": "batch {} m {} n {} k {}".format,
-                    "attention": "attention batch {} heads {} seq {}x{} head_dim {}".format}
+        formats = {"softmax": "softmax {}x{}", "gemm": "batch {} m {} n {} k {}",
+                   "attention": "attention batch {} heads {} seq {}x{} head_dim {}"}
         public = {"softmax": SOFTMAX_CASES, "gemm": GEMM_CASES, "attention": ATTENTION_CASES}
         for part in chosen:
             report.begin_part(part, PARTS[part])
             masks = (False, True) if part == "attention" else (False,)
-            for case in cli.cases(2, part, public[part], args.hidden, describe[part], causal=masks,
+            for case in cli.cases(2, part, public[part], args.hidden, lambda s: formats[part].format(*s), causal=masks,
                                   causal_ok=lambda shape: shape[-3] <= shape[-2]):
                 if part == "softmax":
                     report.run(case.name, lambda: check_softmax(worker, case))
