@@ -98,10 +98,14 @@ def worker(report, task: int, args, **options):
     from common.sandbox import Worker, WorkerDied, WorkerError, sandbox_status
     from common.tasks import TASKS
 
+    def skip(reason):
+        def raise_it():
+            raise NeedsCuda(reason)
+        report.run("build", raise_it)
+
     report.sandbox = sandbox_status()
     if TASKS[task].cuda and not torch.cuda.is_available():
-        report.run("build", lambda: (_ for _ in ()).throw(NeedsCuda("no CUDA GPU is visible "
-                                                                    "(torch.cuda.is_available() is False)")))
+        skip("no CUDA GPU is visible (torch.cuda.is_available() is False)")
         yield None
         return
     w = Worker(task, args.student_dir, solution=args.solution, scratch=args.scratch, **options)
@@ -114,7 +118,7 @@ def worker(report, task: int, args, **options):
             if err.kind == "BuildError":
                 report.add("build", False, err.message)
             elif err.kind == "NeedsCuda":
-                report.run("build", lambda: (_ for _ in ()).throw(NeedsCuda(err.message)))
+                skip(err.message)
             else:
                 report.add("import", False, f"could not import your code: {err.kind}: {err.message}\n{err.trace}")
             yield None

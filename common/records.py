@@ -12,7 +12,6 @@ import json
 import math
 import platform
 import subprocess
-import sys
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path

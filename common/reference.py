@@ -56,11 +56,3 @@ def fp32_peak_tflops(device=None) -> float:
     """
     props = torch.cuda.get_device_properties(device)
     return props.multi_processor_count * 128 * 2 * 2.0e9 / 1e12
-
-
-@torch.no_grad()
-def copy_mha_weights(layer, mha) -> None:
-    """Give a layer with q_proj, k_proj, v_proj, out_proj the weights of a bias-free nn.MultiheadAttention."""
-    w_q, w_k, w_v = mha.in_proj_weight.chunk(3)
-    for linear, w in zip((layer.q_proj, layer.k_proj, layer.v_proj, layer.out_proj), (w_q, w_k, w_v, mha.out_proj.weight)):
-        linear.weight.copy_(w)

@@ -20,7 +20,6 @@ the files of the machine are not hidden and a detached process may outlive the t
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import signal
 import site
@@ -160,6 +159,7 @@ class Worker:
     def __init__(self, task: int, student_dir: Path, *, solution: bool = False, scratch: Path | None = None,
                  memory_limit: int | None = None, cuda: bool = True, hide: tuple[Path, ...] = (),
                  block_attention: bool = True, purpose: str = "checks"):
+        # memory_limit: bytes of address space the student's code may add to the worker (PyTorch loaded)
         self.task, self.student_dir, self.solution = task, Path(student_dir), solution
         self.memory_limit, self.cuda, self.hide = memory_limit, cuda, list(hide)
         self.block_attention = block_attention
@@ -190,11 +190,10 @@ class Worker:
         if sandbox_status() == "bubblewrap":
             hide = [self.student_dir, *self.hide, self.scratch]
             cmd = bwrap_command(self.view, [self.builds], hide) + cmd
-        limit = self.memory_limit
+        if self.memory_limit:  # few threads and malloc arenas: each reserves address space the limit counts
+            env |= {"OMP_NUM_THREADS": "2", "MALLOC_ARENA_MAX": "2"}
 
         def in_child():
-            if limit:
-                resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
             try:  # the worker dies with the checks (bubblewrap does this for the whole sandbox)
                 import ctypes
 
@@ -206,7 +205,8 @@ class Worker:
                                      start_new_session=True, preexec_fn=in_child)
         child.close()
         self.sock = parent
-        self._request({"op": "start", "block_attention": self.block_attention}, timeout=START_TIMEOUT_S)
+        self._request({"op": "start", "block_attention": self.block_attention, "memory_budget": self.memory_limit},
+                      timeout=START_TIMEOUT_S)
 
     def stop(self) -> None:
         """End the worker and every process it started."""

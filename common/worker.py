@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import resource
 import socket
 import sys
 import traceback
@@ -45,6 +46,17 @@ def load_student_module(name: str):
     return module
 
 
+def limit_memory(budget: int) -> None:
+    """Allow `budget` bytes of address space beyond what the worker holds now (PyTorch loaded).
+
+    Set before the student's code is imported; without capabilities (bubblewrap drops them)
+    a process can lower this limit but never raise it.
+    """
+    size_kib = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize:"))
+    limit = size_kib * 1024 + budget
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
 def _short_traceback(err: BaseException, frames: int = 4) -> str:
     lines = traceback.format_exception(type(err), err, err.__traceback__)
     return "".join(lines[-(frames + 1):-1]) if len(lines) > 1 else ""
@@ -72,6 +84,8 @@ def serve(sock: socket.socket, task: int) -> None:
             if op == "start":
                 if request.get("block_attention", True):
                     watch.block_pytorch_attention()
+                if request.get("memory_budget"):
+                    limit_memory(request["memory_budget"])
                 entry = importlib.import_module(f"task{task}.entry")
                 reply["ok"] = None
             elif op == "keep":

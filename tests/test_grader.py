@@ -156,7 +156,8 @@ def test_verdicts_on_known_submissions(tmp_path, name, status, points, words):
 @needs_bwrap
 @needs_solution(1)
 def test_links_and_odd_bytes_in_a_submission(tmp_path):
-    text = SOLUTION_1.replace('"""Task 1:', '"""Task 1 (caf\xe9):').encode("latin-1")
+    # valid Python in Latin-1 (it says so), which the checks must read without choking on its bytes
+    text = ("# -*- coding: latin-1 -*-\n" + SOLUTION_1.replace('"""Task 1:', '"""Task 1 (caf\xe9):')).encode("latin-1")
     results, _ = grade(tmp_path, "latin1", files={"task1/attention.py": text})
     assert results["tests"][0]["score"] == 2
     sub = tmp_path / "linked"
