@@ -5,9 +5,10 @@ and the given code the worker needs (common/tasks.py lists both), starts
 `python -m common.worker` there and talks to it over a socket (common/wire.py).
 
 With bubblewrap (`bwrap`) installed, the worker runs inside it:
-- the file system is read-only, and the checkout, the submission, the results folder,
-  home folders and /tmp are hidden behind empty folders (only Python's own folders and the
-  view are put back), so neither the reference solutions nor the hidden cases are there;
+- the file system is read-only, and everything but the operating system's own folders
+  (/usr, /etc, /opt, ...) is hidden behind empty folders: home folders, /tmp, /work, /srv and
+  the like, this checkout, the submission and the results folder (only Python's own folders and
+  the view are put back), so neither the reference solutions nor the hidden cases are there;
 - its own PID namespace: it cannot see or signal the checks, and every process it starts
   dies with it (--die-with-parent);
 - no network, and no capabilities when run as root.
@@ -105,8 +106,16 @@ def make_view(task: int, student_dir: Path, view: Path, solution: bool) -> list[
     return notes
 
 
+# Top-level folders of the operating system, kept (read-only): Python, compilers, CUDA and its driver
+# live there. Every other top-level folder (/home, /root, /tmp, /work, /srv, /mnt, /data, ...) is
+# hidden, since a copy of the course with its solutions may sit in any of them.
+SYSTEM_FOLDERS = {"bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "opt", "proc", "run", "sbin",
+                  "sys", "usr", "var"}
+
+
 def _hidden_roots(extra: list[Path]) -> list[Path]:
-    roots = [Path("/tmp"), Path("/home"), Path("/root"), REPO.resolve(), *[p.resolve() for p in extra]]
+    roots = [p for p in Path("/").iterdir() if p.name not in SYSTEM_FOLDERS and p.is_dir() and not p.is_symlink()]
+    roots += [REPO.resolve(), *[p.resolve() for p in extra]]
     return sorted({r for r in roots if r.exists()}, key=lambda p: len(p.parts))
 
 
