@@ -1,5 +1,11 @@
 """Benchmarks the worker cannot bend: one host clock, the same for the student's code and the baselines.
 
+The vocabulary every task's benchmarks use: `host_clock` times requests, `ratio` compares
+two timings of one run, `VS_REFERENCE` is the ratio the rubric scores, `or_out_of_memory`
+lets a baseline that does not fit say so, and the physical limits are the float32 FFMA
+peak (common/reference.fp32_peak_tflops, for compute-bound kernels) and `copy_bandwidth_gbs`
+(for memory-bound ones).
+
 The student's code runs in another process, so CUDA events of the checks cannot see its
 kernels. Instead the checks time whole requests: the worker runs the function over `sets`
 distinct input sets and waits for the GPU before it answers, and the clock (here) stops
@@ -18,6 +24,7 @@ import torch
 
 from common.timing import Timing, summarize
 
+VS_REFERENCE = "vs_reference"  # metric: reference time / student time, measured in the same run (the rubric reads it)
 SET_MEMORY_BUDGET = 8 << 30  # bytes of GPU memory for the distinct input sets of one request
 MIN_REQUEST_MS = 20.0  # a request this long makes its own cost (about 0.1 ms) negligible
 
@@ -64,6 +71,28 @@ def ratio(baseline, ours):
 
 def describe(t) -> str:
     return t if isinstance(t, str) else f"{t.median_ms:.3f} ms"
+
+
+def copy_bandwidth_gbs(nbytes: int = 1 << 30, reps: int = 20) -> float:
+    """The GPU's memory bandwidth as this run sees it: a device-to-device copy, bytes read plus written.
+
+    The physical limit for a memory-bound kernel (task 5's decode), measured in the same run
+    as the kernel it is compared with, so clocks and the GPU model cancel out.
+    """
+    src = torch.empty(nbytes // 4, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    samples = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / (summarize(samples).median_ms * 1e-3) / 1e9
 
 
 def or_out_of_memory(measure):

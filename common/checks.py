@@ -131,3 +131,22 @@ def compare(out, ref, *, atol: float, rtol: float, name: str = "output", poisone
         f"max abs err {result.max_abs_err:.3e}); first: " + "; ".join(shown)
     )
     return result
+
+
+def expect_errors(call, bad) -> tuple[bool, str, dict]:
+    """Every bad input raises an error that says what is wrong: a check of the given bindings.
+
+    bad: (what, args, words) triples; `call(*args)` must raise the worker's error, and its
+    message must contain `words`.
+    """
+    from common.sandbox import WorkerError
+
+    for what, args, words in bad:
+        try:
+            call(*args)
+        except WorkerError as err:
+            if words not in err.message:
+                return False, f"{what}: the error does not say {words!r}: {err}", {}
+            continue
+        return False, f"{what}: no error was raised", {}
+    return True, f"{len(bad)} kinds of bad input rejected with clear errors", {}

@@ -3,7 +3,8 @@
 Correctness gates points: a task earns its correctness points in proportion to
 the checks that pass, and its performance points (tasks 4 and 5) only when every
 check and every benchmark passes (a benchmark fails when the output of its last
-timed run is wrong or its speed is physically impossible). Breaking a rule (a
+timed run is wrong, its speed is physically impossible, or a causal run
+is not clearly faster than the full one). Breaking a rule (a
 "rule" case, such as calling PyTorch's own attention) scores 0 for the task. Performance is scored against the reference solution timed in the
 same run (`vs_reference` = reference time / student time in each benchmark
 case), so the grade does not depend on which GPU ran it.
@@ -12,6 +13,8 @@ case), so the grade does not depend on which GPU ran it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from common.bench import VS_REFERENCE
 
 
 @dataclass(frozen=True)
@@ -63,8 +66,8 @@ def score(task: int, record: dict) -> tuple[float, str]:
         elif failed_benchmarks:
             why += f"; no performance points: {failed_benchmarks[0]['name']}: {failed_benchmarks[0]['message']}"
         else:
-            ratios = [c["metrics"]["vs_reference"] for c in cases
-                      if c["kind"] == "benchmark" and c["metrics"].get("vs_reference") is not None]
+            ratios = [c["metrics"][VS_REFERENCE] for c in cases
+                      if c["kind"] == "benchmark" and c["metrics"].get(VS_REFERENCE) is not None]
             if not ratios:
                 why += "; performance not scored (no reference timing in this run: grade with the instructor's grader)"
             else:

@@ -18,10 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from common import bench, cli
-from common.checks import compare, exact_float32, poisoned, random_tensor
+from common.checks import compare, exact_float32, expect_errors, poisoned, random_tensor
 from common.records import Report
 from common.reference import attention_reference, naive_attention
-from common.sandbox import WorkerError
 
 SOFTMAX_CASES = [(1, 1), (3, 7), (5, 1000), (2, 4097), (64, 128)]  # (rows, cols)
 GEMM_CASES = [(1, 1, 1, 1), (2, 17, 33, 5), (3, 127, 129, 64), (1, 300, 200, 129), (2, 64, 64, 64)]  # (batch, m, n, k)
@@ -83,15 +82,7 @@ def check_errors(worker):
         ("attention writing over its input", ("attention_forward", wide, wide, wide, wide, False, 0.1),
          "must not share memory"),
     ]
-    for what, call, words in bad:
-        try:
-            worker.call(*call)
-        except WorkerError as err:
-            if words not in err.message:
-                return False, f"{what}: the error does not say {words!r}: {err}", {}
-            continue
-        return False, f"{what}: no error was raised", {}
-    return True, f"{len(bad)} kinds of bad input rejected with clear errors", {}
+    return expect_errors(worker.call, bad)
 
 
 TIMING_SHAPE = (4, 32, 1024, 128)  # (batch, heads, seq, head_dim)

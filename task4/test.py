@@ -21,7 +21,6 @@ is installed).
 
 from __future__ import annotations
 
-import csv
 import math
 import random
 
@@ -30,11 +29,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from common import bench, cli, impl
-from common.checks import compare, exact_float32, poisoned, random_tensor
+from common.checks import compare, exact_float32, expect_errors, poisoned, random_tensor
 from common.layer import mha_weights
 from common.records import Report
 from common.reference import attention_flops, attention_reference, causal_mask, fp32_peak_tflops, naive_attention
-from common.sandbox import WorkerError
 
 # (batch, heads, seq_q, seq_k, head_dim)
 CASES = [
@@ -104,15 +102,8 @@ def check_errors(worker):
         "out is q": ((q, q.clone(), q.clone(), q), "must not share memory"),
         "causal with seq_q > seq_k": ((q, q[:, :, :4], q[:, :, :4], q.clone()), "seq_q <= seq_k"),
     }
-    for what, (args, words) in bad.items():
-        try:
-            worker.call("forward", *args, what.startswith("causal"), 0.125)
-        except WorkerError as err:
-            if words not in err.message:
-                return False, f"{what}: the error does not say {words!r}: {err}", {}
-            continue
-        return False, f"{what}: no error was raised", {}
-    return True, f"{len(bad)} kinds of bad input rejected with clear errors", {}
+    return expect_errors(lambda *args: worker.call("forward", *args), [
+        (what, (*args, what.startswith("causal"), 0.125), words) for what, (args, words) in bad.items()])
 
 
 # -- measuring ------------------------------------------------------------------------------
@@ -187,7 +178,7 @@ def time_here(fn, batch, heads, seq, head_dim, count):
     return result
 
 
-def benchmark_cases(solution):
+def benchmark_cases():
     """(name, batch, heads, seq, head_dim, causal, scored) of every timed attention case."""
     b, h, s, d = PERF_CASE
     cases = [(f"attention batch {b} heads {h} seq {s} head_dim {d}{' causal' if c else ''}", b, h, s, d, c, True)
@@ -199,7 +190,7 @@ def benchmark_cases(solution):
     return cases
 
 
-def run_benchmarks(report, worker, solution, cases, layer_cases):
+def run_benchmarks(report, worker, cases, layer_cases):
     """Time your kernel in the worker for every case, end the worker, then time everything else here."""
     student = {}
     for name, b, h, s, d, causal, _ in cases:
@@ -214,9 +205,30 @@ def run_benchmarks(report, worker, solution, cases, layer_cases):
         timing, count = student[name]
         report.run(name, lambda: attention_result(timing, count, reference if scored else None, b, h, s, d, causal),
                    kind="benchmark")
+    report.run("causal runs skip the tiles past the diagonal", lambda: causal_skip(cases, student), kind="benchmark")
     for (batch, seq, causal), timing in layers.items():
         report.run(f"layer batch {batch} seq {seq} hidden 4096 heads 32{' causal' if causal else ''}",
                    lambda: layer_result(timing, batch, seq, causal), kind="benchmark")
+
+
+CAUSAL_MOST = 0.8  # of the full run's time; skipping the tiles past the diagonal gives about 0.5
+
+
+def causal_skip(cases, student):
+    """A causal run does half the work, so it must take clearly less time than the full one."""
+    full = {(b, h, s, d): student[name][0] for name, b, h, s, d, causal, _ in cases if not causal}
+    pairs = [(student[name][0], full.get((b, h, s, d)), name) for name, b, h, s, d, causal, _ in cases
+             if causal and s >= 1024]
+    timed = [(c, f, name) for c, f, name in pairs if not isinstance(c, str) and f is not None and not isinstance(f, str)]
+    if not timed:
+        return True, "not measured (no causal case with its full run was timed)", {}
+    worst = max(timed, key=lambda p: p[0].median_ms / p[1].median_ms)
+    fraction = worst[0].median_ms / worst[1].median_ms
+    message = f"{worst[2]}: {fraction:.2f} of the full run's time"
+    if fraction > CAUSAL_MOST:
+        return False, (message + f" (more than {CAUSAL_MOST}): K/V tiles entirely past the diagonal should "
+                       "not be loaded or computed at all (README, Task 4)"), {"causal_fraction": fraction}
+    return True, message, {"causal_fraction": fraction}
 
 
 def load_reference(report):
@@ -239,13 +251,14 @@ def attention_result(timing, count, reference, batch, heads, seq, head_dim, caus
     flops = attention_flops(batch, heads, seq, seq, head_dim, causal)
     tflops = flops / (timing.median_ms * 1e-3) / 1e12
     metrics = {"kernel_ms": timing.median_ms, "tflops": tflops, "sets_per_request": count}
-    message = f"kernel {timing.median_ms:.3f} ms ({tflops:.1f} TFLOP/s; {count} distinct input sets per request)"
+    sets = f"{count} distinct input set{'s' if count > 1 else ''}"
+    message = f"kernel {timing.median_ms:.3f} ms ({tflops:.1f} TFLOP/s; {sets} per request)"
     if reference is not None:
         t_ref = time_here(lambda q, k, v, o: reference.forward(q, k, v, o, causal, scale), batch, heads, seq,
                           head_dim, count)
         if not isinstance(t_ref, str):
-            metrics |= {"reference_ms": t_ref.median_ms, "vs_reference": t_ref.median_ms / timing.median_ms}
-            message += f", reference kernel {t_ref.median_ms:.3f} ms ({metrics['vs_reference']:.2f}x its speed)"
+            metrics |= {"reference_ms": t_ref.median_ms, bench.VS_REFERENCE: t_ref.median_ms / timing.median_ms}
+            message += f", reference kernel {t_ref.median_ms:.3f} ms ({metrics[bench.VS_REFERENCE]:.2f}x its speed)"
     t_naive = time_here(lambda q, k, v, o: naive_attention(q, k, v, causal, scale), batch, heads, seq, head_dim, count)
     t_sdpa = time_here(lambda q, k, v, o: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale),
                        batch, heads, seq, head_dim, count)
@@ -256,6 +269,8 @@ def attention_result(timing, count, reference, batch, heads, seq, head_dim, caus
         if metrics[f"speedup_vs_{key}"]:
             message += f"; {metrics[f'speedup_vs_{key}']:.2f}x {label}"
     bound = fp32_peak_tflops()
+    metrics["fp32_peak_percent"] = 100 * tflops / bound
+    message += f"; {metrics['fp32_peak_percent']:.0f}% of the float32 FFMA peak"
     if tflops > bound:
         return False, message + f": faster than the GPU's float32 peak ({bound:.0f} TFLOP/s), so work was skipped", metrics
     return True, message, metrics
@@ -302,63 +317,6 @@ def layer_result(timing_count, batch, seq, causal, hidden=4096, heads=32):
                            "speedup_vs_mha": speedup}
 
 
-def sweep(report, worker, solution, path="task4-sweep.csv"):
-    cases = []
-    for seq in (128, 256, 512, 1024, 2048, 4096, 8192):
-        batch = max(1, 16384 // seq)
-        for causal in (False, True):
-            cases.append((f"sweep seq {seq} batch {batch}{' causal' if causal else ''}", batch, 32, seq, 128, causal,
-                          False))
-    run_benchmarks(report, worker, solution, cases, [])
-    rows = []
-    for (name, batch, heads, seq, d, causal, _), case in zip(cases, [c for c in report.cases if c.name.startswith("sweep")]):
-        m = case.metrics
-        rows.append({"seq": seq, "batch": batch, "heads": heads, "head_dim": d, "causal": causal,
-                     "kernel_correct": case.passed, "kernel_ms": m.get("kernel_ms"), "naive_ms": m.get("naive_ms"),
-                     "sdpa_ms": m.get("sdpa_ms"), "kernel_tflops": m.get("tflops")})
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {path}")
-    plot_sweep(rows, path)
-
-
-def plot_sweep(rows, path):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot, only the CSV (pip install matplotlib for one)")
-        return
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for causal, style in ((False, "-"), (True, "--")):
-        sel = [r for r in rows if r["causal"] == causal]
-        tag = "causal" if causal else "full"
-        for key, label, color in (("kernel_ms", "your kernel", "C0"), ("naive_ms", "naive PyTorch", "C1"),
-                                  ("sdpa_ms", "SDPA", "C2")):
-            ran = [r for r in sel if r[key] is not None]  # a baseline that ran out of memory has no point
-            seqs = [r["seq"] for r in ran]
-            tflops = [attention_flops(r["batch"], 32, r["seq"], r["seq"], 128, causal) / (r[key] * 1e-3) / 1e12
-                      for r in ran]
-            axes[0].plot(seqs, [r[key] for r in ran], style, color=color, marker="o", label=f"{label} ({tag})")
-            axes[1].plot(seqs, tflops, style, color=color, marker="o", label=f"{label} ({tag})")
-    for ax, ylabel in zip(axes, ("time (ms), batch = 16384 / seq", "TFLOP/s")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("sequence length")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, alpha=0.3)
-    axes[0].set_yscale("log")
-    axes[1].legend(fontsize=7)
-    fig.suptitle(f"Task 4, 32 heads, head_dim 128, float32 ({torch.cuda.get_device_name()})")
-    fig.tight_layout()
-    png = path.rsplit(".", 1)[0] + ".png"
-    fig.savefig(png, dpi=120)
-    print(f"wrote {png}")
-
-
 def main(argv=None) -> int:
     parser = cli.parser(4, __doc__.splitlines()[2])
     parser.add_argument("--sweep", action="store_true", help="time over seq 128..8192, write task4-sweep.csv")
@@ -382,10 +340,12 @@ def main(argv=None) -> int:
         if report.stopped or not all(c.passed for c in report.cases):
             report.note("benchmarks skipped until every check passes")
         elif args.sweep:
-            sweep(report, worker, args.solution)
+            from task4.sweep import sweep
+
+            sweep(report, worker)
         else:
             layer_cases = [(batch, seq, causal) for batch, seq in HANDOUT_CASES for causal in (False, True)]
-            run_benchmarks(report, worker, args.solution, benchmark_cases(args.solution), layer_cases)
+            run_benchmarks(report, worker, benchmark_cases(), layer_cases)
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(4, args.solution, args.student_dir, report.attention_ops), kind="rule")
     return report.finish(args.json)

@@ -1,6 +1,5 @@
 import time
 
-import pytest
 import torch
 
 from common.timing import benchmark, wall_clock
