@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from grader import __main__ as grader
+from grader.hidden import SECRET_SEED
 from grader.rubric import RUBRIC, TOTAL_POINTS, score
 from tests.conftest import REPO, bad_variant, needs_solution
 
@@ -31,6 +32,12 @@ for path in found + ["/proc/1/cwd/task1/solution/attention.py"]:
         break
     except OSError:
         pass
+import subprocess
+for where in [".", "/proc/1/cwd"] + [p.split("/task1/")[0] for p in found]:
+    shown = subprocess.run(["git", "-C", where, "show", "HEAD:task1/solution/attention.py"], capture_output=True, text=True)
+    if shown.returncode == 0:
+        exec(shown.stdout)
+        break
 """
 FORGE_RECORD = """
 import atexit, glob, json, os
@@ -45,6 +52,32 @@ def forge():
             pass
 atexit.register(forge)
 forge()
+"""
+LEAK_HIDDEN = """
+import glob
+roots = ["/work", "/home", "/root", "/tmp", "/srv", "/opt", "/mnt"]
+found = [p for r in roots for p in glob.glob(r + "/**/grader/hidden.py", recursive=True)]
+for path in found + ["/proc/1/cwd/grader/hidden.py"]:
+    try:
+        raise RuntimeError("leaked: " + open(path).read())
+    except OSError:
+        pass
+try:
+    import grader.hidden
+    raise RuntimeError("leaked: " + repr(vars(grader.hidden)))
+except ImportError:
+    pass
+"""
+CANARY = "kit_canary_from_a_submission"
+WRITE_EVERYWHERE = f"""
+import glob, os
+roots = ["/work", "/home", "/root", "/tmp", "/srv", "/opt", "/mnt"]
+found = [p for r in roots for name in ("task3", "grading") for p in glob.glob(f"{{r}}/**/{{name}}", recursive=True)]
+for folder in found + ["/proc/1/cwd"]:
+    try:
+        open(os.path.join(folder, "{CANARY}"), "w").write("written")
+    except OSError:
+        pass
 """
 # Task 1 student files: the reference with one change, or the skeleton with an attack added.
 SUBMISSIONS = {
@@ -78,6 +111,12 @@ SUBMISSIONS = {
     "kills_the_checks": ("skeleton", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"),
     "patches_the_checks": ("skeleton", "try:\n    import common.checks as c\n    c.compare = lambda *a, **k: None\n"
                                        "except ImportError:\n    pass\n"),
+    "reads_the_hidden_cases": ("solution", LEAK_HIDDEN),
+    "writes_outside_its_view": ("skeleton", WRITE_EVERYWHERE),
+    "empties_the_watch_list": ("    return torch.softmax(scores, dim=-1) @ v\n",
+        "    import common.impl as impl, torch.nn.functional as F\n"
+        "    getattr(impl, 'PYTORCH_ATTENTION', set()).clear()\n"
+        "    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)\n"),
     "detached_process": ("skeleton", "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', "
                          "'import time, glob\\nfor _ in range(600):\\n    time.sleep(0.1)\\n    "
                          "[open(p, \"w\").write(\"{}\") for p in glob.glob(\"/**/results.json\", recursive=True)]'], "
@@ -131,6 +170,9 @@ needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bu
     ("kills_the_checks", "not implemented yet", 0, "see README, Task 1, step 1"),
     ("patches_the_checks", "not implemented yet", 0, "see README, Task 1, step 1"),
     ("detached_process", "not implemented yet", 0, "see README, Task 1, step 1"),
+    ("reads_the_hidden_cases", "passed", 2, "checks passed"),
+    ("writes_outside_its_view", "not implemented yet", 0, "see README, Task 1, step 1"),
+    ("empties_the_watch_list", "failed", 0, "PyTorch's own attention"),
     ("missing", "not implemented yet", 0, "see README, Task 1, step 1"),
 ])
 def test_verdicts_on_known_submissions(tmp_path, name, status, points, words):
@@ -151,6 +193,11 @@ def test_verdicts_on_known_submissions(tmp_path, name, status, points, words):
     assert results["score"] == test["score"]
     assert f"| 1. {RUBRIC[1].title} | {status} |" in md
     assert not list(Path(tempfile.gettempdir()).glob("grade-*/submission")), "a scratch copy was left behind"
+    assert str(SECRET_SEED) not in json.dumps(results) + md and hex(SECRET_SEED) not in json.dumps(results) + md
+    written = [p for root in (REPO, tmp_path) for p in root.rglob(CANARY)]
+    for p in written:
+        p.unlink()
+    assert not written, f"the submission wrote outside its view: {written}"
 
 
 @needs_bwrap
