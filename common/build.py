@@ -1,11 +1,15 @@
 """Build and load a task's CUDA extension (JIT, cached, student and reference side by side).
 
-`load_extension(task, solution)` compiles `taskN/binding.cpp` with the student's
-`taskN/kernels/*.cu` (or the reference's `taskN/solution/kernels/*.cu`) into
-`build/taskN-student` or `build/taskN-solution`, so one process can load both.
-Ninja rebuilds only what changed (headers included). Whatever goes wrong — no
-GPU, no nvcc, no ninja, a compiler error — comes back as one `BuildError` whose
-message says what to do, with the full log kept in the build folder.
+`load_extension(task, solution)` builds the student's `taskN/kernels/*.cu` (or the
+reference's `taskN/solution/kernels/*.cu`) in two stages, in `build/taskN-student` or
+`build/taskN-solution`, so one process can load both:
+1. each `.cu` file is compiled on its own with `nvcc -c` into an object named by a hash
+   of the kernels folder, and held to common/kernel_rules.py (its headers, the symbols it
+   imports) before anything from it runs;
+2. `taskN/binding.cpp` is compiled by PyTorch's loader and linked with those objects only.
+Whatever goes wrong — no GPU, no nvcc, no ninja, a compiler error, a broken rule —
+comes back as one `BuildError` whose message says what to do, with the full log kept
+in the build folder.
 
 Known traps handled here:
 - a build killed half-way leaves `build/.../lock`, and torch's loader would wait
@@ -19,14 +23,17 @@ Known traps handled here:
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import re
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
 import torch
 
+from common import kernel_rules
 from common.impl import REPO, label
 
 # In the worker, KIT_BUILD_ROOT is a folder kept between runs, so an unchanged kernel is not rebuilt.
@@ -37,6 +44,10 @@ MAX_ERROR_LINES = 12
 
 class BuildError(RuntimeError):
     """The extension could not be built or loaded; the message is the whole story."""
+
+
+class KernelRuleError(BuildError):
+    """A kernel file breaks common/kernel_rules.py: a rule of the task, not a build problem."""
 
 
 def build_dir(task: int, solution: bool) -> Path:
@@ -110,6 +121,54 @@ def _compiler_errors(log: str) -> str:
     return "\n".join(wanted[:MAX_ERROR_LINES]) + (f"\n... and {more} more" if more > 0 else "")
 
 
+def cuda_arch() -> str:
+    """The `-gencode` target: TORCH_CUDA_ARCH_LIST's first entry, else the GPU present (9.0 -> 90)."""
+    if "TORCH_CUDA_ARCH_LIST" not in os.environ:
+        major, minor = torch.cuda.get_device_capability()
+        os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
+    first = re.split(r"[;\s]+", os.environ["TORCH_CUDA_ARCH_LIST"].strip())[0]
+    return first.replace("+PTX", "").replace(".", "")
+
+
+def compile_kernels(sources: list[Path], folder: Path, arch: str, flags: list[str]) -> list[Path]:
+    """`nvcc -c` each kernel file into `folder`, checked against common/kernel_rules.py; returns the objects.
+
+    An object is named by a hash of everything in the kernels folder, the flags and the
+    arch, so an unchanged file is not rebuilt and a changed one gets a new name (which makes
+    the loader relink).
+    """
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise BuildError("nvcc was not found: load your CUDA toolkit (for example `module load cuda`) or set CUDA_HOME.")
+    own = sources[0].parent
+    digest = hashlib.sha256(f"{nvcc}|{arch}|{flags}".encode())
+    for path in sorted(own.iterdir()):
+        if path.is_file():
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    key = digest.hexdigest()[:16]
+    objects = []
+    for src in sources:
+        obj, deps = folder / f"{src.stem}-{key}.o", folder / f"{src.stem}-{key}.d"
+        shown = str(src.relative_to(REPO)) if src.is_relative_to(REPO) else src.name
+        if not (obj.exists() and deps.exists()):
+            cmd = [nvcc, "-c", str(src), "-o", str(obj) + ".part", "-MD", "-MF", str(deps), "-std=c++17",
+                   "-Xcompiler", "-fPIC", "-gencode", f"arch=compute_{arch},code=sm_{arch}", *flags]
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=folder)
+            if proc.returncode != 0:
+                log = folder / "build.log"
+                log.write_text(" ".join(cmd) + "\n" + proc.stdout + proc.stderr)
+                where = log.relative_to(REPO) if log.is_relative_to(REPO) else log
+                raise BuildError(f"compiling {shown} failed:\n{_compiler_errors(proc.stdout + proc.stderr)}\n"
+                                 f"(full log: {where})")
+            os.replace(str(obj) + ".part", obj)
+        try:
+            kernel_rules.check_object(obj, deps, shown, nvcc)
+        except kernel_rules.RuleBroken as err:
+            raise KernelRuleError(str(err)) from None
+        objects.append(obj)
+    return objects
+
+
 def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda_flags: list[str] | None = None):
     """Build (if needed) and import the task's extension; raises BuildError with a clear message."""
     from torch.utils.cpp_extension import load
@@ -123,9 +182,7 @@ def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda
     check_toolchain()
     folder = build_dir(task, solution)
     folder.mkdir(parents=True, exist_ok=True)
-    if "TORCH_CUDA_ARCH_LIST" not in os.environ:
-        major, minor = torch.cuda.get_device_capability()
-        os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
+    arch = cuda_arch()
     os.environ.setdefault("MAX_JOBS", str(max(1, min(4, (os.cpu_count() or 2) // 2))))
 
     name = f"task{task}_{'solution' if solution else 'student'}"
@@ -135,13 +192,15 @@ def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda
         stale = folder / "lock"
         if stale.exists():
             stale.unlink()  # no live build holds it, or we would not hold the flock
+        objects = compile_kernels(sources[1:], folder, arch, CUDA_FLAGS + (extra_cuda_flags or []))
         try:
             module = load(
                 name=name,
-                sources=[str(s) for s in sources],
+                sources=[str(sources[0])],
                 extra_include_paths=[str(REPO)],
                 extra_cflags=["-O3"],
-                extra_cuda_cflags=CUDA_FLAGS + (extra_cuda_flags or []),
+                extra_ldflags=[str(o) for o in objects],
+                with_cuda=True,
                 build_directory=str(folder),
                 verbose=False,
             )

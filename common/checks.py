@@ -40,6 +40,71 @@ def poisoned(shape, device, dtype=torch.float32) -> torch.Tensor:
     return torch.full(tuple(shape), math.nan, device=device, dtype=dtype)
 
 
+GUARD_ELEMENTS = 1 << 16  # float32 elements in each band: more than a tile of rows at the largest head_dim
+GUARD_BITS = 0x7FBADBAD  # a NaN that no arithmetic produces, so even a NaN written into a band shows
+
+
+class Guarded:
+    """A tensor placed inside a larger allocation, with a band before and after it holding GUARD_BITS.
+
+    The code under test gets `.tensor` (contiguous, the shape asked for). Afterwards `damage()`
+    says whether it wrote into a band (past the end, or before the start) or, for an input,
+    changed a value. Inputs keep a copy of their values here, so the expected values never
+    come from memory the code under test could write.
+    """
+
+    def __init__(self, name: str, shape, device="cuda", values: torch.Tensor | None = None):
+        self.name, self.shape = name, tuple(shape)
+        count = math.prod(self.shape)
+        self.buffer = torch.empty(2 * GUARD_ELEMENTS + count, device=device)
+        self.buffer.view(torch.int32).fill_(GUARD_BITS)  # an output starts as this NaN too: unwritten shows
+        self.tensor = self.buffer[GUARD_ELEMENTS:GUARD_ELEMENTS + count].view(self.shape)
+        self.values = None if values is None else values.detach().to("cpu", torch.float32).clone()
+        if values is not None:
+            self.tensor.copy_(values)
+
+    def damage(self) -> str | None:
+        """What the code under test did outside its rights, or None."""
+        bits = self.buffer.view(torch.int32)
+        before = (bits[:GUARD_ELEMENTS] != GUARD_BITS).nonzero()
+        after = (bits[GUARD_ELEMENTS + math.prod(self.shape):] != GUARD_BITS).nonzero()
+        row = self.shape[-1] if self.shape else 1
+        what = "tensor" if len(self.shape) < 2 else " x ".join(map(str, self.shape))
+        if len(after):
+            reach = int(after.max()) + 1
+            rows = -(-reach // row)
+            return (f"wrote {rows} row{'s' if rows > 1 else ''} past the end of `{self.name}` ({what}): "
+                    f"{len(after)} of the {GUARD_ELEMENTS} elements after it changed (a missing bounds check "
+                    "on a store?)")
+        if len(before):
+            reach = GUARD_ELEMENTS - int(before.min())
+            return (f"wrote {reach} element{'s' if reach > 1 else ''} before the start of `{self.name}` ({what}) "
+                    "(a negative index?)")
+        if self.values is not None:
+            changed = int((self.tensor.cpu().view(torch.int32) != self.values.view(torch.int32)).sum())
+            if changed:
+                return (f"changed its input `{self.name}` ({what}): {changed} element"
+                        f"{'s differ' if changed > 1 else ' differs'} afterwards; inputs are read-only")
+        return None
+
+
+def guarded_input(name: str, values: torch.Tensor, device="cuda") -> Guarded:
+    return Guarded(name, values.shape, device, values)
+
+
+def guarded_output(name: str, shape, device="cuda") -> Guarded:
+    return Guarded(name, shape, device)
+
+
+def guard_damage(*guarded: Guarded) -> CheckResult | None:
+    """A failed CheckResult for the first tensor written outside its rights, or None when all are intact."""
+    for g in guarded:
+        problem = g.damage()
+        if problem:
+            return CheckResult(False, problem)
+    return None
+
+
 @contextmanager
 def exact_float32():
     """Turn TF32 off so float32 matmuls are true float32 (and the reference is exact)."""

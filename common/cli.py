@@ -30,6 +30,11 @@ def parser(task: int, description: str) -> argparse.ArgumentParser:
                    help="take the student's files from this checkout (default: this one)")
     p.add_argument("--scratch", type=Path, metavar="DIR", help=argparse.SUPPRESS)  # the grader's scratch folder
     p.add_argument("--hidden", action="store_true", help=argparse.SUPPRESS)  # the grader's extra cases
+    from common.tasks import TASKS
+
+    if TASKS[task].cuda:
+        p.add_argument("--sanitize", action="store_true",
+                       help="only the compute-sanitizer pass: out-of-bounds accesses and races on small cases")
     return p
 
 
@@ -117,6 +122,8 @@ def worker(report, task: int, args, **options):
         except WorkerError as err:
             if err.kind == "BuildError":
                 report.add("build", False, err.message)
+            elif err.kind == "KernelRuleError":
+                report.add("own kernels: only the CUDA runtime and printf", False, err.message, kind="rule")
             elif err.kind == "NeedsCuda":
                 skip(err.message)
             else:

@@ -167,11 +167,17 @@ class Worker:
 
     def __init__(self, task: int, student_dir: Path, *, solution: bool = False, scratch: Path | None = None,
                  memory_limit: int | None = None, cuda: bool = True, hide: tuple[Path, ...] = (),
-                 block_attention: bool = True, purpose: str = "checks"):
+                 block_attention: bool = True, purpose: str = "checks", sanitize: list[str] | None = None):
         # memory_limit: bytes of address space the student's code may add to the worker (PyTorch loaded)
         self.task, self.student_dir, self.solution = task, Path(student_dir), solution
         self.memory_limit, self.cuda, self.hide = memory_limit, cuda, list(hide)
         self.block_attention = block_attention
+        self.sanitize = sanitize  # compute-sanitizer's command line (common/sanitize.py): the worker runs under it
+        self.sanitizer_log = bytearray()
+        self.exit_code: int | None = None
+        self.last_ranges: list = []
+        if sanitize:
+            self.restarts = MAX_RESTARTS  # one process, one report: a crash ends the pass
         kind = "solution" if solution else "student"
         self.scratch = Path(scratch) if scratch else REPO / "build"
         # One folder per purpose: two workers of a task at once must not share their view. The path stays
@@ -182,7 +188,7 @@ class Worker:
         self.sock: socket.socket | None = None
         self.attention_ops: set[str] = set()
         self.notes: list[str] = []
-        self.restarts = 0
+        self.restarts = getattr(self, "restarts", 0)
         self.file_notes = make_view(task, self.student_dir, self.view, solution)
 
     # -- process ---------------------------------------------------------------------------
@@ -196,9 +202,12 @@ class Worker:
         if not self.cuda:
             env["CUDA_VISIBLE_DEVICES"] = ""
         cmd = [sys.executable, "-m", "common.worker", str(child.fileno()), str(self.task)]
+        fds, writable = [child.fileno()], [self.builds]
+        if self.sanitize:
+            cmd = self._sanitized(cmd, env, fds, writable)
         if sandbox_status() == "bubblewrap":
             hide = [self.student_dir, *self.hide, self.scratch]
-            cmd = bwrap_command(self.view, [self.builds], hide) + cmd
+            cmd = bwrap_command(self.view, writable, hide) + cmd
         if self.memory_limit:  # few threads and malloc arenas: each reserves address space the limit counts
             env |= {"OMP_NUM_THREADS": "2", "MALLOC_ARENA_MAX": "2"}
 
@@ -210,12 +219,35 @@ class Worker:
             except (OSError, AttributeError):
                 pass
 
-        self.proc = subprocess.Popen(cmd, cwd=self.view, env=env, pass_fds=(child.fileno(),),
+        self.proc = subprocess.Popen(cmd, cwd=self.view, env=env, pass_fds=tuple(fds),
                                      start_new_session=True, preexec_fn=in_child)
         child.close()
+        for fd in fds[1:]:
+            os.close(fd)  # the sanitizer's end of its log: only the worker's side holds it now
         self.sock = parent
         self._request({"op": "start", "block_attention": self.block_attention, "memory_budget": self.memory_limit},
                       timeout=START_TIMEOUT_S)
+
+    def _sanitized(self, cmd: list[str], env: dict, fds: list[int], writable: list[Path]) -> list[str]:
+        """Run the worker under compute-sanitizer, its report written to a pipe only the checks read."""
+        import threading
+
+        tmp = self.builds.parent / f"sanitizer-tmp-task{self.task}"
+        tmp.mkdir(parents=True, exist_ok=True)
+        writable.append(tmp)
+        env |= {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "TMPDIR": str(tmp)}  # every tensor its own allocation
+        read_end, write_end = os.pipe()
+        fds.append(write_end)
+
+        def collect():
+            with os.fdopen(read_end, "rb") as pipe:
+                while chunk := pipe.read(65536):
+                    if len(self.sanitizer_log) < 4 << 20:
+                        self.sanitizer_log += chunk
+
+        self.log_reader = threading.Thread(target=collect, daemon=True)
+        self.log_reader.start()
+        return [*self.sanitize, "--log-file", f"/dev/fd/{write_end}", *cmd]
 
     def stop(self) -> None:
         """End the worker and every process it started."""
@@ -228,16 +260,18 @@ class Worker:
             self.sock.close()
             self.sock = None
         if self.proc:
-            try:
-                self.proc.wait(timeout=5)  # a leftover thread must not keep the checks waiting
+            try:  # a leftover thread must not keep the checks waiting; the sanitizer needs time for its report
+                self.proc.wait(timeout=60 if self.sanitize else 5)
             except subprocess.TimeoutExpired:
                 pass
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-            self.proc.wait()
+            self.exit_code = self.proc.wait()
             self.proc = None
+            if self.sanitize:
+                self.log_reader.join(timeout=10)
 
     def __enter__(self):
         return self
@@ -278,10 +312,12 @@ class Worker:
             raise WorkerDied(reason) from None
         try:
             reply = wire.decode_reply(payload)
+            ranges = reply.get("ranges", [])
+            self.last_ranges = [tuple(int(x) for x in r) for r in ranges[:64] if isinstance(r, list) and len(r) == 3]
             ops, notes = reply.get("attention_ops", []), reply.get("notes", [])
             self.attention_ops |= {str(op)[:200] for op in ops}
             self.notes = [str(n)[:1000] for n in notes][:20]
-        except (wire.ProtocolError, AttributeError, TypeError) as err:
+        except (wire.ProtocolError, AttributeError, TypeError, ValueError) as err:
             self.stop()
             raise WorkerDied(f"a malformed reply: {err}") from None
         if "error" in reply:
@@ -307,6 +343,16 @@ class Worker:
         """Run entry point `name` in the worker; returns its validated result (CPU tensors, plain values)."""
         self._ensure_running()
         return self._request({"op": "call", "name": name, "args": args, "kwargs": kwargs}, timeout)
+
+    def call_on_gpu(self, name: str, *args, timeout: float = CALL_TIMEOUT_S):
+        """Run entry point `name` on copies of `args` the worker allocates itself (no shared memory).
+
+        For the sanitizer pass: every tensor is its own allocation, so an access outside it is
+        seen. Afterwards `last_ranges` holds (argument index, address, bytes) of each tensor.
+        """
+        self._ensure_running()
+        self.last_ranges = []
+        return self._request({"op": "call_on_gpu", "name": name, "args": args, "kwargs": {}}, timeout)
 
     def keep(self, name: str, value) -> wire.Kept:
         """Hand `value` over once (CUDA tensors are mapped then); pass the returned Kept to later calls."""

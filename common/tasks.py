@@ -39,6 +39,7 @@ TASKS = {
 WORKER_COMMON = (
     "common/__init__.py",
     "common/build.py",
+    "common/kernel_rules.py",
     "common/impl.py",
     "common/layer.py",
     "common/tasks.py",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import resource
 import socket
 import sys
@@ -79,8 +80,10 @@ def serve(sock: socket.socket, task: int) -> None:
         op = request["op"]
         reply: dict = {}
         try:
-            if op == "exit":
-                return
+            if op == "exit":  # end now: tearing down after a CUDA fault would only print PyTorch's complaints
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(0)
             if op == "start":
                 if request.get("block_attention", True):
                     watch.block_pytorch_attention()
@@ -94,6 +97,17 @@ def serve(sock: socket.socket, task: int) -> None:
             elif op == "drop":
                 kept.pop(request["name"], None)
                 reply["ok"] = None
+            elif op == "call_on_gpu":  # the sanitizer pass: each tensor its own allocation, made here
+                import torch
+
+                fn = getattr(entry, request["name"])
+                args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in request["args"]]
+                reply["ranges"] = [[i, a.data_ptr(), a.numel() * a.element_size()]
+                                   for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+                with watch.AttentionOpWatch():
+                    fn(*args)
+                torch.cuda.synchronize()
+                reply["ok"] = None
             elif op == "call":
                 fn = getattr(entry, request["name"])
                 args, kwargs = _resolve(request["args"], kept), _resolve(request["kwargs"], kept)
@@ -105,7 +119,7 @@ def serve(sock: socket.socket, task: int) -> None:
             if isinstance(err, KeyboardInterrupt):
                 raise
             reply = {"error": {"type": type(err).__name__, "message": str(err)[:wire.MAX_TEXT],
-                               "traceback": _short_traceback(err)[:wire.MAX_TEXT]}}
+                               "traceback": _short_traceback(err)[:wire.MAX_TEXT]}, "ranges": reply.get("ranges", [])}
         reply["attention_ops"] = sorted(watch.seen)
         reply["notes"] = list(notes)
         try:

@@ -17,8 +17,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from common import bench, cli
-from common.checks import compare, exact_float32, expect_errors, poisoned, random_tensor
+from common import bench, cli, sanitize
+from common.checks import (compare, exact_float32, expect_errors, guard_damage, guarded_input, guarded_output,
+                           random_tensor)
 from common.records import Report
 from common.reference import attention_reference, naive_attention
 
@@ -39,30 +40,34 @@ def check_softmax(worker, case):
     x = random_tensor(case.shape, case.seed) * 20  # large values: without the max subtracted, exp overflows
     if cols > 3:
         x[:, ::3] = -math.inf  # masked entries, as after the causal mask
-    out = poisoned(case.shape, "cuda")
-    worker.call("softmax", x.cuda(), out)
-    return compare(out, torch.softmax(x.double(), dim=-1), atol=ATOL, rtol=RTOL, poisoned=True)
+    x_in, out = guarded_input("x", x), guarded_output("out", case.shape)
+    worker.call("softmax", x_in.tensor, out.tensor)
+    return guard_damage(x_in, out) or compare(out.tensor, torch.softmax(x.double(), dim=-1), atol=ATOL, rtol=RTOL,
+                                              poisoned=True)
 
 
 def check_gemm(worker, which, case):
     batch, m, n, k = case.shape
     a = random_tensor((batch, m, k), case.seed)
     b = random_tensor((batch, n, k) if which == "nt" else (batch, k, n), case.seed + 1)
-    c = poisoned((batch, m, n), "cuda")
-    worker.call("gemm", which, a.cuda(), b.cuda(), c)
+    a_in, b_in, c = guarded_input("a", a), guarded_input("b", b), guarded_output("c", (batch, m, n))
+    worker.call("gemm", which, a_in.tensor, b_in.tensor, c.tensor)
     with exact_float32():
         expected = a.double() @ (b.double().transpose(1, 2) if which == "nt" else b.double())
     # a sum of k products: rounding grows like sqrt(k)
-    return compare(c, expected, atol=ATOL * math.sqrt(k), rtol=RTOL, poisoned=True)
+    return guard_damage(a_in, b_in, c) or compare(c.tensor, expected, atol=ATOL * math.sqrt(k), rtol=RTOL,
+                                                  poisoned=True)
 
 
 def check_attention(worker, case):
     b, h, sq, sk, d = case.shape
     q, k, v = (random_tensor((b, h, s, d), case.seed + i) for i, s in enumerate((sq, sk, sk)))
-    out = poisoned(q.shape, "cuda")
+    inputs = [guarded_input(name, t) for name, t in zip("qkv", (q, k, v))]
+    out = guarded_output("out", q.shape)
     scale = 1.0 / math.sqrt(d)
-    worker.call("attention_forward", q.cuda(), k.cuda(), v.cuda(), out, case.causal, scale)
-    return compare(out, attention_reference(q, k, v, case.causal, scale)[0], atol=ATOL, rtol=RTOL, poisoned=True)
+    worker.call("attention_forward", *(t.tensor for t in inputs), out.tensor, case.causal, scale)
+    return guard_damage(*inputs, out) or compare(out.tensor, attention_reference(q, k, v, case.causal, scale)[0],
+                                                 atol=ATOL, rtol=RTOL, poisoned=True)
 
 
 def check_errors(worker):
@@ -83,6 +88,29 @@ def check_errors(worker):
          "must not share memory"),
     ]
     return expect_errors(worker.call, bad)
+
+
+KERNEL_STEPS = {"softmax_kernel": "Task 2, steps 1-2", "gemm_nt_kernel": "Task 2, step 3",
+                "gemm_nn_kernel": "Task 2, step 4"}
+
+
+def sanitizer_calls(hidden: bool) -> list[sanitize.Call]:
+    """Small cases with edges that are not multiples of the tiles, for compute-sanitizer."""
+    calls = []
+    for rows, cols in [(3, 7), (2, 1100)]:
+        x = random_tensor((rows, cols), cli.seed(rows, hidden))
+        calls.append(sanitize.Call(f"softmax {rows}x{cols}", "softmax", (x, torch.empty_like(x)), ("x", "out")))
+    for batch, m, n, k in [(2, 67, 53, 45), (1, 33, 65, 70)]:
+        a = random_tensor((batch, m, k), cli.seed(m, hidden))
+        for which in ("nt", "nn"):
+            b = random_tensor((batch, n, k) if which == "nt" else (batch, k, n), cli.seed(n, hidden))
+            calls.append(sanitize.Call(f"gemm_{which} batch {batch} m {m} n {n} k {k}", "gemm",
+                                       (which, a, b, torch.empty(batch, m, n)), ("a", "b", "c")))
+    for causal in (False, True):
+        q, k, v = (random_tensor((1, 2, s, 40), cli.seed(s + i, hidden)) for i, s in enumerate((33, 70, 70)))
+        calls.append(sanitize.Call(f"attention seq 33x70{' causal' if causal else ''}", "attention_forward",
+                                   (q, k, v, torch.empty_like(q), causal, 1 / math.sqrt(40)), ("q", "k", "v", "out")))
+    return calls
 
 
 TIMING_SHAPE = (4, 32, 1024, 128)  # (batch, heads, seq, head_dim)
@@ -126,7 +154,7 @@ def main(argv=None) -> int:
         formats = {"softmax": "softmax {}x{}", "gemm": "batch {} m {} n {} k {}",
                    "attention": "attention batch {} heads {} seq {}x{} head_dim {}"}
         public = {"softmax": SOFTMAX_CASES, "gemm": GEMM_CASES, "attention": ATTENTION_CASES}
-        for part in chosen:
+        for part in [] if args.sanitize else chosen:
             report.begin_part(part, PARTS[part])
             masks = (False, True) if part == "attention" else (False,)
             for case in cli.cases(2, part, public[part], args.hidden, lambda s: formats[part].format(*s), causal=masks,
@@ -139,6 +167,10 @@ def main(argv=None) -> int:
                 else:
                     report.run(case.name, lambda: check_attention(worker, case))
             report.end_part(part)
+        if args.sanitize or any(c.passed and c.kind == "check" for c in report.cases):
+            sanitize.add_to_report(report, 2, args, sanitizer_calls(args.hidden), KERNEL_STEPS.get)
+        if args.sanitize:
+            return report.finish(args.json)
         report.run("bad input raises clear errors (the given binding)", lambda: check_errors(worker), kind="given")
         if "attention" in chosen and all(c.passed for c in report.cases):
             report.run("time against PyTorch", lambda: time_attention(worker), kind="benchmark")

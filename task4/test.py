@@ -28,8 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common import bench, cli, impl
-from common.checks import compare, exact_float32, expect_errors, poisoned, random_tensor
+from common import bench, cli, impl, sanitize
+from common.checks import (GUARD_ELEMENTS, compare, exact_float32, expect_errors, guard_damage, guarded_input,
+                           guarded_output, random_tensor)
 from common.layer import mha_weights
 from common.records import Report
 from common.reference import attention_flops, attention_reference, causal_mask, fp32_peak_tflops, naive_attention
@@ -69,9 +70,11 @@ def make_inputs(shape, seed, magnitude=1.0):
 def check_case(worker, shape, causal, seed, scale=None, magnitude=1.0):
     q, k, v = make_inputs(shape, seed, magnitude)
     scale = 1.0 / math.sqrt(shape[-1]) if scale is None else scale
-    out = poisoned(q.shape, "cuda")
-    worker.call("forward", q.cuda(), k.cuda(), v.cuda(), out, causal, scale)
-    return compare(out, attention_reference(q, k, v, causal, scale)[0], atol=ATOL, rtol=RTOL, poisoned=True)
+    inputs = [guarded_input(name, t) for name, t in zip("qkv", (q, k, v))]
+    out = guarded_output("out", q.shape)
+    worker.call("forward", *(t.tensor for t in inputs), out.tensor, causal, scale)
+    return guard_damage(*inputs, out) or compare(out.tensor, attention_reference(q, k, v, causal, scale)[0],
+                                                 atol=ATOL, rtol=RTOL, poisoned=True)
 
 
 def check_layer(worker, hidden, heads, seq, causal, seed):
@@ -106,6 +109,22 @@ def check_errors(worker):
         (what, (*args, what.startswith("causal"), 0.125), words) for what, (args, words) in bad.items()])
 
 
+def sanitizer_calls(hidden: bool) -> list[sanitize.Call]:
+    """Small cases at the tile edges, causal and not, seq_q != seq_k, for compute-sanitizer."""
+    calls = []
+    for b, h, sq, sk, d in [(1, 2, 65, 65, 64), (1, 1, 100, 300, 80), (2, 1, 129, 129, 128), (1, 1, 1, 257, 17)]:
+        for causal in (False, True):
+            q, k, v = make_inputs((b, h, sq, sk, d), cli.seed(sq + sk + d, hidden))
+            calls.append(sanitize.Call(f"{describe((b, h, sq, sk, d))}{' causal' if causal else ''}", "forward",
+                                       (q, k, v, torch.empty_like(q), causal, 1 / math.sqrt(d)),
+                                       ("q", "k", "v", "out")))
+    return calls
+
+
+def step_of(kernel: str):
+    return "Task 4, steps 1-6" if kernel == "flash_attention_kernel" else None
+
+
 # -- measuring ------------------------------------------------------------------------------
 
 class TimedSets:
@@ -113,15 +132,20 @@ class TimedSets:
 
     Before each request the inputs get fresh values and the outputs NaN; one head of every
     set, picked at random after the values are written, is copied here first, so what the
-    worker does to the inputs cannot change what its outputs are checked against.
+    worker does to the inputs cannot change what its outputs are checked against. Every
+    tensor sits between guard bands (common/checks.py), and each input's fingerprint is
+    taken before the request: a write past an output or into an input fails the benchmark.
     """
 
     def __init__(self, batch, heads, seq, head_dim, estimate_ms):
         shape = (batch, heads, seq, head_dim)
-        set_bytes = 4 * batch * heads * seq * head_dim * 4
+        set_bytes = 4 * (batch * heads * seq * head_dim + 2 * GUARD_ELEMENTS) * 4
         self.count = bench.sets_for(set_bytes, estimate_ms)
-        self.sets = [tuple(torch.empty(shape, device="cuda") for _ in range(4)) for _ in range(self.count)]
+        self.guarded = [tuple(guarded_output(name, shape) for name in ("q", "k", "v", "out"))
+                        for _ in range(self.count)]
+        self.sets = [tuple(g.tensor for g in group) for group in self.guarded]
         self.picked: list = []
+        self.fingerprints: list = []
         self.rng = random.Random()
 
     def refresh(self):
@@ -132,16 +156,30 @@ class TimedSets:
             out.fill_(math.nan)
             b, h = self.rng.randrange(q.shape[0]), self.rng.randrange(q.shape[1])
             self.picked.append((b, h, q[b, h].cpu(), k[b, h].cpu(), v[b, h].cpu()))
+        self.fingerprints = [[fingerprint(t) for t in s[:3]] for s in self.sets]
         torch.cuda.synchronize()
 
     def check(self, causal, scale):
         """Every output of the request just timed: raises AssertionError with the first wrong one."""
+        for i, (group, prints) in enumerate(zip(self.guarded, self.fingerprints)):
+            where = f"in timed run {i + 1} of {self.count}"
+            damage = guard_damage(*group)  # the bands only: inputs are checked by fingerprint
+            if damage:
+                raise AssertionError(f"{damage} ({where})")
+            for g, before in zip(group, prints):
+                if fingerprint(g.tensor) != before:
+                    raise AssertionError(f"changed its input `{g.name}` ({where}); inputs are read-only")
         for i, ((q, k, v, out), (b, h, q_bh, k_bh, v_bh)) in enumerate(zip(self.sets, self.picked)):
             expected = attention_reference(q_bh, k_bh, v_bh, causal, scale)[0]
             result = compare(out[b, h], expected, atol=ATOL, rtol=RTOL, poisoned=True,
                              name=f"output of timed run {i + 1} of {self.count}, head ({b}, {h})")
             if not result.passed:
                 raise AssertionError(result.message)
+
+
+def fingerprint(t: torch.Tensor) -> int:
+    """The sum of a tensor's bits (int64, on the GPU, no copy): any change to an input shows."""
+    return int(t.view(torch.int32).sum(dtype=torch.int64))
 
 
 ESTIMATE_TFLOPS = 40.0  # what the reference kernel reaches: sizes a request, nothing else
@@ -325,6 +363,9 @@ def main(argv=None) -> int:
     with cli.worker(report, 4, args) as worker:
         if worker is None:
             return report.finish(args.json)
+        if args.sanitize:
+            sanitize.add_to_report(report, 4, args, sanitizer_calls(args.hidden), step_of)
+            return report.finish(args.json)
         for case in cli.cases(4, "attention", CASES, args.hidden, describe, causal_ok=lambda s: s[2] <= s[3]):
             report.run(case.name, lambda: check_case(worker, case.shape, case.causal, case.seed))
         seed = cli.seed(7, args.hidden)
@@ -335,6 +376,8 @@ def main(argv=None) -> int:
                 report.run(f"layer hidden {hidden} heads {heads} seq {seq}{' causal' if causal else ''} "
                            "vs nn.MultiheadAttention",
                            lambda: check_layer(worker, hidden, heads, seq, causal, cli.seed(11, args.hidden)))
+        if any(c.passed and c.kind == "check" for c in report.cases):
+            sanitize.add_to_report(report, 4, args, sanitizer_calls(args.hidden), step_of)
         report.run("bad input raises clear errors (the given binding)", lambda: check_errors(worker), kind="given")
 
         if report.stopped or not all(c.passed for c in report.cases):

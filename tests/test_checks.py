@@ -68,3 +68,34 @@ def test_attention_flops_counts_the_visible_pairs():
     assert attention_flops(1, 1, 4, 4, 1, causal=False) == 4 * 16
     assert attention_flops(1, 1, 4, 4, 1, causal=True) == 4 * int((~causal_mask(4, 4)).sum())
     assert attention_flops(2, 3, 3, 7, 5, causal=True) == 4 * 2 * 3 * 5 * int((~causal_mask(3, 7)).sum())
+
+
+def test_guard_bands_name_a_write_past_the_end():
+    from common.checks import Guarded, guard_damage
+
+    out = Guarded("out", (2, 3, 5, 4), device="cpu")
+    assert torch.isnan(out.tensor).all() and out.tensor.is_contiguous() and guard_damage(out) is None
+    out.tensor.fill_(1.0)
+    end = out.tensor.numel()
+    out.buffer[2 ** 16 + end: 2 ** 16 + end + 9] = 0.0  # 9 elements: three rows of 4, the last partly
+    assert guard_damage(out).message.startswith("wrote 3 rows past the end of `out` (2 x 3 x 5 x 4)")
+
+
+def test_guard_bands_name_a_write_before_the_start_and_a_changed_input():
+    from common.checks import Guarded, guard_damage
+
+    q = Guarded("q", (4, 8), device="cpu", values=torch.randn(4, 8))
+    q.buffer[2 ** 16 - 2] = 1.0
+    assert "wrote 2 elements before the start of `q`" in guard_damage(q).message
+    k = Guarded("k", (4, 8), device="cpu", values=torch.randn(4, 8))
+    k.tensor[1, 1] += 1.0
+    assert guard_damage(q, k).message.startswith("wrote 2 elements")  # the first damaged tensor is named
+    assert "changed its input `k` (4 x 8): 1 element differs" in guard_damage(k).message
+
+
+def test_a_nan_written_into_a_band_is_seen():
+    from common.checks import Guarded, guard_damage
+
+    out = Guarded("out", (3,), device="cpu")
+    out.buffer[-1] = float("nan")  # not the guard's own NaN
+    assert "past the end of `out`" in guard_damage(out).message

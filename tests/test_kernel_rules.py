@@ -1,0 +1,116 @@
+"""Kernel objects are held to common/kernel_rules.py: built here with `nvcc -c`, no GPU needed."""
+
+import pytest
+
+from common import build, kernel_rules
+from common.build import BuildError
+from tests.conftest import REPO, needs_nvcc, needs_solution
+
+ARCH = "80"  # any architecture the toolkit knows: nothing runs here
+KERNEL = "__global__ void twice(float* x, int n) { int i = threadIdx.x; if (i < n) x[i] *= 2.0f; }\n"
+LAUNCHER = """
+cudaError_t launch(float* x, int n, cudaStream_t stream) {
+  %s
+  twice<<<1, 128, 0, stream>>>(x, n);
+  return cudaGetLastError();
+}
+"""
+
+
+def compile_file(tmp_path, text, name="attention.cu", flags=()):
+    folder = tmp_path / "kernels"
+    folder.mkdir(exist_ok=True)
+    (folder / name).write_text(text)
+    out = tmp_path / "build"
+    out.mkdir(exist_ok=True)
+    return build.compile_kernels([folder / name], out, ARCH, build.CUDA_FLAGS + list(flags))
+
+
+def kernel_file(host_code="", top=""):
+    return "#include <cuda_runtime.h>\n" + top + KERNEL + LAUNCHER % host_code
+
+
+@needs_nvcc
+@needs_solution(4)
+@pytest.mark.parametrize("task", [2, 4])
+def test_the_reference_kernels_keep_the_rules(task, tmp_path):
+    sources = sorted((REPO / f"task{task}/solution/kernels").glob("*.cu"))
+    (obj,) = build.compile_kernels(sources, tmp_path, ARCH, build.CUDA_FLAGS)
+    assert "cudaGetLastError" in kernel_rules.imported_symbols(obj)
+
+
+@needs_nvcc
+def test_printf_on_the_host_and_the_device_is_allowed(tmp_path):
+    text = kernel_file('printf("n = %d\\n", n);', top="#include <cstdio>\n")
+    text = text.replace("x[i] *= 2.0f;", 'x[i] *= 2.0f; if (i == 0) printf("x[0] = %f\\n", x[0]);')
+    compile_file(tmp_path, text)
+    compile_file(tmp_path, text, flags=["-Xcompiler", "-D_FORTIFY_SOURCE=2"])  # Ubuntu's default: __printf_chk
+
+
+@needs_nvcc
+@pytest.mark.parametrize("top, host_code, named", [
+    ("#include <dlfcn.h>\n", 'void* lib = dlopen("libcublas.so", RTLD_NOW); (void)dlsym(lib, "cublasSgemm_v2");',
+     "dlopen"),
+    ('extern "C" int cublasCreate_v2(void** handle);\n', "void* h; cublasCreate_v2(&h);", "cublasCreate_v2"),
+    ("#include <cstdio>\n", 'FILE* f = fopen("/etc/passwd", "r"); (void)f;', "fopen"),
+    ("#include <thread>\n", "std::thread t([] {}); t.join();", "std::thread"),
+    ("#include <unistd.h>\n", 'write(2, "x", 1);', "write"),
+])
+def test_libraries_files_and_threads_are_refused(tmp_path, top, host_code, named):
+    with pytest.raises(BuildError) as err:
+        compile_file(tmp_path, kernel_file(host_code, top))
+    assert named in str(err.value) and "write the kernels yourself" in str(err.value)
+
+
+@needs_nvcc
+def test_a_system_call_in_inline_assembly_is_refused(tmp_path):
+    host = 'long r; asm volatile("syscall" : "=a"(r) : "a"(39L) : "rcx", "r11", "memory"); (void)r;'
+    with pytest.raises(BuildError, match="system call"):
+        compile_file(tmp_path, kernel_file(host))
+
+
+@needs_nvcc
+@needs_solution(4)
+def test_the_reference_included_through_a_macro_is_refused(tmp_path):
+    target = REPO / "task4/solution/kernels/attention.cu"
+    with pytest.raises(BuildError, match="includes .*solution"):
+        compile_file(tmp_path, f'#define REFERENCE "{target}"\n#include REFERENCE\n')
+
+
+@needs_nvcc
+def test_a_header_beside_the_kernel_file_is_fine(tmp_path):
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "tiles.cuh").write_text("constexpr int TILE = 32;\n")
+    first = compile_file(tmp_path, '#include "tiles.cuh"\n' + kernel_file())
+    assert compile_file(tmp_path, '#include "tiles.cuh"\n' + kernel_file()) == first  # cached, same object
+    (tmp_path / "kernels" / "tiles.cuh").write_text("constexpr int TILE = 64;\n")
+    assert compile_file(tmp_path, '#include "tiles.cuh"\n' + kernel_file()) != first  # a header change rebuilds
+
+
+def test_the_allowlist():
+    for name in ("cudaLaunchKernel", "__cudaRegisterFunction", "memcpy@GLIBC_2.14", "expf", "_ZSt20__throw_length_errorPKc"):
+        assert kernel_rules.allowed(name), name
+    for name in ("dlsym", "dlopen", "fopen", "open", "syscall", "pthread_create", "cublasSgemm_v2", "system",
+                 "cudaGetDriverEntryPoint", "cudaGetFuncBySymbol", "_ZN2at4_ops4sdpa4callEv", "ptrace", "kill"):
+        assert not kernel_rules.allowed(name), name
+
+
+def test_dependency_files_are_read_with_continuations_and_spaces(tmp_path):
+    deps = tmp_path / "a.d"
+    deps.write_text("a.o : /k/attention.cu \\\n    /usr/include/stdio.h \\\n    /k/my\\ header.cuh\n")
+    assert kernel_rules.included_files(deps) == [REPO.__class__(p) for p in
+                                                 ("/k/attention.cu", "/usr/include/stdio.h", "/k/my header.cuh")]
+
+
+@needs_nvcc
+def test_an_object_is_reused_from_another_folder_with_the_same_files(tmp_path):
+    # the checks' worker and the sanitizer's worker build from two views of the same files
+    out = tmp_path / "build"
+    out.mkdir()
+    objects = []
+    for view in ("checks", "sanitizer"):
+        folder = tmp_path / view / "kernels"
+        folder.mkdir(parents=True)
+        (folder / "attention.cu").write_text(kernel_file())
+        objects += build.compile_kernels([folder / "attention.cu"], out, ARCH, build.CUDA_FLAGS)
+    assert objects[0] == objects[1]
