@@ -1,7 +1,7 @@
 """Correctness checks: compare an output with a float64 reference.
 
 Every check in the course goes through `compare`, so a wrong value, a NaN, an
-Inf and an element the kernel never wrote (left at the NaN that `poisoned`
+Inf and an element the kernel never wrote (left at the NaN that `guarded_output`
 filled it with) all fail the same way, with the first few bad indices printed.
 """
 
@@ -33,11 +33,6 @@ class CheckResult:
             "mean_abs_err": self.mean_abs_err,
             "mismatches": self.mismatches,
         }
-
-
-def poisoned(shape, device, dtype=torch.float32) -> torch.Tensor:
-    """An output buffer full of NaN: any element a kernel forgets to write shows up."""
-    return torch.full(tuple(shape), math.nan, device=device, dtype=dtype)
 
 
 GUARD_ELEMENTS = 1 << 16  # float32 elements in each band: more than a tile of rows at the largest head_dim

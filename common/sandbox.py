@@ -176,8 +176,6 @@ class Worker:
         self.sanitizer_log = bytearray()
         self.exit_code: int | None = None
         self.last_ranges: list = []
-        if sanitize:
-            self.restarts = MAX_RESTARTS  # one process, one report: a crash ends the pass
         kind = "solution" if solution else "student"
         self.scratch = Path(scratch) if scratch else REPO / "build"
         # One folder per purpose: two workers of a task at once must not share their view. The path stays
@@ -188,7 +186,7 @@ class Worker:
         self.sock: socket.socket | None = None
         self.attention_ops: set[str] = set()
         self.notes: list[str] = []
-        self.restarts = getattr(self, "restarts", 0)
+        self.restarts = MAX_RESTARTS if sanitize else 0  # under a sanitizer, one process makes one report
         self.file_notes = make_view(task, self.student_dir, self.view, solution)
 
     # -- process ---------------------------------------------------------------------------
@@ -313,7 +311,7 @@ class Worker:
         try:
             reply = wire.decode_reply(payload)
             ranges = reply.get("ranges", [])
-            self.last_ranges = [tuple(int(x) for x in r) for r in ranges[:64] if isinstance(r, list) and len(r) == 3]
+            self.last_ranges = [tuple(int(x) for x in r) for r in ranges[:64] if isinstance(r, list) and len(r) == 2]
             ops, notes = reply.get("attention_ops", []), reply.get("notes", [])
             self.attention_ops |= {str(op)[:200] for op in ops}
             self.notes = [str(n)[:1000] for n in notes][:20]
@@ -348,7 +346,7 @@ class Worker:
         """Run entry point `name` on copies of `args` the worker allocates itself (no shared memory).
 
         For the sanitizer pass: every tensor is its own allocation, so an access outside it is
-        seen. Afterwards `last_ranges` holds (argument index, address, bytes) of each tensor.
+        seen. Afterwards `last_ranges` holds (address, bytes) of each tensor argument, in order.
         """
         self._ensure_running()
         self.last_ranges = []

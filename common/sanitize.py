@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -54,7 +55,6 @@ class Finding:
     size: int | None = None
     allocation: tuple[int, int] | None = None  # (start, bytes) of the nearest allocation, as memcheck says
     hazards: int = 0
-    lines: list[str] = field(default_factory=list)
 
     def key(self) -> tuple:
         return self.kind, self.kernel, tuple(self.where)
@@ -117,16 +117,16 @@ def _finding(block: list[str]) -> Finding | None:
         nearest = next((m for line in block for m in [NEAREST.search(line)] if m), None)
         allocation = (int(nearest.group(1), 16), int(nearest.group(2).replace(",", ""))) if nearest else None
         kind = f"out-of-bounds {access.group(2)} of {SPACES.get(access.group(1), access.group(1))}"
-        return Finding(kind, kernel, where[:1], address, int(access.group(3)), allocation, lines=block)
+        return Finding(kind, kernel, where[:1], address, int(access.group(3)), allocation)
     if "Race reported" in head:
         if head.startswith("Warning"):
             return None  # racecheck's warnings are hazards it judges harmless; the errors are the races
         hazards = sum(int(m.group(1)) for line in block for m in [HAZARDS.search(line)] if m)
         others = sorted(set(where[1:]), key=where.index)
-        return Finding("shared-memory race", kernel, where[:1] + others, hazards=hazards, lines=block)
+        return Finding("shared-memory race", kernel, where[:1] + others, hazards=hazards)
     if head.startswith("Program hit"):
         return None  # a CUDA call failing after a bad access: the access itself is the finding
-    return Finding(head.split(" at ")[0].lower(), kernel, where[:1], lines=block)
+    return Finding(head.split(" at ")[0].lower(), kernel, where[:1])
 
 
 def _function(signature: str) -> str:
@@ -210,8 +210,6 @@ def run_pass(start_worker, calls: list[Call], sources: dict[str, list[str]], ste
     sources: the lines of each kernel file by name (attention.cu), to quote from.
     step_of(kernel name): the README step that kernel belongs to, or None.
     """
-    import time
-
     from common.sandbox import WorkerDied, WorkerError
 
     sanitizer = find_sanitizer()
@@ -236,7 +234,7 @@ def run_pass(start_worker, calls: list[Call], sources: dict[str, list[str]], ste
                     shapes = [tuple(a.shape) for a in call.args if isinstance(a, torch.Tensor)]
                     names = list(call.names) + [f"tensor {j + 1}" for j in range(len(call.names), len(shapes))]
                     tensors_by_call += [(names[j], shapes[j], start, nbytes)
-                                        for j, (_, start, nbytes) in enumerate(worker.last_ranges[:len(shapes)])]
+                                        for j, (start, nbytes) in enumerate(worker.last_ranges[:len(shapes)])]
             worker.stop()
             text = worker.sanitizer_log.decode("utf-8", errors="replace")
             keep = os.environ.get("KIT_KEEP_SANITIZER_LOGS")  # a folder: the raw reports, for whoever debugs this

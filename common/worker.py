@@ -102,8 +102,8 @@ def serve(sock: socket.socket, task: int) -> None:
 
                 fn = getattr(entry, request["name"])
                 args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in request["args"]]
-                reply["ranges"] = [[i, a.data_ptr(), a.numel() * a.element_size()]
-                                   for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+                reply["ranges"] = [[a.data_ptr(), a.numel() * a.element_size()]
+                                   for a in args if isinstance(a, torch.Tensor)]
                 with watch.AttentionOpWatch():
                     fn(*args)
                 torch.cuda.synchronize()

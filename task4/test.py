@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from common import bench, cli, impl, sanitize
-from common.checks import (GUARD_ELEMENTS, compare, exact_float32, expect_errors, guard_damage, guarded_input,
-                           guarded_output, random_tensor)
+from common.checks import (GUARD_ELEMENTS, Guarded, compare, exact_float32, expect_errors, guard_damage,
+                           guarded_input, guarded_output, random_tensor)
 from common.layer import mha_weights
 from common.records import Report
 from common.reference import attention_flops, attention_reference, causal_mask, fp32_peak_tflops, naive_attention
@@ -141,7 +141,7 @@ class TimedSets:
         shape = (batch, heads, seq, head_dim)
         set_bytes = 4 * (batch * heads * seq * head_dim + 2 * GUARD_ELEMENTS) * 4
         self.count = bench.sets_for(set_bytes, estimate_ms)
-        self.guarded = [tuple(guarded_output(name, shape) for name in ("q", "k", "v", "out"))
+        self.guarded = [tuple(Guarded(name, shape) for name in ("q", "k", "v", "out"))
                         for _ in range(self.count)]
         self.sets = [tuple(g.tensor for g in group) for group in self.guarded]
         self.picked: list = []
