@@ -158,7 +158,8 @@ def compile_kernels(sources: list[Path], folder: Path, arch: str, flags: list[st
                 log = folder / "build.log"
                 log.write_text(" ".join(cmd) + "\n" + proc.stdout + proc.stderr)
                 where = log.relative_to(REPO) if log.is_relative_to(REPO) else log
-                raise BuildError(f"compiling {shown} failed:\n{_compiler_errors(proc.stdout + proc.stderr)}\n"
+                errors = _compiler_errors(proc.stdout + proc.stderr).replace(f"{REPO}/", "")  # paths as in the checkout
+                raise BuildError(f"compiling {shown} failed:\n{errors}\n"
                                  f"(full log: {where})")
             os.replace(str(obj) + ".part", obj)
         try:

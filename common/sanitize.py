@@ -30,8 +30,8 @@ import torch
 TOOLS = ("memcheck", "racecheck")
 MISSING = ("compute-sanitizer was not found: it comes with the CUDA toolkit, next to nvcc (CUDA_HOME/bin); "
            "put that folder on PATH")
-BLIND_SPOTS = ("racecheck does not see races through asynchronous copies (cp.async) or between the lanes of one "
-               "warp; a clean pass is not a proof")
+BLIND_SPOTS = ("memcheck sees only accesses outside every allocation and racecheck only shared memory between "
+               "warps: a clean pass is not a proof (README, Grading)")
 
 
 def find_sanitizer() -> str | None:

@@ -107,13 +107,21 @@ def _points(entry: dict) -> str:
     return f"{entry['points']:g} / {entry['max_points']:g}"
 
 
+MESSAGE_LINES = 6
+
+
 def _details(entry: dict, limit: int = 10) -> list[str]:
     record = entry.get("record") or {}
     lines = []
     cases = record.get("cases", [])
     failed = [c for c in cases if not c["passed"]]
     for c in failed[:limit]:
-        lines.append(f"- FAIL {c['name']}: {c['message'].splitlines()[0] if c['message'] else ''}")
+        # a build error or a sanitizer report says what matters on the lines after its first
+        first, *rest = c["message"].splitlines() or [""]
+        lines.append(f"- FAIL {c['name']}: {first}")
+        lines += [f"  {ln}" for ln in rest[:MESSAGE_LINES]]
+        if len(rest) > MESSAGE_LINES:
+            lines.append(f"  ... and {len(rest) - MESSAGE_LINES} more lines (python -m task{entry['task']}.test shows all)")
     if len(failed) > limit:
         lines.append(f"- ... and {len(failed) - limit} more failures")
     for c in cases:

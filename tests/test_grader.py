@@ -316,6 +316,15 @@ def test_a_broken_rule_scores_zero():
     assert score(1, record) == (0.0, "0 points: calls PyTorch's own attention")
 
 
+def test_a_failure_shows_the_lines_after_its_first():
+    message = "compiling task4/kernels/attention.cu failed:\n" + "\n".join(f"attention.cu({i}): error {i}" for i in range(9))
+    record = {"status": "failed", "cases": [{"kind": "check", "passed": False, "name": "build", "message": message}]}
+    details = grader._details({"task": 4, "record": record})
+    assert details[:3] == ["- FAIL build: compiling task4/kernels/attention.cu failed:", "  attention.cu(0): error 0",
+                           "  attention.cu(1): error 1"]
+    assert details[-1] == "  ... and 3 more lines (python -m task4.test shows all)"
+
+
 def test_performance_points_need_every_check_and_follow_the_reference_ratio():
     assert score(4, _record([True, True], [0.8, 1.3]))[0] == 4
     assert score(4, _record([True, True], [0.4, 0.4]))[0] == 3.5

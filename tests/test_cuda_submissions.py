@@ -1,0 +1,119 @@
+"""Known-bad CUDA submissions, each the reference kernel file with one edit, and their verdicts (GPU only).
+
+Each of these used to earn full marks or be told the wrong thing: kernels that read past
+an array or race on shared memory but happen to give the right answer, a kernel that
+writes past its output, and kernels that are not the student's own. The guard bands,
+the compute-sanitizer pass and the kernel rules each catch their share, with a message
+that names the file, the line and the tensor.
+"""
+
+import pytest
+
+from common.sanitize import PASS_NAME, find_sanitizer
+from tests.conftest import REPO, needs_cuda, needs_solution, run_test, submission
+from tests.test_grader import grade, needs_bwrap
+
+pytestmark = [needs_cuda, needs_solution(2), needs_solution(4)]
+needs_sanitizer = pytest.mark.skipif(find_sanitizer() is None,
+                                     reason="needs compute-sanitizer (CUDA_HOME/bin or PATH)")
+
+NO_ROW_GUARD_2 = ("(row0 + r < m && k0 + kk < k) ? a[", "(k0 + kk < k) ? a[")
+NO_SYNC_2 = ("    __syncthreads();  // everyone is done with the tiles before the next load overwrites them\n", "")
+NO_STORE_GUARD_2 = ("if (row0 + r < m && col0 + col < n) c[r * n + col]", "c[r * n + col]")
+GEMM_NT = "__global__ void gemm_nt_kernel(const float* a, const float* b, float* c, int m, int n, int k) {\n"
+PRINTF_2 = [("#include <cuda_runtime.h>\n", "#include <cuda_runtime.h>\n#include <cstdio>\n"),
+            ("  gemm_nt_kernel<<<", '  printf("gemm_nt m %d\\n", m);\n  gemm_nt_kernel<<<'),
+            (GEMM_NT, GEMM_NT + '  if (blockIdx.x + blockIdx.y + threadIdx.x + threadIdx.y == 0) printf("in gemm_nt\\n");\n')]
+CUBLAS_2 = [("#include <cuda_runtime.h>\n", "#include <cuda_runtime.h>\n#include <dlfcn.h>\n"),
+            ("  gemm_nt_kernel<<<", '  void* lib = dlopen("libcublas.so.12", RTLD_NOW);\n'
+                                    '  if (lib) (void)dlsym(lib, "cublasSgemmStridedBatched");\n  gemm_nt_kernel<<<')]
+NO_ROW_GUARD_4 = ("    if (row >= seq_q) continue;\n", "")
+NO_WAIT_FOR_V_4 = ("    __pipeline_wait_prior(0);  // this thread's copies of V landed\n"
+                   "    __syncthreads();           // P and V are complete\n", "")
+
+
+def kernel_file(task, *edits):
+    """The reference kernel file with exact edits: a known-bad submission that stays in step with it."""
+    text = (REPO / f"task{task}/solution/kernels/attention.cu").read_text()
+    for old, new in edits:
+        assert old in text, f"known-bad variant no longer applies: {old!r} not in task{task}'s reference kernel"
+        text = text.replace(old, new, 1)
+    return {f"task{task}/kernels/attention.cu": text}
+
+
+def case(record, name):
+    (found,) = [c for c in record["cases"] if c["name"] == name]
+    return found
+
+
+def value_checks(record):
+    return [c for c in record["cases"] if c["kind"] == "check"]
+
+
+@needs_sanitizer
+@pytest.mark.parametrize("task", [2, 4])
+def test_the_reference_kernels_are_memory_safe_and_race_free(task, tmp_path):
+    record = run_test(task, REPO, tmp_path, "--solution", "--sanitize")
+    assert case(record, PASS_NAME)["passed"], case(record, PASS_NAME)["message"]
+
+
+@needs_sanitizer
+@pytest.mark.parametrize("edit, words", [
+    (NO_ROW_GUARD_2, ["out-of-bounds read of global memory in gemm_nt_kernel at attention.cu:",
+                      "right after the end of `a`", "(README, Task 2, step 3)"]),
+    (NO_SYNC_2, ["shared-memory race in gemm_nt_kernel: attention.cu:", "__syncthreads() missing"]),
+], ids=["no_row_guard", "no_sync"])
+def test_task2_kernels_that_match_but_are_wrong_lose_their_points(edit, words, tmp_path):
+    record = run_test(2, submission(tmp_path, kernel_file(2, edit)), tmp_path, "--gemm")
+    assert all(c["passed"] for c in value_checks(record)), "the values match: only the sanitizer can tell"
+    verdict = case(record, PASS_NAME)
+    assert verdict["kind"] == "rule" and not verdict["passed"]
+    for w in words:
+        assert w in verdict["message"], verdict["message"]
+    assert record["status"] == "failed"
+
+
+@needs_sanitizer
+def test_task2_store_without_its_guard_is_told_where_it_wrote(tmp_path):
+    record = run_test(2, submission(tmp_path, kernel_file(2, NO_STORE_GUARD_2)), tmp_path, "--sanitize")
+    message = case(record, PASS_NAME)["message"]
+    assert "out-of-bounds write of global memory in gemm_nt_kernel at attention.cu:" in message, message
+    assert "right after the end of `c`" in message and "c[r * n + col]" in message, message
+
+
+def test_task2_kernel_with_printf_is_graded_on_its_answers(tmp_path):
+    record = run_test(2, submission(tmp_path, kernel_file(2, *PRINTF_2)), tmp_path, "--gemm")
+    assert record["status"] == "passed", [c["message"] for c in record["cases"] if not c["passed"]]
+
+
+def test_task4_writing_past_out_is_told_so(tmp_path):
+    record = run_test(4, submission(tmp_path, kernel_file(4, NO_ROW_GUARD_4)), tmp_path)
+    # the layer checks allocate their own output (no bands around it): only the kernel checks can tell
+    failed = [c["message"] for c in value_checks(record) if not c["passed"] and not c["name"].startswith("layer")]
+    odd = [m for m in failed if not (m.startswith("wrote ") and " past the end of `out`" in m)]
+    assert failed and not odd, odd
+
+
+@needs_sanitizer
+def test_task4_reading_v_before_it_landed_is_a_race(tmp_path):
+    record = run_test(4, submission(tmp_path, kernel_file(4, NO_WAIT_FOR_V_4)), tmp_path, "--sanitize")
+    message = case(record, PASS_NAME)["message"]
+    assert "shared-memory race in flash_attention_kernel: an asynchronous copy (cp.async)" in message, message
+    assert "__pipeline_wait_prior" in message and "attention.cu:" in message
+
+
+MACRO_INCLUDE = f'#define REFERENCE "{REPO}/task4/solution/kernels/attention.cu"\n#include REFERENCE\n'
+
+
+@needs_bwrap
+@pytest.mark.parametrize("task, edits, words", [
+    (4, None, ("solution/kernels/attention.cu: No such file", "includes")),
+    (2, CUBLAS_2, ("dlopen",)),
+], ids=["includes_the_reference_through_a_macro", "cublas_through_dlsym"])
+def test_kernels_that_are_not_the_students_score_zero(task, edits, words, tmp_path):
+    # In the sandbox the reference's path is hidden (a build error); without it the include rule refuses it.
+    files = kernel_file(task, *edits) if edits else {"task4/kernels/attention.cu": MACRO_INCLUDE}
+    results, md = grade(tmp_path, f"not_own_{task}", tasks=str(task), files=files)
+    (test,) = results["tests"]
+    assert test["score"] == 0 and test["output"].startswith("failed"), test["output"]
+    assert any(w in test["output"] for w in words), test["output"]
