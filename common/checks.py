@@ -209,4 +209,4 @@ def expect_errors(call, bad) -> tuple[bool, str, dict]:
                 return False, f"{what}: the error does not say {words!r}: {err}", {}
             continue
         return False, f"{what}: no error was raised", {}
-    return True, f"{len(bad)} kinds of bad input rejected with clear errors", {}
+    return True, f"{len(bad)} kind{'s' if len(bad) != 1 else ''} of bad input rejected with clear errors", {}

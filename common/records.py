@@ -35,7 +35,8 @@ class NeedsCuda(Exception):
 @dataclass
 class Case:
     name: str
-    kind: str  # "check" (gates points) or "benchmark" (reports numbers)
+    kind: str  # "check" (gates points), "optional" (an optional part: reported, not scored), "benchmark",
+    # "rule" (a broken one scores 0) or "given" (the given code's own checks)
     passed: bool
     message: str
     metrics: dict = field(default_factory=dict)
@@ -80,6 +81,7 @@ class Report:
         self.needs_cuda: str | None = None
         self.notes: list[str] = []
         self.part_steps: tuple[int, ...] | None = None  # README steps of the part under test, if any
+        self.part_kind = "check"  # what the cases of the part under test count as
         self.parts = self.missing_parts = self.part_start = 0
         self.missing_message: str | None = None  # the first part's missing step
         print(f"Task {task}: {title} — {label(solution)}")
@@ -101,7 +103,7 @@ class Report:
         """True once a skeleton step was found missing: later cases would fail the same way."""
         return self.not_implemented is not None
 
-    def run(self, name: str, fn, kind: str = "check"):
+    def run(self, name: str, fn, kind: str | None = None):
         """Run one case. `fn` returns a CheckResult, or (passed, message, metrics).
 
         An exception fails this case only. A step that is not written yet (a
@@ -111,6 +113,7 @@ class Report:
         """
         if self.stopped:
             return None
+        kind = kind or self.part_kind
         try:
             result = fn()
         except WorkerError as err:  # the student's code raised
@@ -138,21 +141,27 @@ class Report:
             self.add(name, passed, message, metrics, kind)
         return result
 
-    def begin_part(self, name: str, steps: tuple[int, ...]) -> None:
-        """Start an independently graded part (README steps `steps`), e.g. Task 2's softmax."""
+    def begin_part(self, name: str, steps: tuple[int, ...], optional: bool = False) -> None:
+        """Start an independently graded part (README steps `steps`), e.g. Task 2's softmax.
+
+        An optional part's cases are reported but not scored, and do not decide the status.
+        """
         self.part_steps = steps
         self.part_start = len(self.cases)
-        self.parts += 1
-        print(f" {name}:")
+        self.part_kind = "optional" if optional else "check"
+        self.parts += not optional
+        print(f" {name}{' (optional)' if optional else ''}:")
 
     def end_part(self, name: str) -> None:
         """A part with a step still missing becomes one failed check, and the next part still runs."""
         if self.not_implemented:
-            self.add(name, False, f"not implemented yet: {self.not_implemented}")
-            self.missing_parts += 1
-            self.missing_message = self.missing_message or self.not_implemented
+            self.add(name, False, f"not implemented yet: {self.not_implemented}", kind=self.part_kind)
+            if self.part_kind == "check":
+                self.missing_parts += 1
+                self.missing_message = self.missing_message or self.not_implemented
             self.not_implemented = None
         self.part_steps = None
+        self.part_kind = "check"
 
     def _missing(self, name: str, kind: str, message: str):
         """'Not implemented yet' while it is plausible: steps still TODO and no check of this part passed.
@@ -161,12 +170,12 @@ class Report:
         ordinary failure of this case, so a half-done step still earns what passes.
         """
         number = lambda step: int(step.split(":")[0].removeprefix("step "))  # noqa: E731
-        todos = [] if self.solution else sorted(
-            {step for rel in student_files(self.task) for step in remaining_todos(self.student_dir / rel)
-             if self.part_steps is None or number(step) in self.part_steps},
+        todos = [] if self.solution else sorted(  # by step, then in the file's order
+            dict.fromkeys(step for rel in student_files(self.task) for step in remaining_todos(self.student_dir / rel)
+                          if self.part_steps is None or number(step) in self.part_steps),
             key=number,
         )
-        passed_before = any(c.passed and c.kind == "check" for c in self.cases[self.part_start:])
+        passed_before = any(c.passed and c.kind in ("check", "optional") for c in self.cases[self.part_start:])
         if not todos or passed_before:
             self.add(name, False, message, kind=kind)
             return None
@@ -184,7 +193,8 @@ class Report:
             return NOT_IMPLEMENTED
         if not self.cases and self.needs_cuda:
             return NEEDS_CUDA
-        return PASSED if self.cases and all(c.passed for c in self.cases) else FAILED
+        required = [c for c in self.cases if c.kind != "optional"]
+        return PASSED if required and all(c.passed for c in required) else FAILED
 
     def finish(self, json_path: str | None) -> int:
         status = self.status()

@@ -31,6 +31,8 @@ TASKS = {
     3: Task(3, ("task3/attention.py",), ("task3/__init__.py", "task3/entry.py"), uses=(1,)),
     4: Task(4, ("task4/kernels/attention.cu",),
             ("task4/__init__.py", "task4/entry.py", "task4/attention.py", "task4/binding.cpp"), cuda=True),
+    5: Task(5, ("task5/kernels/decode.cu",),
+            ("task5/__init__.py", "task5/entry.py", "task5/attention.py", "task5/binding.cpp"), uses=(4,), cuda=True),
 }
 
 # The shared code the worker needs: everything in common/ that student code or the given code

@@ -11,6 +11,7 @@ Your `print` output and `breakpoint()` work as usual: they use the terminal, not
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -21,6 +22,7 @@ import traceback
 from pathlib import Path
 
 from common import watch, wire
+from common.tasks import TASKS
 
 HERE = Path(__file__).resolve().parent.parent
 notes: list[str] = []  # things the checks should know, sent with every reply
@@ -75,6 +77,10 @@ def _resolve(value, kept: dict):
 
 def serve(sock: socket.socket, task: int) -> None:
     entry, kept = None, {}
+    # A CUDA task's own code is kernel files, which cannot call PyTorch (common/kernel_rules.py),
+    # so only the Python tasks run under the operator watch: it costs tens of microseconds per
+    # operator, which would weigh on the timings of the given layers around the kernels.
+    watching = contextlib.nullcontext if TASKS[task].cuda else watch.AttentionOpWatch
     while True:
         request = wire.decode_request(wire.recv_frame(sock, wire.MAX_REQUEST_BYTES))
         op = request["op"]
@@ -104,14 +110,14 @@ def serve(sock: socket.socket, task: int) -> None:
                 args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in request["args"]]
                 reply["ranges"] = [[a.data_ptr(), a.numel() * a.element_size()]
                                    for a in args if isinstance(a, torch.Tensor)]
-                with watch.AttentionOpWatch():
+                with watching():
                     fn(*args)
                 torch.cuda.synchronize()
                 reply["ok"] = None
             elif op == "call":
                 fn = getattr(entry, request["name"])
                 args, kwargs = _resolve(request["args"], kept), _resolve(request["kwargs"], kept)
-                with watch.AttentionOpWatch():
+                with watching():
                     reply["ok"] = fn(*args, **kwargs)
             else:
                 raise ValueError(f"unknown request {op!r}")

@@ -118,7 +118,7 @@ def _details(entry: dict, limit: int = 10) -> list[str]:
     for c in failed[:limit]:
         # a build error or a sanitizer report says what matters on the lines after its first
         first, *rest = c["message"].splitlines() or [""]
-        lines.append(f"- FAIL {c['name']}: {first}")
+        lines.append(f"- FAIL{' (optional)' if c['kind'] == 'optional' else ''} {c['name']}: {first}")
         lines += [f"  {ln}" for ln in rest[:MESSAGE_LINES]]
         if len(rest) > MESSAGE_LINES:
             lines.append(f"  ... and {len(rest) - MESSAGE_LINES} more lines (python -m task{entry['task']}.test shows all)")

@@ -2,12 +2,14 @@
 
 Correctness gates points: a task earns its correctness points in proportion to
 the checks that pass, and its performance points (tasks 4 and 5) only when every
-check and every benchmark passes (a benchmark fails when the output of its last
-timed run is wrong, its speed is physically impossible, or a causal run
+check and every benchmark passes (a benchmark fails when the output of one of its
+timed runs is wrong, its speed is physically impossible, or a causal run
 is not clearly faster than the full one). Breaking a rule (a
-"rule" case, such as calling PyTorch's own attention) scores 0 for the task. Performance is scored against the reference solution timed in the
-same run (`vs_reference` = reference time / student time in each benchmark
-case), so the grade does not depend on which GPU ran it.
+"rule" case, such as calling PyTorch's own attention) scores 0 for the task. An
+optional part ("optional" cases, task 5's split-KV) is reported, never scored.
+Performance is scored against the reference solution timed in the same run
+(`vs_reference` = reference time / student time in each benchmark case), so the
+grade does not depend on which GPU ran it.
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ def score(task: int, record: dict) -> tuple[float, str]:
     correctness_points = rubric.points - rubric.performance_points
     earned = correctness_points * passed / len(checks)
     why = f"{passed}/{len(checks)} checks passed"
+    optional = [c for c in cases if c["kind"] == "optional"]
+    if optional:
+        why += f" (and {sum(c['passed'] for c in optional)}/{len(optional)} of the optional part, not scored)"
     if rubric.performance_points:
         failed_benchmarks = [c for c in cases if c["kind"] == "benchmark" and not c["passed"]]
         if passed < len(checks):

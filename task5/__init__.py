@@ -1,1 +1,1 @@
-"""Task 5: KV-cache update and decode kernels (CUDA). Not in the kit yet."""
+"""Task 5: the KV cache and the decode kernels (CUDA)."""

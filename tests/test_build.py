@@ -50,7 +50,7 @@ def test_kernels_that_include_torch_are_refused(tmp_path, monkeypatch):
     build.check_plain_cuda([cu])
 
 
-@pytest.mark.parametrize("task", [2, 4])
+@pytest.mark.parametrize("task", [2, 4, 5])
 def test_cuda_task_tests_skip_cleanly_without_a_gpu(task, tmp_path):
     import importlib
     import json

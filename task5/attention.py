@@ -1,0 +1,128 @@
+"""Task 5: the Python side of the KV cache and the decode kernels.
+
+Given: not graded; edits here are not submitted (you write kernels/decode.cu).
+
+`update_cache` and `decode` hand tensors to the kernels in kernels/decode.cu (built on
+first use; `python -m task5.compile` builds them ahead). `CachedMultiHeadAttention` is a
+whole layer that generates: `prefill` runs task 4's kernel on the prompt and fills the
+cache, then each `step` projects one new token, appends its K and V to the cache and
+runs the decode kernel over the cache.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from common.build import load_extension
+from common.layer import AttentionLayer
+
+_extensions: dict[bool, object] = {}
+
+
+def extension(solution: bool = False):
+    """The compiled kernel module: yours, or the reference with solution=True."""
+    if solution not in _extensions:
+        _extensions[solution] = load_extension(5, solution, quiet=True)
+    return _extensions[solution]
+
+
+def update_cache(k_new, v_new, k_cache, v_cache, pos: int, solution: bool = False) -> None:
+    """Write k_new, v_new (batch, heads, n_new, head_dim) into the caches at positions pos .. pos + n_new - 1."""
+    extension(solution).update_cache(k_new, v_new, k_cache, v_cache, pos)
+
+
+def decode(q, k_cache, v_cache, length: int, scale: float | None = None, out=None, splits: int = 0,
+           solution: bool = False):
+    """One query per (batch, head), q (batch, heads, 1, head_dim), over positions 0 .. length - 1 of the cache.
+
+    splits: 1 = one block per (batch, head) (step 2), 0 = the launcher's choice, more =
+    split-KV with that many splits (step 3).
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    out = torch.full_like(q, math.nan) if out is None else out  # NaN: an element the kernel never wrote shows
+    extension(solution).decode(q, k_cache, v_cache, out, length, scale, splits)
+    return out
+
+
+class CudaKernels:
+    """The kernels a cached layer runs: task 4's for the prompt, task 5's for the cache and each step."""
+
+    def __init__(self, solution: bool = False):
+        self.solution = solution
+
+    def attention(self, q, k, v, causal: bool):
+        from task4.attention import flash_attention
+
+        return flash_attention(q, k, v, causal, solution=self.solution)
+
+    def update_cache(self, k_new, v_new, k_cache, v_cache, pos: int) -> None:
+        update_cache(k_new, v_new, k_cache, v_cache, pos, solution=self.solution)
+
+    def decode(self, q, k_cache, v_cache, length: int):
+        return decode(q, k_cache, v_cache, length, solution=self.solution)
+
+
+class CachedMultiHeadAttention(AttentionLayer):
+    """Causal multi-head attention for generation, with a cache of every position's K and V.
+
+    `prefill(x)` takes the prompt (batch, prompt_len, hidden) and returns its outputs;
+    `step(x)` takes one new token per sequence (batch, 1, hidden) and returns its output.
+    The cache holds `max_seq` positions per sequence, (batch, heads, max_seq, head_dim)
+    each for K and V: a head's keys are consecutive rows, so the decode kernel reads them
+    in one contiguous, coalesced sweep.
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, max_seq: int, device=None, kernels=None):
+        super().__init__(hidden_size, num_heads, device=device)
+        if not isinstance(max_seq, int) or max_seq < 1:
+            raise ValueError(f"max_seq must be a positive int (the positions the cache holds), got {max_seq!r}")
+        self.max_seq = max_seq
+        self.kernels = kernels if kernels is not None else CudaKernels()
+        self.k_cache = self.v_cache = None
+        self.length = 0  # positions of the cache written so far
+
+    def heads(self, x):
+        """The projections of x, as (batch, heads, seq, head_dim) rows the kernels read."""
+        return [self.split_heads(proj(x)).contiguous() for proj in (self.q_proj, self.k_proj, self.v_proj)]
+
+    def prefill(self, x: torch.Tensor) -> torch.Tensor:
+        """Start a new generation from the prompt x (batch, prompt_len, hidden): fill the cache."""
+        self._check_input(x, "x")
+        batch, prompt_len, _ = x.shape
+        if prompt_len > self.max_seq:
+            raise ValueError(f"the prompt has {prompt_len} tokens but the cache holds max_seq = {self.max_seq} "
+                             "positions; make the layer with a larger max_seq")
+        shape = (batch, self.num_heads, self.max_seq, self.head_dim)
+        if self.k_cache is None or self.k_cache.shape != shape or self.k_cache.device != x.device:
+            self.k_cache = torch.zeros(shape, device=x.device, dtype=x.dtype)
+            self.v_cache = torch.zeros_like(self.k_cache)
+        q, k, v = self.heads(x)
+        self.kernels.update_cache(k, v, self.k_cache, self.v_cache, 0)
+        self.length = prompt_len
+        return self.out_proj(self.merge_heads(self.kernels.attention(q, k, v, True)))
+
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        """One new token per sequence, x (batch, 1, hidden): append its K and V, attend over the cache."""
+        self._check_input(x, "x")
+        if self.k_cache is None:
+            raise RuntimeError("step() before prefill(): there is no cache yet; start with prefill(prompt)")
+        if x.shape[0] != self.k_cache.shape[0] or x.shape[1] != 1:
+            raise ValueError(f"x must be (batch, 1, hidden) with the prompt's batch {self.k_cache.shape[0]}, "
+                             f"got {tuple(x.shape)}")
+        if self.length >= self.max_seq:
+            raise ValueError(f"the cache is full: it holds max_seq = {self.max_seq} positions, all written; "
+                             "make the layer with a larger max_seq")
+        q, k, v = self.heads(x)
+        self.kernels.update_cache(k, v, self.k_cache, self.v_cache, self.length)
+        self.length += 1
+        return self.out_proj(self.merge_heads(self.kernels.decode(q, self.k_cache, self.v_cache, self.length)))
+
+    def forward(self, query, key, value, causal: bool = True):
+        raise TypeError("CachedMultiHeadAttention generates: call prefill(prompt), then step(token)")
+
+    def _check_input(self, x, name):
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.hidden_size or x.shape[1] < 1:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{name} must be (batch, seq, hidden = {self.hidden_size}) with seq >= 1, got {got}")

@@ -1,0 +1,65 @@
+"""Task 5's entry points: how the checks call your kernels (task5/kernels/decode.cu).
+
+Given: not graded; edits here are not submitted. This runs in the worker process: it
+builds your kernels with task5/binding.cpp and calls them on tensors the checks own
+(shared GPU memory), then waits for the GPU, so the checks read finished outputs. The
+layer's prefill also runs your task 4 kernel (task4/kernels/attention.cu).
+"""
+
+import torch
+
+from common.build import BuildError
+from task5 import attention
+
+ext = attention.extension()  # builds on first use; a compiler error is reported as the build check
+
+
+def update_cache(k_new, v_new, k_cache, v_cache, pos):
+    ext.update_cache(k_new, v_new, k_cache, v_cache, pos)
+    torch.cuda.synchronize()
+
+
+def decode(q, k_cache, v_cache, out, length, scale, splits):
+    ext.decode(q, k_cache, v_cache, out, length, scale, splits)
+    torch.cuda.synchronize()
+
+
+def decode_batch(sets, caches, length, scale, splits):
+    """The decode over every (q, out, cache index) set, then wait for the GPU: the checks time this request."""
+    for q, out, c in sets:
+        ext.decode(q, caches[c][0], caches[c][1], out, length, scale, splits)
+    torch.cuda.synchronize()
+
+
+def splits_for(batch_heads, length, head_dim):
+    return ext.splits_for(batch_heads, length, head_dim)
+
+
+_layer = None
+
+
+def make_layer(hidden, heads, max_seq, weights):
+    """The cached layer with your kernels inside, kept here for the calls below."""
+    global _layer
+    _layer = attention.CachedMultiHeadAttention(hidden, heads, max_seq, device="cuda").load_weights(*weights)
+
+
+def prefill(x, out):
+    with torch.no_grad():
+        try:
+            out.copy_(_layer.prefill(x))
+        except BuildError as err:
+            raise RuntimeError(f"the prefill runs your Task 4 kernel, which did not build: {err}") from None
+    torch.cuda.synchronize()
+
+
+def steps(xs, outs):
+    """One decode step per token of xs (batch, n, hidden), each output into outs[:, i]: the checks time this."""
+    with torch.no_grad():
+        for i in range(xs.shape[1]):
+            outs[:, i:i + 1].copy_(_layer.step(xs[:, i:i + 1]))
+    torch.cuda.synchronize()
+
+
+def cache_length():
+    return _layer.length

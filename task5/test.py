@@ -1,0 +1,593 @@
+"""python -m task5.test [--cache | --decode | --split | --layer] [--solution] [--json PATH]
+
+Checks Task 5's kernels on the GPU against float64 PyTorch, then measures them:
+- the cache update (step 1): positions pos .. pos + n - 1 written exactly, nothing else;
+- the decode kernel (step 2): cache lengths 1, 2, around the tile edges, 4097; head_dim 3
+  to 128; batch x heads from 1 x 1 to 8 x 32; the cache past `length` holds NaN, so a
+  kernel that reads beyond it shows;
+- split-KV (step 3, optional, graded apart): the same with 2 to 64 splits (more splits
+  than rows included) and the launcher's own choice;
+- the cached layer: prefill (your task 4 kernel) and decode steps against
+  nn.MultiheadAttention, up to a full cache.
+Then the decode kernel alone (batch 16 / 4096 cached tokens, batch 1 / 32768), in GB/s of
+K and V read against the copy bandwidth measured in the same run, naive PyTorch, SDPA and
+the reference kernel; and the handout's generation run (batch 16, prompt 1024, cache
+2048, hidden 4096, 32 heads, 100 steps): time to first token and time between tokens
+against nn.MultiheadAttention and SDPA over the same cache.
+Your kernels run in a worker process (task5/entry.py) on GPU memory this process owns.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from common import bench, cli, impl, sanitize
+from common.checks import (GUARD_BITS, CheckResult, compare, exact_float32, expect_errors, guard_damage, guarded_input,
+                           guarded_output, random_tensor)
+from common.layer import mha_weights
+from common.records import Report
+from common.reference import attention_reference, causal_mask
+
+ATOL, RTOL = 2e-5, 1e-4
+PARTS = {  # name: (README steps, optional)
+    "cache": ((1,), False),
+    "decode": ((2,), False),
+    "split": ((3,), True),
+    "layer": ((1, 2), False),
+}
+# (batch, heads, max_seq, pos, n_new, head_dim): rows pos .. pos + n_new - 1 are written
+CACHE_CASES = [(1, 1, 8, 0, 1, 128), (2, 3, 50, 49, 1, 64), (2, 2, 40, 0, 33, 80), (1, 2, 300, 17, 129, 17),
+               (4, 8, 64, 5, 1, 128)]
+# (batch, heads, max_seq, length, head_dim): positions length .. max_seq - 1 hold NaN
+DECODE_CASES = [(1, 1, 8, 1, 128), (1, 1, 8, 2, 64), (2, 3, 100, 31, 128), (2, 3, 100, 32, 128),
+                (2, 3, 100, 33, 128), (1, 2, 200, 63, 64), (1, 2, 200, 64, 64), (1, 2, 200, 65, 64),
+                (1, 1, 4100, 4097, 128), (2, 2, 300, 300, 80), (1, 3, 150, 129, 17), (1, 2, 70, 50, 32),
+                (2, 2, 90, 77, 12), (1, 2, 60, 41, 4), (1, 1, 40, 37, 3), (8, 32, 300, 257, 128)]
+# (batch, heads, max_seq, length, head_dim, splits); splits 0: the launcher's choice
+SPLIT_CASES = [(1, 1, 8, 1, 128, 64), (1, 1, 8, 2, 64, 3), (2, 3, 100, 33, 128, 2), (1, 2, 200, 65, 64, 7),
+               (1, 1, 4100, 4097, 128, 64), (1, 1, 4100, 4097, 128, 0), (2, 2, 300, 300, 80, 3),
+               (1, 3, 150, 129, 17, 5), (1, 1, 40, 37, 3, 2), (1, 2, 9000, 8999, 128, 0), (8, 32, 300, 257, 128, 2)]
+# (hidden, heads, max_seq, prompt_len, steps): steps that end exactly at a full cache included
+LAYER_CASES = [(256, 4, 80, 50, 30), (256, 4, 40, 1, 20), (4096, 32, 48, 33, 15)]
+DECODE_BENCHMARKS = [(16, 32, 4096, 128), (1, 32, 32768, 128)]  # (batch, heads, cached tokens, head_dim)
+HANDOUT = dict(batch=16, prompt=1024, max_seq=2048, hidden=4096, heads=32, steps=100)
+REPS = 5  # timed requests per benchmark
+FASTEST_VS_COPY = 1.25  # a decode reading K and V faster than this times the copy bandwidth skipped work
+
+
+def describe_decode(shape) -> str:
+    return "batch {} heads {} cache {} length {} head_dim {}".format(*shape)
+
+
+def cache_with_tail(shape, length, seed):
+    """A cache (batch, heads, max_seq, head_dim) whose positions from `length` on hold NaN."""
+    cache = random_tensor(shape, seed)
+    cache[:, :, length:] = math.nan
+    return cache
+
+
+def check_update(worker, case):
+    b, h, max_seq, pos, n, d = case.shape
+    k_new, v_new = random_tensor((b, h, n, d), case.seed), random_tensor((b, h, n, d), case.seed + 1)
+    before = [random_tensor((b, h, max_seq, d), case.seed + 2 + i) for i in range(2)]
+    news = [guarded_input(name, t) for name, t in (("k_new", k_new), ("v_new", v_new))]
+    caches = [guarded_output(name, (b, h, max_seq, d)) for name in ("k_cache", "v_cache")]
+    for cache, values in zip(caches, before):
+        cache.tensor.copy_(values)
+    worker.call("update_cache", news[0].tensor, news[1].tensor, caches[0].tensor, caches[1].tensor, pos)
+    damage = guard_damage(*news, *caches)
+    if damage:
+        return damage
+    for cache, values, new in zip(caches, before, (k_new, v_new)):
+        expected = values.clone()
+        expected[:, :, pos:pos + n] = new
+        got = cache.tensor.cpu()
+        wrong = (got.view(torch.int32) != expected.view(torch.int32)).any(dim=-1)  # (b, h, max_seq) rows
+        if not wrong.any():
+            continue
+        if torch.equal(got.view(torch.int32), values.view(torch.int32)):
+            return CheckResult(False, f"`{cache.name}` is unchanged: rows {pos} .. {pos + n - 1} were not written",
+                               untouched=True)
+        rows = sorted({int(r) for r in wrong.nonzero()[:, 2]})
+        outside = [r for r in rows if not pos <= r < pos + n]
+        shown = ", ".join(map(str, (outside or rows)[:5]))
+        if outside:
+            return False, (f"`{cache.name}`: rows outside pos .. pos + n_new - 1 = {pos} .. {pos + n - 1} "
+                           f"changed (rows {shown}); only the new positions may be written"), {}
+        return False, f"`{cache.name}`: rows {shown} do not hold the new K/V values (an index off?)", {}
+    return True, f"rows {pos} .. {pos + n - 1} written exactly, the other {max_seq - n} untouched", {}
+
+
+def decode_inputs(shape, seed):
+    b, h, max_seq, length, d = shape
+    q = random_tensor((b, h, 1, d), seed)
+    return q, cache_with_tail((b, h, max_seq, d), length, seed + 1), cache_with_tail((b, h, max_seq, d), length,
+                                                                                  seed + 2)
+
+
+def check_decode(worker, shape, seed, splits):
+    b, h, max_seq, length, d = shape
+    q, k_cache, v_cache = decode_inputs(shape, seed)
+    inputs = [guarded_input(name, t) for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))]
+    out = guarded_output("out", q.shape)
+    scale = 1.0 / math.sqrt(d)
+    worker.call("decode", *(t.tensor for t in inputs), out.tensor, length, scale, splits)
+    damage = guard_damage(*inputs, out)
+    if damage:
+        return damage
+    expected = attention_reference(q, k_cache[:, :, :length], v_cache[:, :, :length], False, scale)[0]
+    bits = out.tensor.view(torch.int32)
+    result = compare(out.tensor, expected, atol=ATOL, rtol=RTOL, poisoned=bool((bits == GUARD_BITS).all()))
+    computed_nan = torch.isnan(out.tensor) & (bits != GUARD_BITS)
+    if not result.passed and computed_nan.any() and length < max_seq:
+        result.message += (f"; the cache holds NaN from position length = {length} on, so the kernel read past "
+                           "`length`: read rows 0 .. length - 1 only")
+    return result
+
+
+def check_layer(worker, hidden, heads, max_seq, prompt_len, steps, seed):
+    torch.manual_seed(seed)
+    reference = nn.MultiheadAttention(hidden, heads, bias=False, batch_first=True)
+    worker.call("make_layer", hidden, heads, max_seq, [w.cuda() for w in mha_weights(reference)])
+    x = random_tensor((2, prompt_len + steps, hidden), seed + 1)
+    out_prompt = torch.full((2, prompt_len, hidden), math.nan, device="cuda")
+    out_steps = torch.full((2, steps, hidden), math.nan, device="cuda")
+    worker.call("prefill", x[:, :prompt_len].cuda(), out_prompt)
+    worker.call("steps", x[:, prompt_len:].cuda().contiguous(), out_steps)
+    with torch.no_grad(), exact_float32():
+        seq = prompt_len + steps
+        x64 = x.double()
+        expected, _ = reference.double()(x64, x64, x64, attn_mask=causal_mask(seq, seq), need_weights=False)
+    atol = ATOL * float(expected.abs().max())
+    prompt = compare(out_prompt, expected[:, :prompt_len], atol=atol, rtol=RTOL, name="prefill output")
+    if not prompt.passed:
+        prompt.message += "; the prefill runs your Task 4 kernel: does python -m task4.test pass?"
+        prompt.untouched = False
+        return prompt
+    result = compare(out_steps, expected[:, prompt_len:], atol=atol, rtol=RTOL, name="decode steps' output",
+                     poisoned=True)
+    if result.passed:
+        full = " (the cache is full at the end)" if seq == max_seq else ""
+        result.message = f"prefill of {prompt_len} and {steps} steps match{full}; {result.message}"
+    return result
+
+
+def check_errors(worker):
+    """The given binding's and layer's errors (not the student's work: reported, not scored)."""
+    cache = torch.zeros(1, 2, 16, 64, device="cuda")
+    new = torch.zeros(1, 2, 1, 64, device="cuda")
+    q = torch.zeros(1, 2, 1, 64, device="cuda")
+    out = torch.empty_like(q)
+    update = lambda k_new, k_cache, pos, v_cache=None: ("update_cache", k_new, k_new.clone(), k_cache,  # noqa: E731
+                                                        k_cache.clone() if v_cache is None else v_cache, pos)
+    decode = lambda q_, k_cache, length, splits=0, o=None: ("decode", q_, k_cache, k_cache.clone(),  # noqa: E731
+                                                            out if o is None else o, length, 0.125, splits)
+    bad = [
+        ("pos at max_seq", update(new, cache, 16), "pos + n_new must be at most max_seq"),
+        ("pos negative", update(new, cache, -1), "pos must be at least 0"),
+        ("new rows past the end", update(torch.zeros(1, 2, 3, 64, device="cuda"), cache, 14),
+         "pos + n_new must be at most max_seq"),
+        ("cache of float64", update(new.double(), cache.double(), 0), "float32"),
+        ("cache on the CPU", update(new, cache.cpu(), 0), "CUDA"),
+        ("non-contiguous cache", update(new, cache.transpose(2, 3), 0), "contiguous"),
+        ("k_cache and v_cache of different shapes", update(new, cache, 0, torch.zeros(1, 2, 8, 64, device="cuda")),
+         "v_cache must have k_cache's shape"),
+        ("new K of another head_dim", update(torch.zeros(1, 2, 1, 32, device="cuda"), cache, 0), "head_dim"),
+        ("two queries", decode(torch.zeros(1, 2, 2, 64, device="cuda"), cache, 4), "one query"),
+        ("length 0", decode(q, cache, 0), "length must be between 1 and max_seq"),
+        ("length past max_seq", decode(q, cache, 17), "length must be between 1 and max_seq"),
+        ("negative splits", decode(q, cache, 4, -1), "splits must be between"),
+        ("head_dim 256", decode(torch.zeros(1, 1, 1, 256, device="cuda"), torch.zeros(1, 1, 4, 256, device="cuda"),
+                                2, 0, torch.zeros(1, 1, 1, 256, device="cuda")), "at most 128"),
+        ("out is q", decode(q, cache, 4, 0, q), "must not share memory"),
+    ]
+    ok, message, metrics = expect_errors(lambda *call: worker.call(*call), bad)
+    if not ok:
+        return ok, message, metrics
+    weights = [torch.eye(64, device="cuda") for _ in range(4)]
+    worker.call("make_layer", 64, 2, 4, weights)
+    layer_bad = [
+        ("a prompt longer than the cache", ("prefill", torch.zeros(1, 5, 64, device="cuda"),
+                                            torch.zeros(1, 5, 64, device="cuda")), "holds max_seq = 4"),
+        ("a step before the prefill", ("steps", torch.zeros(1, 1, 64, device="cuda"),
+                                       torch.zeros(1, 1, 64, device="cuda")), "before prefill"),
+    ]
+    ok, message2, _ = expect_errors(lambda *call: worker.call(*call), layer_bad)
+    if not ok:
+        return ok, message2, {}
+    return True, f"{len(bad) + len(layer_bad)} kinds of bad input rejected with clear errors", {}
+
+
+def check_cache_full(worker):
+    """One step past a full cache: a clear error, not a write past the end (given code, not scored)."""
+    weights = [torch.eye(64, device="cuda") for _ in range(4)]
+    worker.call("make_layer", 64, 2, 4, weights)
+    worker.call("prefill", torch.zeros(1, 4, 64, device="cuda"), torch.zeros(1, 4, 64, device="cuda"))
+    return expect_errors(lambda *call: worker.call(*call), [
+        ("a step past a full cache", ("steps", torch.zeros(1, 1, 64, device="cuda"),
+                                      torch.zeros(1, 1, 64, device="cuda")), "the cache is full")])
+
+
+KERNEL_STEPS = {"update_cache_kernel": "Task 5, step 1", "decode_kernel": "Task 5, step 2",
+                "decode_split_kernel": "Task 5, step 3", "combine_splits_kernel": "Task 5, step 3"}
+
+
+def sanitizer_calls(hidden: bool, with_splits: bool) -> list[sanitize.Call]:
+    """Small cases of every kernel at its edges, for compute-sanitizer."""
+    calls = []
+    for b, h, max_seq, pos, n, d in [(1, 2, 10, 9, 1, 128), (2, 1, 40, 3, 33, 17)]:
+        k_new, v_new = (random_tensor((b, h, n, d), cli.seed(pos + i, hidden)) for i in range(2))
+        calls.append(sanitize.Call(f"update_cache cache {max_seq} pos {pos} n_new {n} head_dim {d}", "update_cache",
+                                   (k_new, v_new, torch.zeros(b, h, max_seq, d), torch.zeros(b, h, max_seq, d), pos),
+                                   ("k_new", "v_new", "k_cache", "v_cache")))
+    shapes = [(1, 2, 40, 40, 128), (1, 1, 70, 65, 17), (2, 1, 20, 3, 12), (1, 2, 33, 33, 64)]
+    for splits in (1, 3, 64) if with_splits else (1,):
+        for shape in shapes:
+            q, k_cache, v_cache = (t.nan_to_num() for t in decode_inputs(shape, cli.seed(sum(shape), hidden)))
+            calls.append(sanitize.Call(f"decode {describe_decode(shape)} splits {splits}", "decode",
+                                       (q, k_cache, v_cache, torch.empty_like(q), shape[3], 1 / math.sqrt(shape[4]),
+                                        splits), ("q", "k_cache", "v_cache", "out")))
+    return calls
+
+
+# -- measuring ------------------------------------------------------------------------------
+
+class TimedDecode:
+    """The inputs of one decode benchmark: a few caches, many distinct queries, every output checked.
+
+    Caches are large (gigabytes), so a request cycles through a few of them, while every
+    call gets a query of its own: each output is new, and none can be computed ahead.
+    Before each request the queries get fresh values and the outputs the poison pattern;
+    one head of each query is copied here first. After it, the caches must be unchanged
+    (fingerprints), every output written, and the copied heads right (float64).
+    """
+
+    def __init__(self, batch, heads, length, head_dim):
+        self.shape, self.length = (batch, heads, length, head_dim), length
+        cache_bytes = 2 * batch * heads * length * head_dim * 4
+        self.caches = [tuple(torch.randn(batch, heads, length, head_dim, device="cuda") for _ in range(2))
+                       for _ in range(max(1, min(4, bench.SET_MEMORY_BUDGET // cache_bytes)))]
+        estimate_ms = cache_bytes / 3e12 * 1e3  # at about 3 TB/s: sizes a request, nothing else
+        self.count = bench.sets_for(batch * heads * head_dim * 8, estimate_ms, most=128)
+        self.sets = [(torch.empty(batch, heads, 1, head_dim, device="cuda"),
+                      torch.empty(batch, heads, 1, head_dim, device="cuda"), i % len(self.caches))
+                     for i in range(self.count)]
+        self.prints = [[fingerprint(t) for t in pair] for pair in self.caches]
+        self.picked: list = []
+        self.rng = random.Random()
+
+    @property
+    def bytes_read(self) -> int:
+        batch, heads, length, head_dim = self.shape
+        return 2 * batch * heads * length * head_dim * 4
+
+    def refresh(self):
+        self.picked = []
+        for q, out, _ in self.sets:
+            q.normal_()
+            out.view(torch.int32).fill_(GUARD_BITS)
+            b, h = self.rng.randrange(q.shape[0]), self.rng.randrange(q.shape[1])
+            self.picked.append((b, h, q[b, h].cpu()))
+        torch.cuda.synchronize()
+
+    def check(self, scale):
+        for i, (pair, prints) in enumerate(zip(self.caches, self.prints)):
+            if [fingerprint(t) for t in pair] != prints:
+                raise AssertionError(f"changed the cache it reads (cache {i + 1}); the decode must only read it")
+        for i, ((q, out, c), (b, h, q_bh)) in enumerate(zip(self.sets, self.picked)):
+            where = f"output of timed call {i + 1} of {self.count}"
+            if not torch.isfinite(out).all():
+                raise AssertionError(f"{where}: not every element was written (or NaN was computed)")
+            k, v = self.caches[c]
+            expected = attention_reference(q_bh.to(k.device), k[b, h], v[b, h], False, scale)[0]
+            result = compare(out[b, h], expected, atol=ATOL, rtol=RTOL, name=f"{where}, head ({b}, {h})")
+            if not result.passed:
+                raise AssertionError(result.message)
+
+
+def fingerprint(t: torch.Tensor) -> int:
+    return int(t.view(torch.int32).sum(dtype=torch.int64))
+
+
+def time_student_decode(worker, timed: TimedDecode, splits: int):
+    scale = 1.0 / math.sqrt(timed.shape[-1])
+    kept_sets, kept_caches = worker.keep("decode sets", timed.sets), worker.keep("decode caches", timed.caches)
+    try:
+        timed.refresh()
+        worker.call("decode_batch", kept_sets, kept_caches, timed.length, scale, splits)  # warm-up
+        return bench.host_clock(
+            lambda: worker.call("decode_batch", kept_sets, kept_caches, timed.length, scale, splits),
+            reps=REPS, per_request=timed.count, before=timed.refresh, after=lambda: timed.check(scale))
+    except AssertionError as err:
+        return str(err)
+    finally:
+        worker.drop("decode sets")
+        worker.drop("decode caches")
+
+
+def time_decode_here(fn, timed: TimedDecode):
+    """A trusted decode (reference kernel, naive PyTorch, SDPA) over the same sets, the same clock."""
+    def request():
+        for q, out, c in timed.sets:
+            fn(q, *timed.caches[c], out)
+        torch.cuda.synchronize()
+
+    def measure():
+        with torch.no_grad(), exact_float32():
+            request()
+            return bench.host_clock(request, reps=REPS, per_request=timed.count)
+    result = bench.or_out_of_memory(measure)
+    torch.cuda.empty_cache()
+    return result
+
+
+def decode_result(timing, timed: TimedDecode, reference, copy_gbs, splits: int, how: str):
+    if isinstance(timing, str):
+        return False, timing, {}
+    scale = 1.0 / math.sqrt(timed.shape[-1])
+    gbs = timed.bytes_read / (timing.median_ms * 1e-3) / 1e9
+    metrics = {"kernel_ms": timing.median_ms, "gbs": gbs, "copy_gbs": copy_gbs, "of_copy": gbs / copy_gbs,
+               "splits": splits, "calls_per_request": timed.count}
+    message = (f"kernel {timing.median_ms:.3f} ms, {gbs:.0f} GB/s of K and V ({gbs / copy_gbs:.0%} of the "
+               f"{copy_gbs:.0f} GB/s copy bandwidth; {how})")
+    if reference is not None:
+        t_ref = time_decode_here(lambda q, k, v, o: reference.decode(q, k, v, o, timed.length, scale, 0), timed)
+        if not isinstance(t_ref, str):
+            ref_gbs = timed.bytes_read / (t_ref.median_ms * 1e-3) / 1e9
+            metrics |= {"reference_ms": t_ref.median_ms, "reference_gbs": ref_gbs,
+                        bench.VS_REFERENCE: t_ref.median_ms / timing.median_ms}
+            message += (f", reference kernel {t_ref.median_ms:.3f} ms ({ref_gbs:.0f} GB/s; "
+                        f"{metrics[bench.VS_REFERENCE]:.2f}x its speed)")
+    t_naive = time_decode_here(lambda q, k, v, o: torch.softmax((q @ k.transpose(-2, -1)) * scale, dim=-1) @ v,
+                               timed)
+    t_sdpa = time_decode_here(lambda q, k, v, o: F.scaled_dot_product_attention(q, k, v, scale=scale), timed)
+    for key, label, t in (("naive", "naive PyTorch", t_naive), ("sdpa", "SDPA", t_sdpa)):
+        if not isinstance(t, str):
+            metrics[f"{key}_gbs"] = timed.bytes_read / (t.median_ms * 1e-3) / 1e9
+            metrics[f"speedup_vs_{key}"] = bench.ratio(t, timing)
+            message += f"; {label} {t.median_ms:.3f} ms ({metrics[f'{key}_gbs']:.0f} GB/s)"
+    if gbs > FASTEST_VS_COPY * copy_gbs:
+        return False, message + (f": faster than {FASTEST_VS_COPY}x the copy bandwidth, more than the GPU can "
+                                 "read, so work was skipped"), metrics
+    return True, message, metrics
+
+
+def load_reference(report):
+    """The reference kernels, built and run here (never in the worker); None in the student's handout."""
+    if not impl.has_solution(5):
+        return None
+    from task5 import attention as given
+
+    try:
+        return given.extension(solution=True)
+    except Exception as err:  # noqa: BLE001  the instructor's build: say so, keep the student's numbers
+        report.note(f"the reference kernels could not be built, so performance is not scored: {err}")
+        return None
+
+
+class SdpaKernels:
+    """PyTorch's SDPA in the same cached layer (the trusted side's baseline): the cache updated in place."""
+
+    def attention(self, q, k, v, causal):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def update_cache(self, k_new, v_new, k_cache, v_cache, pos):
+        k_cache[:, :, pos:pos + k_new.shape[2]] = k_new
+        v_cache[:, :, pos:pos + v_new.shape[2]] = v_new
+
+    def decode(self, q, k_cache, v_cache, length):
+        return F.scaled_dot_product_attention(q, k_cache[:, :, :length], v_cache[:, :, :length])
+
+
+def generation_inputs(rng_seed):
+    g = HANDOUT
+    gen = torch.Generator(device="cuda").manual_seed(rng_seed)
+    x = torch.randn(g["batch"], g["prompt"] + g["steps"], g["hidden"], device="cuda", generator=gen)
+    return x[:, :g["prompt"]].contiguous(), x[:, g["prompt"]:].contiguous(), x
+
+
+def check_generation(reference, x, out_prompt, out_steps):
+    """The handout run's outputs against float64 nn.MultiheadAttention on the whole sequence."""
+    g = HANDOUT
+    seq = g["prompt"] + g["steps"]
+    with torch.no_grad(), exact_float32():
+        x64 = x.double()
+        expected, _ = reference(x64, x64, x64, attn_mask=causal_mask(seq, seq, "cuda"), need_weights=False)
+    atol = ATOL * float(expected.abs().max())
+    for name, got, want in (("prefill output", out_prompt, expected[:, :g["prompt"]]),
+                            ("decode steps' output", out_steps, expected[:, g["prompt"]:])):
+        result = compare(got, want, atol=atol, rtol=RTOL, name=name)
+        if not result.passed:
+            raise AssertionError(result.message)
+
+
+def time_student_generation(worker):
+    """TTFT and TBT of your layer in the worker, every output checked; (ttft, tbt) Timings or a message."""
+    g = HANDOUT
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(g["hidden"], g["heads"], bias=False, batch_first=True)
+    worker.call("make_layer", g["hidden"], g["heads"], g["max_seq"], [w.cuda() for w in mha_weights(mha)])
+    reference = mha.to("cuda", torch.float64)
+    ttft, tbt = [], []
+    try:
+        for rep in range(REPS - 2):
+            prompt, steps, x = generation_inputs(rep)
+            out_prompt = torch.full((g["batch"], g["prompt"], g["hidden"]), math.nan, device="cuda")
+            out_steps = torch.full((g["batch"], g["steps"], g["hidden"]), math.nan, device="cuda")
+            ttft.append(bench.host_clock(lambda: worker.call("prefill", prompt, out_prompt), reps=1, per_request=1))
+            tbt.append(bench.host_clock(lambda: worker.call("steps", steps, out_steps), reps=1,
+                                        per_request=g["steps"]))
+            check_generation(reference, x, out_prompt, out_steps)
+    except AssertionError as err:
+        return str(err)
+    return median_of(ttft), median_of(tbt)
+
+
+def median_of(timings):
+    return sorted(timings, key=lambda t: t.median_ms)[len(timings) // 2]
+
+
+def generation_result(student):
+    """The handout's numbers: TTFT and TBT against nn.MultiheadAttention and SDPA over the same cache."""
+    if isinstance(student, str):
+        return False, student, {}
+    ttft, tbt = student
+    g = HANDOUT
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(g["hidden"], g["heads"], bias=False, batch_first=True, device="cuda")
+    prompt, steps, x = generation_inputs(0)
+    mask = causal_mask(g["prompt"], g["prompt"], "cuda")
+
+    def time_mha_prompt():
+        with torch.no_grad(), exact_float32():
+            run = lambda: (mha(prompt, prompt, prompt, attn_mask=mask, need_weights=False),  # noqa: E731
+                           torch.cuda.synchronize())
+            run()
+            return bench.host_clock(run, reps=3, per_request=1)
+
+    def time_mha_recompute():
+        """nn.MultiheadAttention over every token so far, for every 10th step: no cache, the whole sequence."""
+        samples = []
+        with torch.no_grad(), exact_float32():
+            for t in range(0, g["steps"], 10):
+                seen = x[:, :g["prompt"] + t + 1]
+                m = causal_mask(seen.shape[1], seen.shape[1], "cuda")
+                run = lambda: (mha(seen, seen, seen, attn_mask=m, need_weights=False),  # noqa: E731
+                               torch.cuda.synchronize())
+                run()
+                samples.append(bench.host_clock(run, reps=1, per_request=1).median_ms)
+        return sum(samples) / len(samples)
+
+    def time_sdpa_layer():
+        from task5.attention import CachedMultiHeadAttention
+
+        layer = CachedMultiHeadAttention(g["hidden"], g["heads"], g["max_seq"], device="cuda", kernels=SdpaKernels())
+        layer.load_from_torch(mha)
+        with torch.no_grad(), exact_float32():
+            layer.prefill(prompt)
+            t_prefill = bench.host_clock(lambda: (layer.prefill(prompt), torch.cuda.synchronize()), reps=3,
+                                         per_request=1)
+
+            def run_steps():
+                for i in range(g["steps"]):
+                    layer.step(steps[:, i:i + 1])
+                torch.cuda.synchronize()
+            t_steps = bench.host_clock(run_steps, reps=3, per_request=g["steps"], before=lambda: layer.prefill(prompt))
+        return t_prefill, t_steps
+
+    t_mha = bench.or_out_of_memory(time_mha_prompt)
+    recompute_ms = bench.or_out_of_memory(time_mha_recompute)
+    sdpa = bench.or_out_of_memory(time_sdpa_layer)
+    torch.cuda.empty_cache()
+    metrics = {"ttft_ms": ttft.median_ms, "tbt_ms": tbt.median_ms}
+    message = (f"batch {g['batch']} prompt {g['prompt']} hidden {g['hidden']} heads {g['heads']}, "
+               f"{g['steps']} steps: TTFT {ttft.median_ms:.2f} ms, TBT {tbt.median_ms:.3f} ms")
+    if not isinstance(t_mha, str):
+        metrics |= {"ttft_mha_ms": t_mha.median_ms, "ttft_speedup_vs_mha": t_mha.median_ms / ttft.median_ms}
+        message += f"; nn.MultiheadAttention on the prompt {t_mha.median_ms:.2f} ms ({metrics['ttft_speedup_vs_mha']:.2f}x)"
+    if not isinstance(recompute_ms, str):
+        metrics |= {"tbt_recompute_ms": recompute_ms, "tbt_speedup_vs_recompute": recompute_ms / tbt.median_ms}
+        message += (f"; recomputing nn.MultiheadAttention over every token per step {recompute_ms:.2f} ms "
+                    f"({metrics['tbt_speedup_vs_recompute']:.1f}x)")
+    if not isinstance(sdpa, str):
+        t_prefill, t_steps = sdpa
+        metrics |= {"ttft_sdpa_ms": t_prefill.median_ms, "tbt_sdpa_ms": t_steps.median_ms,
+                    "tbt_speedup_vs_sdpa": t_steps.median_ms / tbt.median_ms}
+        message += (f"; SDPA over the same cache: TTFT {t_prefill.median_ms:.2f} ms, TBT {t_steps.median_ms:.3f} ms "
+                    f"({metrics['tbt_speedup_vs_sdpa']:.2f}x)")
+    return True, message, metrics
+
+
+def run_benchmarks(report, worker, split_passed: bool):
+    """Your kernels in the worker first, then, with the worker ended, everything else here."""
+    splits = 0 if split_passed else 1
+    student, timed_sets = {}, {}
+    for batch, heads, length, d in DECODE_BENCHMARKS:
+        timed = TimedDecode(batch, heads, length, d)
+        chosen = worker.call("splits_for", batch * heads, length, d) if splits == 0 else 1
+        student[(batch, length)] = time_student_decode(worker, timed, splits), chosen
+        timed_sets[(batch, length)] = timed
+    generation = time_student_generation(worker)
+    worker.stop()  # its context is gone, and any work it had queued with it: the GPU is ours alone now
+
+    copy_gbs = bench.copy_bandwidth_gbs()
+    reference = load_reference(report)
+    for batch, heads, length, d in DECODE_BENCHMARKS:
+        timing, chosen = student[(batch, length)]
+        how = (f"{chosen} split{'s' if chosen > 1 else ''} per head, the launcher's choice" if splits == 0 else
+               "one block per head: split-KV is used once its checks pass")
+        report.run(f"decode batch {batch} heads {heads} cached tokens {length} head_dim {d}",
+                   lambda: decode_result(timing, timed_sets[(batch, length)], reference, copy_gbs, chosen, how),
+                   kind="benchmark")
+        del timed_sets[(batch, length)]
+        torch.cuda.empty_cache()
+    report.run("generation: time to first token and between tokens", lambda: generation_result(generation),
+               kind="benchmark")
+
+
+def main(argv=None) -> int:
+    parser = cli.parser(5, __doc__.splitlines()[2])
+    for part, (steps, optional) in PARTS.items():
+        parser.add_argument(f"--{part}", action="store_true",
+                            help=f"test only README step{'s' if len(steps) > 1 else ''} "
+                                 f"{', '.join(map(str, steps))}{' (optional)' if optional else ''}")
+    args = parser.parse_args(argv)
+    chosen = [p for p in PARTS if getattr(args, p)] or list(PARTS)
+    report = Report(5, args.solution, "KV cache and decode kernels", args.student_dir)
+    with cli.worker(report, 5, args) as worker:
+        if worker is None:
+            return report.finish(args.json)
+        split_passed = False
+        for part in [] if args.sanitize else chosen:
+            steps, optional = PARTS[part]
+            report.begin_part(part, steps, optional=optional)
+            first = len(report.cases)
+            if part == "cache":
+                for case in cli.cases(5, part, CACHE_CASES, args.hidden, causal=(False,),
+                                      describe=lambda s: "batch {} heads {} cache {} pos {} n_new {} head_dim {}"
+                                      .format(*s)):
+                    report.run(case.name, lambda: check_update(worker, case))
+            elif part in ("decode", "split"):
+                public = DECODE_CASES if part == "decode" else SPLIT_CASES
+                label = (describe_decode if part == "decode" else
+                         lambda s: f"{describe_decode(s[:5])} splits {s[5] or 'chosen by the launcher'}")
+                for case in cli.cases(5, part, public, args.hidden, label, causal=(False,)):
+                    splits = 1 if part == "decode" else case.shape[5]
+                    report.run(case.name, lambda: check_decode(worker, case.shape[:5], case.seed, splits))
+            else:
+                for i, (hidden, heads, max_seq, prompt_len, n) in enumerate(LAYER_CASES):
+                    report.run(f"layer hidden {hidden} heads {heads} cache {max_seq}: prefill {prompt_len}, "
+                               f"{n} steps vs nn.MultiheadAttention",
+                               lambda: check_layer(worker, hidden, heads, max_seq, prompt_len, n,
+                                                   cli.seed(13 + i, args.hidden)))
+            report.end_part(part)
+            if part == "split":
+                split_passed = len(report.cases) > first and all(c.passed for c in report.cases[first:])
+        if args.sanitize or any(c.passed and c.kind == "check" for c in report.cases):
+            with_splits = split_passed or (args.sanitize and "split" in chosen)
+            sanitize.add_to_report(report, 5, args, sanitizer_calls(args.hidden, with_splits), KERNEL_STEPS.get)
+        if args.sanitize:
+            return report.finish(args.json)
+        report.run("bad input raises clear errors (the given binding and layer)", lambda: check_errors(worker),
+                   kind="given")
+        report.run("a step past a full cache raises a clear error (the given layer)",
+                   lambda: check_cache_full(worker), kind="given")
+        required = [c for c in report.cases if c.kind != "optional"]
+        if set(chosen) < {"cache", "decode", "layer"}:
+            report.note("benchmarks run when every part is tested (no --cache/--decode/--layer flag)")
+        elif report.stopped or not all(c.passed for c in required):
+            report.note("benchmarks skipped until every check passes")
+        else:
+            run_benchmarks(report, worker, split_passed)
+    report.run("own work: no PyTorch attention, no reference solution",
+               lambda: impl.check_own_work(5, args.solution, args.student_dir, report.attention_ops), kind="rule")
+    return report.finish(args.json)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
