@@ -121,7 +121,8 @@ def _details(entry: dict, limit: int = 10) -> list[str]:
         lines.append(f"- FAIL{' (optional)' if c['kind'] == 'optional' else ''} {c['name']}: {first}")
         lines += [f"  {ln}" for ln in rest[:MESSAGE_LINES]]
         if len(rest) > MESSAGE_LINES:
-            lines.append(f"  ... and {len(rest) - MESSAGE_LINES} more lines (python -m task{entry['task']}.test shows all)")
+            lines.append(f"  ... and {len(rest) - MESSAGE_LINES} more lines "
+                         f"(python -m task{entry['task']}.test shows all)")
     if len(failed) > limit:
         lines.append(f"- ... and {len(failed) - limit} more failures")
     for c in cases:

@@ -214,7 +214,8 @@ def check_cache_full(worker):
 
 
 KERNEL_STEPS = {"update_cache_kernel": "Task 5, step 1", "decode_kernel": "Task 5, step 2",
-                "decode_split_kernel": "Task 5, step 3", "combine_splits_kernel": "Task 5, step 3"}
+                "attend_rows": "Task 5, step 2", "decode_split_kernel": "Task 5, step 3",
+                "combine_splits_kernel": "Task 5, step 3"}
 
 
 def sanitizer_calls(hidden: bool, with_splits: bool) -> list[sanitize.Call]:
@@ -489,7 +490,8 @@ def generation_result(student):
                f"{g['steps']} steps: TTFT {ttft.median_ms:.2f} ms, TBT {tbt.median_ms:.3f} ms")
     if not isinstance(t_mha, str):
         metrics |= {"ttft_mha_ms": t_mha.median_ms, "ttft_speedup_vs_mha": t_mha.median_ms / ttft.median_ms}
-        message += f"; nn.MultiheadAttention on the prompt {t_mha.median_ms:.2f} ms ({metrics['ttft_speedup_vs_mha']:.2f}x)"
+        message += (f"; nn.MultiheadAttention on the prompt {t_mha.median_ms:.2f} ms "
+                    f"({metrics['ttft_speedup_vs_mha']:.2f}x)")
     if not isinstance(recompute_ms, str):
         metrics |= {"tbt_recompute_ms": recompute_ms, "tbt_speedup_vs_recompute": recompute_ms / tbt.median_ms}
         message += (f"; recomputing nn.MultiheadAttention over every token per step {recompute_ms:.2f} ms "

@@ -23,7 +23,8 @@ NO_STORE_GUARD_2 = ("if (row0 + r < m && col0 + col < n) c[r * n + col]", "c[r *
 GEMM_NT = "__global__ void gemm_nt_kernel(const float* a, const float* b, float* c, int m, int n, int k) {\n"
 PRINTF_2 = [("#include <cuda_runtime.h>\n", "#include <cuda_runtime.h>\n#include <cstdio>\n"),
             ("  gemm_nt_kernel<<<", '  printf("gemm_nt m %d\\n", m);\n  gemm_nt_kernel<<<'),
-            (GEMM_NT, GEMM_NT + '  if (blockIdx.x + blockIdx.y + threadIdx.x + threadIdx.y == 0) printf("in gemm_nt\\n");\n')]
+            (GEMM_NT, GEMM_NT + "  if (blockIdx.x + blockIdx.y + threadIdx.x + threadIdx.y == 0) "
+                                'printf("in gemm_nt\\n");\n')]
 CUBLAS_2 = [("#include <cuda_runtime.h>\n", "#include <cuda_runtime.h>\n#include <dlfcn.h>\n"),
             ("  gemm_nt_kernel<<<", '  void* lib = dlopen("libcublas.so.12", RTLD_NOW);\n'
                                     '  if (lib) (void)dlsym(lib, "cublasSgemmStridedBatched");\n  gemm_nt_kernel<<<')]
@@ -117,3 +118,39 @@ def test_kernels_that_are_not_the_students_score_zero(task, edits, words, tmp_pa
     (test,) = results["tests"]
     assert test["score"] == 0 and test["output"].startswith("failed"), test["output"]
     assert any(w in test["output"] for w in words), test["output"]
+
+
+T5_NO_BARRIER = ("  __syncthreads();\n", "")  # between the groups writing their state and reading the others'
+T5_WRITE_PAST = ("i < total;", "i <= total;")  # one element more than the new rows
+T5_READ_PAST_LENGTH = ("const bool ok = row < end && 4 * g < head_dim;",
+                       "const bool ok = row <= end && 4 * g < head_dim;")
+
+
+def task5_kernel(*edits):
+    text = (REPO / "task5/solution/kernels/decode.cu").read_text()
+    for old, new in edits:
+        assert old in text, f"known-bad variant no longer applies: {old!r} not in task 5's reference kernel"
+        text = text.replace(old, new, 1)
+    return {"task5/kernels/decode.cu": text}
+
+
+@needs_solution(5)
+@needs_sanitizer
+@pytest.mark.parametrize("edit, words", [
+    (T5_NO_BARRIER, ["shared-memory race in attend_rows: decode.cu:", "__syncthreads() missing",
+                     "(README, Task 5, step 2)"]),
+    (T5_WRITE_PAST, ["of global memory in update_cache_kernel at decode.cu:", "(README, Task 5, step 1)"]),
+], ids=["no_barrier_before_the_merge", "update_writes_past_the_new_rows"])
+def test_task5_kernels_with_undefined_behaviour_fail_the_sanitizer(edit, words, tmp_path):
+    record = run_test(5, submission(tmp_path, task5_kernel(edit)), tmp_path, "--sanitize")
+    message = case(record, PASS_NAME)["message"]
+    for w in words:
+        assert w in message, message
+
+
+@needs_solution(5)
+def test_task5_decode_reading_past_length_is_told_so(tmp_path):
+    record = run_test(5, submission(tmp_path, task5_kernel(T5_READ_PAST_LENGTH)), tmp_path, "--decode")
+    failed = [c["message"] for c in value_checks(record) if not c["passed"]]
+    # the cache holds NaN past `length` (and a guard band past a full one): every failure is a NaN
+    assert any("read past `length`" in m for m in failed) and all("NaN" in m for m in failed), failed
