@@ -18,6 +18,7 @@ same number of sets, so the ratios compare like with like.
 
 from __future__ import annotations
 
+import importlib
 import time
 
 import torch
@@ -102,3 +103,16 @@ def or_out_of_memory(measure):
     except torch.cuda.OutOfMemoryError:
         torch.cuda.empty_cache()
         return "out of memory"
+
+
+def load_reference(report, task: int):
+    """The task's reference kernels, built and run here (never in the worker); None in the student's handout."""
+    from common.impl import has_solution
+
+    if not has_solution(task):
+        return None
+    try:
+        return importlib.import_module(f"task{task}.attention").extension(solution=True)
+    except Exception as err:  # noqa: BLE001  the instructor's build: say so, keep the student's numbers
+        report.note(f"the reference kernels could not be built, so performance is not scored: {err}")
+        return None

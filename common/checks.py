@@ -100,6 +100,11 @@ def guard_damage(*guarded: Guarded) -> CheckResult | None:
     return None
 
 
+def fingerprint(t: torch.Tensor) -> int:
+    """The sum of a tensor's bits (int64, on its device, no copy): any change to an input shows."""
+    return int(t.view(torch.int32).sum(dtype=torch.int64))
+
+
 @contextmanager
 def exact_float32():
     """Turn TF32 off so float32 matmuls are true float32 (and the reference is exact)."""

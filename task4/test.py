@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from common import bench, cli, impl, sanitize
-from common.checks import (GUARD_ELEMENTS, Guarded, compare, exact_float32, expect_errors, guard_damage,
-                           guarded_input, guarded_output, random_tensor)
+from common.checks import (GUARD_ELEMENTS, Guarded, compare, exact_float32, expect_errors, fingerprint,
+                           guard_damage, guarded_input, guarded_output, random_tensor)
 from common.layer import mha_weights
 from common.records import Report
 from common.reference import attention_flops, attention_reference, causal_mask, fp32_peak_tflops, naive_attention
@@ -177,11 +177,6 @@ class TimedSets:
                 raise AssertionError(result.message)
 
 
-def fingerprint(t: torch.Tensor) -> int:
-    """The sum of a tensor's bits (int64, on the GPU, no copy): any change to an input shows."""
-    return int(t.view(torch.int32).sum(dtype=torch.int64))
-
-
 ESTIMATE_TFLOPS = 40.0  # what the reference kernel reaches: sizes a request, nothing else
 
 
@@ -238,7 +233,7 @@ def run_benchmarks(report, worker, cases, layer_cases):
         layers[(batch, seq, causal)] = time_student_layer(worker, batch, seq, causal)
     worker.stop()  # its context is gone, and any work it had queued with it: the GPU is ours alone now
 
-    reference = load_reference(report) if any(scored for *_, scored in cases) else None
+    reference = bench.load_reference(report, 4) if any(scored for *_, scored in cases) else None
     for name, b, h, s, d, causal, scored in cases:
         timing, count = student[name]
         report.run(name, lambda: attention_result(timing, count, reference if scored else None, b, h, s, d, causal),
@@ -267,19 +262,6 @@ def causal_skip(cases, student):
         return False, (message + f" (more than {CAUSAL_MOST}): K/V tiles entirely past the diagonal should "
                        "not be loaded or computed at all (README, Task 4)"), {"causal_fraction": fraction}
     return True, message, {"causal_fraction": fraction}
-
-
-def load_reference(report):
-    """The reference kernel, built and run here (never in the worker); None in the student's handout."""
-    if not impl.has_solution(4):
-        return None
-    from task4 import attention as given
-
-    try:
-        return given.extension(solution=True)
-    except Exception as err:  # noqa: BLE001  the instructor's build: say so, keep the student's numbers
-        report.note(f"the reference kernel could not be built, so performance is not scored: {err}")
-        return None
 
 
 def attention_result(timing, count, reference, batch, heads, seq, head_dim, causal):

@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from common import bench, cli, impl, sanitize
-from common.checks import (GUARD_BITS, CheckResult, compare, exact_float32, expect_errors, guard_damage, guarded_input,
-                           guarded_output, random_tensor)
+from common.checks import (GUARD_BITS, CheckResult, compare, exact_float32, expect_errors, fingerprint,
+                           guard_damage, guarded_input, guarded_output, random_tensor)
 from common.layer import mha_weights
 from common.records import Report
 from common.reference import attention_reference, causal_mask
@@ -157,6 +157,11 @@ def check_layer(worker, hidden, heads, max_seq, prompt_len, steps, seed):
     return result
 
 
+def small_layer(worker):
+    """A fresh layer in the worker: hidden 64, 2 heads, a cache of 4 positions."""
+    worker.call("make_layer", 64, 2, 4, [torch.eye(64, device="cuda") for _ in range(4)])
+
+
 def check_errors(worker):
     """The given binding's and layer's errors (not the student's work: reported, not scored)."""
     cache = torch.zeros(1, 2, 16, 64, device="cuda")
@@ -189,8 +194,7 @@ def check_errors(worker):
     ok, message, metrics = expect_errors(lambda *call: worker.call(*call), bad)
     if not ok:
         return ok, message, metrics
-    weights = [torch.eye(64, device="cuda") for _ in range(4)]
-    worker.call("make_layer", 64, 2, 4, weights)
+    small_layer(worker)
     layer_bad = [
         ("a prompt longer than the cache", ("prefill", torch.zeros(1, 5, 64, device="cuda"),
                                             torch.zeros(1, 5, 64, device="cuda")), "holds max_seq = 4"),
@@ -205,8 +209,7 @@ def check_errors(worker):
 
 def check_cache_full(worker):
     """One step past a full cache: a clear error, not a write past the end (given code, not scored)."""
-    weights = [torch.eye(64, device="cuda") for _ in range(4)]
-    worker.call("make_layer", 64, 2, 4, weights)
+    small_layer(worker)
     worker.call("prefill", torch.zeros(1, 4, 64, device="cuda"), torch.zeros(1, 4, 64, device="cuda"))
     return expect_errors(lambda *call: worker.call(*call), [
         ("a step past a full cache", ("steps", torch.zeros(1, 1, 64, device="cuda"),
@@ -291,10 +294,6 @@ class TimedDecode:
                 raise AssertionError(result.message)
 
 
-def fingerprint(t: torch.Tensor) -> int:
-    return int(t.view(torch.int32).sum(dtype=torch.int64))
-
-
 def time_student_decode(worker, timed: TimedDecode, splits: int):
     scale = 1.0 / math.sqrt(timed.shape[-1])
     kept_sets, kept_caches = worker.keep("decode sets", timed.sets), worker.keep("decode caches", timed.caches)
@@ -356,19 +355,6 @@ def decode_result(timing, timed: TimedDecode, reference, copy_gbs, splits: int, 
         return False, message + (f": faster than {FASTEST_VS_COPY}x the copy bandwidth, more than the GPU can "
                                  "read, so work was skipped"), metrics
     return True, message, metrics
-
-
-def load_reference(report):
-    """The reference kernels, built and run here (never in the worker); None in the student's handout."""
-    if not impl.has_solution(5):
-        return None
-    from task5 import attention as given
-
-    try:
-        return given.extension(solution=True)
-    except Exception as err:  # noqa: BLE001  the instructor's build: say so, keep the student's numbers
-        report.note(f"the reference kernels could not be built, so performance is not scored: {err}")
-        return None
 
 
 class SdpaKernels:
@@ -518,7 +504,7 @@ def run_benchmarks(report, worker, split_passed: bool):
     worker.stop()  # its context is gone, and any work it had queued with it: the GPU is ours alone now
 
     copy_gbs = bench.copy_bandwidth_gbs()
-    reference = load_reference(report)
+    reference = bench.load_reference(report, 5)
     for batch, heads, length, d in DECODE_BENCHMARKS:
         timing, chosen = student[(batch, length)]
         how = (f"{chosen} split{'s' if chosen > 1 else ''} per head, the launcher's choice" if splits == 0 else

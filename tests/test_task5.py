@@ -102,7 +102,7 @@ def test_the_cache_is_batch_heads_positions_head_dim():
         "another_batch_in_a_step", "wrong_hidden", "forward"])
 def test_bad_use_raises_a_clear_error(action, words):
     layer, _, _ = layer_and_reference()
-    with pytest.raises((ValueError, RuntimeError, TypeError), match=None) as err:
+    with pytest.raises((ValueError, RuntimeError, TypeError)) as err:
         action(layer)
     assert words in str(err.value), str(err.value)
 
