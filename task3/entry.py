@@ -17,6 +17,17 @@ def flash(q, k, v, causal, block_rows, block_cols, return_lse):
                                    return_lse=return_lse)
 
 
+def flash_one_thread(q, k, v, causal, block_rows, block_cols):
+    """Run on one CPU thread, returning nothing: the causal-skip check reads the CPU time this takes, and
+    with more threads their spin-waiting, which varies with the machine's load, would be counted too."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        student.flash_attention(q, k, v, causal=causal, block_rows=block_rows, block_cols=block_cols)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def flash_shapes(q, k, v, causal, block_rows, block_cols):
     """Run without returning the output (the memory-limit case): only whether it fits matters."""
     out = student.flash_attention(q, k, v, causal=causal, block_rows=block_rows, block_cols=block_cols)
