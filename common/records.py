@@ -206,6 +206,8 @@ class Report:
             print(f"Task {self.task}: needs a CUDA GPU ({self.needs_cuda})")
         else:
             print(f"Task {self.task}: {passed}/{len(checks)} checks passed — {status.upper()} ({label(self.solution)})")
+            if self.needs_cuda:
+                print(f"  not run here: {self.needs_cuda}")
         if json_path:
             record = {
                 "task": self.task,

@@ -17,6 +17,10 @@ class Task:
     given_files: tuple[str, ...]  # given code the worker runs beside them (not graded, not submitted)
     uses: tuple[int, ...] = ()  # other tasks whose student files this task's worker loads too
     cuda: bool = False  # the student's code is CUDA: the worker builds it
+    # The worker records PyTorch's attention operators under a dispatch mode (common/watch.py) while
+    # student Python code runs. It costs tens of microseconds per operator, too much around the
+    # kernels of a whole model (tasks 6 and 7); PyTorch's attention stays blocked there all the same.
+    watch_operators: bool = True
 
     def solution_file(self, rel: str) -> str:
         """task4/kernels/attention.cu -> task4/solution/kernels/attention.cu"""
@@ -27,12 +31,17 @@ class Task:
 TASKS = {
     1: Task(1, ("task1/attention.py",), ("task1/__init__.py", "task1/entry.py")),
     2: Task(2, ("task2/kernels/attention.cu",),
-            ("task2/__init__.py", "task2/entry.py", "task2/attention.py", "task2/binding.cpp"), cuda=True),
+            ("task2/__init__.py", "task2/entry.py", "task2/attention.py", "task2/binding.cpp"), cuda=True,
+            watch_operators=False),
     3: Task(3, ("task3/attention.py",), ("task3/__init__.py", "task3/entry.py"), uses=(1,)),
     4: Task(4, ("task4/kernels/attention.cu",),
-            ("task4/__init__.py", "task4/entry.py", "task4/attention.py", "task4/binding.cpp"), cuda=True),
+            ("task4/__init__.py", "task4/entry.py", "task4/attention.py", "task4/binding.cpp"), cuda=True,
+            watch_operators=False),
     5: Task(5, ("task5/kernels/decode.cu",),
-            ("task5/__init__.py", "task5/entry.py", "task5/attention.py", "task5/binding.cpp"), uses=(4,), cuda=True),
+            ("task5/__init__.py", "task5/entry.py", "task5/attention.py", "task5/binding.cpp"), uses=(4,), cuda=True,
+            watch_operators=False),
+    6: Task(6, ("task6/attention.py",), ("task6/__init__.py", "task6/entry.py", "task6/model.py"), uses=(4, 5),
+            watch_operators=False),
 }
 
 # The shared code the worker needs: everything in common/ that student code or the given code
@@ -45,6 +54,7 @@ WORKER_COMMON = (
     "common/impl.py",
     "common/layer.py",
     "common/tasks.py",
+    "common/torch_kernels.py",
     "common/validate.py",
     "common/watch.py",
     "common/wire.py",

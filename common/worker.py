@@ -77,10 +77,10 @@ def _resolve(value, kept: dict):
 
 def serve(sock: socket.socket, task: int) -> None:
     entry, kept = None, {}
-    # A CUDA task's own code is kernel files, which cannot call PyTorch (common/kernel_rules.py),
-    # so only the Python tasks run under the operator watch: it costs tens of microseconds per
-    # operator, which would weigh on the timings of the given layers around the kernels.
-    watching = contextlib.nullcontext if TASKS[task].cuda else watch.AttentionOpWatch
+    # A CUDA task's own code is kernel files, which cannot call PyTorch (common/kernel_rules.py); the
+    # watch costs tens of microseconds per operator, which would weigh on the timings of given layers
+    # and models around the kernels (common/tasks.py says which tasks run under it).
+    watching = watch.AttentionOpWatch if TASKS[task].watch_operators else contextlib.nullcontext
     while True:
         request = wire.decode_request(wire.recv_frame(sock, wire.MAX_REQUEST_BYTES))
         op = request["op"]

@@ -1,0 +1,43 @@
+"""Task 6: the attention of a small LLM, with a KV cache, on your kernels.
+
+`CachedAttention.forward(x, cache)` gets a layer's input x (batch, n, hidden) and the
+layer's `KVCache` (task6/model.py), and runs in one of two phases:
+- prefill: the cache is empty and x is the prompt (n >= 1 tokens). Attend causally over
+  the prompt with task 4's kernel, and store every prompt token's K and V in the cache.
+- decode: the cache holds `cache.length` positions and x is one new token. Append its K
+  and V to the cache with task 5's `update_cache`, then attend over the whole cache with
+  task 5's `decode`, which reads the cache in place.
+Rotary embeddings turn q and k by each token's position in the sequence, so the new
+tokens' positions start where the cache ends. `self.kernels` holds the kernels
+(`attention`, `update_cache`, `decode`, as in task5/attention.py's `CudaKernels`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from task6.model import Attention, KVCache
+
+
+class CachedAttention(Attention):
+    def forward(self, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """x (batch, n, hidden) -> (batch, n, hidden): a prompt when the cache is empty, else one new token."""
+        q, k, v = self.project(x)  # (batch, heads, n, head_dim) each, contiguous
+        q, k = self.rotate(q, k, cache.length)
+        # TODO (README, Task 6, step 2: prefill when the cache is empty, else decode; then count the new tokens in cache.length)
+        raise NotImplementedError("see README, Task 6, step 2: prefill when the cache is empty, else decode; then count the new tokens in cache.length")
+
+    def rotate(self, q, k, start: int):
+        """q and k of the tokens at positions start, start + 1, ..., turned by RoPE (self.rope(x, positions))."""
+        # TODO (README, Task 6, step 1: the new tokens sit at positions start .. start + n - 1: rotate q and k there)
+        raise NotImplementedError("see README, Task 6, step 1: the new tokens sit at positions start .. start + n - 1: rotate q and k there")
+
+    def prefill(self, q, k, v, cache: KVCache):
+        """The prompt: store its k and v from position 0, and attend causally over it (task 4's kernel)."""
+        # TODO (README, Task 6, step 3: prefill: k and v into the cache at position 0, causal attention over the prompt)
+        raise NotImplementedError("see README, Task 6, step 3: prefill: k and v into the cache at position 0, causal attention over the prompt")
+
+    def decode(self, q, k, v, cache: KVCache):
+        """One new token: append its k and v at position cache.length, attend over the cache in place (task 5's)."""
+        # TODO (README, Task 6, step 4: decode: append k and v at position cache.length, then attend over the whole cache)
+        raise NotImplementedError("see README, Task 6, step 4: decode: append k and v at position cache.length, then attend over the whole cache")

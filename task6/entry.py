@@ -1,0 +1,90 @@
+"""Task 6's entry points: how the checks call the model with your attention (task6/attention.py).
+
+Given: not graded; edits here are not submitted. This runs in the worker process: it makes
+the model of task6/model.py with your CachedAttention in every layer, on the CPU with
+PyTorchKernels in place of the kernels, or on the GPU with your Task 4 and Task 5 kernels,
+and answers the checks (task6/test.py) with logits and tokens.
+"""
+
+import torch
+
+from common.build import BuildError
+from common.worker import load_student_module
+from common.torch_kernels import PyTorchKernels
+from task6.model import Config, SmallLM
+
+student = load_student_module("task6.attention")
+_model = _cache = None
+
+
+def cuda_kernels():
+    """Your Task 4 and Task 5 kernels, built first, so a build error names its task."""
+    from task4.attention import extension as task4_extension
+    from task5.attention import CudaKernels
+    from task5.attention import extension as task5_extension
+
+    for number, build in ((4, task4_extension), (5, task5_extension)):
+        try:
+            build()
+        except BuildError as err:
+            raise RuntimeError(f"the model runs your Task {number} kernels, which did not build: {err}") from None
+    return CudaKernels()
+
+
+def make_model(config: dict, seed: int, device: str) -> None:
+    """The model with your attention, its weights drawn from `seed` (the checks draw the same ones)."""
+    global _model, _cache
+    _model = _cache = None
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    kernels = PyTorchKernels() if device == "cpu" else cuda_kernels()
+    _model = SmallLM(Config(**config), student.CachedAttention, kernels, device=device, seed=seed)
+
+
+def teacher_force(tokens, prompt_len):
+    """Prefill tokens[:, :prompt_len], then feed the rest one at a time: the logits of every position."""
+    tokens = tokens.to(_model.embed.weight.device)
+    with torch.no_grad():
+        cache = _model.new_cache(tokens.shape[0])
+        logits = [_model(tokens[:, :prompt_len], cache)]
+        for i in range(prompt_len, tokens.shape[1]):
+            logits.append(_model(tokens[:, i:i + 1], cache))
+        return torch.cat(logits, dim=1).cpu()
+
+
+def feed(chunks):
+    """A new cache, then each chunk of tokens in turn (the checks' bad inputs)."""
+    with torch.no_grad():
+        cache = _model.new_cache(chunks[0].shape[0])
+        for chunk in chunks:
+            _model(chunk.to(_model.embed.weight.device), cache)
+
+
+def prefill(prompt, logits):
+    """The handout run's prompt: a new cache, and the last position's logits into logits[:, 0].
+
+    On the GPU the checks own `logits` and see it written; CPU tensors come here as copies, so they go back.
+    """
+    global _cache
+    with torch.no_grad():
+        _cache = _model.new_cache(prompt.shape[0])
+        logits[:, 0] = _model(prompt, _cache, last=True)[:, 0]
+    return _answer(logits)
+
+
+def steps(tokens, logits):
+    """Greedy decode steps: tokens[:, i] is the argmax of logits[:, i], and its logits go to logits[:, i + 1]."""
+    with torch.no_grad():
+        for i in range(tokens.shape[1]):
+            token = logits[:, i].argmax(dim=-1, keepdim=True)
+            tokens[:, i:i + 1] = token
+            logits[:, i + 1] = _model(token, _cache, last=True)[:, 0]
+    return _answer(tokens, logits)
+
+
+def _answer(*written):
+    """On the GPU, nothing once the work is done (the checks' clock stops at the answer); on the CPU, the copies."""
+    if written[0].is_cuda:
+        torch.cuda.synchronize()
+        return None
+    return list(written)

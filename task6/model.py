@@ -1,0 +1,254 @@
+"""Task 6: a small decoder-only language model.
+
+Given: not graded; edits here are not submitted.
+
+    tokens -> embedding -> N x [ x + attention(LayerNorm(x)), then x + SwiGLU(LayerNorm(x)) ]
+           -> LayerNorm -> LM head -> logits
+
+Its weights are random, drawn from a seed, so the model says nothing sensible, but every
+matrix is the size of a real one and costs what a real one costs. What you write is the
+attention (task6/attention.py): it gets a layer's input and that layer's `KVCache`, and
+runs your kernels through `self.kernels` (task 4's for the prompt, task 5's for the cache
+and each new token). On the CPU, `PyTorchKernels` (common/torch_kernels.py) plays the kernels, so the logic can be
+tested anywhere.
+
+Generation is `logits = model(prompt, cache)` once (prefill: every prompt token at once),
+then `logits = model(token, cache)` per new token (decode), with `cache = model.new_cache(batch)`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from common.validate import check_hidden
+
+
+@dataclass(frozen=True)
+class Config:
+    vocab: int = 8192
+    hidden: int = 4096
+    heads: int = 32
+    layers: int = 24
+    mlp: int = 16384  # the SwiGLU's inner width: 4 x hidden
+    max_seq: int = 1124  # positions the cache holds: the prompt and every new token
+    rope_base: float = 10000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def parameters(self) -> int:
+        per_layer = 4 * self.hidden**2 + 3 * self.hidden * self.mlp + 4 * self.hidden
+        return self.layers * per_layer + 2 * self.vocab * self.hidden + 2 * self.hidden
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# The course's sizes: "handout" is the run in the README (about 26 GB of float32 weights),
+# "small" the same run for a GPU with 16 GB, "tiny" what the CPU tests use.
+SIZES = {
+    "handout": Config(),
+    "small": Config(hidden=2048, heads=16, layers=12, mlp=8192),
+    "tiny": Config(vocab=97, hidden=32, heads=4, layers=2, mlp=128, max_seq=24),
+}
+
+
+class Rope:
+    """Rotary position embeddings: the pair (x_i, x_{i + d/2}) of a head is turned by angle position * base^(-2i/d)."""
+
+    def __init__(self, head_dim: int, max_seq: int, base: float, device=None, dtype=torch.float32):
+        if head_dim % 2:
+            raise ValueError(f"rotary embeddings turn pairs of features: head_dim must be even, got {head_dim}")
+        freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        angle = torch.arange(max_seq, dtype=torch.float64)[:, None] * freq[None, :]  # (max_seq, head_dim / 2)
+        self.cos = angle.cos().to(device=device, dtype=dtype)
+        self.sin = angle.sin().to(device=device, dtype=dtype)
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x (batch, heads, n, head_dim) at `positions` (n,) -> rotated, a new contiguous tensor."""
+        if positions.shape != (x.shape[2],):
+            raise ValueError(f"positions must hold one position per token, ({x.shape[2]},), got {tuple(positions.shape)}")
+        cos, sin = self.cos[positions], self.sin[positions]  # (n, head_dim / 2)
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class KVCache:
+    """One layer's cache: K and V of every position so far, (batch, heads, max_seq, head_dim) each.
+
+    `length` is how many positions are written: positions 0 .. length - 1 hold the
+    rotated keys and the values of the tokens seen so far. A head's keys are consecutive
+    rows, so task 5's decode kernel reads them in one coalesced sweep.
+    """
+
+    def __init__(self, batch: int, config: Config, device=None, dtype=torch.float32):
+        shape = (batch, config.heads, config.max_seq, config.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.length = 0
+
+    @property
+    def max_seq(self) -> int:
+        return self.k.shape[2]
+
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+
+class Attention(nn.Module):
+    """What every attention of the model shares: the four projections, the head split and merge, RoPE.
+
+    `forward(x, cache)` takes the layer's input x (batch, n, hidden) and returns
+    (batch, n, hidden); task6/attention.py writes it.
+    """
+
+    def __init__(self, config: Config, rope: Rope, kernels=None, device=None, dtype=None):
+        super().__init__()
+        self.heads, self.head_dim = config.heads, check_hidden(config.hidden, config.heads)
+        make = lambda: nn.Linear(config.hidden, config.hidden, bias=False, device=device, dtype=dtype)  # noqa: E731
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = make(), make(), make(), make()
+        self.rope, self.kernels = rope, kernels
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of x (batch, n, hidden), each (batch, heads, n, head_dim) and contiguous, before RoPE."""
+        batch, n, _ = x.shape
+        return tuple(p(x).view(batch, n, self.heads, self.head_dim).transpose(1, 2).contiguous()
+                     for p in (self.q_proj, self.k_proj, self.v_proj))
+
+    def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, heads, n, head_dim) -> (batch, n, hidden)"""
+        batch, heads, n, head_dim = x.shape
+        return x.transpose(1, 2).reshape(batch, n, heads * head_dim)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, config: Config, device=None, dtype=None):
+        super().__init__()
+        make = lambda i, o: nn.Linear(i, o, bias=False, device=device, dtype=dtype)  # noqa: E731
+        self.gate, self.up = make(config.hidden, config.mlp), make(config.hidden, config.mlp)
+        self.down = make(config.mlp, config.hidden)
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: Config, attention: nn.Module, device=None, dtype=None):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(config.hidden, device=device, dtype=dtype)
+        self.attention = attention
+        self.norm2 = nn.LayerNorm(config.hidden, device=device, dtype=dtype)
+        self.mlp = SwiGLU(config, device, dtype)
+
+    def forward(self, x, cache):
+        x = x + self.attention(self.norm1(x), cache)
+        return x + self.mlp(self.norm2(x))
+
+
+class SmallLM(nn.Module):
+    """The model. `attention` is the class of each layer's attention (yours: task6.attention.CachedAttention).
+
+    `seed` draws the weights (the same seed, device and dtype give the same weights in
+    any process); `device="meta"` makes a model without memory, to `share_weights` into.
+    """
+
+    def __init__(self, config: Config, attention: type, kernels=None, device=None, dtype=torch.float32,
+                 seed: int | None = 0):
+        super().__init__()
+        check_hidden(config.hidden, config.heads)
+        self.config = config
+        self.rope = Rope(config.head_dim, config.max_seq, config.rope_base,
+                         device=None if str(device) == "meta" else device, dtype=dtype)
+        self.embed = nn.Embedding(config.vocab, config.hidden, device=device, dtype=dtype)
+        self.blocks = nn.ModuleList(Block(config, attention(config, self.rope, kernels, device, dtype), device, dtype)
+                                    for _ in range(config.layers))
+        self.norm = nn.LayerNorm(config.hidden, device=device, dtype=dtype)
+        self.head = nn.Linear(config.hidden, config.vocab, bias=False, device=device, dtype=dtype)
+        if seed is not None and str(device) != "meta":
+            self.draw_weights(seed)
+
+    @torch.no_grad()
+    def draw_weights(self, seed: int) -> None:
+        """Every matrix from N(0, 1 / fan_in) (embeddings N(0, 1)), LayerNorms 1 and 0, in a fixed order."""
+        gen = torch.Generator(device=self.embed.weight.device).manual_seed(seed)
+        for name, p in self.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0 if name.endswith("weight") else 0.0)
+            else:
+                p.normal_(0.0, 1.0 if name == "embed.weight" else 1.0 / math.sqrt(p.shape[1]), generator=gen)
+
+    def share_weights(self, other: SmallLM) -> SmallLM:
+        """Take `other`'s weights without copying them (this model must be made on the meta device)."""
+        self.load_state_dict(other.state_dict(), assign=True)
+        self.rope = other.rope
+        for block in self.blocks:
+            block.attention.rope = other.rope
+        return self
+
+    def set_kernels(self, kernels) -> SmallLM:
+        for block in self.blocks:
+            block.attention.kernels = kernels
+        return self
+
+    def new_cache(self, batch: int) -> list[KVCache]:
+        """An empty cache for a new generation: one KVCache per layer."""
+        if not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be a positive int, got {batch!r}")
+        w = self.embed.weight
+        return [KVCache(batch, self.config, w.device, w.dtype) for _ in self.blocks]
+
+    def forward(self, tokens: torch.Tensor, cache: list[KVCache] | None = None, last: bool = False) -> torch.Tensor:
+        """tokens (batch, n) -> logits (batch, n, vocab). With a cache, the tokens come after what it holds.
+
+        last=True: the logits of the last position only, (batch, 1, vocab), all that
+        generation needs (the LM head on every prompt position would cost TTFT for nothing).
+        """
+        self._check(tokens, cache)
+        start = cache[0].length if cache is not None else 0
+        x = self.embed(tokens)
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if cache is None else cache[i])
+        if cache is not None:
+            stuck = [i for i, c in enumerate(cache) if c.length != start + tokens.shape[1]]
+            if stuck:
+                raise RuntimeError(f"after {tokens.shape[1]} token(s) from position {start}, layer {stuck[0]}'s cache "
+                                   f"has length {cache[stuck[0]].length}, expected {start + tokens.shape[1]}: "
+                                   "CachedAttention.forward must set cache.length to what the cache now holds")
+        return self.head(self.norm(x[:, -1:] if last else x))
+
+    def _check(self, tokens, cache):
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long \
+                or tokens.shape[1] < 1:
+            got = f"{tuple(tokens.shape)} {tokens.dtype}" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+            raise ValueError(f"tokens must be (batch, n) of torch.long with n >= 1, got {got}")
+        if cache is None:
+            if tokens.shape[1] > self.config.max_seq:
+                raise ValueError(f"{tokens.shape[1]} tokens, but RoPE covers max_seq = {self.config.max_seq} positions")
+            return
+        if len(cache) != len(self.blocks) or cache[0].k.shape[0] != tokens.shape[0]:
+            raise ValueError(f"cache must be model.new_cache(batch) for this model and the tokens' batch "
+                             f"{tokens.shape[0]}")
+        start, n = cache[0].length, tokens.shape[1]
+        if start + n > cache[0].max_seq:
+            raise ValueError(f"the cache is full: it holds max_seq = {cache[0].max_seq} positions, {start} written, "
+                             f"and {n} more token(s) do not fit; make the model with a larger Config.max_seq")
+        if start > 0 and n > 1:
+            raise ValueError(f"{n} tokens after a prompt: after the prefill, decode one token at a time "
+                             "(or start a new generation with model.new_cache)")
+
+    @torch.no_grad()
+    def generate(self, prompt: torch.Tensor, steps: int) -> torch.Tensor:
+        """Greedy generation: prompt (batch, n) -> the `steps` new tokens (batch, steps)."""
+        cache = self.new_cache(prompt.shape[0])
+        token = self(prompt, cache, last=True)[:, -1].argmax(-1, keepdim=True)
+        out = [token]
+        for _ in range(steps - 1):
+            token = self(token, cache, last=True)[:, -1].argmax(-1, keepdim=True)
+            out.append(token)
+        return torch.cat(out, dim=1)

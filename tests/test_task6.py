@@ -1,0 +1,173 @@
+"""Task 6 without a GPU: the small LLM's prefill/decode logic, with PyTorch in place of the kernels.
+
+The model (task6/model.py) with the reference attention runs here at a tiny size; the
+task's test runs the student's attention in its worker, and known-bad attentions (wrong
+positions, a decode over one position too few, a prefill that never fills the cache, a
+cache length never advanced, PyTorch's own attention) get a checked verdict.
+"""
+
+import pytest
+import torch
+
+from common.torch_kernels import PyTorchKernels
+from task6 import test as task6_test
+from task6.model import SIZES, SmallLM
+from tests.conftest import bad_variant, needs_solution, run_test, submission
+
+pytestmark = needs_solution(6)
+TINY = SIZES["tiny"]
+
+
+def model_and_reference(config=TINY, seed=3):
+    from task6.solution.attention import CachedAttention
+
+    model = SmallLM(config, CachedAttention, PyTorchKernels(), seed=seed)
+    return model, task6_test.reference_model(config, seed, "cpu")
+
+
+def teacher_forced(model, tokens, prompt_len):
+    with torch.no_grad():
+        cache = model.new_cache(tokens.shape[0])
+        logits = [model(tokens[:, :prompt_len], cache)]
+        logits += [model(tokens[:, i:i + 1], cache) for i in range(prompt_len, tokens.shape[1])]
+    return torch.cat(logits, dim=1), cache
+
+
+@pytest.mark.parametrize("prompt_len, steps", [(5, 7), (1, 23), (24, 0), (23, 1)])
+def test_cached_generation_matches_recomputing_the_sequence(prompt_len, steps):
+    model, reference = model_and_reference()
+    tokens = torch.randint(0, TINY.vocab, (2, prompt_len + steps), generator=torch.Generator().manual_seed(0))
+    got, cache = teacher_forced(model, tokens, prompt_len)
+    with torch.no_grad():
+        expected = reference(tokens)
+    passed, message, _ = task6_test.compare_logits(got, expected, prompt_len)
+    assert passed, message
+    assert [c.length for c in cache] == [prompt_len + steps] * TINY.layers
+
+
+def test_generate_is_greedy_over_the_cache():
+    model, reference = model_and_reference()
+    prompt = torch.randint(0, TINY.vocab, (3, 6), generator=torch.Generator().manual_seed(1))
+    new = model.generate(prompt, 10)
+    with torch.no_grad():
+        logits = reference(torch.cat((prompt, new[:, :-1]), dim=1))[:, prompt.shape[1] - 1:]
+    assert new.shape == (3, 10) and torch.equal(new, logits.argmax(dim=-1))
+
+
+def test_a_full_cache_and_bad_tokens_raise_clear_errors():
+    model, _ = model_and_reference()
+    cache = model.new_cache(1)
+    with torch.no_grad():
+        model(torch.zeros(1, TINY.max_seq, dtype=torch.long), cache)  # fills it exactly
+        with pytest.raises(ValueError, match="the cache is full: it holds max_seq = 24 positions, 24 written"):
+            model(torch.zeros(1, 1, dtype=torch.long), cache)
+        with pytest.raises(ValueError, match="decode one token at a time"):
+            model(torch.zeros(1, 2, dtype=torch.long), _after_prompt(model))
+        with pytest.raises(ValueError, match="torch.long"):
+            model(torch.zeros(1, 3), model.new_cache(1))
+        with pytest.raises(ValueError, match="the tokens' batch 2"):
+            model(torch.zeros(2, 3, dtype=torch.long), model.new_cache(1))
+
+
+def _after_prompt(model):
+    cache = model.new_cache(1)
+    model(torch.zeros(1, 3, dtype=torch.long), cache)
+    return cache
+
+
+def test_the_kernels_stand_in_refuses_what_the_bindings_refuse():
+    kernels = PyTorchKernels()
+    cache = torch.zeros(1, 2, 8, 4)
+    with pytest.raises(ValueError, match="pos \\+ n_new must be at most max_seq = 8"):
+        kernels.update_cache(torch.zeros(1, 2, 2, 4), torch.zeros(1, 2, 2, 4), cache, cache.clone(), 7)
+    with pytest.raises(ValueError, match="length must be between 1 and max_seq = 8"):
+        kernels.decode(torch.zeros(1, 2, 1, 4), cache, cache, 9)
+    with pytest.raises(ValueError, match="contiguous"):
+        kernels.attention(torch.zeros(1, 2, 4, 3).transpose(2, 3), cache, cache, True)
+
+
+def test_weights_are_the_seeds_and_shared_without_copies():
+    a, b = (SmallLM(TINY, task6_test.FullAttention, seed=5) for _ in range(2))
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    shared = SmallLM(TINY, task6_test.SdpaCachedAttention, device="meta").share_weights(a)
+    assert shared.head.weight.data_ptr() == a.head.weight.data_ptr()
+    assert sum(p.numel() for p in a.parameters()) == TINY.parameters()
+    assert 25e9 < SIZES["handout"].parameters() * 4 < 27e9  # "about 26 GB of float32 weights"
+
+
+def test_the_sdpa_baseline_with_a_cache_matches_the_reference():
+    model, reference = model_and_reference()
+    sdpa = SmallLM(TINY, task6_test.SdpaCachedAttention, device="meta").share_weights(model)
+    tokens = torch.randint(0, TINY.vocab, (2, 12), generator=torch.Generator().manual_seed(2))
+    got, _ = teacher_forced(sdpa, tokens, 7)
+    passed, message, _ = task6_test.compare_logits(got, reference(tokens).detach(), 7)
+    assert passed, message
+
+
+def test_reference_passes_and_skeleton_names_step_1(tmp_path, capsys):
+    assert task6_test.main(["--solution", "--json", str(tmp_path / "r.json"), "--scratch", str(tmp_path)]) == 0
+    assert task6_test.main(["--scratch", str(tmp_path)]) == 1
+    assert "not implemented yet: see README, Task 6, step 1" in capsys.readouterr().out
+
+
+def variant_record(tmp_path, old, new):
+    return run_test(6, submission(tmp_path, {"task6/attention.py": bad_variant(6, "attention.py", old, new)}), tmp_path)
+
+
+@pytest.mark.parametrize("old, new, words", [
+    ("torch.arange(start, start + q.shape[2]", "torch.arange(0, q.shape[2]", "decode step 1 after a prompt"),
+    ("cache.length + 1)", "cache.length)", "decode step 1 after a prompt"),
+    ("        self.kernels.update_cache(k, v, cache.k, cache.v, 0)\n", "", "decode step 1 after a prompt"),
+    ("        cache.length += x.shape[1]\n", "", "must set cache.length"),
+])
+def test_known_bad_attention_fails_with_the_step(tmp_path, old, new, words):
+    record = variant_record(tmp_path, old, new)
+    assert record["status"] == "failed"
+    cpu = [c for c in record["cases"] if c["kind"] == "check"]
+    assert cpu and not all(c["passed"] for c in cpu)
+    assert any(words in c["message"] for c in cpu), [c["message"] for c in cpu]
+
+
+def test_pytorch_attention_in_the_attention_breaks_the_rule(tmp_path):
+    record = variant_record(tmp_path, "        return self.kernels.attention(q, k, v, True)\n",
+                            "        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)\n")
+    rule = next(c for c in record["cases"] if c["kind"] == "rule")
+    assert not rule["passed"] and "scaled_dot_product_attention" in rule["message"]
+
+
+def test_the_generation_run_checks_and_times_on_the_cpu(tmp_path):
+    """The handout run's code path at a tiny size: the worker's tokens and logits, checked; the baselines."""
+    from common.records import Report
+    from common.sandbox import Worker
+    from tests.conftest import REPO
+
+    report = Report(6, True, "generation on the CPU", REPO)
+    run = task6_test.Run(batch=2, prompt=10, steps=8, device="cpu")
+    with Worker(6, REPO, solution=True, scratch=tmp_path, cuda=False) as worker:
+        worker.start()
+        task6_test.run_generation(report, worker, "tiny", TINY, run, seed=4, copy_gbs=1e12)
+    (case,) = report.cases
+    assert case.kind == "benchmark" and case.passed, case.message
+    assert {"ttft_ms", "tbt_ms", "tbt_floor_ms", "tbt_sdpa_ms", "tbt_recompute_ms"} <= set(case.metrics)
+    nbytes = TINY.parameters() * 4 + 2 * TINY.layers * 2 * TINY.hidden * (10 + 9 / 2) * 4
+    assert case.metrics["bytes_per_step"] == nbytes
+
+
+def test_a_generation_with_a_wrong_token_fails_its_check():
+    model, _ = model_and_reference()
+    run = task6_test.Run(batch=2, prompt=6, steps=5, device="cpu")
+    gen = task6_test.Generation(run, TINY.vocab, seed=1)
+    with torch.no_grad():
+        cache = model.new_cache(2)
+        gen.logits[:, 0] = model(gen.prompt, cache, last=True)[:, 0]
+        for i in range(run.steps):
+            gen.tokens[:, i] = gen.logits[:, i].argmax(-1)
+            gen.logits[:, i + 1] = model(gen.tokens[:, i:i + 1], cache, last=True)[:, 0]
+    reference = SmallLM(TINY, task6_test.FullAttention, device="meta").share_weights(model)
+    gen.check(reference)  # right as made
+    gen.logits[1, 3] += 1.0  # a step's logits off by one everywhere: the argmax holds, the values do not
+    with pytest.raises(AssertionError, match="position 8, decode step 3"):
+        gen.check(reference)
+    gen.tokens[0, 2] = (gen.tokens[0, 2] + 1) % TINY.vocab
+    with pytest.raises(AssertionError, match="not the argmax"):
+        gen.check(reference)
