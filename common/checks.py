@@ -215,3 +215,39 @@ def expect_errors(call, bad) -> tuple[bool, str, dict]:
             continue
         return False, f"{what}: no error was raised", {}
     return True, f"{len(bad)} kind{'s' if len(bad) != 1 else ''} of bad input rejected with clear errors", {}
+
+
+# Generated text: logits agree within LOGITS_ATOL x the largest |logit| plus LOGITS_RTOL x |logit|.
+# Measured: a float32 model on the CPU is within 1e-6 of float64 (relative to the largest logit).
+LOGITS_ATOL, LOGITS_RTOL = 1e-4, 1e-4
+
+
+def compare_logits(got, expected, prompt_len: int, first: int = 0, hints=("", "")) -> tuple[bool, str, dict]:
+    """Teacher forcing's rule: logits (batch, positions, vocab), from position `first`, against the reference's.
+
+    The logits must agree everywhere, and the greedy token wherever the reference's two best
+    logits differ by more than the tolerance (below it, float32 may pick either: random
+    weights make such near-ties common). A failure names the first wrong position, in the
+    prompt or at which decode step, with `hints` (prompt, decode) saying what to look at.
+    """
+    atol = LOGITS_ATOL * float(expected.abs().max())
+    result = compare(got, expected, atol=atol, rtol=LOGITS_RTOL, name="logits")
+    if not result.passed:
+        err = (got.double() - expected).abs() - LOGITS_RTOL * expected.abs()
+        wrong = (err > atol) | ~torch.isfinite(got)
+        positions = wrong.any(dim=-1).any(dim=0).nonzero().flatten().tolist()
+        if positions:
+            p = first + positions[0]
+            where = (f"position {p}, in the prompt{hints[0]}" if p < prompt_len else
+                     f"position {p}, decode step {p - prompt_len + 1} after a prompt of {prompt_len}{hints[1]}")
+            result.message += f"; the first wrong logits are at {where}"
+        return False, result.message, result.metrics()
+    top2 = expected.topk(2, dim=-1).values
+    decided = (top2[..., 0] - top2[..., 1]) > 2 * (atol + LOGITS_RTOL * top2[..., 0].abs())
+    differ = (got.argmax(dim=-1) != expected.argmax(dim=-1)) & decided
+    if differ.any():
+        b, t = differ.nonzero()[0].tolist()
+        return False, f"greedy token differs at position {first + t} of sequence {b}", result.metrics()
+    ties = int((~decided).sum())
+    return True, (f"{result.message}; greedy tokens agree at {int(decided.sum())} positions"
+                  f"{f' ({ties} near-ties not compared)' if ties else ''}"), result.metrics()

@@ -42,6 +42,8 @@ TASKS = {
             watch_operators=False),
     6: Task(6, ("task6/attention.py",), ("task6/__init__.py", "task6/entry.py", "task6/model.py"), uses=(4, 5),
             watch_operators=False),
+    7: Task(7, ("task7/attention.py",), ("task7/__init__.py", "task7/entry.py", "task7/gpt2.py"), uses=(4, 5),
+            watch_operators=False),
 }
 
 # The shared code the worker needs: everything in common/ that student code or the given code

@@ -64,6 +64,19 @@ class CudaKernels:
         return decode(q, k_cache, v_cache, length, solution=self.solution)
 
 
+def built_kernels(solution: bool = False) -> CudaKernels:
+    """Task 4's and task 5's kernels, built first, so a build error names its task (tasks 6 and 7 run them)."""
+    from common.build import BuildError
+    from task4.attention import extension as task4_extension
+
+    for number, build in ((4, task4_extension), (5, extension)):
+        try:
+            build(solution)
+        except BuildError as err:
+            raise RuntimeError(f"the model runs your Task {number} kernels, which did not build: {err}") from None
+    return CudaKernels(solution)
+
+
 class CachedMultiHeadAttention(AttentionLayer):
     """Causal multi-head attention for generation, with a cache of every position's K and V.
 

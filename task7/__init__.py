@@ -1,1 +1,1 @@
-"""Task 7: the course kernels inside a Hugging Face GPT-2. Not in the kit yet."""
+"""Task 7: the course kernels inside a Hugging Face GPT-2."""

@@ -279,7 +279,8 @@ def test_cuda_tasks_without_a_gpu_are_not_failed(tmp_path):
     assert "needs a CUDA GPU" in md.read_text() and "– / 3" in md.read_text()
 
 
-def test_tasks_not_yet_built_are_marked_unavailable(tmp_path):
+def test_tasks_not_yet_built_are_marked_unavailable(tmp_path, monkeypatch):
+    monkeypatch.setattr(grader, "REPO", tmp_path)  # a checkout without task 7's test
     entry = grader.grade_task(7, tmp_path, tmp_path, solution=False, hidden=False, timeout=10, has_cuda=True)
     assert entry["status"] == "unavailable"
 

@@ -9,6 +9,7 @@ cache length never advanced, PyTorch's own attention) get a checked verdict.
 import pytest
 import torch
 
+from common.checks import compare_logits
 from common.torch_kernels import PyTorchKernels
 from task6 import test as task6_test
 from task6.model import SIZES, SmallLM
@@ -40,7 +41,7 @@ def test_cached_generation_matches_recomputing_the_sequence(prompt_len, steps):
     got, cache = teacher_forced(model, tokens, prompt_len)
     with torch.no_grad():
         expected = reference(tokens)
-    passed, message, _ = task6_test.compare_logits(got, expected, prompt_len)
+    passed, message, _ = compare_logits(got, expected, prompt_len)
     assert passed, message
     assert [c.length for c in cache] == [prompt_len + steps] * TINY.layers
 
@@ -100,7 +101,7 @@ def test_the_sdpa_baseline_with_a_cache_matches_the_reference():
     sdpa = SmallLM(TINY, task6_test.SdpaCachedAttention, device="meta").share_weights(model)
     tokens = torch.randint(0, TINY.vocab, (2, 12), generator=torch.Generator().manual_seed(2))
     got, _ = teacher_forced(sdpa, tokens, 7)
-    passed, message, _ = task6_test.compare_logits(got, reference(tokens).detach(), 7)
+    passed, message, _ = compare_logits(got, reference(tokens).detach(), 7)
     assert passed, message
 
 

@@ -1,0 +1,30 @@
+"""Task 7: your kernels as GPT-2's attention, through transformers' AttentionInterface.
+
+GPT-2 (transformers' own code, untouched) projects q, k and v, appends k and v to its KV cache
+and calls `kernel_attention` (registered by task7/gpt2.py's `use_kernels`) with:
+- query (batch, heads, q_len, head_dim): the new tokens, a transposed view (not contiguous);
+- key, value (batch, heads, kv_len, head_dim): every token so far, the cache included;
+- attention_mask: None when causality alone decides, else a boolean (batch, 1, q_len, kv_len)
+  mask, True where a query may attend (padding makes one);
+- scaling: the factor of q k^T (older transformers may pass none), dropout: 0 in eval mode.
+It returns (output (batch, q_len, heads, head_dim), None): no attention weights, which a
+fused kernel never holds. A prompt (q_len == kv_len) goes to task 4's kernel, each new token
+(q_len == 1) to task 5's decode over the key and value handed in. `kernels` is the same
+trio as in tasks 5 and 6 (attention, update_cache, decode), scale 1/sqrt(head_dim) built in.
+"""
+
+from __future__ import annotations
+
+from task7.gpt2 import hides_only_the_future
+
+
+def kernel_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0, *, kernels,
+                     **kwargs):
+    q_len, kv_len, head_dim = query.shape[2], key.shape[2], query.shape[3]
+    # TODO (README, Task 7, step 1: refuse what the kernels cannot do (dropout, a mask that hides more than the future, several new tokens after a prompt))
+    raise NotImplementedError("see README, Task 7, step 1: refuse what the kernels cannot do (dropout, a mask that hides more than the future, several new tokens after a prompt)")
+    # TODO (README, Task 7, step 2: the scale: `scaling`, else the module's, else 1/sqrt(head_dim); fold any other into the query)
+    raise NotImplementedError("see README, Task 7, step 2: the scale: `scaling`, else the module's, else 1/sqrt(head_dim); fold any other into the query")
+    q, k, v = (t.contiguous() for t in (query, key, value))
+    # TODO (README, Task 7, step 3: a prompt through task 4's kernel (causal if the module is), one new token through task 5's decode)
+    raise NotImplementedError("see README, Task 7, step 3: a prompt through task 4's kernel (causal if the module is), one new token through task 5's decode")

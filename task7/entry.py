@@ -1,0 +1,46 @@
+"""Task 7's entry points: how the checks call GPT-2 with your attention (task7/attention.py).
+
+Given: not graded; edits here are not submitted. This runs in the worker process: it makes a
+GPT-2 from the configuration and weights the checks send, routes its attention through your
+`kernel_attention` (task7/gpt2.py's `use_kernels`), with PyTorch in place of the kernels on
+the CPU and your Task 4 and Task 5 kernels on the GPU, and generates greedily.
+"""
+
+from types import SimpleNamespace
+
+import torch
+
+from common.torch_kernels import PyTorchKernels
+from common.worker import load_student_module
+from task5.attention import built_kernels
+from task7 import gpt2
+
+student = load_student_module("task7.attention")
+_model = _kernels = None
+
+
+def make_model(config: dict, state: dict, device: str) -> None:
+    global _model, _kernels
+    _model = None
+    _kernels = PyTorchKernels() if device == "cpu" else built_kernels()
+    _model = gpt2.use_kernels(gpt2.from_state(config, state, device), student.kernel_attention, _kernels)
+
+
+def generate(ids, new_tokens):
+    """Greedy generation after the prompts ids (batch, n): [tokens (batch, new_tokens), logits (batch, new_tokens, vocab)]."""
+    with torch.no_grad():
+        out = _model.generate(ids.to(_model.device), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                              do_sample=False, pad_token_id=_model.config.eos_token_id,
+                              return_dict_in_generate=True, output_logits=True)
+    tokens = out.sequences[:, ids.shape[1]:]
+    return [tokens.cpu(), torch.stack(out.logits, dim=1).float().cpu()]
+
+
+def attend(query, key, value, attention_mask, scaling, dropout):
+    """Your function on its own, as GPT-2's attention module would call it (the checks' bad inputs)."""
+    module = SimpleNamespace(is_causal=True, scaling=key.shape[-1] ** -0.5, training=False)
+    device = _model.device if _model is not None else "cpu"
+    out, _ = student.kernel_attention(module, query.to(device), key.to(device), value.to(device),
+                                      None if attention_mask is None else attention_mask.to(device),
+                                      scaling=scaling, dropout=dropout, kernels=_kernels or PyTorchKernels())
+    return out.cpu()

@@ -1,0 +1,47 @@
+"""Task 7: your kernels as GPT-2's attention, through transformers' AttentionInterface.
+
+GPT-2 (transformers' own code, untouched) projects q, k and v, appends k and v to its KV cache
+and calls `kernel_attention` (registered by task7/gpt2.py's `use_kernels`) with:
+- query (batch, heads, q_len, head_dim): the new tokens, a transposed view (not contiguous);
+- key, value (batch, heads, kv_len, head_dim): every token so far, the cache included;
+- attention_mask: None when causality alone decides, else a boolean (batch, 1, q_len, kv_len)
+  mask, True where a query may attend (padding makes one);
+- scaling: the factor of q k^T (older transformers may pass none), dropout: 0 in eval mode.
+It returns (output (batch, q_len, heads, head_dim), None): no attention weights, which a
+fused kernel never holds. A prompt (q_len == kv_len) goes to task 4's kernel, each new token
+(q_len == 1) to task 5's decode over the key and value handed in. `kernels` is the same
+trio as in tasks 5 and 6 (attention, update_cache, decode), scale 1/sqrt(head_dim) built in.
+"""
+
+from __future__ import annotations
+
+from task7.gpt2 import hides_only_the_future
+
+
+def kernel_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0, *, kernels,
+                     **kwargs):
+    q_len, kv_len, head_dim = query.shape[2], key.shape[2], query.shape[3]
+    # BEGIN SOLUTION "step 1: refuse what the kernels cannot do (dropout, a mask that hides more than the future, several new tokens after a prompt)"
+    if dropout:
+        raise ValueError(f"dropout = {dropout}: the kernels have no dropout; run the model in eval mode (model.eval())")
+    if attention_mask is not None and not hides_only_the_future(attention_mask, q_len, kv_len):
+        raise ValueError("attention_mask hides keys a causal mask would not (padding?): the kernels take no mask; "
+                         "generate from prompts of one length without padding")
+    if q_len not in (1, kv_len):
+        raise ValueError(f"{q_len} new tokens after {kv_len - q_len} cached ones: the kernels take a whole prompt "
+                         "or one new token")
+    # END SOLUTION
+    # BEGIN SOLUTION "step 2: the scale: `scaling`, else the module's, else 1/sqrt(head_dim); fold any other into the query"
+    if scaling is None:
+        scaling = getattr(module, "scaling", head_dim ** -0.5)
+    if scaling != head_dim ** -0.5:
+        query = query * (scaling * head_dim ** 0.5)
+    # END SOLUTION
+    q, k, v = (t.contiguous() for t in (query, key, value))
+    # BEGIN SOLUTION "step 3: a prompt through task 4's kernel (causal if the module is), one new token through task 5's decode"
+    if q_len == kv_len:
+        out = kernels.attention(q, k, v, bool(getattr(module, "is_causal", True)))
+    else:
+        out = kernels.decode(q, k, v, kv_len)
+    return out.transpose(1, 2), None
+    # END SOLUTION

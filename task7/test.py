@@ -1,0 +1,175 @@
+"""python -m task7.test [--solution] [--json PATH]
+
+Checks Task 7's attention function inside Hugging Face GPT-2 (transformers' own model, its
+attention routed through your `kernel_attention`): the model generates greedily in the worker,
+and the same weights with the model's own attention, in float64, are teacher-forced on the
+tokens it generated; logits must agree at every step, and so must the greedy token wherever
+the reference's two best logits are further apart than the tolerance (Task 6's rule).
+- on the CPU, PyTorch plays the kernels: a small random GPT-2, a layer-dependent scale, a
+  one-token prompt, and what must be refused (padding, dropout, several new tokens);
+- on the GPU, your Task 4 and Task 5 kernels: a small GPT-2 and GPT-2 itself (124M
+  parameters), with its real weights when they are in the Hugging Face cache (tests never
+  download), else random ones; then the time per generated token against the model's own
+  attention, and the generated text.
+Your code runs in a worker process (task7/entry.py).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from common import bench, cli, impl
+from common.checks import compare_logits, exact_float32, expect_errors
+from common.records import NeedsCuda, Report
+from task7 import gpt2
+
+HINTS = (" (a prompt: steps 2 and 3)", " (a new token over the cache: steps 2 and 3)")
+# (name, config, batch, prompt_len, new_tokens)
+CPU_CASES = [("small GPT-2", gpt2.SMALL, 2, 7, 12),
+             ("small GPT-2, scale 1/(sqrt(head_dim) x (layer + 1))", gpt2.SMALL | {"scale_attn_by_inverse_layer_idx": True},
+              1, 1, 10)]
+GPU_CASES = [("small GPT-2", gpt2.SMALL, 2, 33, 20)]
+GPT2_RUN = dict(batch=1, new_tokens=40, random_prompt=16)
+REPS = 3
+
+
+def weights(config: dict, seed: int):
+    return gpt2.random_gpt2(config, seed)
+
+
+def reference_of(model, device):
+    """The same weights with the model's own attention, in float64."""
+    reference = copy.deepcopy(model).to(device=device, dtype=torch.float64)
+    reference.set_attn_implementation("eager")
+    return reference
+
+
+def check_generation(worker, model, config: dict, prompt: torch.Tensor, new_tokens: int, device: str):
+    """The worker's greedy generation against the float64 reference, teacher-forced; (passed, message, metrics)."""
+    worker.call("make_model", config, model.state_dict(), device)
+    reply = worker.call("generate", prompt, new_tokens)
+    batch, vocab = prompt.shape[0], model.config.vocab_size
+    if (not isinstance(reply, list) or len(reply) != 2 or not all(isinstance(t, torch.Tensor) for t in reply)
+            or tuple(reply[0].shape) != (batch, new_tokens) or reply[0].dtype != torch.long
+            or tuple(reply[1].shape) != (batch, new_tokens, vocab) or reply[1].dtype != torch.float32):
+        return False, "generate did not return the tokens and logits asked for (does the function return " \
+                      "(output of (batch, q_len, heads, head_dim), None)?)", {}
+    tokens, logits = reply
+    if ((tokens < 0) | (tokens >= vocab)).any():
+        return False, "the generated token ids are not in the vocabulary", {}
+    reference = reference_of(model, device)
+    with torch.no_grad(), exact_float32():
+        expected = reference(torch.cat((prompt, tokens), dim=1).to(device)).logits[:, prompt.shape[1] - 1:-1].cpu()
+    passed, message, metrics = compare_logits(logits, expected, prompt.shape[1], first=prompt.shape[1] - 1,
+                                              hints=HINTS)
+    if not passed and device == "cuda":
+        message += ("; on the GPU GPT-2 runs your Task 4 and Task 5 kernels: if the CPU cases pass, check "
+                    "python -m task4.test and python -m task5.test")
+    return passed, message, metrics
+
+
+def random_prompt(batch, length, vocab, seed):
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def check_refusals(worker):
+    """What the kernels cannot do must raise a clear error, never give a wrong answer."""
+    q = torch.randn(2, 4, 5, 16)
+    padded = torch.ones(5, 5, dtype=torch.bool).tril().expand(2, 1, 5, 5).clone()
+    padded[0, :, :, :2] = False  # the first sequence starts with two padding tokens
+    return expect_errors(lambda *call: worker.call(*call), [
+        ("a mask with padding", ("attend", q, q, q, padded, None, 0.0), "padding"),
+        ("dropout in training", ("attend", q, q, q, None, None, 0.1), "dropout"),
+        ("three new tokens after two cached", ("attend", q[:, :, :3], q, q, None, None, 0.0), "new tokens"),
+    ])
+
+
+def gpt2_model(report, seed: int):
+    """(model, tokenizer or None, what it is): GPT-2's real weights if cached here, else random ones."""
+    try:
+        model, tokenizer = gpt2.pretrained(download=False)
+        return model, tokenizer, "GPT-2 (124M) with its weights"
+    except gpt2.WeightsMissing:
+        report.note("GPT-2's weights are not in the Hugging Face cache, so GPT-2's size ran with random weights "
+                    "(python -m task7.inference says how to fetch them)")
+        return weights(gpt2.GPT2_SIZE, seed), None, "GPT-2's size (124M) with random weights"
+
+
+def time_per_token(report, worker, model, tokenizer, what: str, prompt):
+    """ms per generated token, your attention (worker) against the model's own (here), and the text."""
+    n = GPT2_RUN["new_tokens"]
+    samples = []
+    for _ in range(REPS):
+        samples.append(bench.host_clock(lambda: worker.call("generate", prompt, n), reps=1, per_request=n))
+    ours = min(samples, key=lambda t: t.median_ms)
+    tokens = worker.call("generate", prompt, n)[0]
+    worker.stop()
+    own = model.to("cuda")
+    with torch.no_grad():
+        def run():
+            own.generate(prompt.cuda(), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                         pad_token_id=own.config.eos_token_id)
+            torch.cuda.synchronize()
+        run()
+        theirs = bench.host_clock(run, reps=REPS, per_request=n)
+    text = (repr(tokenizer.decode(torch.cat((prompt[0], tokens[0])))) if tokenizer is not None else
+            f"token ids {tokens[0].tolist()} (random weights: no text to show)")
+    metrics = {"ms_per_token": ours.median_ms, "ms_per_token_own_attention": theirs.median_ms,
+               "speedup_vs_own_attention": theirs.median_ms / ours.median_ms}
+    report.add("generation: time per token, and the text", True,
+               f"{what}, batch {prompt.shape[0]}, {n} new tokens: {ours.median_ms:.2f} ms per token with your kernels, "
+               f"{theirs.median_ms:.2f} ms with the model's own attention ({model.config._attn_implementation}); "
+               f"generated: {text}", metrics, kind="benchmark")
+
+
+def run_on_gpu(report, worker, args):
+    report.begin_part("your Task 4 and Task 5 kernels inside GPT-2, on the GPU", (1, 2, 3))
+    for i, (name, config, batch, prompt_len, n) in enumerate(GPU_CASES):
+        seed = cli.seed(80 + i, args.hidden)
+        report.run(f"{name}: batch {batch}, prompt {prompt_len}, {n} new tokens",
+                   lambda: check_generation(worker, weights(config, seed), config,
+                                            random_prompt(batch, prompt_len, config["vocab_size"], seed), n, "cuda"))
+    seed = cli.seed(90, args.hidden)
+    model, tokenizer, what = gpt2_model(report, seed)
+    prompt = (tokenizer(gpt2.DEFAULT_PROMPT, return_tensors="pt").input_ids if tokenizer is not None else
+              random_prompt(GPT2_RUN["batch"], GPT2_RUN["random_prompt"], model.config.vocab_size, seed))
+    report.run(f"{what}: prompt {prompt.shape[1]}, {GPT2_RUN['new_tokens']} new tokens",
+               lambda: check_generation(worker, model, model.config.to_dict(), prompt, GPT2_RUN["new_tokens"], "cuda"))
+    report.end_part("gpu")
+    if all(c.passed for c in report.cases):
+        time_per_token(report, worker, model, tokenizer, what, prompt)
+    else:
+        report.note("the time per token is measured once every check passes")
+
+
+def needs_gpu():
+    raise NeedsCuda("no CUDA GPU is visible: GPT-2 with your kernels runs on the GPU")
+
+
+def main(argv=None) -> int:
+    args = cli.parser(7, __doc__.splitlines()[2]).parse_args(argv)
+    report = Report(7, args.solution, "the kernels inside Hugging Face GPT-2", args.student_dir)
+    with cli.worker(report, 7, args, cuda=torch.cuda.is_available()) as worker:
+        if worker is None:
+            return report.finish(args.json)
+        report.begin_part("logic on the CPU, PyTorch in place of the kernels", (1, 2, 3))
+        for i, (name, config, batch, prompt_len, n) in enumerate(CPU_CASES):
+            seed = cli.seed(70 + i, args.hidden)
+            report.run(f"cpu {name}: batch {batch}, prompt {prompt_len}, {n} new tokens",
+                       lambda: check_generation(worker, weights(config, seed), config,
+                                                random_prompt(batch, prompt_len, config["vocab_size"], seed), n, "cpu"))
+        report.run("refuses what the kernels cannot do", lambda: check_refusals(worker))
+        report.end_part("cpu")
+        if torch.cuda.is_available():
+            run_on_gpu(report, worker, args)
+        else:
+            report.run("GPT-2 with your kernels", needs_gpu)
+    report.run("own work: no PyTorch attention, no reference solution",
+               lambda: impl.check_own_work(7, args.solution, args.student_dir, report.attention_ops), kind="rule")
+    return report.finish(args.json)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
