@@ -53,6 +53,7 @@ def prefill(prompt, logits):
     """
     global _cache
     with torch.no_grad():
+        _cache = None  # the last generation's cache goes before the next is made
         _cache = _model.new_cache(prompt.shape[0])
         logits[:, 0] = _model(prompt, _cache, last=True)[:, 0]
     return _answer(logits)

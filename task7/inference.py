@@ -62,7 +62,11 @@ def run(args, own_attention: bool) -> int:
 
         solution = getattr(args, "solution", False)
         module = importlib.import_module("task7.solution.attention" if solution else "task7.attention")
-        kernels = built_kernels(solution) if device == "cuda" else PyTorchKernels()
+        try:
+            kernels = built_kernels(solution) if device == "cuda" else PyTorchKernels()
+        except RuntimeError as err:  # a kernel that does not build: its task and the compiler's words
+            print(err, file=sys.stderr)
+            return 1
         gpt2.use_kernels(model, module.kernel_attention, kernels)
         how = ("the reference kernels" if solution else "your kernels") if device == "cuda" else \
             "your attention function, with PyTorch in place of the kernels (no GPU)"
