@@ -97,9 +97,6 @@ class KVCache:
     def max_seq(self) -> int:
         return self.k.shape[2]
 
-    def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
-
 
 class Attention(nn.Module):
     """What every attention of the model shares: the four projections, the head split and merge, RoPE.

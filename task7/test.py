@@ -36,10 +36,6 @@ REPS = 3
 BUILD_TIMEOUT_S = 900  # the first GPU model builds your Task 4 and Task 5 kernels
 
 
-def weights(config: dict, seed: int):
-    return gpt2.random_gpt2(config, seed)
-
-
 def reference_of(model, device):
     """The same weights with the model's own attention, in float64."""
     reference = copy.deepcopy(model).to(device=device, dtype=torch.float64)
@@ -95,7 +91,7 @@ def gpt2_model(report, seed: int):
     except gpt2.WeightsMissing:
         report.note("GPT-2's weights are not in the Hugging Face cache, so GPT-2's size ran with random weights "
                     "(python -m task7.inference says how to fetch them)")
-        return weights(gpt2.GPT2_SIZE, seed), None, "GPT-2's size (124M) with random weights"
+        return gpt2.random_gpt2(gpt2.GPT2_SIZE, seed), None, "GPT-2's size (124M) with random weights"
 
 
 def time_per_token(worker, model, tokenizer, what: str, prompt):
@@ -121,13 +117,19 @@ def time_per_token(worker, model, tokenizer, what: str, prompt):
                   f"({model.config._attn_implementation}); generated: {text}"), metrics
 
 
+def run_cases(report, worker, cases, first_seed: int, device: str, hidden: bool):
+    """Random GPT-2s of the cases' configurations, each generating from a random prompt on `device`."""
+    for i, (name, config, batch, prompt_len, n) in enumerate(cases):
+        seed = cli.seed(first_seed + i, hidden)
+        prefix = "cpu " if device == "cpu" else ""
+        report.run(f"{prefix}{name}: batch {batch}, prompt {prompt_len}, {n} new tokens",
+                   lambda: check_generation(worker, gpt2.random_gpt2(config, seed), config,
+                                            random_prompt(batch, prompt_len, config["vocab_size"], seed), n, device))
+
+
 def run_on_gpu(report, worker, args):
     report.begin_part("your Task 4 and Task 5 kernels inside GPT-2, on the GPU", (1, 2, 3))
-    for i, (name, config, batch, prompt_len, n) in enumerate(GPU_CASES):
-        seed = cli.seed(80 + i, args.hidden)
-        report.run(f"{name}: batch {batch}, prompt {prompt_len}, {n} new tokens",
-                   lambda: check_generation(worker, weights(config, seed), config,
-                                            random_prompt(batch, prompt_len, config["vocab_size"], seed), n, "cuda"))
+    run_cases(report, worker, GPU_CASES, 80, "cuda", args.hidden)
     seed = cli.seed(90, args.hidden)
     try:
         model, tokenizer, what = gpt2_model(report, seed)
@@ -158,11 +160,7 @@ def main(argv=None) -> int:
         if worker is None:
             return report.finish(args.json)
         report.begin_part("logic on the CPU, PyTorch in place of the kernels", (1, 2, 3))
-        for i, (name, config, batch, prompt_len, n) in enumerate(CPU_CASES):
-            seed = cli.seed(70 + i, args.hidden)
-            report.run(f"cpu {name}: batch {batch}, prompt {prompt_len}, {n} new tokens",
-                       lambda: check_generation(worker, weights(config, seed), config,
-                                                random_prompt(batch, prompt_len, config["vocab_size"], seed), n, "cpu"))
+        run_cases(report, worker, CPU_CASES, 70, "cpu", args.hidden)
         report.run("refuses what the kernels cannot do", lambda: check_refusals(worker))
         report.end_part("cpu")
         if torch.cuda.is_available():
