@@ -84,6 +84,7 @@ class Report:
         self.part_kind = "check"  # what the cases of the part under test count as
         self.parts = self.missing_parts = self.part_start = 0
         self.missing_message: str | None = None  # the first part's missing step
+        self.missing_steps: list[tuple[tuple[int, ...], str]] = []  # ended parts' steps, found missing
         print(f"Task {task}: {title} — {label(solution)}")
 
     # -- recording -------------------------------------------------------------
@@ -155,6 +156,7 @@ class Report:
     def end_part(self, name: str) -> None:
         """A part with a step still missing becomes one failed check, and the next part still runs."""
         if self.not_implemented:
+            self.missing_steps.append((self.part_steps or (), self.not_implemented))
             self.add(name, False, f"not implemented yet: {self.not_implemented}", kind=self.part_kind)
             if self.part_kind == "check":
                 self.missing_parts += 1
@@ -162,6 +164,19 @@ class Report:
             self.not_implemented = None
         self.part_steps = None
         self.part_kind = "check"
+
+    def missing_as_before(self) -> bool:
+        """Whether a part that ended before, on steps this part runs too, found a step missing; then so is this one.
+
+        Its cases then return at once (`stopped`): tasks 6 and 7 run their GPU part on the
+        steps of their CPU part, and task 5's layer runs steps 1 and 2, so on a skeleton they
+        would only build kernels to find the same TODO.
+        """
+        mine = set(self.part_steps or ())
+        found = next((message for steps, message in self.missing_steps if mine & set(steps)), None)
+        if found:
+            self.not_implemented = found
+        return found is not None
 
     def _missing(self, name: str, kind: str, message: str):
         """'Not implemented yet' while it is plausible: steps still TODO and no check of this part passed.

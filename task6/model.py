@@ -67,16 +67,19 @@ class Rope:
             raise ValueError(f"rotary embeddings turn pairs of features: head_dim must be even, got {head_dim}")
         freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
         angle = torch.arange(max_seq, dtype=torch.float64)[:, None] * freq[None, :]  # (max_seq, head_dim / 2)
-        self.cos = angle.cos().to(device=device, dtype=dtype)
-        self.sin = angle.sin().to(device=device, dtype=dtype)
+        # Full-width tables, the sine signed for the first half: a rotation is then
+        # x * cos + swap_halves(x) * sin, three kernels where the pairwise form takes seven
+        # (a decode step's time goes largely to launching small kernels).
+        self.cos = torch.cat((angle.cos(), angle.cos()), dim=-1).to(device=device, dtype=dtype)
+        self.sin = torch.cat((-angle.sin(), angle.sin()), dim=-1).to(device=device, dtype=dtype)
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x (batch, heads, n, head_dim) at `positions` (n,) -> rotated, a new contiguous tensor."""
         if positions.shape != (x.shape[2],):
             raise ValueError(f"positions must hold one position per token, ({x.shape[2]},), got {tuple(positions.shape)}")
-        cos, sin = self.cos[positions], self.sin[positions]  # (n, head_dim / 2)
+        cos, sin = self.cos[positions], self.sin[positions]  # (n, head_dim)
         x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+        return torch.addcmul(x * cos, torch.cat((x2, x1), dim=-1), sin)
 
 
 class KVCache:
@@ -108,15 +111,16 @@ class Attention(nn.Module):
     def __init__(self, config: Config, rope: Rope, kernels=None, device=None, dtype=None):
         super().__init__()
         self.heads, self.head_dim = config.heads, check_hidden(config.hidden, config.heads)
-        make = lambda: nn.Linear(config.hidden, config.hidden, bias=False, device=device, dtype=dtype)  # noqa: E731
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = make(), make(), make(), make()
+        # q, k and v come from one matrix: one product reads the weights at a better bandwidth than three
+        self.qkv_proj = nn.Linear(config.hidden, 3 * config.hidden, bias=False, device=device, dtype=dtype)
+        self.o_proj = nn.Linear(config.hidden, config.hidden, bias=False, device=device, dtype=dtype)
         self.rope, self.kernels = rope, kernels
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v of x (batch, n, hidden), each (batch, heads, n, head_dim) and contiguous, before RoPE."""
         batch, n, _ = x.shape
-        return tuple(p(x).view(batch, n, self.heads, self.head_dim).transpose(1, 2).contiguous()
-                     for p in (self.q_proj, self.k_proj, self.v_proj))
+        qkv = self.qkv_proj(x).view(batch, n, 3, self.heads, self.head_dim)
+        return tuple(qkv.permute(2, 0, 3, 1, 4).contiguous())  # one copy; each of the three is contiguous
 
     def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
         """(batch, heads, n, head_dim) -> (batch, n, hidden)"""
@@ -128,11 +132,12 @@ class SwiGLU(nn.Module):
     def __init__(self, config: Config, device=None, dtype=None):
         super().__init__()
         make = lambda i, o: nn.Linear(i, o, bias=False, device=device, dtype=dtype)  # noqa: E731
-        self.gate, self.up = make(config.hidden, config.mlp), make(config.hidden, config.mlp)
+        self.gate_up = make(config.hidden, 2 * config.mlp)  # the gate's rows, then the up projection's
         self.down = make(config.mlp, config.hidden)
 
     def forward(self, x):
-        return self.down(F.silu(self.gate(x)) * self.up(x))
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
 
 
 class Block(nn.Module):

@@ -46,6 +46,15 @@ def hides_only_the_future(mask: torch.Tensor, q_len: int, kv_len: int) -> bool:
     return bool((allowed == causal).all())
 
 
+def prompt_of(ids: torch.Tensor, device=None) -> dict:
+    """generate()'s inputs for unpadded prompts ids (batch, n): the ids, and a mask that says none is padding.
+
+    GPT-2 pads with its end-of-text token, so without the mask transformers cannot tell and warns.
+    """
+    ids = ids.to(device) if device is not None else ids
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
 def random_gpt2(config: dict, seed: int):
     """A GPT-2 with random weights from a seed (the tests' model: they never download)."""
     from transformers import GPT2Config, GPT2LMHeadModel

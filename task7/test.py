@@ -103,7 +103,7 @@ def time_per_token(worker, model, tokenizer, what: str, prompt):
     own = model.to("cuda")
     with torch.no_grad():
         def run():
-            own.generate(prompt.cuda(), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+            own.generate(**gpt2.prompt_of(prompt, "cuda"), max_new_tokens=n, min_new_tokens=n, do_sample=False,
                          pad_token_id=own.config.eos_token_id)
             torch.cuda.synchronize()
         run()
@@ -129,6 +129,9 @@ def run_cases(report, worker, cases, first_seed: int, device: str, hidden: bool)
 
 def run_on_gpu(report, worker, args):
     report.begin_part("your Task 4 and Task 5 kernels inside GPT-2, on the GPU", (1, 2, 3))
+    if report.missing_as_before():
+        report.end_part("gpu")
+        return
     run_cases(report, worker, GPU_CASES, 80, "cuda", args.hidden)
     seed = cli.seed(90, args.hidden)
     try:

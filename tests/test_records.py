@@ -106,6 +106,34 @@ def test_every_part_missing_is_not_implemented():
     assert report.status() == "not_implemented"
 
 
+def test_a_part_on_the_steps_found_missing_before_is_missing_without_running():
+    report = Report(1, solution=False, title="t")
+    report.begin_part("cpu", (1,))
+    report.run("a", missing)
+    report.end_part("cpu")
+    report.begin_part("gpu", (1,))
+    assert report.missing_as_before()
+    ran = []
+    report.run("b", lambda: ran.append(1) or CheckResult(True, "never runs"))
+    report.end_part("gpu")
+    assert ran == [] and report.status() == "not_implemented"
+    assert [c.name for c in report.cases] == ["cpu", "gpu"] and "step 1" in report.cases[1].message
+
+
+def test_a_part_after_a_written_part_or_on_other_steps_runs():
+    report = Report(1, solution=False, title="t")
+    report.begin_part("cpu", (1,))
+    report.run("a", lambda: CheckResult(False, "wrong"))
+    report.end_part("cpu")
+    report.begin_part("optional", (2,), optional=True)
+    report.run("b", missing)
+    report.end_part("optional")
+    report.begin_part("gpu", (1,))
+    assert not report.missing_as_before()
+    report.run("c", lambda: CheckResult(True, "fine"))
+    assert [c.passed for c in report.cases] == [False, False, True]
+
+
 def test_no_gpu_is_a_skip_not_a_failure():
     report = Report(9, solution=False, title="t")
 

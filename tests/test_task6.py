@@ -12,7 +12,7 @@ import torch
 from common.checks import compare_logits
 from common.torch_kernels import PyTorchKernels
 from task6 import test as task6_test
-from task6.model import SIZES, SmallLM
+from task6.model import SIZES, Rope, SmallLM
 from tests.conftest import bad_variant, needs_solution, run_test, submission
 
 pytestmark = needs_solution(6)
@@ -44,6 +44,24 @@ def test_cached_generation_matches_recomputing_the_sequence(prompt_len, steps):
     passed, message, _ = compare_logits(got, expected, prompt_len)
     assert passed, message
     assert [c.length for c in cache] == [prompt_len + steps] * TINY.layers
+
+
+def test_rope_turns_each_pair_by_its_angle():
+    """The given RoPE against its definition, computed here pair by pair in float64."""
+    head_dim, base = 8, 10000.0
+    rope = Rope(head_dim, 50, base, dtype=torch.float64)
+    x = torch.randn(2, 3, 4, head_dim, dtype=torch.float64)
+    positions = torch.tensor([0, 7, 31, 49])
+    got = rope(x, positions)
+    for i in range(head_dim // 2):
+        angle = positions.double() * base ** (-2 * i / head_dim)
+        a, b = x[..., i], x[..., i + head_dim // 2]
+        torch.testing.assert_close(got[..., i], a * angle.cos() - b * angle.sin())
+        torch.testing.assert_close(got[..., i + head_dim // 2], a * angle.sin() + b * angle.cos())
+    # what attention relies on: a query-key score depends on their distance only
+    q, k = torch.randn(head_dim, dtype=torch.float64), torch.randn(head_dim, dtype=torch.float64)
+    at = lambda v, p: rope(v.view(1, 1, 1, -1), torch.tensor([p])).flatten()  # noqa: E731
+    assert torch.allclose(at(q, 9) @ at(k, 4), at(q, 30) @ at(k, 25))
 
 
 def test_generate_is_greedy_over_the_cache():
