@@ -13,6 +13,7 @@ import math
 import platform
 import subprocess
 import traceback
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -26,6 +27,9 @@ from common.tasks import student_files
 
 # Status of a whole task run, in the order the grader reports them.
 PASSED, FAILED, NOT_IMPLEMENTED, NEEDS_CUDA = "passed", "failed", "not_implemented", "needs_cuda"
+# the lines that are not checks, counted apart so the summary adds up to the lines shown
+KIND_WORDS = {"rule": ("rule", "rules"), "benchmark": ("benchmark", "benchmarks"),
+              "given": ("check of given code", "checks of given code"), "optional": ("optional check", "optional checks")}
 
 
 class NeedsCuda(Exception):
@@ -197,8 +201,7 @@ class Report:
         more = f" ({len(todos) - 1} more TODO line(s) after it)" if len(todos) > 1 else ""
         self.not_implemented = (f"see README, Task {self.task}, {todos[0]}{more}; "
                                 "delete a step's TODO line once you have written it")
-        print(f"  not implemented yet: {self.not_implemented}")
-        return None
+        return None  # said once: by end_part in a part, else by finish
 
     # -- summary ---------------------------------------------------------------
     def status(self) -> str:
@@ -220,7 +223,10 @@ class Report:
         elif status == NEEDS_CUDA:
             print(f"Task {self.task}: needs a CUDA GPU ({self.needs_cuda})")
         else:
-            print(f"Task {self.task}: {passed}/{len(checks)} checks passed — {status.upper()} ({label(self.solution)})")
+            others = Counter(c.kind for c in self.cases if c.kind != "check")
+            also = "".join(f", {n} {KIND_WORDS[kind][n > 1]}" for kind, n in sorted(others.items()))
+            print(f"Task {self.task}: {passed}/{len(checks)} checks passed{also} — {status.upper()} "
+                  f"({label(self.solution)})")
             if self.needs_cuda:
                 print(f"  not run here: {self.needs_cuda}")
         if json_path:

@@ -9,6 +9,9 @@ results.json (Gradescope's autograder format).
   hidden cases. Only the files students write (common/tasks.py) are taken from DIR, as
   regular files (no links); the results go to --out, by default grading/<name of DIR>
   beside DIR, never into DIR itself.
+- --keep: Results.md also lists the tasks an earlier run graded into the same --out, when
+  that run graded the same files with the same kit on the same device (graded/taskN.json),
+  so the tasks can be graded in several shorter runs.
 
 Each task's test runs here (trusted code); the student's code runs in a worker process
 that the test starts (common/sandbox.py), inside bubblewrap when it is installed.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import shutil
@@ -31,7 +35,7 @@ from common.records import environment
 from common.sandbox import copy_regular_file, sandbox_status
 from common.tasks import TASKS
 from grader.rubric import RUBRIC, TOTAL_POINTS, score
-from grader.runner import run_task
+from grader.runner import run_task, valid_record
 
 SANDBOX_TEXT = {
     "bubblewrap": "a sandboxed worker (bubblewrap: its own view of the files, its own processes, no network)",
@@ -88,7 +92,7 @@ def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidd
         return entry | {"status": "unavailable", "summary": "this task is not in the kit yet"}
     if rubric.needs_cuda and not has_cuda:
         return entry | {"status": "needs_cuda",
-                        "summary": "not graded here: this task needs a CUDA GPU (run the grader on a GPU machine)"}
+                        "summary": "not graded here: run the grader on a machine with a CUDA GPU"}
     print(f"\n== Task {task}: {rubric.title}")
     run = run_task(task, student_dir, scratch, solution=solution, hidden=hidden,
                    timeout_s=timeout or rubric.timeout_s)
@@ -97,6 +101,60 @@ def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidd
     points, why = score(task, run.record)
     return entry | {"status": run.record["status"], "points": points, "summary": why,
                     "record": run.record, "seconds": run.seconds}
+
+
+# -- results kept between runs ------------------------------------------------------
+
+KIT_CODE = (".py", ".cu", ".cuh", ".cpp", ".h")
+
+
+def fingerprint(student_dir: Path) -> str:
+    """What a kept result must match: the student files as graded, and the kit's code (tests, hidden cases)."""
+    student = sorted({rel for task in TASKS.values() for rel in task.student_files})
+    digest = hashlib.sha256()
+    for rel in student:
+        path = student_dir / rel
+        digest.update(rel.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"(none)") + b"\0")
+    for folder in ["common", "grader", *sorted(p.name for p in REPO.glob("task[0-9]"))]:
+        for path in sorted((REPO / folder).rglob("*")):
+            rel = path.relative_to(REPO).as_posix()
+            if path.suffix in KIT_CODE and path.is_file() and rel not in student and "__pycache__" not in rel:
+                digest.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def save_entry(out_dir: Path, entry: dict, key: dict) -> None:
+    """One task's result as soon as it is graded, for a later --keep (and for a run cut short)."""
+    folder = out_dir / "graded"
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        folder.unlink()
+    folder.mkdir(exist_ok=True)
+    when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    write_new_file(folder / f"task{entry['task']}.json", json.dumps({"key": key, "when": when, "entry": entry}))
+
+
+def kept_entries(out_dir: Path, key: dict, graded_now: list[int]) -> list[dict]:
+    """The other tasks' results saved in out_dir by runs with the same key, their points scored again here."""
+    kept = []
+    for task in RUBRIC:
+        path = out_dir / "graded" / f"task{task}.json"
+        if task in graded_now or path.is_symlink() or not path.is_file():
+            continue
+        try:
+            saved = json.loads(path.read_text())
+            if saved["key"] != key or saved["entry"]["task"] != task or saved["entry"]["status"] not in STATUS_TEXT:
+                continue
+            entry = saved["entry"]
+            if entry.get("record") is not None:
+                entry["record"] = valid_record(entry["record"], task)
+                entry["points"], entry["summary"] = score(task, entry["record"])
+            else:  # crashed, or not graded: no points
+                entry["points"] = 0.0
+            kept.append(entry | {"title": RUBRIC[task].title, "max_points": RUBRIC[task].points,
+                                 "kept_from": str(saved["when"])})
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            continue  # not a result this grader wrote: grade that task again instead
+    return kept
 
 
 # -- writing the results -------------------------------------------------------------
@@ -209,6 +267,9 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=int, help="seconds per task (default: the rubric's)")
     parser.add_argument("--out", type=Path, help="where to write Results.md and results.json (default: this "
                         "checkout; with --submission DIR, grading/<name> beside DIR)")
+    parser.add_argument("--keep", action="store_true",
+                        help="also list the tasks graded earlier into --out with the same files, kit and device "
+                             "(grade the tasks in several runs, then one Results.md)")
     parser.add_argument("--no-sandbox", action="store_true",
                         help="grade a submission even though bubblewrap is not installed (its code can then read "
                              "this machine's files, the hidden cases included)")
@@ -241,8 +302,19 @@ def main(argv=None) -> int:
                 print(f"note: {note}")
         hidden = (REPO / "grader" / "hidden.py").exists()
         has_cuda = cuda_available()
-        entries = [grade_task(t, student_dir, scratch, args.solution, hidden, args.timeout, has_cuda) for t in tasks]
-        md_path, json_path = write_results(entries, out_dir, graded, environment(), notes)
+        env = environment()
+        key = {"graded": graded, "solution": args.solution, "hidden": hidden, "files": fingerprint(student_dir),
+               "device": env["device"], "torch": env["torch"]}
+        entries = []
+        for task in tasks:
+            entries.append(grade_task(task, student_dir, scratch, args.solution, hidden, args.timeout, has_cuda))
+            save_entry(out_dir, entries[-1], key)
+        if args.keep:
+            kept = kept_entries(out_dir, key, tasks)
+            entries = sorted(entries + kept, key=lambda e: e["task"])
+            notes = notes + [f"task {e['task']} kept from the run of {e['kept_from']} (--keep: the same files, kit "
+                             "and device)" for e in kept]
+        md_path, json_path = write_results(entries, out_dir, graded, env, notes)
     except SystemExit:
         raise
     except Exception:

@@ -41,7 +41,7 @@ def tracked_files() -> list[Path]:
 def _source(rel: Path) -> bool:
     """Not build output, caches, virtual environments or grading results."""
     return (not NOT_EXPORTED & set(rel.parts) and not any(part.endswith(".egg-info") for part in rel.parts)
-            and rel.name != "results.json")
+            and rel.name != "results.json" and rel.parts[0] != "graded")
 
 
 def export(dest: Path) -> list[Path]:

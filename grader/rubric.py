@@ -46,10 +46,10 @@ def score(task: int, record: dict) -> tuple[float, str]:
     """(points earned, one-line explanation) for a finished test record."""
     rubric = RUBRIC[task]
     status = record.get("status")
-    if status == "not_implemented":
-        return 0.0, f"not implemented yet: {record.get('not_implemented')}"
+    if status == "not_implemented":  # the status itself says "not implemented yet": the summary says where
+        return 0.0, str(record.get("not_implemented"))
     if status == "needs_cuda":
-        return 0.0, f"not graded here: needs a CUDA GPU ({record.get('needs_cuda')})"
+        return 0.0, f"not graded here ({record.get('needs_cuda')})"
     cases = record.get("cases", [])
     broken_rules = [c for c in cases if c["kind"] == "rule" and not c["passed"]]
     if broken_rules:  # e.g. calling PyTorch's own attention in a task that asks you to write it

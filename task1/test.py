@@ -16,6 +16,7 @@ from torch import nn
 
 from common import cli, impl
 from common.checks import compare, exact_float32, random_tensor
+from common.diagnose import diagnose
 from common.layer import mha_weights
 from common.records import Report
 from common.reference import attention_reference, causal_mask
@@ -43,11 +44,12 @@ def check_core(worker, case):
     v = random_tensor((batch, heads, seq_k, d), case.seed + 2)
     on = lambda t: t.to(case.device)  # noqa: E731  the worker gets its copy; the reference uses ours
     out = worker.call("attention", on(q), on(k), on(v), case.causal)
-    return compare(out, attention_reference(q, k, v, case.causal)[0], atol=ATOL, rtol=RTOL,
-                   name="attention(q, k, v)", device=case.device)
+    result = compare(out, attention_reference(q, k, v, case.causal)[0], atol=ATOL, rtol=RTOL,
+                     name="attention(q, k, v)", device=case.device)
+    return diagnose(1, result, out, q, k, v, case.causal, atol=ATOL, rtol=RTOL)
 
 
-def check_layer(worker, case):
+def check_layer(worker, case, core_fails: bool = False):
     batch, seq_q, seq_k, hidden, heads = case.shape
     torch.manual_seed(case.seed)
     reference = nn.MultiheadAttention(hidden, heads, bias=False, batch_first=True)
@@ -62,8 +64,11 @@ def check_layer(worker, case):
         expected, _ = reference.double()(query.double(), key.double(), value.double(), attn_mask=mask,
                                          need_weights=False)
     # The layer's outputs are small (about 0.05), so the tolerance follows their scale.
-    return compare(out, expected, atol=ATOL * float(expected.abs().max()), rtol=RTOL, name="layer output",
-                   device=case.device)
+    result = compare(out, expected, atol=ATOL * float(expected.abs().max()), rtol=RTOL, name="layer output",
+                     device=case.device)
+    if not result.passed and core_fails:
+        result.message = f"the attention core fails on this case too: fix that first. {result.message}"
+    return result
 
 
 def main(argv=None) -> int:
@@ -74,8 +79,9 @@ def main(argv=None) -> int:
             return report.finish(args.json)
         for case in cli.cases(1, "attention", CASES, args.hidden, describe, devices=cli.devices(),
                               causal_ok=lambda shape: shape[1] <= shape[2]):
-            report.run(f"{case.name}: attention core vs float64", lambda: check_core(worker, case))
-            report.run(f"{case.name}: layer vs nn.MultiheadAttention", lambda: check_layer(worker, case))
+            core = report.run(f"{case.name}: attention core vs float64", lambda: check_core(worker, case))
+            core_fails = core is None or not core.passed
+            report.run(f"{case.name}: layer vs nn.MultiheadAttention", lambda: check_layer(worker, case, core_fails))
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(1, args.solution, args.student_dir, report.attention_ops), kind="rule")
     return report.finish(args.json)

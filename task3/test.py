@@ -18,6 +18,7 @@ import torch
 
 from common import cli, impl
 from common.checks import compare, random_tensor
+from common.diagnose import diagnose
 from common.records import Report
 from common.reference import attention_reference
 from common.sandbox import Worker, WorkerDied, WorkerError
@@ -69,10 +70,12 @@ def check_values(worker, case):
     ref_out, ref_lse = attention_reference(q, k, v, case.causal)
     checked = compare(out, ref_out, atol=ATOL, rtol=RTOL, name="out", device=case.device)
     if not checked.passed:
-        return checked
+        return diagnose(3, checked, out, q, k, v, case.causal, atol=ATOL, rtol=RTOL, tiles=tiles)
     checked_lse = compare(lse, ref_lse, atol=ATOL, rtol=RTOL, name="lse (the log-sum-exp m_i + log(l_i))",
                           device=case.device)
-    return checked if checked_lse.passed else checked_lse
+    if not checked_lse.passed:
+        return diagnose(3, checked_lse, lse, q, k, v, case.causal, atol=ATOL, rtol=RTOL, tiles=tiles, of="lse")
+    return checked
 
 
 OUT_OF_MEMORY = ("can't allocate memory", "bad_alloc", "MemoryError", "out of memory", "not enough memory")

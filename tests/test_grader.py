@@ -252,6 +252,34 @@ def test_a_broken_task1_does_not_cost_task3(tmp_path):
     assert test["score"] == 3 and "timing against task 1 skipped" in test["output"]
 
 
+@needs_bwrap
+@needs_solution(1)
+def test_keep_lists_earlier_tasks_of_the_same_files_only(tmp_path):
+    results, _ = grade(tmp_path, "correct")
+    sub, out = tmp_path / "correct", tmp_path / "grading" / "correct"
+    assert json.loads((out / "graded" / "task1.json").read_text())["entry"]["status"] == "passed"
+
+    def grade_task2(*flags):  # no GPU here: task 2 is recorded as needing one, at once
+        proc = subprocess.run([sys.executable, "-m", "grader", "--submission", str(sub), "--tasks", "2", *flags],
+                              cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        return json.loads((out / "results.json").read_text()), (out / "Results.md").read_text()
+
+    with_keep, md = grade_task2("--keep")
+    assert [t["name"][:6] for t in with_keep["tests"]] == ["Task 1", "Task 2"] and with_keep["score"] == 2
+    assert "task 1 kept from the run of" in md and f"| 1. {RUBRIC[1].title} | passed | 2 / 2 |" in md
+    without, _ = grade_task2()
+    assert [t["name"][:6] for t in without["tests"]] == ["Task 2"]
+    # a kept result's points are scored again from its record, not taken from the file
+    saved = json.loads((out / "graded" / "task1.json").read_text())
+    saved["entry"]["points"] = 99
+    (out / "graded" / "task1.json").write_text(json.dumps(saved))
+    assert grade_task2("--keep")[0]["score"] == 2
+    (sub / "task1" / "attention.py").write_text(submission_text("wrong_scale"))  # other files: nothing kept
+    changed, md = grade_task2("--keep")
+    assert [t["name"][:6] for t in changed["tests"]] == ["Task 2"] and "kept" not in md
+
+
 def test_crash_reasons():
     from grader.runner import crash_reason
 

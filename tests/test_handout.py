@@ -29,4 +29,4 @@ def test_handout_from_a_copy_without_git(tmp_path, monkeypatch):
     monkeypatch.setattr(handout.subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(OSError("no git")))
     written = {p.as_posix() for p in handout.export(tmp_path / "h")}
     assert {"README.md", "task1/attention.py", ".ci/run"} <= written
-    assert not [f for f in written if "/solution/" in f or f.startswith(("build/", ".git/"))]
+    assert not [f for f in written if "/solution/" in f or f.startswith(("build/", ".git/", "graded/"))]

@@ -1,0 +1,110 @@
+"""common.diagnose: each common mistake, made in the reference by one change, is named with its step.
+
+The known-bad functions run here directly (they are ours, made from the reference), on the
+tasks' own shapes; two of them also go through the task's test and its worker, as a student's would.
+"""
+
+import importlib.util
+
+import pytest
+
+from common.checks import compare, random_tensor
+from common.diagnose import MISTAKES, diagnose
+from common.reference import attention_reference
+from tests.conftest import bad_variant, needs_solution, run_test, submission
+
+ATOL, RTOL = 2e-5, 1e-4
+
+
+def load(tmp_path, task: int, old: str, new: str):
+    path = tmp_path / f"task{task}_variant.py"
+    path.write_text(bad_variant(task, "attention.py", old, new))
+    spec = importlib.util.spec_from_file_location(f"task{task}_variant", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def inputs(batch, heads, seq_q, seq_k, head_dim, seed=5):
+    return (random_tensor((batch, heads, seq_q, head_dim), seed), random_tensor((batch, heads, seq_k, head_dim), seed + 1),
+            random_tensor((batch, heads, seq_k, head_dim), seed + 2))
+
+
+TASK1 = [  # (old, new, causal, what the message says, step)
+    ("return (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])", "return q @ k.transpose(-2, -1)", False,
+     "without the 1/sqrt(head_dim) scale", 2),
+    ("/ math.sqrt(q.shape[-1])", "/ q.shape[-1]", True, "scale applied twice", 2),
+    ("    return scores.masked_fill(future, float(\"-inf\"))", "    return scores", True, "no causal mask at all", 3),
+    ("triu(diagonal=1 + seq_k - seq_q)", "triu(diagonal=1)", True, "aligned to the first key", 3),
+    ("triu(diagonal=1 + seq_k - seq_q)", "triu(diagonal=2 + seq_k - seq_q)", True, "one future key", 3),
+    ("torch.softmax(scores, dim=-1)", "torch.softmax(scores, dim=-2)", False, "softmax over the queries", 4),
+]
+
+
+@needs_solution(1)
+@pytest.mark.parametrize("old, new, causal, says, step", TASK1)
+def test_task1_mistakes_are_named_with_their_step(tmp_path, old, new, causal, says, step):
+    student = load(tmp_path, 1, old, new)
+    q, k, v = inputs(2, 4, 5, 33, 16)  # seq_q != seq_k: a mask aligned to the wrong end shows
+    out = student.attention(q, k, v, causal=causal)
+    result = diagnose(1, compare(out, attention_reference(q, k, v, causal)[0], atol=ATOL, rtol=RTOL), out,
+                      q, k, v, causal, atol=ATOL, rtol=RTOL)
+    assert not result.passed and result.message.startswith("looks like") and says in result.message
+    assert f"see README, Task 1, step {step}." in result.message
+
+
+TASK3 = [  # (old, new, causal, what the message says, step, of)
+    ("s_ij = (q_i @ k_j.transpose(-2, -1)) * scale", "s_ij = q_i @ k_j.transpose(-2, -1)", True,
+     "without the 1/sqrt(head_dim) scale", 3, "out"),
+    ("s_ij = s_ij.masked_fill(cols > rows + offset, -math.inf)", "pass", True, "no causal mask at all", 3, "out"),
+    ("acc = correction[..., None] * acc + p_ij @ v_j", "acc = acc + p_ij @ v_j", False, "acc not rescaled", 4, "out"),
+    ("l_i = correction * l_i + p_ij.sum(dim=-1)", "l_i = l_i + p_ij.sum(dim=-1)", True, "l_i not rescaled", 4, "out"),
+    ("if causal else seq_k\n", "if causal else seq_k // block_cols * block_cols\n", False, "partial key tile", 2,
+     "out"),
+    ("lse[:, :, row_start:row_end] = m_i + torch.log(l_i)", "lse[:, :, row_start:row_end] = torch.log(l_i)", False,
+     "without m_i", 5, "lse"),
+]
+
+
+@needs_solution(3)
+@pytest.mark.parametrize("old, new, causal, says, step, of", TASK3)
+def test_task3_mistakes_are_named_with_their_step(tmp_path, old, new, causal, says, step, of):
+    student = load(tmp_path, 3, old, new)
+    q, k, v = inputs(1, 2, 100, 300, 32)  # 300 keys: 4 full tiles of 64 and a partial one
+    got = student.flash_attention(q, k, v, causal=causal, block_rows=64, block_cols=64, return_lse=True)
+    want = attention_reference(q, k, v, causal)
+    which = 1 if of == "lse" else 0
+    result = diagnose(3, compare(got[which], want[which], atol=ATOL, rtol=RTOL), got[which], q, k, v, causal,
+                      atol=ATOL, rtol=RTOL, tiles=(64, 64), of=of)
+    assert not result.passed and result.message.startswith("looks like") and says in result.message
+    assert f"see README, Task 3, step {step}." in result.message
+
+
+def test_a_right_output_and_an_unrelated_error_get_no_diagnosis():
+    q, k, v = inputs(1, 2, 9, 9, 8)
+    right = attention_reference(q, k, v, True)[0]
+    assert diagnose(1, compare(right, right, atol=ATOL, rtol=RTOL), right, q, k, v, True, atol=ATOL,
+                    rtol=RTOL).message.startswith("max abs err")  # no diagnosis
+    noise = right + 0.01 * random_tensor(right.shape, 9, dtype=right.dtype)
+    result = diagnose(1, compare(noise, right, atol=ATOL, rtol=RTOL), noise, q, k, v, True, atol=ATOL, rtol=RTOL)
+    assert not result.passed and "looks like" not in result.message
+
+
+def test_every_mistake_names_a_step_of_a_task():
+    assert all(m.steps and all(isinstance(s, int) for s in m.steps.values()) for m in MISTAKES)
+
+
+@needs_solution(1)
+def test_a_student_without_the_scale_is_told_so_by_the_task_test(tmp_path):
+    sub = submission(tmp_path, {"task1/attention.py": bad_variant(1, "attention.py", *TASK1[0][:2])})
+    record = run_test(1, sub, tmp_path)
+    core = [c for c in record["cases"] if "attention core" in c["name"] and not c["passed"]]
+    assert core and all("see README, Task 1, step 2" in c["message"] for c in core)
+
+
+@needs_solution(3)
+def test_a_student_without_the_rescale_is_told_so_by_the_task_test(tmp_path):
+    sub = submission(tmp_path, {"task3/attention.py": bad_variant(3, "attention.py", *TASK3[2][:2])})
+    record = run_test(3, sub, tmp_path)
+    failed = [c for c in record["cases"] if c["kind"] == "check" and not c["passed"]]
+    assert failed and all("acc not rescaled" in c["message"] and "Task 3, step 4" in c["message"] for c in failed)
