@@ -74,7 +74,7 @@ class Mistake:
 MISTAKES = [
     Mistake("attention without the 1/sqrt(head_dim) scale", {1: 2, 3: 3},
             lambda q, k, v, c, t: _attention(q, k, v, c, scale_power=0)),
-    Mistake("attention with the 1/sqrt(head_dim) scale applied twice", {1: 2, 3: 3},
+    Mistake("attention scaled by 1/head_dim (the 1/sqrt(head_dim) scale applied twice?)", {1: 2, 3: 3},
             lambda q, k, v, c, t: _attention(q, k, v, c, scale_power=2)),
     Mistake("attention with no causal mask at all", {1: 3, 3: 3},
             lambda q, k, v, c, t: _attention(q, k, v, c, mask="none"), {"causal"}),

@@ -145,14 +145,17 @@ def kept_entries(out_dir: Path, key: dict, graded_now: list[int]) -> list[dict]:
             if saved["key"] != key or saved["entry"]["task"] != task or saved["entry"]["status"] not in STATUS_TEXT:
                 continue
             entry = saved["entry"]
-            if entry.get("record") is not None:
-                entry["record"] = valid_record(entry["record"], task)
-                entry["points"], entry["summary"] = score(task, entry["record"])
-            else:  # crashed, or not graded: no points
-                entry["points"] = 0.0
-            kept.append(entry | {"title": RUBRIC[task].title, "max_points": RUBRIC[task].points,
+            if entry.get("record") is not None:  # status, points and summary all follow from the record
+                record = valid_record(entry["record"], task)
+                points, summary = score(task, record)
+                entry = {"record": record, "status": record["status"], "points": points, "summary": summary}
+            elif entry["status"] in ("crashed", "unavailable", "needs_cuda") and isinstance(entry["summary"], str):
+                entry = {"record": None, "status": entry["status"], "points": 0.0, "summary": entry["summary"]}
+            else:
+                continue
+            kept.append(entry | {"task": task, "title": RUBRIC[task].title, "max_points": RUBRIC[task].points,
                                  "kept_from": str(saved["when"])})
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
             continue  # not a result this grader wrote: grade that task again instead
     return kept
 

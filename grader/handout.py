@@ -1,13 +1,16 @@
 """python -m grader.handout DEST
 
 Export the student repository: every tracked file except the reference
-solutions, the hidden cases and the instructors' notes (notes/), the skeletons in place (regenerated, so they
-match the reference), and a blank Results.md. DEST must not exist yet.
+solutions, the hidden cases, the instructors' notes (notes/) and the tests built on the
+reference (they hold its lines as known-bad variants, and would only be skipped), the
+skeletons in place (regenerated, so they match the reference), the README without its
+instructors' section, and a blank Results.md. DEST must not exist yet.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,9 +21,24 @@ from common.skeleton import generate
 BLANK_RESULTS = "# Results\n\nNot graded yet: run `python -m grader` to fill this in.\n"
 
 
+INSTRUCTORS = re.compile(r"^<!-- instructors\b.*?^<!-- /instructors -->\n", re.S | re.M)
+
+
 def instructor_only(rel: Path) -> bool:
-    """Reference solutions, hidden cases, and notes on how the reference was tuned."""
+    """Reference solutions, hidden cases, notes on how the reference was tuned, and tests built on the reference."""
+    if rel.parts[0] == "tests" and rel.suffix == ".py" and rel.name != "conftest.py":
+        text = (REPO / rel).read_text()
+        return "needs_solution(" in text or "bad_variant(" in text
     return "solution" in rel.parts or rel == Path("grader/hidden.py") or rel.parts[0] == "notes"
+
+
+def students_readme() -> str:
+    """README.md without the blocks marked for instructors."""
+    text = INSTRUCTORS.sub("", (REPO / "README.md").read_text())
+    if "<!-- instructors" in text or "<!-- /instructors" in text:
+        raise SystemExit("README.md: an instructors' marker without its partner (each block is a line "
+                         "'<!-- instructors ...' and, later, a line '<!-- /instructors -->')")
+    return text
 
 
 NOT_EXPORTED = {".git", "build", "grader-work", "__pycache__", ".scratch", ".venv", ".pytest_cache"}
@@ -58,6 +76,8 @@ def export(dest: Path) -> list[Path]:
             target.write_text(skeletons[rel])
         elif rel == Path("Results.md"):
             target.write_text(BLANK_RESULTS)
+        elif rel == Path("README.md"):
+            target.write_text(students_readme())
         else:
             target.write_bytes((REPO / rel).read_bytes())
         written.append(rel)

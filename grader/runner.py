@@ -111,7 +111,8 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
 
 
 STATUSES = ("passed", "failed", "not_implemented", "needs_cuda")
-KINDS = ("check", "benchmark", "rule", "given")  # given: a check of given code, reported, not scored
+# given: a check of given code, reported, not scored; optional: a check of an optional part (task 5's split)
+KINDS = ("check", "benchmark", "rule", "given", "optional")
 
 
 def valid_record(record, task: int) -> dict:

@@ -293,7 +293,10 @@ def run_generation(report, worker, name: str, config: Config, run: Run, seed: in
     title = f"generation ({name}): time to first token, time between tokens, TBT floor"
     # Measured before and after the worker's run, the higher counts: right after the worker
     # ends the GPU may still be freeing its memory, and a low bandwidth would lower the floor.
-    copy_before = copy_gbs or bench.copy_bandwidth_gbs()
+    try:
+        copy_before = copy_gbs or bench.copy_bandwidth_gbs()
+    except RuntimeError:  # no room beside the worker's model, say: the measurement after its run decides
+        copy_before = 0.0
     try:
         ttft, tbt, generations = time_student(worker, config, run, seed)
     except (WorkerError, WorkerDied, AssertionError) as err:

@@ -33,7 +33,7 @@ def inputs(batch, heads, seq_q, seq_k, head_dim, seed=5):
 TASK1 = [  # (old, new, causal, what the message says, step)
     ("return (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])", "return q @ k.transpose(-2, -1)", False,
      "without the 1/sqrt(head_dim) scale", 2),
-    ("/ math.sqrt(q.shape[-1])", "/ q.shape[-1]", True, "scale applied twice", 2),
+    ("/ math.sqrt(q.shape[-1])", "/ q.shape[-1]", True, "scaled by 1/head_dim", 2),
     ("    return scores.masked_fill(future, float(\"-inf\"))", "    return scores", True, "no causal mask at all", 3),
     ("triu(diagonal=1 + seq_k - seq_q)", "triu(diagonal=1)", True, "aligned to the first key", 3),
     ("triu(diagonal=1 + seq_k - seq_q)", "triu(diagonal=2 + seq_k - seq_q)", True, "one future key", 3),

@@ -230,6 +230,9 @@ def test_a_malformed_record_costs_its_task_only():
 
     good = {"task": 1, "status": "passed", "cases": [{"name": "a", "kind": "check", "passed": True, "message": ""}]}
     assert valid_record(good, 1)["cases"][0]["metrics"] == {}
+    optional = {"task": 5, "status": "passed", "cases": [{"name": "split", "kind": "optional", "passed": False,
+                                                         "message": ""}]}
+    assert valid_record(optional, 5)["cases"][0]["kind"] == "optional"  # task 5's split-KV part
     for bad in ({"task": 1, "status": "passed", "cases": [{"name": "a", "passed": True, "message": ""}]},
                 {"task": 2, "status": "passed", "cases": []}, {"task": 1, "status": "great", "cases": []}, []):
         with pytest.raises((ValueError, TypeError)):
@@ -272,12 +275,25 @@ def test_keep_lists_earlier_tasks_of_the_same_files_only(tmp_path):
     assert [t["name"][:6] for t in without["tests"]] == ["Task 2"]
     # a kept result's points are scored again from its record, not taken from the file
     saved = json.loads((out / "graded" / "task1.json").read_text())
-    saved["entry"]["points"] = 99
+    saved["entry"] |= {"points": 99, "status": "unavailable", "summary": None}
     (out / "graded" / "task1.json").write_text(json.dumps(saved))
-    assert grade_task2("--keep")[0]["score"] == 2
+    tampered, md = grade_task2("--keep")
+    assert tampered["score"] == 2 and f"| 1. {RUBRIC[1].title} | passed | 2 / 2 |" in md
     (sub / "task1" / "attention.py").write_text(submission_text("wrong_scale"))  # other files: nothing kept
     changed, md = grade_task2("--keep")
     assert [t["name"][:6] for t in changed["tests"]] == ["Task 2"] and "kept" not in md
+
+
+@pytest.mark.parametrize("line", ["from common.diagnose import _attention",
+                                  "from common.torch_kernels import PyTorchKernels",
+                                  "from common.reference import attention_reference"])
+def test_importing_the_checks_own_attention_breaks_the_rule(tmp_path, line):
+    from common.impl import check_own_work
+
+    (tmp_path / "task1").mkdir()
+    (tmp_path / "task1" / "attention.py").write_text(f"{line}\n\ndef attention(q, k, v, causal=False):\n    pass\n")
+    passed, message, _ = check_own_work(1, False, tmp_path)
+    assert not passed and "task1/attention.py:1" in message
 
 
 def test_crash_reasons():

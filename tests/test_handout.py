@@ -1,7 +1,22 @@
 import subprocess
 import sys
 
+from common.skeleton import solution_files
+from common.tasks import TASKS
 from tests.conftest import REPO, needs_solution
+
+
+def solution_lines() -> set[str]:
+    """The lines students write, from the reference's BEGIN/END SOLUTION regions, long enough to be telling."""
+    lines, inside = set(), False
+    for path in solution_files(REPO):
+        for line in path.read_text().splitlines():
+            text = line.strip()
+            if "BEGIN SOLUTION" in text or "END SOLUTION" in text:
+                inside = "BEGIN" in text
+            elif inside and len(text) >= 24 and not text.startswith(("#", "//")):
+                lines.add(text)
+    return lines
 
 
 @needs_solution(1)
@@ -15,6 +30,20 @@ def test_handout_has_no_solutions_and_blank_results(tmp_path):
     assert {"README.md", "task1/attention.py", "task3/attention.py", "grader/__main__.py", ".ci/run"} <= files
     assert "Not graded yet" in (dest / "Results.md").read_text()
     assert "BEGIN SOLUTION" not in (dest / "task1/attention.py").read_text()
+
+    # the students' README: no instructors' section, and how to hand in
+    readme = (dest / "README.md").read_text()
+    for words in ("For instructors", "instructors -->", "--solution", "BEGIN SOLUTION", "notes/", "hidden.py"):
+        assert words not in readme, f"{words!r} in the students' README"
+    assert "## Submitting" in readme and all(rel in readme for task in TASKS.values() for rel in task.student_files)
+    # tests/ holds no line of the reference: the known-bad variants stay in the instructors' copy
+    solution = solution_lines()
+    for path in (dest / "tests").rglob("*.py"):
+        text = path.read_text()
+        leaked = [line for line in solution if line in text]
+        assert not leaked, f"{path.relative_to(dest)} holds reference lines: {leaked[:3]}"
+        assert "correction = torch.exp(m_i - m_new)" not in text and "bad_variant(" not in text.replace(
+            "def bad_variant(", "")
 
     # the handout grades on its own: skeletons not implemented, no crash, no hidden cases needed
     proc = subprocess.run([sys.executable, "-m", "grader", "--tasks", "1,3"], cwd=dest, capture_output=True, text=True)
