@@ -29,9 +29,9 @@ def _scores(q, k, causal, *, scale_power=1, mask="end"):
     return scores
 
 
-def _attention(q, k, v, causal, softmax_dim=-1, **how):
-    """(out, lse) of attention with the scores made as `how` says."""
-    scores = _scores(q, k, causal, **how)
+def _attention(q, k, v, causal, softmax_dim=-1, scores=None, **how):
+    """(out, lse) of attention over `scores`, or over the scores made as `how` says."""
+    scores = _scores(q, k, causal, **how) if scores is None else scores
     return torch.softmax(scores, dim=softmax_dim) @ v.double(), torch.logsumexp(scores, dim=-1)
 
 
@@ -44,7 +44,7 @@ def _tiled_slip(q, k, v, causal, tiles, slip: str):
     seq_k, width = scores.shape[-1], tiles[1]
     if slip == "tail":
         scores[..., seq_k - seq_k % width:] = -math.inf
-        return torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1)
+        return _attention(q, k, v, causal, scores=scores)
     m = scores.amax(dim=-1, keepdim=True)
     tile = torch.arange(seq_k) // width
     tile_max = torch.stack([scores[..., tile == t].amax(dim=-1) for t in range(int(tile[-1]) + 1)], dim=-1)

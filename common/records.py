@@ -88,7 +88,8 @@ class Report:
         self.part_kind = "check"  # what the cases of the part under test count as
         self.parts = self.missing_parts = self.part_start = 0
         self.missing_message: str | None = None  # the first part's missing step
-        self.missing_steps: list[tuple[tuple[int, ...], str]] = []  # ended parts' steps, found missing
+        self.missing_step: int | None = None  # the step of not_implemented
+        self.missing_steps: dict[int, str] = {}  # steps that ended parts found missing, and what they said
         print(f"Task {task}: {title} — {label(solution)}")
 
     # -- recording -------------------------------------------------------------
@@ -153,6 +154,12 @@ class Report:
         """
         self.part_steps = steps
         self.part_start = len(self.cases)
+        # A step an earlier part found missing is missing here too: its cases return at once
+        # rather than build kernels to find the same TODO (tasks 6 and 7 run their GPU part on
+        # the steps of their CPU part; task 5's layer runs steps 1 and 2).
+        carried = next(((step, said) for step, said in self.missing_steps.items() if step in steps), None)
+        if carried:
+            self.missing_step, self.not_implemented = carried
         self.part_kind = "optional" if optional else "check"
         self.parts += not optional
         print(f" {name}{' (optional)' if optional else ''}:")
@@ -160,7 +167,7 @@ class Report:
     def end_part(self, name: str) -> None:
         """A part with a step still missing becomes one failed check, and the next part still runs."""
         if self.not_implemented:
-            self.missing_steps.append((self.part_steps or (), self.not_implemented))
+            self.missing_steps.setdefault(self.missing_step, self.not_implemented)
             self.add(name, False, f"not implemented yet: {self.not_implemented}", kind=self.part_kind)
             if self.part_kind == "check":
                 self.missing_parts += 1
@@ -168,19 +175,6 @@ class Report:
             self.not_implemented = None
         self.part_steps = None
         self.part_kind = "check"
-
-    def missing_as_before(self) -> bool:
-        """Whether a part that ended before, on steps this part runs too, found a step missing; then so is this one.
-
-        Its cases then return at once (`stopped`): tasks 6 and 7 run their GPU part on the
-        steps of their CPU part, and task 5's layer runs steps 1 and 2, so on a skeleton they
-        would only build kernels to find the same TODO.
-        """
-        mine = set(self.part_steps or ())
-        found = next((message for steps, message in self.missing_steps if mine & set(steps)), None)
-        if found:
-            self.not_implemented = found
-        return found is not None
 
     def _missing(self, name: str, kind: str, message: str):
         """'Not implemented yet' while it is plausible: steps still TODO and no check of this part passed.
@@ -199,6 +193,7 @@ class Report:
             self.add(name, False, message, kind=kind)
             return None
         more = f" ({len(todos) - 1} more TODO line(s) after it)" if len(todos) > 1 else ""
+        self.missing_step = number(todos[0])
         self.not_implemented = (f"see README, Task {self.task}, {todos[0]}{more}; "
                                 "delete a step's TODO line once you have written it")
         return None  # said once: by end_part in a part, else by finish

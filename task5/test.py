@@ -547,7 +547,7 @@ def main(argv=None) -> int:
                 for case in cli.cases(5, part, public, args.hidden, label, causal=(False,)):
                     splits = 1 if part == "decode" else case.shape[5]
                     report.run(case.name, lambda: check_decode(worker, case.shape[:5], case.seed, splits))
-            elif not report.missing_as_before():
+            else:
                 for i, (hidden, heads, max_seq, prompt_len, n) in enumerate(LAYER_CASES):
                     report.run(f"layer hidden {hidden} heads {heads} cache {max_seq}: prefill {prompt_len}, "
                                f"{n} steps vs nn.MultiheadAttention",

@@ -28,19 +28,14 @@ def make_model(config: dict, state: dict, device: str) -> None:
 
 def generate(ids, new_tokens):
     """Greedy generation after the prompts ids (batch, n): [tokens (batch, new_tokens), logits (batch, new_tokens, vocab)]."""
-    with torch.no_grad():
-        out = _model.generate(**gpt2.prompt_of(ids, _model.device), max_new_tokens=new_tokens,
-                              min_new_tokens=new_tokens, do_sample=False, pad_token_id=_model.config.eos_token_id,
-                              return_dict_in_generate=True, output_logits=True)
+    out = gpt2.greedy(_model, ids, new_tokens, return_dict_in_generate=True, output_logits=True)
     tokens = out.sequences[:, ids.shape[1]:]
     return [tokens.cpu(), torch.stack(out.logits, dim=1).float().cpu()]
 
 
 def generate_only(ids, new_tokens):
     """The same generation, nothing returned, once the GPU is done: what the checks time."""
-    with torch.no_grad():
-        _model.generate(**gpt2.prompt_of(ids, _model.device), max_new_tokens=new_tokens,
-                        min_new_tokens=new_tokens, do_sample=False, pad_token_id=_model.config.eos_token_id)
+    gpt2.greedy(_model, ids, new_tokens)
     if _model.device.type == "cuda":
         torch.cuda.synchronize()
 

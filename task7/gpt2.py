@@ -46,13 +46,17 @@ def hides_only_the_future(mask: torch.Tensor, q_len: int, kv_len: int) -> bool:
     return bool((allowed == causal).all())
 
 
-def prompt_of(ids: torch.Tensor, device=None) -> dict:
-    """generate()'s inputs for unpadded prompts ids (batch, n): the ids, and a mask that says none is padding.
+def greedy(model, ids: torch.Tensor, new_tokens: int, **options):
+    """model.generate: exactly `new_tokens` greedy tokens after the unpadded prompts ids (batch, n).
 
-    GPT-2 pads with its end-of-text token, so without the mask transformers cannot tell and warns.
+    The mask says no prompt token is padding: GPT-2 pads with its end-of-text token, so without
+    it transformers cannot tell, and warns.
     """
-    ids = ids.to(device) if device is not None else ids
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    ids = ids.to(model.device)
+    with torch.no_grad():
+        return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens, do_sample=False, pad_token_id=model.config.eos_token_id,
+                              **options)
 
 
 def random_gpt2(config: dict, seed: int):

@@ -29,16 +29,13 @@ def parser(prog: str, doc: str) -> argparse.ArgumentParser:
 
 def generate(model, tokenizer, prompt: str, new_tokens: int) -> tuple[str, float]:
     """(the text, ms per new token): greedy, timed with the host clock around the whole generation."""
-    inputs = gpt2.prompt_of(tokenizer(prompt, return_tensors="pt").input_ids, model.device)
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
-    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                  pad_token_id=model.config.eos_token_id)
-    with torch.no_grad():
-        model.generate(**inputs, **(kwargs | {"max_new_tokens": 2, "min_new_tokens": 2}))  # warm-up: builds, caches
-        sync()
-        start = time.perf_counter()
-        out = model.generate(**inputs, **kwargs)
-        sync()
+    gpt2.greedy(model, ids, 2)  # warm-up: builds, caches
+    sync()
+    start = time.perf_counter()
+    out = gpt2.greedy(model, ids, new_tokens)
+    sync()
     ms = (time.perf_counter() - start) * 1e3 / new_tokens
     return tokenizer.decode(out[0]), ms
 

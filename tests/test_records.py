@@ -83,55 +83,46 @@ def test_a_student_exception_fails_only_its_case():
     assert "SIGSEGV" in report.cases[1].message and report.status() == "failed"
 
 
+def run_part(report, name, steps, *checks, optional=False):
+    report.begin_part(name, steps, optional=optional)
+    for i, check in enumerate(checks):
+        report.run(f"{name} {i}", check)
+    report.end_part(name)
+
+
 def test_parts_are_graded_independently():
     report = Report(1, solution=False, title="t")
-    report.begin_part("one", (1,))
-    report.run("a", missing)
-    report.end_part("one")
-    report.begin_part("two", (2,))
-    report.run("b", lambda: CheckResult(True, "fine"))
-    report.end_part("two")
+    run_part(report, "one", (1,), missing)
+    run_part(report, "two", (2,), lambda: CheckResult(True, "fine"))
     assert report.status() == "failed"
-    assert [(c.name, c.passed) for c in report.cases] == [("one", False), ("b", True)]
+    assert [(c.name, c.passed) for c in report.cases] == [("one", False), ("two 0", True)]
     assert report.cases[0].message.startswith("not implemented yet")
 
 
 def test_every_part_missing_is_not_implemented():
     report = Report(1, solution=False, title="t")
     for part in ("one", "two"):
-        report.begin_part(part, (1,))
-        report.run("x", missing)
-        report.end_part(part)
+        run_part(report, part, (1,), missing)
     report.run("bad input", lambda: (True, "ok", {}))
     assert report.status() == "not_implemented"
 
 
-def test_a_part_on_the_steps_found_missing_before_is_missing_without_running():
+def test_a_part_on_a_step_found_missing_before_is_missing_without_running():
     report = Report(1, solution=False, title="t")
-    report.begin_part("cpu", (1,))
-    report.run("a", missing)
-    report.end_part("cpu")
-    report.begin_part("gpu", (1,))
-    assert report.missing_as_before()
     ran = []
-    report.run("b", lambda: ran.append(1) or CheckResult(True, "never runs"))
-    report.end_part("gpu")
+    run_part(report, "cpu", (1,), missing)
+    run_part(report, "gpu", (1, 2), lambda: ran.append(1) or CheckResult(True, "never runs"))
     assert ran == [] and report.status() == "not_implemented"
     assert [c.name for c in report.cases] == ["cpu", "gpu"] and "step 1" in report.cases[1].message
 
 
 def test_a_part_after_a_written_part_or_on_other_steps_runs():
     report = Report(1, solution=False, title="t")
-    report.begin_part("cpu", (1,))
-    report.run("a", lambda: CheckResult(False, "wrong"))
-    report.end_part("cpu")
-    report.begin_part("optional", (2,), optional=True)
-    report.run("b", missing)
-    report.end_part("optional")
-    report.begin_part("gpu", (1,))
-    assert not report.missing_as_before()
-    report.run("c", lambda: CheckResult(True, "fine"))
+    run_part(report, "cpu", (1,), lambda: CheckResult(False, "wrong"))
+    run_part(report, "optional", (2,), missing, optional=True)  # step 2 found missing
+    run_part(report, "gpu", (1,), lambda: CheckResult(True, "fine"))  # needs step 1 only
     assert [c.passed for c in report.cases] == [False, False, True]
+    assert "step 2" in report.cases[1].message
 
 
 def test_no_gpu_is_a_skip_not_a_failure():
