@@ -131,6 +131,60 @@ def _fmt_index(flat: int, shape) -> tuple:
     return tuple(reversed(index))
 
 
+def _ranges(indices: list[int]) -> str:
+    """[0, 1, 2, 7] -> "0-2, 7" (the first few runs)."""
+    runs = []
+    for i in indices:
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:4])
+    return text + (", ..." if len(runs) > 4 else "")
+
+
+def unwritten(nan: torch.Tensor) -> str | None:
+    """Where a poisoned output was left unwritten (`nan`: bool, the output's shape), in words, when it is
+    whole matrices, whole rows or whole columns of its last two dimensions: what a grid or a loop that
+    stops a tile early leaves behind. None when the NaN fit no such pattern."""
+    if nan.dim() < 2 or not nan.any():
+        return None
+    rows, cols = nan.shape[-2:]
+    mats = nan.reshape(-1, rows, cols)
+    whole = mats.flatten(1).all(dim=1)
+    if bool((mats == whole[:, None, None]).all()) and mats.shape[0] > 1:
+        lead = tuple(nan.shape[:-2])
+        first = [_fmt_index(i, lead) for i in whole.nonzero().flatten()[:SHOW_FIRST].tolist()]
+        return (f"the whole {rows} x {cols} matrix at {', '.join(map(str, first))}"
+                f"{', ...' if len(first) < int(whole.sum()) else ''} ({int(whole.sum())} of the {mats.shape[0]} "
+                f"over the leading dimensions {lead}): does the grid cover every batch and head?")
+    for axis, count, what in ((2, rows, "rows"), (1, cols, "columns")):
+        lines = mats.all(dim=axis)  # (matrices, count): a row or column left whole
+        if not bool((mats == (lines[:, :, None] if axis == 2 else lines[:, None, :])).all()):
+            continue  # some NaN outside whole lines
+        hit = lines.any(dim=0).nonzero().flatten().tolist()
+        where = "" if len(mats) == 1 else " of every matrix" if bool((lines == lines[:1]).all()) else " of some matrices"
+        tail = hit == list(range(count - len(hit), count))
+        hint = (f", the last {len(hit)}: a grid or loop that leaves out the last, partial tile (round the number of "
+                "tiles up)?" if tail else ": a tile or a thread's share left out?")
+        return f"{what} {_ranges(hit)} of {count}{where}{hint}"
+    return None
+
+
+def wrong_kind(out, shape, name: str, device: str | None) -> CheckResult | None:
+    """A failed CheckResult when `out` is not a floating-point tensor of `shape` made on `device`."""
+    if not isinstance(out, torch.Tensor):
+        return CheckResult(False, f"{name} should be a torch.Tensor, got {type(out).__name__}")
+    made_on = getattr(out, "worker_device", out.device.type)
+    if device is not None and made_on != device:
+        return CheckResult(False, f"{name} is on {made_on}, but the inputs were on {device}: keep it on theirs")
+    if not out.is_floating_point():
+        return CheckResult(False, f"{name} has dtype {out.dtype}, expected a floating-point tensor")
+    if tuple(out.shape) != tuple(shape):
+        return CheckResult(False, f"{name} has shape {tuple(out.shape)}, expected {tuple(shape)}")
+    return None
+
+
 def compare(out, ref, *, atol: float, rtol: float, name: str = "output", poisoned: bool = False,
             device: str | None = None) -> CheckResult:
     """Elementwise |out - ref| <= atol + rtol * |ref|; NaN or Inf in `out` always fails.
@@ -140,15 +194,9 @@ def compare(out, ref, *, atol: float, rtol: float, name: str = "output", poisone
     device: where the output must have been made (the inputs' device), for outputs that a
     worker returned (they arrive on the CPU, marked with the device they were on).
     """
-    if not isinstance(out, torch.Tensor):
-        return CheckResult(False, f"{name} should be a torch.Tensor, got {type(out).__name__}")
-    made_on = getattr(out, "worker_device", out.device.type)
-    if device is not None and made_on != device:
-        return CheckResult(False, f"{name} is on {made_on}, but the inputs were on {device}: keep it on theirs")
-    if not out.is_floating_point():
-        return CheckResult(False, f"{name} has dtype {out.dtype}, expected a floating-point tensor")
-    if tuple(out.shape) != tuple(ref.shape):
-        return CheckResult(False, f"{name} has shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
+    wrong = wrong_kind(out, ref.shape, name, device)
+    if wrong:
+        return wrong
     got = out.detach().to("cpu", torch.float64)
     want = ref.detach().to("cpu", torch.float64)
     total = got.numel()
@@ -164,6 +212,10 @@ def compare(out, ref, *, atol: float, rtol: float, name: str = "output", poisone
             return CheckResult(False, f"{name} is entirely NaN (for example exp(-inf - (-inf)) in a row whose "
                                "every score is -inf)", mismatches=total)
         first = [_fmt_index(i, got.shape) for i in bad_values.flatten().nonzero()[:SHOW_FIRST, 0].tolist()]
+        pattern = unwritten(torch.isnan(got)) if poisoned and infs == 0 else None
+        if pattern:
+            return CheckResult(False, f"{name}: {nans} of {total} elements never written (still the NaN it was "
+                               f"filled with): {pattern}", mismatches=nans)
         return CheckResult(
             False,
             f"{name} has {nans} NaN and {infs} Inf of {total} elements (unwritten or overflowed); "
@@ -186,8 +238,9 @@ def compare(out, ref, *, atol: float, rtol: float, name: str = "output", poisone
     # The worst error against the output's scale: an error relative to each element means
     # nothing where the expected value is near zero.
     scale = float(want.abs().max()) if total else 0.0
-    worst = f"max abs err {result.max_abs_err:.2e}" + (f" = {result.max_abs_err / scale:.1e} x the largest "
-                                                       f"|expected| ({scale:.3g})" if scale > 0 else "")
+    worst = "exact" if result.max_abs_err == 0 else (
+        f"max abs err {result.max_abs_err:.2e}"
+        + (f" = {result.max_abs_err / scale:.1e} x the largest |expected| ({scale:.3g})" if scale > 0 else ""))
     if count == 0:
         result.message = worst
         return result

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import platform
+import re
 import subprocess
 import traceback
 from collections import Counter
@@ -28,6 +29,7 @@ from common.tasks import student_files
 # Status of a whole task run, in the order the grader reports them.
 PASSED, FAILED, NOT_IMPLEMENTED, NEEDS_CUDA = "passed", "failed", "not_implemented", "needs_cuda"
 # the lines that are not checks, counted apart so the summary adds up to the lines shown
+TODO_HINT = "; delete a step's TODO line once you have written it"  # said once, when the run ends
 KIND_WORDS = {"rule": ("rule", "rules"), "benchmark": ("benchmark", "benchmarks"),
               "given": ("check of given code", "checks of given code"), "optional": ("optional check", "optional checks")}
 
@@ -90,6 +92,8 @@ class Report:
         self.missing_message: str | None = None  # the first part's missing step
         self.missing_step: int | None = None  # the step of not_implemented
         self.missing_steps: dict[int, str] = {}  # steps that ended parts found missing, and what they said
+        self.carried = False  # the part under test waits for a step an earlier part found missing
+        self.failures: dict[str, list[tuple[str, str]]] = {}  # this part's failed checks by _signature
         print(f"Task {task}: {title} — {label(solution)}")
 
     # -- recording -------------------------------------------------------------
@@ -98,7 +102,24 @@ class Report:
         mark = "PASS" if passed else "FAIL"
         if kind == "benchmark":
             mark = "INFO" if passed else "FAIL"
-        print(f"  [{mark}] {name}: {message}")
+        shown = message
+        if not passed and kind in ("check", "optional"):
+            same = self.failures.setdefault(_signature(message), [])
+            if same:  # a traceback once is enough: the record keeps every one
+                shown = message.splitlines()[0] if message else message
+            same.append((name, message))
+        print(f"  [{mark}] {name}: {shown}")
+
+    def _same_failures(self) -> None:
+        """Say once when many checks since the part began failed the same way (the same words,
+        other numbers): it is one mistake, not many."""
+        checks = sum(c.kind in ("check", "optional") for c in self.cases[self.part_start:])
+        for same in self.failures.values():
+            if len(same) >= 3:
+                first, message = same[0]
+                diagnosis = message.split(". ")[0] + "." if message.startswith("looks like") else ""
+                print(f"  {len(same)} of these {checks} checks fail the same way: {diagnosis or 'see the first, ' + first}")
+        self.failures = {}
 
     def note(self, message: str) -> None:
         self.notes.append(message)
@@ -154,27 +175,34 @@ class Report:
         """
         self.part_steps = steps
         self.part_start = len(self.cases)
+        self.failures = {}
         # A step an earlier part found missing is missing here too: its cases return at once
         # rather than build kernels to find the same TODO (tasks 6 and 7 run their GPU part on
         # the steps of their CPU part; task 5's layer runs steps 1 and 2).
         carried = next(((step, said) for step, said in self.missing_steps.items() if step in steps), None)
         if carried:
             self.missing_step, self.not_implemented = carried
+        self.carried = carried is not None
         self.part_kind = "optional" if optional else "check"
         self.parts += not optional
         print(f" {name}{' (optional)' if optional else ''}:")
 
-    def end_part(self, name: str) -> None:
-        """A part with a step still missing becomes one failed check, and the next part still runs."""
+    def end_part(self, name: str) -> bool:
+        """A part with a step still missing becomes one failed check, and the next part still runs.
+        Returns whether every case of the part passed."""
+        self._same_failures()
         if self.not_implemented:
             self.missing_steps.setdefault(self.missing_step, self.not_implemented)
-            self.add(name, False, f"not implemented yet: {self.not_implemented}", kind=self.part_kind)
+            said = (f"not run: it needs step {self.missing_step}, not implemented yet" if self.carried
+                    else f"not implemented yet: {self.not_implemented}")
+            self.add(name, False, said, kind=self.part_kind)
             if self.part_kind == "check":
                 self.missing_parts += 1
                 self.missing_message = self.missing_message or self.not_implemented
             self.not_implemented = None
         self.part_steps = None
         self.part_kind = "check"
+        return all(c.passed for c in self.cases[self.part_start:])
 
     def _missing(self, name: str, kind: str, message: str):
         """'Not implemented yet' while it is plausible: steps still TODO and no check of this part passed.
@@ -194,8 +222,7 @@ class Report:
             return None
         more = f" ({len(todos) - 1} more TODO line(s) after it)" if len(todos) > 1 else ""
         self.missing_step = number(todos[0])
-        self.not_implemented = (f"see README, Task {self.task}, {todos[0]}{more}; "
-                                "delete a step's TODO line once you have written it")
+        self.not_implemented = f"see README, Task {self.task}, {todos[0]}{more}"
         return None  # said once: by end_part in a part, else by finish
 
     # -- summary ---------------------------------------------------------------
@@ -210,11 +237,13 @@ class Report:
         return PASSED if required and all(c.passed for c in required) else FAILED
 
     def finish(self, json_path: str | None) -> int:
+        self._same_failures()
         status = self.status()
         checks = [c for c in self.cases if c.kind == "check"]
         passed = sum(c.passed for c in checks)
-        if status == NOT_IMPLEMENTED:
-            print(f"Task {self.task}: not implemented yet: {self.not_implemented}")
+        missing = self.not_implemented + TODO_HINT if status == NOT_IMPLEMENTED else None
+        if missing:
+            print(f"Task {self.task}: not implemented yet: {missing}")
         elif status == NEEDS_CUDA:
             print(f"Task {self.task}: needs a CUDA GPU ({self.needs_cuda})")
         else:
@@ -229,7 +258,7 @@ class Report:
                 "task": self.task,
                 "implementation": label(self.solution),
                 "status": status,
-                "not_implemented": self.not_implemented,
+                "not_implemented": missing,
                 "needs_cuda": self.needs_cuda,
                 "notes": self.notes + self.worker_notes,
                 "sandbox": self.sandbox,
@@ -238,6 +267,11 @@ class Report:
             }
             Path(json_path).write_text(json.dumps(_json_safe(record), indent=2))
         return 0 if status in (PASSED, NEEDS_CUDA) else 1
+
+
+def _signature(message: str) -> str:
+    """A failure's first line with its numbers blanked: two cases that fail the same way share it."""
+    return re.sub(r"-?\d+(\.\d+)?(e[-+]?\d+)?", "#", message.splitlines()[0] if message else "")
 
 
 def _short_traceback(err: BaseException, frames: int = 3) -> str:

@@ -1,7 +1,9 @@
 """python -m task1.test [--solution] [--json PATH]
 
-Checks Task 1's naive multi-head attention on the CPU (and on CUDA when present):
-- the attention core against a float64 reference,
+Checks Task 1's naive multi-head attention on the CPU (and on CUDA when present), step by step:
+- each of steps 1, 2, 3 and 5 on its own (split_heads, attention_scores, apply_causal_mask,
+  merge_heads), so a failure names its step,
+- the attention core (steps 2-4 together) against a float64 reference,
 - the whole layer against torch.nn.MultiheadAttention (batch_first, bias=False,
   the same weights) run in float64,
 causal and not, on shapes that include seq 1, lengths that are not powers of two,
@@ -11,12 +13,14 @@ Your code runs in a worker process (task1/entry.py); this file only checks what 
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
 from common import cli, impl
-from common.checks import compare, exact_float32, random_tensor
-from common.diagnose import diagnose
+from common.checks import SHOW_FIRST, CheckResult, compare, exact_float32, random_tensor, wrong_kind
+from common.diagnose import diagnose, diagnose_layout, diagnose_mask, diagnose_scores
 from common.layer import mha_weights
 from common.records import Report
 from common.reference import attention_reference, causal_mask
@@ -29,14 +33,68 @@ CASES = [
     (2, 5, 33, 64, 4),
     (1, 128, 128, 4096, 32),
 ]
+# The steps on their own: square, and cross-attention, where a mask aligned to the wrong end shows.
+STEP_CASES = [(2, 7, 7, 48, 4), (1, 5, 12, 64, 2)]
 ATOL, RTOL = 2e-5, 1e-4  # float32 against float64: rounding stays far below these
+MASKED = -1e4  # a score at most this counts as masked: next to the others, softmax gives it weight 0
 
 
 def describe(shape) -> str:
     return "batch {} seq {}x{} hidden {} heads {}".format(*shape)
 
 
-def check_core(worker, case):
+def check_split(worker, case, failing):
+    batch, seq, _, hidden, heads = case.shape
+    x = random_tensor((batch, seq, hidden), case.seed)
+    out = worker.call("split_heads", x.to(case.device), heads)
+    d = hidden // heads
+    expected = torch.stack([x[..., h * d:(h + 1) * d] for h in range(heads)], dim=1)  # head h: its d columns
+    result = compare(out, expected, atol=0, rtol=0, name="split_heads(x, num_heads)", device=case.device)
+    return diagnose_layout(1, result, out, x, heads, "split")
+
+
+def check_scores(worker, case, failing):
+    batch, seq_q, seq_k, hidden, heads = case.shape
+    q = random_tensor((batch, heads, seq_q, hidden // heads), case.seed)
+    k = random_tensor((batch, heads, seq_k, hidden // heads), case.seed + 1)
+    out = worker.call("attention_scores", q.to(case.device), k.to(case.device))
+    expected = (q.double() @ k.double().transpose(-2, -1)) / math.sqrt(hidden // heads)
+    result = compare(out, expected, atol=ATOL, rtol=RTOL, name="attention_scores(q, k)", device=case.device)
+    return diagnose_scores(1, result, out, q, k, atol=ATOL, rtol=RTOL)
+
+
+def check_mask(worker, case, failing):
+    batch, seq_q, seq_k, _, heads = case.shape
+    scores = random_tensor((batch, heads, seq_q, seq_k), case.seed)
+    out = worker.call("apply_causal_mask", scores.to(case.device))
+    name = "apply_causal_mask(scores)"
+    wrong = wrong_kind(out, scores.shape, name, case.device)
+    if wrong:
+        return wrong
+    future = causal_mask(seq_q, seq_k)
+    hidden = out.double() <= MASKED
+    misplaced = hidden ^ future
+    if misplaced.any():
+        shown = [f"{tuple(i)}: {'hidden' if hidden[tuple(i)] else 'visible'}"
+                 for i in misplaced.nonzero()[:SHOW_FIRST].tolist()]
+        result = CheckResult(False, f"{name}: {int(misplaced.sum())} of {misplaced.numel()} (query i, key j) pairs "
+                             f"masked wrong (query i may see keys 0 to i + seq_k - seq_q = i + {seq_k - seq_q}, "
+                             f"no later ones); first: {'; '.join(shown)}", mismatches=int(misplaced.sum()))
+        return diagnose_mask(1, result, hidden)
+    return compare(out.masked_fill(future, 0.0), scores.masked_fill(future, 0.0), atol=0, rtol=0,
+                   name=f"{name}, the scores it must keep")
+
+
+def check_merge(worker, case, failing):
+    batch, seq, _, hidden, heads = case.shape
+    x = random_tensor((batch, heads, seq, hidden // heads), case.seed)
+    out = worker.call("merge_heads", x.to(case.device))
+    expected = torch.cat(x.unbind(1), dim=-1)  # head h's values in columns h * head_dim onwards
+    result = compare(out, expected, atol=0, rtol=0, name="merge_heads(x)", device=case.device)
+    return diagnose_layout(1, result, out, x, heads, "merge")
+
+
+def check_core(worker, case, failing):
     batch, seq_q, seq_k, hidden, heads = case.shape
     d = hidden // heads
     q = random_tensor((batch, heads, seq_q, d), case.seed)
@@ -49,7 +107,7 @@ def check_core(worker, case):
     return diagnose(1, result, out, q, k, v, case.causal, atol=ATOL, rtol=RTOL)
 
 
-def check_layer(worker, case, core_fails: bool = False):
+def check_layer(worker, case, failing):
     batch, seq_q, seq_k, hidden, heads = case.shape
     torch.manual_seed(case.seed)
     reference = nn.MultiheadAttention(hidden, heads, bias=False, batch_first=True)
@@ -66,9 +124,23 @@ def check_layer(worker, case, core_fails: bool = False):
     # The layer's outputs are small (about 0.05), so the tolerance follows their scale.
     result = compare(out, expected, atol=ATOL * float(expected.abs().max()), rtol=RTOL, name="layer output",
                      device=case.device)
-    if not result.passed and core_fails:
-        result.message = f"the attention core fails on this case too: fix that first. {result.message}"
+    if not result.passed and failing:
+        steps = f"step{'s' if len(failing) > 1 else ''} {', '.join(map(str, failing))}"
+        result.message = f"an earlier step fails its own checks ({steps}): fix that first. {result.message}"
     return result
+
+
+# (title, README steps it runs, what its cases are called, check, cases, causal)
+PARTS = [
+    ("step 1, split_heads", (1,), "split_heads", check_split, STEP_CASES, (False,)),
+    ("step 2, attention_scores", (2,), "scores", check_scores, STEP_CASES, (False,)),
+    ("step 3, apply_causal_mask", (3,), "mask", check_mask, STEP_CASES, (True,)),
+    ("step 4, attention: steps 2-4 against a float64 reference", (2, 3, 4), "attention core vs float64",
+     check_core, CASES, (False, True)),
+    ("step 5, merge_heads", (5,), "merge_heads", check_merge, STEP_CASES, (False,)),
+    ("the layer: steps 1-5 against nn.MultiheadAttention", (1, 2, 3, 4, 5), "layer vs nn.MultiheadAttention",
+     check_layer, CASES, (False, True)),
+]
 
 
 def main(argv=None) -> int:
@@ -77,11 +149,15 @@ def main(argv=None) -> int:
     with cli.worker(report, 1, args, cuda=torch.cuda.is_available()) as worker:
         if worker is None:
             return report.finish(args.json)
-        for case in cli.cases(1, "attention", CASES, args.hidden, describe, devices=cli.devices(),
-                              causal_ok=lambda shape: shape[1] <= shape[2]):
-            core = report.run(f"{case.name}: attention core vs float64", lambda: check_core(worker, case))
-            core_fails = core is None or not core.passed
-            report.run(f"{case.name}: layer vs nn.MultiheadAttention", lambda: check_layer(worker, case, core_fails))
+        failing = []  # the steps whose own checks failed, for the layer's message
+        for title, steps, called, check, shapes, causal in PARTS:
+            report.begin_part(title, steps)
+            for case in cli.cases(1, "steps" if shapes is STEP_CASES else "attention", shapes, args.hidden,
+                                  describe, devices=cli.devices(), causal=causal,
+                                  causal_ok=lambda shape: shape[1] <= shape[2]):
+                report.run(f"{case.name}: {called}", lambda: check(worker, case, failing))
+            if not report.end_part(called):
+                failing.append(steps[-1])
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(1, args.solution, args.student_dir, report.attention_ops), kind="rule")
     return report.finish(args.json)

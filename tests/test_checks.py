@@ -40,6 +40,26 @@ def test_unwritten_output_fails():
     assert not result.passed and "3 NaN" in result.message
 
 
+def test_unwritten_rows_columns_and_matrices_are_named():
+    ref = random_tensor((2, 3, 100, 80), 4)
+
+    def left(index):
+        out = ref.clone()
+        out[index] = math.nan
+        result = compare(out, ref, atol=1, rtol=1, poisoned=True)
+        assert not result.passed and "never written" in result.message
+        return result.message
+
+    assert "rows 96-99 of 100 of every matrix, the last 4: a grid or loop" in left((..., slice(96, None), slice(None)))
+    assert "columns 64-79 of 80 of every matrix, the last 16" in left((..., slice(64, None)))
+    assert "rows 10-19 of 100 of every matrix: a tile" in left((..., slice(10, 20), slice(None)))
+    assert "rows 96-99 of 100 of some matrices" in left((0, 1, slice(96, None)))
+    assert "the whole 100 x 80 matrix at (1, 2) (1 of the 6" in left((1, 2))
+    scattered = ref.clone()
+    scattered[0, 0, 3, 4] = math.nan  # no pattern: the plain NaN message
+    assert "never written" not in compare(scattered, ref, atol=1, rtol=1, poisoned=True).message
+
+
 def test_shape_and_type_mismatch_fail():
     ref = random_tensor((2, 3), 3)
     assert "shape" in compare(ref.T, ref, atol=1, rtol=1).message

@@ -87,6 +87,14 @@ def test_task2_kernel_with_printf_is_graded_on_its_answers(tmp_path):
     assert record["status"] == "passed", [c["message"] for c in record["cases"] if not c["passed"]]
 
 
+def test_task2_grid_that_leaves_out_the_last_tile_is_told_which_rows(tmp_path):
+    grid = ("(m + TILE_M - 1) / TILE_M", "m / TILE_M")  # rounded down: the last, partial tile of rows is never run
+    record = run_test(2, submission(tmp_path, kernel_file(2, grid)), tmp_path, "--gemm")
+    failed = [c["message"] for c in value_checks(record) if not c["passed"]]
+    named = [m for m in failed if "never written" in m and "the last" in m and "round the number of tiles up" in m]
+    assert named, failed
+
+
 def test_task4_writing_past_out_is_told_so(tmp_path):
     record = run_test(4, submission(tmp_path, kernel_file(4, NO_ROW_GUARD_4)), tmp_path)
     # the layer checks allocate their own output (no bands around it): only the kernel checks can tell

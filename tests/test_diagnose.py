@@ -53,6 +53,49 @@ def test_task1_mistakes_are_named_with_their_step(tmp_path, old, new, causal, sa
     assert f"see README, Task 1, step {step}." in result.message
 
 
+class Direct:
+    """A worker stand-in that calls a module's functions here: the checks' own code, without a process."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def call(self, name, *args):
+        if name == "attention":
+            return self.module.attention(*args[:3], causal=args[3])
+        return getattr(self.module, name)(*args)
+
+
+MASK = "triu(diagonal=1 + seq_k - seq_q)"
+TASK1_STEPS = [  # (old, new, check, what the message says, step)
+    ("return x.view(batch, seq, num_heads, hidden // num_heads).transpose(1, 2)",
+     "return x.view(batch, num_heads, seq, hidden // num_heads)", "check_split", "without the transpose", 1),
+    ("return (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])", "return q @ k.transpose(-2, -1)", "check_scores",
+     "without the 1/sqrt(head_dim) scale", 2),
+    ("/ math.sqrt(q.shape[-1])", "/ q.shape[-1]", "check_scores", "scaled by 1/head_dim", 2),
+    ("    return scores.masked_fill(future, float(\"-inf\"))", "    return scores", "check_mask", "no causal mask", 3),
+    (MASK, "triu(diagonal=1)", "check_mask", "aligned to the first key", 3),
+    (MASK, "triu(diagonal=2 + seq_k - seq_q)", "check_mask", "one future key", 3),
+    (MASK, "triu(diagonal=seq_k - seq_q)", "check_mask", "own key too", 3),
+    (MASK, "tril(diagonal=seq_k - seq_q)", "check_mask", "turned around", 3),
+    ("return x.transpose(1, 2).reshape(batch, seq, heads * head_dim)", "return x.reshape(batch, seq, heads * head_dim)",
+     "check_merge", "without the transpose", 5),
+]
+
+
+@needs_solution(1)
+@pytest.mark.parametrize("old, new, check, says, step", TASK1_STEPS)
+def test_task1_steps_are_checked_one_by_one_and_their_mistakes_named(tmp_path, old, new, check, says, step):
+    from common.cli import Case
+    from task1 import test as task1_test
+
+    case = Case("steps", task1_test.STEP_CASES[1], check == "check_mask", 7, "cpu", "cpu cross")  # 5 queries, 12 keys
+    right = getattr(task1_test, check)(Direct(importlib.import_module("task1.solution.attention")), case, [])
+    assert right.passed, right.message
+    result = getattr(task1_test, check)(Direct(load(tmp_path, 1, old, new)), case, [])
+    assert not result.passed and result.message.startswith("looks like") and says in result.message
+    assert f"see README, Task 1, step {step}." in result.message
+
+
 TASK3 = [  # (old, new, causal, what the message says, step, of)
     ("s_ij = (q_i @ k_j.transpose(-2, -1)) * scale", "s_ij = q_i @ k_j.transpose(-2, -1)", True,
      "without the 1/sqrt(head_dim) scale", 3, "out"),
@@ -84,7 +127,7 @@ def test_a_right_output_and_an_unrelated_error_get_no_diagnosis():
     q, k, v = inputs(1, 2, 9, 9, 8)
     right = attention_reference(q, k, v, True)[0]
     assert diagnose(1, compare(right, right, atol=ATOL, rtol=RTOL), right, q, k, v, True, atol=ATOL,
-                    rtol=RTOL).message.startswith("max abs err")  # no diagnosis
+                    rtol=RTOL).message == "exact"  # no diagnosis
     noise = right + 0.01 * random_tensor(right.shape, 9, dtype=right.dtype)
     result = diagnose(1, compare(noise, right, atol=ATOL, rtol=RTOL), noise, q, k, v, True, atol=ATOL, rtol=RTOL)
     assert not result.passed and "looks like" not in result.message

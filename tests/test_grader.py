@@ -156,7 +156,7 @@ needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bu
 @pytest.mark.parametrize("name, status, points, words", [
     ("correct", "passed", 2, "checks passed"),
     ("wrong_scale", "failed", None, "checks passed"),
-    ("segfault", "failed", 0, "segmentation fault"),
+    ("segfault", "failed", None, "segmentation fault"),  # in attention(): steps 1-3, checked before it, still earn
     ("pytorch_attention", "failed", 0, "PyTorch's own attention"),
     ("sdpa_by_built_name_in_a_thread", "failed", 0, "PyTorch's own attention"),
     ("raises", "failed", None, "checks passed"),

@@ -125,6 +125,32 @@ def test_a_part_after_a_written_part_or_on_other_steps_runs():
     assert "step 2" in report.cases[1].message
 
 
+def test_a_part_waiting_for_a_missing_step_says_so_and_the_hint_is_said_once(tmp_path, capsys):
+    report = Report(1, solution=False, title="t")
+    run_part(report, "one", (1,), missing)
+    run_part(report, "both", (1, 2), missing)
+    assert report.cases[1].message == "not run: it needs step 1, not implemented yet"
+    report.finish(str(tmp_path / "r.json"))
+    assert capsys.readouterr().out.count("delete a step's TODO line") == 1
+    assert "delete a step's TODO line" in json.loads((tmp_path / "r.json").read_text())["not_implemented"]
+
+
+def test_the_same_failure_on_many_cases_is_said_once(capsys):
+    def raises(i):
+        def fail():
+            raise WorkerError("ValueError", f"bad row {i}", "  File task1/attention.py, line 3\n    x = y\n")
+        return fail
+
+    report = Report(9, solution=False, title="t")
+    run_part(report, "part", (1,), *(raises(i) for i in range(4)), lambda: CheckResult(False, "other"))
+    out = capsys.readouterr().out
+    assert out.count("File task1/attention.py") == 1  # the traceback once; the record keeps all four
+    assert sum("File task1/attention.py" in c.message for c in report.cases) == 4
+    assert "4 of these 5 checks fail the same way: see the first, part 0" in out
+    assert len(report.cases) == 5 and not any(c.passed for c in report.cases)
+    assert out.count("fail the same way") == 1
+
+
 def test_no_gpu_is_a_skip_not_a_failure():
     report = Report(9, solution=False, title="t")
 
