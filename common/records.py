@@ -103,10 +103,12 @@ class Report:
         if kind == "benchmark":
             mark = "INFO" if passed else "FAIL"
         shown = message
-        if not passed and kind in ("check", "optional"):
+        if kind not in ("check", "optional"):
+            self._same_failures()  # the checks are done: their summary comes before benchmarks and rules
+        elif not passed:
             same = self.failures.setdefault(_signature(message), [])
-            if same:  # a traceback once is enough: the record keeps every one
-                shown = message.splitlines()[0] if message else message
+            if same:  # said in full once; the record keeps every one
+                shown = f"{_lead(message)} (as above)" if _lead(message) else message.splitlines()[0]
             same.append((name, message))
         print(f"  [{mark}] {name}: {shown}")
 
@@ -117,8 +119,7 @@ class Report:
         for same in self.failures.values():
             if len(same) >= 3:
                 first, message = same[0]
-                diagnosis = message.split(". ")[0] + "." if message.startswith("looks like") else ""
-                print(f"  {len(same)} of these {checks} checks fail the same way: {diagnosis or 'see the first, ' + first}")
+                print(f"  {len(same)} of these {checks} checks fail the same way: {_lead(message) or 'see the first, ' + first}")
         self.failures = {}
 
     def note(self, message: str) -> None:
@@ -267,6 +268,13 @@ class Report:
             }
             Path(json_path).write_text(json.dumps(_json_safe(record), indent=2))
         return 0 if status in (PASSED, NEEDS_CUDA) else 1
+
+
+def _lead(message: str) -> str:
+    """What a failure says before its numbers, when it is a diagnosis ("looks like ...: see README,
+    Task 1, step 2.") or a pointer to an earlier failure ("... fix that first.")."""
+    lead = message.split(". ")[0] + "."
+    return lead if ". " in message and ("see README" in lead or lead.endswith("first.")) else ""
 
 
 def _signature(message: str) -> str:

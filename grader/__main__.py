@@ -202,10 +202,17 @@ def write_new_file(path: Path, text: str) -> None:
         f.write(text)
 
 
+def score_text(entries: list[dict], bold: str = "") -> str:
+    """"12 / 20 (12 of the 20 points could be graded here)": a machine without a GPU cannot grade the CUDA tasks."""
+    earned = sum(e["points"] for e in entries)
+    graded_here = sum(e["max_points"] for e in entries if e["status"] not in ("unavailable", "needs_cuda"))
+    return (f"{bold}{earned:g} / {TOTAL_POINTS:g}{bold} "
+            f"({graded_here:g} of the {TOTAL_POINTS:g} points could be graded here)")
+
+
 def write_results(entries: list[dict], out_dir: Path, graded: str, env: dict,
                   notes: list[str] = ()) -> tuple[Path, Path]:
     earned = sum(e["points"] for e in entries)
-    graded_here = sum(e["max_points"] for e in entries if e["status"] not in ("unavailable", "needs_cuda"))
     when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     md = [
         "# Results",
@@ -213,9 +220,9 @@ def write_results(entries: list[dict], out_dir: Path, graded: str, env: dict,
         "Written by `python -m grader`; do not edit by hand.",
         "",
         f"- Graded: {graded}",
-        f"- Score: **{earned:g} / {TOTAL_POINTS:g}** ({graded_here:g} of the {TOTAL_POINTS:g} points could be graded here)",
+        f"- Score: {score_text(entries, bold='**')}",
         f"- When: {when}; device: {env['device']}; Python {env['python']}, PyTorch {env['torch']}, "
-        f"CUDA {env['cuda'] or 'none'}; commit {env['commit'] or 'unknown'}",
+        f"CUDA {env['cuda'] or 'none'}; commit {env['commit'] or 'none (not a git checkout)'}",
         f"- Student code ran in: {SANDBOX_TEXT[sandbox_status()]}",
         *[f"- Note: {n}" for n in notes],
         "",
@@ -329,7 +336,7 @@ def main(argv=None) -> int:
     print("\nTask  Status               Points   Summary")
     for e in entries:
         print(f"{e['task']:>4}  {STATUS_TEXT[e['status']]:<20} {_points(e):>8}   {e['summary']}")
-    print(f"\nScore {sum(e['points'] for e in entries):g} / {TOTAL_POINTS:g}; wrote {md_path} and {json_path}")
+    print(f"\nScore {score_text(entries)}; wrote {md_path} and {json_path}")
     return 0
 
 

@@ -75,6 +75,7 @@ def check_values(worker, case):
                           device=case.device)
     if not checked_lse.passed:
         return diagnose(3, checked_lse, lse, q, k, v, case.causal, atol=ATOL, rtol=RTOL, tiles=tiles, of="lse")
+    checked.message = f"out {checked.message}; lse {checked_lse.message}"
     return checked
 
 

@@ -151,6 +151,17 @@ def test_the_same_failure_on_many_cases_is_said_once(capsys):
     assert out.count("fail the same way") == 1
 
 
+def test_a_repeated_diagnosis_is_said_in_full_once_and_summed_up_before_the_rules(capsys):
+    said = "looks like no scale: see README, Task 1, step 2. out: {} of 9 elements differ"
+    report = Report(9, solution=False, title="t")
+    for i in range(3):
+        report.run(f"case {i}", lambda i=i: CheckResult(False, said.format(i + 1)))
+    report.run("rule", lambda: (True, "kept", {}), kind="rule")
+    out = capsys.readouterr().out
+    assert out.count("elements differ") == 1 and out.count("step 2. (as above)") == 2
+    assert out.index("3 of these 3 checks fail the same way: looks like no scale") < out.index("[PASS] rule")
+
+
 def test_no_gpu_is_a_skip_not_a_failure():
     report = Report(9, solution=False, title="t")
 
