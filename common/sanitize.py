@@ -249,7 +249,7 @@ def run_pass(start_worker, calls: list[Call], sources: dict[str, list[str]], ste
             seen.add(finding.key())
             problems.append(f"{tool}: " + describe(finding, sources, tensors_by_call, step_of))
         if not report.findings:
-            if report.errors:
+            if report.errors and not failed_calls:  # a failed call's own API errors are said below, once
                 problems.append(f"{tool}: the report counts {report.errors} errors")
             if not report.complete:
                 why = "no summary" if not report.summaries else f"{len(report.summaries)} summaries"
@@ -258,7 +258,8 @@ def run_pass(start_worker, calls: list[Call], sources: dict[str, list[str]], ste
             elif exit_code not in (0, None):
                 problems.append(f"{tool}: the process running your code ended with code {exit_code}")
         if failed_calls and not report.findings:
-            problems.append(f"{tool}: a call failed under the sanitizer: {failed_calls[0]}")
+            problems.append(f"{tool}: a call failed under the sanitizer, so nothing can be certified (fix the "
+                            f"failing checks above first): {failed_calls[0]}")
     metrics["findings"] = len(seen)
     if problems:
         shown = problems[:6] + ([f"... and {len(problems) - 6} more"] if len(problems) > 6 else [])
