@@ -48,6 +48,7 @@ CASES = [
     (2, 2, 100, 300, 80),
     (1, 2, 300, 300, 80),
     (1, 2, 200, 200, 72),
+    (1, 2, 150, 150, 88),
     (1, 1, 77, 77, 17),
     (1, 2, 1000, 1000, 32),
 ]
@@ -112,7 +113,9 @@ def check_errors(worker):
 def sanitizer_calls(hidden: bool) -> list[sanitize.Call]:
     """Small cases at the tile edges, causal and not, seq_q != seq_k, for compute-sanitizer."""
     calls = []
-    for b, h, sq, sk, d in [(1, 2, 65, 65, 64), (1, 1, 100, 300, 80), (2, 1, 129, 129, 128), (1, 1, 1, 257, 17)]:
+    # one head_dim for each size the reference is compiled for (32, 64, 80, 96, 128)
+    for b, h, sq, sk, d in [(1, 2, 65, 65, 64), (1, 1, 100, 300, 80), (2, 1, 129, 129, 128), (1, 1, 1, 257, 17),
+                            (1, 1, 70, 70, 88)]:
         for causal in (False, True):
             q, k, v = make_inputs((b, h, sq, sk, d), cli.seed(sq + sk + d, hidden))
             calls.append(sanitize.Call(f"{describe((b, h, sq, sk, d))}{' causal' if causal else ''}", "forward",

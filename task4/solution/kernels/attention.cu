@@ -36,8 +36,8 @@
 // (SDPA = torch.nn.functional.scaled_dot_product_attention; naive = matmul, softmax,
 // matmul.) The reference solution reaches about 0.85x SDPA and 60% of the GPU's ~67
 // TFLOP/s of FP32 FFMA; with 64 x 64 tiles and 4 x 4 per thread it takes 63 ms / 32 ms.
-// At head_dim 80 (batch 32, seq 512) it runs at 0.95x SDPA since it is compiled for a
-// head_dim of 96 too; padded to 128, as it was, it ran at 0.74x.
+// At head_dim 80 (batch 32, seq 512) it runs at 1.10x SDPA (causal 1.08x), since it is
+// compiled for that head_dim too; padded to 128 it ran at 0.74x, padded to 96 at 0.95x.
 
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
@@ -72,11 +72,12 @@ constexpr int ROW_THREADS = BLOCK_ROWS / THREAD_ROWS;  // 16
 constexpr int COL_THREADS = BLOCK_COLS / THREAD_COLS;  // 16 neighbouring lanes share a row
 constexpr int NUM_THREADS = ROW_THREADS * COL_THREADS;  // 256
 
-// head_dim is padded up to one of the sizes the kernel is compiled for, 32, 64, 96 or
-// 128 (zeros in the padding), so the inner loops have compile-time trip counts and a
-// head_dim of 80 pays for 96, not 128. Thread tx owns O's columns in vectors of VEC
+// head_dim is padded up to one of the sizes the kernel is compiled for, 32, 64, 80, 96
+// or 128 (zeros in the padding), so the inner loops have compile-time trip counts and a
+// head_dim of 72 pays for 80, not 128. Thread tx owns O's columns in vectors of VEC
 // floats, VEC tx, VEC (tx + COL_THREADS), ...: float4 where the padded head_dim is a
-// multiple of 4 COL_THREADS (64, 128), float2 otherwise (32, 96).
+// multiple of 4 COL_THREADS (64, 128), float2 where it is one of 2 COL_THREADS (32, 96),
+// single floats otherwise (80).
 constexpr int MAX_HEAD_DIM = 128;
 
 // Shared-memory rows are padded by PAD floats: the COL_THREADS lanes that read
@@ -91,7 +92,6 @@ static_assert(32 % COL_THREADS == 0,
               "are reduced with warp shuffles)");
 static_assert(NUM_THREADS % 32 == 0 && NUM_THREADS <= 1024, "whole warps, at most 1024 threads");
 static_assert(BLOCK_COLS % 4 == 0, "P is read as float4 along its rows");
-static_assert(32 % (2 * COL_THREADS) == 0, "every thread owns whole float2 columns of O at head_dim 32 and 96");
 
 // ----------------------------------------------------------------------------
 // Helpers
@@ -161,9 +161,10 @@ __device__ __forceinline__ float component(const float4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// O's vectors: float4 or float2, and what the kernel does with them.
+// O's vectors: float4, float2 or float, and what the kernel does with them.
 template <int D>
-using out_vec = std::conditional_t<D % (4 * COL_THREADS) == 0, float4, float2>;
+using out_vec = std::conditional_t<D % (4 * COL_THREADS) == 0, float4,
+                                   std::conditional_t<D % (2 * COL_THREADS) == 0, float2, float>>;
 
 __device__ __forceinline__ void fma_vec(float4& acc, float a, const float4& b) {
   acc.x += a * b.x;
@@ -177,6 +178,8 @@ __device__ __forceinline__ void fma_vec(float2& acc, float a, const float2& b) {
 }
 __device__ __forceinline__ void scale_vec(float4& x, float a) { x.x *= a, x.y *= a, x.z *= a, x.w *= a; }
 __device__ __forceinline__ void scale_vec(float2& x, float a) { x.x *= a, x.y *= a; }
+__device__ __forceinline__ void fma_vec(float& acc, float a, float b) { acc += a * b; }
+__device__ __forceinline__ void scale_vec(float& x, float a) { x *= a; }
 
 // Stores the first n (at most the vector's width) floats of x at dst.
 __device__ __forceinline__ void store_first(float* dst, const float4& x, int n) {
@@ -189,6 +192,7 @@ __device__ __forceinline__ void store_first(float* dst, const float2& x, int n) 
   dst[0] = x.x;
   if (n > 1) dst[1] = x.y;
 }
+__device__ __forceinline__ void store_first(float* dst, float x, int) { dst[0] = x; }
 
 // ----------------------------------------------------------------------------
 // The kernel
@@ -206,6 +210,7 @@ __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS_PER_SM)
   using vec = out_vec<D>;                    // O's columns are held in these
   constexpr int VEC = sizeof(vec) / sizeof(float);
   constexpr int O_VECS = D / (VEC * COL_THREADS);  // vectors of O per thread
+  static_assert(O_VECS * VEC * COL_THREADS == D, "the row's lanes own whole vectors of O");
 
   extern __shared__ float4 smem[];  // float4: 16-byte aligned for the float4 accesses
   float* q_tile = reinterpret_cast<float*>(smem);  // (Br, D + PAD)
@@ -434,6 +439,8 @@ cudaError_t flash_attention_forward(const float* q, const float* k, const float*
     return launch<32>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale, causal, stream);
   if (head_dim <= 64)
     return launch<64>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale, causal, stream);
+  if (head_dim <= 80)
+    return launch<80>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale, causal, stream);
   if (head_dim <= 96)
     return launch<96>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale, causal, stream);
   return launch<MAX_HEAD_DIM>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale, causal,
