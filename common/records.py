@@ -54,14 +54,23 @@ def environment() -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()})",
+        "commit": _commit(),
     }
-    try:
-        env["commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
-        ).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        env["commit"] = None
     return env
+
+
+def _commit() -> str | None:
+    """The checkout's commit, marked when the files differ from it: a copy of a working tree can
+    carry the git metadata of an older commit, and the record must not claim that commit's code."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10)
+
+    try:
+        commit = git("rev-parse", "--short", "HEAD").stdout.strip()
+        changed = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{commit} with changes not committed" if commit and changed else commit or None
 
 
 def _json_safe(value):

@@ -177,3 +177,22 @@ def test_a_failed_benchmark_is_reported_as_failure():
     report.run("check", lambda: CheckResult(True, "ok"))
     report.run("bench", lambda: (False, "faster than the GPU's peak", {}), kind="benchmark")
     assert report.status() == "failed"
+
+
+def test_the_commit_is_marked_when_the_files_differ_from_it(tmp_path, monkeypatch):
+    import subprocess
+
+    import common.records as records
+
+    monkeypatch.setattr(records, "REPO", tmp_path)
+    assert records._commit() is None  # not a git checkout
+    git = lambda *args: subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)  # noqa: E731
+    git("init", "-q")
+    (tmp_path / "kernel.cu").write_text("one")
+    git("add", "kernel.cu")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    assert records._commit() == head
+    (tmp_path / "kernel.cu").write_text("two")  # the files graded are not that commit's
+    assert records._commit() == f"{head} with changes not committed"
