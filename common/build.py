@@ -33,12 +33,12 @@ from pathlib import Path
 
 import torch
 
-from common import kernel_rules
+from common import kernel_rules, resources
 from common.impl import REPO, label
 
 # In the worker, KIT_BUILD_ROOT is a folder kept between runs, so an unchanged kernel is not rebuilt.
 BUILD_ROOT = Path(os.environ.get("KIT_BUILD_ROOT") or REPO / "build")
-CUDA_FLAGS = ["-O3", "-lineinfo", "-Xptxas=-warn-spills"]
+CUDA_FLAGS = ["-O3", "-lineinfo", "-Xptxas=-v,-warn-spills"]  # -v: the resources of each kernel (common/resources.py)
 MAX_ERROR_LINES = 12
 
 
@@ -135,7 +135,8 @@ def compile_kernels(sources: list[Path], folder: Path, arch: str, flags: list[st
 
     An object is named by a hash of everything in the kernels folder, the flags and the
     arch, so an unchanged file is not rebuilt and a changed one gets a new name (which makes
-    the loader relink).
+    the loader relink). What ptxas says of each kernel's resources is kept beside its object
+    (`.ptxas`), for `kernel_resources`.
     """
     nvcc = find_nvcc()
     if nvcc is None:
@@ -161,6 +162,7 @@ def compile_kernels(sources: list[Path], folder: Path, arch: str, flags: list[st
                 errors = _compiler_errors(proc.stdout + proc.stderr).replace(f"{REPO}/", "")  # paths as in the checkout
                 raise BuildError(f"compiling {shown} failed:\n{errors}\n"
                                  f"(full log: {where})")
+            obj.with_suffix(".ptxas").write_text(proc.stderr)
             os.replace(str(obj) + ".part", obj)
         try:
             kernel_rules.check_object(obj, deps, shown, nvcc)
@@ -170,8 +172,31 @@ def compile_kernels(sources: list[Path], folder: Path, arch: str, flags: list[st
     return objects
 
 
-def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda_flags: list[str] | None = None):
-    """Build (if needed) and import the task's extension; raises BuildError with a clear message."""
+def kernel_resources(objects: list[Path]) -> list[resources.KernelResources]:
+    """The registers, spills and shared memory of every kernel in these objects, as ptxas reported them."""
+    found = []
+    for obj in objects:
+        text = obj.with_suffix(".ptxas").read_text() if obj.with_suffix(".ptxas").exists() else ""
+        found += resources.parse_ptxas(text)
+    return resources.demangle(found)
+
+
+def resource_report(objects: list[Path], arch: str) -> list[str]:
+    """`taskN.compile --verbose`: a line per kernel, and the ones that spill named again at the end."""
+    found = kernel_resources(objects)
+    lines = [f"resources per kernel (ptxas, sm_{arch}; an SM has 65536 registers and up to 227 KB of shared memory; "
+             "dynamic shared memory, extern __shared__, is set at launch and not counted here):"]
+    lines += [f"  {k.line()}" for k in found]
+    spilling = [k.name for k in found if k.spills]
+    if spilling:
+        lines.append(f"  {len(spilling)} kernel{'s' if len(spilling) > 1 else ''} spill registers: {', '.join(spilling)}")
+    return lines
+
+
+def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda_flags: list[str] | None = None,
+                   verbose: bool = False):
+    """Build (if needed) and import the task's extension; raises BuildError with a clear message.
+    verbose: also print each kernel's registers, spills and shared memory."""
     from torch.utils.cpp_extension import load
 
     sources = [REPO / f"task{task}" / "binding.cpp", *kernel_sources(task, solution)]
@@ -215,6 +240,8 @@ def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda
     if not quiet:
         print(f"task {task} ({label(solution)}): built in {folder.relative_to(REPO)} "
               f"({time.perf_counter() - started:.1f} s, arch {os.environ['TORCH_CUDA_ARCH_LIST']})")
+    if verbose:
+        print("\n".join(resource_report(objects, arch)))
     return module
 
 
@@ -225,9 +252,11 @@ def compile_main(task: int, argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m task{task}.compile",
                                      description=f"Build task {task}'s CUDA extension.")
     parser.add_argument("--solution", action="store_true", help="build the reference solution")
+    parser.add_argument("--verbose", action="store_true",
+                        help="print each kernel's registers, spills and shared memory, as the compiler reports them")
     args = parser.parse_args(argv)
     try:
-        load_extension(task, args.solution)
+        load_extension(task, args.solution, verbose=args.verbose)
     except BuildError as err:
         print(f"task {task}: {err}")
         return 1
