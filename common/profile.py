@@ -1,0 +1,141 @@
+"""Nsight Compute's report of one kernel launch, cut down to the dozen lines a student can act on.
+
+`ncu` (it comes with the CUDA toolkit) replays a kernel many times to read the GPU's hardware
+counters and prints tables of metrics. `parse_ncu` reads that text (`ncu --page details`, the
+default) and `summary` turns it into: how busy the SMs and memory were, how many warps were
+resident and what limited them, how often a warp issued an instruction, why warps waited
+(the stall reasons, in cycles per issued instruction), and shared-memory bank conflicts.
+
+NCU_ARGS are the sections and metrics `summary` reads; anything missing from a report is
+left out of the summary rather than guessed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+STALL_PREFIX, STALL_SUFFIX = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
+METRICS = [
+    "regex:" + re.escape(STALL_PREFIX) + ".*" + re.escape(STALL_SUFFIX),
+    "smsp__inst_executed.sum",
+    "smsp__inst_executed_op_shared_ld.sum",
+    "smsp__inst_executed_op_shared_st.sum",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
+    "dram__bytes_read.sum",
+]
+SECTIONS = ["SpeedOfLight", "LaunchStats", "Occupancy", "ComputeWorkloadAnalysis", "SchedulerStats"]
+NCU_ARGS = [a for s in SECTIONS for a in ("--section", s)] + ["--metrics", ",".join(METRICS)]
+
+_KERNEL = re.compile(r"^\s{2}(?:void )?(?P<name>[\w:<>, ]+?)\(.*\) (?P<grid>\([\d, ]+\))x(?P<block>\([\d, ]+\))")
+_SECTION = re.compile(r"^\s{4}Section: (?P<name>.+?)\s*$")
+_ROW = re.compile(r"^\s{4}(?P<name>\S(?:.*?\S)?)\s{2,}(?:(?P<unit>[^\s\d][^\s]*)\s+)?(?P<value>-?[\d,]*\.?\d+)\s*$")
+# Why a warp was not issuing, in the words a student can look up (the rest keep ncu's name).
+STALL_WORDS = {
+    "barrier": "barrier (__syncthreads: warps wait for the slowest)",
+    "dispatch_stall": "dispatch stall (often register bank conflicts)",
+    "long_scoreboard": "long scoreboard (waiting for global or local memory)",
+    "short_scoreboard": "short scoreboard (waiting for shared memory, shuffles, exp)",
+    "mio_throttle": "MIO throttle (too many shared-memory instructions queued)",
+    "math_pipe_throttle": "math pipe throttle (the arithmetic unit is busy)",
+    "not_selected": "not selected (another warp issued: enough work)",
+    "wait": "wait (a fixed-latency dependency)",
+    "lg_throttle": "LG throttle (too many global-memory instructions queued)",
+}
+
+
+@dataclass
+class Launch:
+    kernel: str
+    grid: str
+    block: str
+    metrics: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)  # (section, name) -> (unit, value)
+
+    def get(self, name: str, section: str | None = None) -> float | None:
+        for (sec, metric), (_, value) in self.metrics.items():
+            if metric == name and (section is None or sec == section):
+                return value
+        return None
+
+    def unit(self, name: str, section: str | None = None) -> str:
+        for (sec, metric), (unit, _) in self.metrics.items():
+            if metric == name and (section is None or sec == section):
+                return unit
+        return ""
+
+
+def parse_ncu(text: str) -> list[Launch]:
+    """Every profiled launch in ncu's details text, with its metrics by section."""
+    launches: list[Launch] = []
+    section = ""
+    for line in text.splitlines():
+        kernel = _KERNEL.match(line)
+        if kernel:
+            launches.append(Launch(kernel["name"].strip(), kernel["grid"], kernel["block"]))
+            continue
+        head = _SECTION.match(line)
+        if head:
+            section = head["name"]
+            continue
+        row = _ROW.match(line)
+        if row and launches:
+            launches[-1].metrics[(section, row["name"])] = (row["unit"] or "", float(row["value"].replace(",", "")))
+    return launches
+
+
+def _count(x: float) -> str:
+    for size, suffix in ((1e9, " G"), (1e6, " M"), (1e3, " k")):
+        if x >= size:
+            return f"{x / size:.3g}{suffix}"
+    return f"{x:g}"
+
+
+def summary(launch: Launch) -> list[str]:
+    """The lines a student acts on; a figure the report lacks is left out."""
+    g = launch.get
+    lines = [f"kernel {launch.kernel}, grid {launch.grid} x block {launch.block}"]
+    duration, clock = g("Duration", "GPU Speed Of Light Throughput"), g("SM Frequency")
+    if duration is not None:
+        lines.append(f"  duration {duration:g} {launch.unit('Duration')} under ncu"
+                     + (f", which fixes the SM clock at {clock:g} GHz: time it with the task's test, not here" if clock else ""))
+    sm, mem, dram = g("Compute (SM) Throughput"), g("Memory Throughput", "GPU Speed Of Light Throughput"), g("DRAM Throughput")
+    if sm is not None and mem is not None:
+        lines.append(f"  compute (SM) {sm:g}% of peak, memory {mem:g}% of peak" + (f" (DRAM {dram:g}%)" if dram is not None else ""))
+    issued = g("Issue Slots Busy")
+    if issued is not None:
+        lines.append(f"  issue slots busy {issued:g}%: the share of cycles in which a scheduler issued an instruction")
+    achieved, theoretical = g("Achieved Active Warps Per SM"), g("Theoretical Active Warps per SM")
+    limits = {what: g(f"Block Limit {name}") for name, what in (("Registers", "registers"), ("Shared Mem", "shared memory"),
+                                                               ("Warps", "warps"), ("SM", "the SM's block limit"))}
+    limits = {what: v for what, v in limits.items() if v is not None}
+    if achieved is not None and theoretical is not None:
+        line = f"  occupancy: {achieved:g} warps per SM resident, {theoretical:g} possible"
+        if limits:
+            fewest = min(limits.values())
+            by = [what for what, v in limits.items() if v == fewest]
+            line += f"; blocks per SM limited to {fewest:g} by {' and '.join(by)}"
+        registers, smem = g("Registers Per Thread"), g("Dynamic Shared Memory Per Block")
+        if registers is not None:
+            line += f" ({registers:g} registers per thread"
+            kb = launch.unit("Dynamic Shared Memory Per Block").lower().startswith("kbyte")
+            line += f", {smem:g} {'KB' if kb else 'B'} of dynamic shared memory per block)" if smem else ")"
+        lines.append(line)
+    stalls = {name[len(STALL_PREFIX):-len(STALL_SUFFIX)]: value for (_, name), (_, value) in launch.metrics.items()
+              if name.startswith(STALL_PREFIX) and name.endswith(STALL_SUFFIX)}
+    stalls.pop("selected", None)  # the cycle the instruction issues: not a stall
+    top = sorted((v, k) for k, v in stalls.items() if v >= 0.01)[::-1][:4]
+    if top:
+        lines.append("  cycles a warp waited per instruction it issued, by reason:")
+        lines += [f"    {value:.2f}  {STALL_WORDS.get(name, name.replace('_', ' '))}" for value, name in top]
+    for op, what in (("ld", "loads"), ("st", "stores")):
+        conflicts = g(f"l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_{op}.sum")
+        count = g(f"smsp__inst_executed_op_shared_{op}.sum")
+        if conflicts is not None and count:
+            extra = conflicts / count
+            lines.append(f"  shared-memory {what}: {_count(count)} warp instructions, {_count(conflicts)} bank conflicts "
+                         f"({extra:.2g} extra pass{'' if extra == 1 else 'es'} per instruction)")
+    read = g("dram__bytes_read.sum")
+    if read is not None:
+        lines.append(f"  DRAM read: {read / 1e9:.3g} GB")
+    return lines

@@ -1,0 +1,35 @@
+"""common.profile: Nsight Compute's report cut down to what a student acts on, read from a recorded report."""
+
+from common.profile import NCU_ARGS, parse_ncu, summary
+from tests.conftest import REPO
+
+RECORDED = (REPO / "tests/data/ncu/task4_h200.txt").read_text()
+
+
+def test_a_recorded_report_becomes_a_short_summary():
+    (launch,) = parse_ncu(RECORDED)
+    assert launch.kernel == "flash_attention_kernel<128>" and launch.grid == "(256, 32, 1)"
+    assert launch.get("Registers Per Thread") == 254 and launch.get("Elapsed Cycles") == 108_686_628
+    assert launch.get("Memory Throughput", "GPU Speed Of Light Throughput") == 48.97  # not the GB/s of another table
+    text = "\n".join(summary(launch))
+    for words in ["compute (SM) 71.69% of peak, memory 48.97% of peak (DRAM 10.16%)",
+                  "issue slots busy 71.69%",
+                  "8 warps per SM resident, 8 possible; blocks per SM limited to 1 by registers and shared memory "
+                  "(254 registers per thread, 202.75 KB of dynamic shared memory per block)",
+                  "0.38  dispatch stall", "0.25  short scoreboard",
+                  "shared-memory stores: 134 M warp instructions, 134 M bank conflicts (1 extra pass per instruction)",
+                  "fixes the SM clock at 1.5 GHz"]:
+        assert words in text, (words, text)
+    assert "  selected" not in text and len(summary(launch)) <= 14
+
+
+def test_what_a_report_lacks_is_left_out():
+    (launch,) = parse_ncu(RECORDED.split("Section: Command line profiler metrics")[0])  # no stall metrics
+    text = "\n".join(summary(launch))
+    assert "waited per instruction" not in text and "bank conflicts" not in text and "occupancy" in text
+    assert parse_ncu("no kernel here\n    Duration   ms   3.0\n") == []
+
+
+def test_the_ncu_command_asks_for_what_the_summary_reads():
+    asked = " ".join(NCU_ARGS)
+    assert "--section Occupancy" in asked and "stalled_" in asked and "bank_conflicts" in asked
