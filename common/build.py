@@ -184,8 +184,8 @@ def kernel_resources(objects: list[Path]) -> list[resources.KernelResources]:
 def resource_report(objects: list[Path], arch: str) -> list[str]:
     """`taskN.compile --verbose`: a line per kernel, and the ones that spill named again at the end."""
     found = kernel_resources(objects)
-    lines = [f"resources per kernel (ptxas, sm_{arch}; an SM has 65536 registers and up to 227 KB of shared memory; "
-             "dynamic shared memory, extern __shared__, is set at launch and not counted here):"]
+    lines = [f"resources per kernel (ptxas, sm_{arch}; an SM has 65536 registers, and on sm_90 up to 227 KB of shared "
+             "memory per block; dynamic shared memory, extern __shared__, is set at launch and not counted here):"]
     lines += [f"  {k.line()}" for k in found]
     spilling = [k.name for k in found if k.spills]
     if spilling:

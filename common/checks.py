@@ -163,6 +163,8 @@ def unwritten(nan: torch.Tensor) -> str | None:
         if not bool((mats == (lines[:, :, None] if axis == 2 else lines[:, None, :])).all()):
             continue  # some NaN outside whole lines
         hit = lines.any(dim=0).nonzero().flatten().tolist()
+        if len(hit) == 1:
+            what = what[:-1]  # "row 0", not "rows 0"
         where = "" if len(mats) == 1 else " of every matrix" if bool((lines == lines[:1]).all()) else " of some matrices"
         tail = hit == list(range(count - len(hit), count))
         hint = (f", the last {len(hit)}: a grid or loop that leaves out the last, partial tile (round the number of "
@@ -212,7 +214,11 @@ def compare(out, ref, *, atol: float, rtol: float, name: str = "output", poisone
             return CheckResult(False, f"{name} is entirely NaN (for example exp(-inf - (-inf)) in a row whose "
                                "every score is -inf)", mismatches=total)
         first = [_fmt_index(i, got.shape) for i in bad_values.flatten().nonzero()[:SHOW_FIRST, 0].tolist()]
-        pattern = unwritten(torch.isnan(got)) if poisoned and infs == 0 else None
+        # Never written means still holding the fill's bits: a NaN the code computed is not that.
+        filled = out.detach().to("cpu")
+        filled = filled.contiguous().view(torch.int32) == GUARD_BITS if filled.dtype == torch.float32 else None
+        exact = poisoned and infs == 0 and filled is not None and bool((filled == torch.isnan(got)).all())
+        pattern = unwritten(filled) if exact else None
         if pattern:
             return CheckResult(False, f"{name}: {nans} of {total} elements never written (still the NaN it was "
                                f"filled with): {pattern}", mismatches=nans)

@@ -67,7 +67,8 @@ def _commit() -> str | None:
 
     try:
         commit = git("rev-parse", "--short", "HEAD").stdout.strip()
-        changed = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        # Results.md is the grader's own output: rewriting it does not change what was graded
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!Results.md").stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return f"{commit} with changes not committed" if commit and changed else commit or None
@@ -102,6 +103,8 @@ class Report:
         self.missing_step: int | None = None  # the step of not_implemented
         self.missing_steps: dict[int, str] = {}  # steps that ended parts found missing, and what they said
         self.carried = False  # the part under test waits for a step an earlier part found missing
+        self.passed_steps: set[int] = set()  # steps of parts that passed: a TODO line left on them is not the cause
+        self.hint_said = False  # TODO_HINT, said with the first step found missing
         self.failures: dict[str, list[tuple[str, str]]] = {}  # this part's failed checks by _signature
         print(f"Task {task}: {title} — {label(solution)}")
 
@@ -117,7 +120,7 @@ class Report:
         elif not passed:
             same = self.failures.setdefault(_signature(message), [])
             if same:  # said in full once; the record keeps every one
-                shown = f"{_lead(message)} (as above)" if _lead(message) else message.splitlines()[0]
+                shown = f"{_lead(message)} (as above)" if _lead(message) else (message.splitlines() or [""])[0]
             same.append((name, message))
         print(f"  [{mark}] {name}: {shown}")
 
@@ -128,7 +131,8 @@ class Report:
         for same in self.failures.values():
             if len(same) >= 3:
                 first, message = same[0]
-                print(f"  {len(same)} of these {checks} checks fail the same way: {_lead(message) or 'see the first, ' + first}")
+                print(f"  {len(same)} of these {checks} checks fail the same way: {_lead(message)}" if _lead(message) else
+                      f"  {len(same)} of these {checks} checks fail with the same kind of message; the first: {first}")
         self.failures = {}
 
     def note(self, message: str) -> None:
@@ -204,15 +208,19 @@ class Report:
         if self.not_implemented:
             self.missing_steps.setdefault(self.missing_step, self.not_implemented)
             said = (f"not run: it needs step {self.missing_step}, not implemented yet" if self.carried
-                    else f"not implemented yet: {self.not_implemented}")
+                    else f"not implemented yet: {self.not_implemented}{'' if self.hint_said else TODO_HINT}")
+            self.hint_said = True
             self.add(name, False, said, kind=self.part_kind)
             if self.part_kind == "check":
                 self.missing_parts += 1
                 self.missing_message = self.missing_message or self.not_implemented
             self.not_implemented = None
+        passed = all(c.passed for c in self.cases[self.part_start:])
+        if passed and self.part_steps:
+            self.passed_steps.update(self.part_steps)
         self.part_steps = None
         self.part_kind = "check"
-        return all(c.passed for c in self.cases[self.part_start:])
+        return passed
 
     def _missing(self, name: str, kind: str, message: str):
         """'Not implemented yet' while it is plausible: steps still TODO and no check of this part passed.
@@ -223,7 +231,8 @@ class Report:
         number = lambda step: int(step.split(":")[0].removeprefix("step "))  # noqa: E731
         todos = [] if self.solution else sorted(  # by step, then in the file's order
             dict.fromkeys(step for rel in student_files(self.task) for step in remaining_todos(self.student_dir / rel)
-                          if self.part_steps is None or number(step) in self.part_steps),
+                          if (self.part_steps is None or number(step) in self.part_steps)
+                          and number(step) not in self.passed_steps),  # a TODO line left on a step that works
             key=number,
         )
         passed_before = any(c.passed and c.kind in ("check", "optional") for c in self.cases[self.part_start:])
@@ -253,7 +262,7 @@ class Report:
         passed = sum(c.passed for c in checks)
         missing = self.not_implemented + TODO_HINT if status == NOT_IMPLEMENTED else None
         if missing:
-            print(f"Task {self.task}: not implemented yet: {missing}")
+            print(f"Task {self.task}: not implemented yet: {self.not_implemented if self.hint_said else missing}")
         elif status == NEEDS_CUDA:
             print(f"Task {self.task}: needs a CUDA GPU ({self.needs_cuda})")
         else:

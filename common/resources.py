@@ -15,6 +15,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+_PROPERTIES = re.compile(r"Function properties for (?P<name>\S+)")
 _ENTRY = re.compile(r"Compiling entry function '(?P<name>[^']+)' for '(?P<arch>sm_\w+)'")
 _FRAME = re.compile(r"(?P<stack>\d+) bytes stack frame, (?P<stores>\d+) bytes spill stores, (?P<loads>\d+) bytes spill loads")
 _USED = re.compile(r"Used (?P<registers>\d+) registers")
@@ -33,7 +34,7 @@ class KernelResources:
     stack: int = 0
     shared: int = 0  # static shared memory, bytes per block (dynamic shared memory is set at launch)
     constant: int = 0
-    barriers: int = 0
+    barriers: int | None = None  # older ptxas versions do not say
 
     @property
     def spills(self) -> bool:
@@ -48,23 +49,29 @@ class KernelResources:
         else:
             words.append("no spills")
         words.append(f"{self.shared} B of static shared memory")
-        words.append(f"{self.barriers} barrier{'s' if self.barriers != 1 else ''}")
+        if self.barriers is not None:
+            words.append(f"{self.barriers} barrier{'s' if self.barriers != 1 else ''}")
         return f"{self.name}: " + ", ".join(words)
 
 
 def parse_ptxas(text: str) -> list[KernelResources]:
     """Every kernel in `nvcc -Xptxas=-v` output, in the order compiled (names as ptxas gives them)."""
     kernels: list[KernelResources] = []
+    properties_of = None  # the function the next stack-frame line describes (a device function's may follow)
     for line in text.splitlines():
         entry = _ENTRY.search(line)
         if entry:
             kernels.append(KernelResources(entry["name"], entry["arch"]))
             continue
+        properties = _PROPERTIES.search(line)
+        if properties:
+            properties_of = properties["name"]
+            continue
         if not kernels:
             continue
         k = kernels[-1]
         frame = _FRAME.search(line)
-        if frame:
+        if frame and properties_of == k.name:
             k.stack, k.spill_stores, k.spill_loads = int(frame["stack"]), int(frame["stores"]), int(frame["loads"])
         used = _USED.search(line)
         if used:
@@ -72,7 +79,7 @@ def parse_ptxas(text: str) -> list[KernelResources]:
             k.shared = sum(int(m["bytes"]) for m in _SMEM.finditer(line))
             k.constant = sum(int(m["bytes"]) for m in _CMEM.finditer(line))
             barriers = _BARRIERS.search(line)
-            k.barriers = int(barriers["count"]) if barriers else 0
+            k.barriers = int(barriers["count"]) if barriers else None
     return kernels
 
 

@@ -203,11 +203,18 @@ def write_new_file(path: Path, text: str) -> None:
 
 
 def score_text(entries: list[dict], bold: str = "") -> str:
-    """"12 / 20 (12 of the 20 points could be graded here)": a machine without a GPU cannot grade the CUDA tasks."""
+    """"5 / 20 (5 of the 20 points graded: tasks 2, 4, 5, 6, 7 need a GPU)": what this run could not grade, and why."""
     earned = sum(e["points"] for e in entries)
-    graded_here = sum(e["max_points"] for e in entries if e["status"] not in ("unavailable", "needs_cuda"))
+    graded = sum(e["max_points"] for e in entries if e["status"] not in ("unavailable", "needs_cuda"))
+    why = [f"task {tasks[0]} {one}" if len(tasks) == 1 else f"tasks {', '.join(map(str, tasks))} {many}"
+           for tasks, one, many in (
+               ([e["task"] for e in entries if e["status"] == "needs_cuda"], "needs a GPU", "need a GPU"),
+               ([t for t in RUBRIC if t not in {e["task"] for e in entries}], "not asked for", "not asked for"),
+               ([e["task"] for e in entries if e["status"] == "unavailable"], "is not in the kit yet",
+                "are not in the kit yet"))
+           if tasks]
     return (f"{bold}{earned:g} / {TOTAL_POINTS:g}{bold} "
-            f"({graded_here:g} of the {TOTAL_POINTS:g} points could be graded here)")
+            f"({graded:g} of the {TOTAL_POINTS:g} points graded" + (f": {'; '.join(why)})" if why else ")"))
 
 
 def write_results(entries: list[dict], out_dir: Path, graded: str, env: dict,

@@ -74,15 +74,26 @@ def check_mask(worker, case, failing):
     future = causal_mask(seq_q, seq_k)
     hidden = out.double() <= MASKED
     misplaced = hidden ^ future
+    too_high = future & ~hidden & (out != scores)  # changed, but not enough to hide them
+    if too_high.any():
+        value = float(out[too_high][0])
+        return CheckResult(False, f"{name}: the future pairs hold values such as {value:g} instead of -inf; a "
+                           f"finite value hides a pair only while the other scores stay far above it (the check "
+                           f"takes at most {MASKED:g}): fill them with float('-inf') (README, Task 1, step 3)",
+                           mismatches=int(too_high.sum()))
     if misplaced.any():
         shown = [f"{tuple(i)}: {'hidden, should be visible' if hidden[tuple(i)] else 'visible, should be hidden'}"
                  for i in misplaced.nonzero()[:SHOW_FIRST].tolist()]
         result = CheckResult(False, f"{name}: {int(misplaced.sum())} of {misplaced.numel()} (query i, key j) pairs "
-                             f"masked wrong (query i may see keys 0 to i + seq_k - seq_q = i + {seq_k - seq_q}, "
-                             f"no later ones); first: {'; '.join(shown)}", mismatches=int(misplaced.sum()))
+                             f"masked wrong (query i may see keys 0 to i{see_more(seq_q, seq_k)}, no later ones); "
+                             f"first: {'; '.join(shown)}", mismatches=int(misplaced.sum()))
         return diagnose_mask(1, result, hidden)
     return compare(out.masked_fill(future, 0.0), scores.masked_fill(future, 0.0), atol=0, rtol=0,
                    name=f"{name}, the scores it must keep")
+
+
+def see_more(seq_q: int, seq_k: int) -> str:
+    return f" + seq_k - seq_q = i + {seq_k - seq_q}" if seq_k != seq_q else ""
 
 
 def check_merge(worker, case, failing):
@@ -124,6 +135,7 @@ def check_layer(worker, case, failing):
     # The layer's outputs are small (about 0.05), so the tolerance follows their scale.
     result = compare(out, expected, atol=ATOL * float(expected.abs().max()), rtol=RTOL, name="layer output",
                      device=case.device)
+    failing = [step for step in failing if case.causal or step != 3]  # only causal cases use the mask
     if not result.passed and failing:
         steps = f"step{'s' if len(failing) > 1 else ''} {', '.join(map(str, failing))}"
         result.message = f"an earlier step fails its own checks ({steps}): fix that first. {result.message}"

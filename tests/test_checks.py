@@ -42,10 +42,11 @@ def test_unwritten_output_fails():
 
 def test_unwritten_rows_columns_and_matrices_are_named():
     ref = random_tensor((2, 3, 100, 80), 4)
+    filled = guarded_output("out", ref.shape, "cpu").tensor  # what an output holds before the kernel runs
 
     def left(index):
         out = ref.clone()
-        out[index] = math.nan
+        out[index] = filled[index]
         result = compare(out, ref, atol=1, rtol=1, poisoned=True)
         assert not result.passed and "never written" in result.message
         return result.message
@@ -55,9 +56,13 @@ def test_unwritten_rows_columns_and_matrices_are_named():
     assert "rows 10-19 of 100 of every matrix: a tile" in left((..., slice(10, 20), slice(None)))
     assert "rows 96-99 of 100 of some matrices" in left((0, 1, slice(96, None)))
     assert "the whole 100 x 80 matrix at (1, 2) (1 of the 6" in left((1, 2))
+    assert "row 5 of 100 of every matrix: a tile" in left((..., 5, slice(None)))
     scattered = ref.clone()
-    scattered[0, 0, 3, 4] = math.nan  # no pattern: the plain NaN message
+    scattered[0, 0, 3, 4] = filled[0, 0, 3, 4]  # no pattern: the plain NaN message
     assert "never written" not in compare(scattered, ref, atol=1, rtol=1, poisoned=True).message
+    computed = ref.clone()
+    computed[..., 0, :] = math.nan  # a NaN the code computed (a row that saw no key) is not "never written"
+    assert "never written" not in compare(computed, ref, atol=1, rtol=1, poisoned=True).message
 
 
 def test_shape_and_type_mismatch_fail():

@@ -381,3 +381,13 @@ def test_performance_points_need_every_check_and_follow_the_reference_ratio():
 def test_bad_task_list_is_refused():
     proc = subprocess.run([sys.executable, "-m", "grader", "--tasks", "9"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode != 0 and "no task 9" in proc.stderr
+
+
+def test_the_score_line_says_what_was_not_graded_and_why():
+    from grader.__main__ import score_text
+
+    entries = [{"task": 1, "points": 2, "max_points": 2, "status": "passed"},
+               {"task": 2, "points": 0, "max_points": 3, "status": "needs_cuda"}]
+    assert score_text(entries) == "2 / 20 (2 of the 20 points graded: task 2 needs a GPU; tasks 3, 4, 5, 6, 7 not asked for)"
+    every = [{"task": t, "points": r.points, "max_points": r.points, "status": "passed"} for t, r in RUBRIC.items()]
+    assert score_text(every, bold="**") == "**20 / 20** (20 of the 20 points graded)"

@@ -34,6 +34,18 @@ def test_recorded_ptxas_output_is_read_kernel_by_kernel():
     assert gemm.line().endswith("64 registers per thread, no spills, 8192 B of static shared memory, 1 barrier")
 
 
+def test_a_device_functions_properties_are_not_its_kernels():
+    text = ("ptxas info    : Compiling entry function '_Z1kv' for 'sm_90'\n"
+            "ptxas info    : Function properties for _Z1kv\n"
+            "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+            "ptxas info    : Function properties for _Z6helperv\n"
+            "    8 bytes stack frame, 40 bytes spill stores, 40 bytes spill loads\n"
+            "ptxas info    : Used 32 registers\n")
+    (kernel,) = resources.parse_ptxas(text)
+    assert kernel.registers == 32 and not kernel.spills and kernel.barriers is None
+    assert kernel.line().endswith("0 B of static shared memory")  # no barrier count where ptxas gave none
+
+
 def test_no_kernels_in_unrelated_text():
     assert resources.parse_ptxas("") == [] and resources.parse_ptxas("nvcc warning : something\n") == []
 

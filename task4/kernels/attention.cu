@@ -211,6 +211,7 @@ __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS_PER_SM)
   constexpr int VEC = sizeof(vec) / sizeof(float);
   constexpr int O_VECS = D / (VEC * COL_THREADS);  // vectors of O per thread
   static_assert(O_VECS * VEC * COL_THREADS == D, "the row's lanes own whole vectors of O");
+  static_assert(D % 4 == 0, "the tiles are loaded and read as float4");
 
   extern __shared__ float4 smem[];  // float4: 16-byte aligned for the float4 accesses
   float* q_tile = reinterpret_cast<float*>(smem);  // (Br, D + PAD)
