@@ -196,3 +196,11 @@ def test_the_commit_is_marked_when_the_files_differ_from_it(tmp_path, monkeypatc
     assert records._commit() == head
     (tmp_path / "kernel.cu").write_text("two")  # the files graded are not that commit's
     assert records._commit() == f"{head} with changes not committed"
+
+
+def test_a_todo_line_left_on_a_step_that_passed_is_not_the_missing_step():
+    report = Report(1, solution=False, title="t")  # both TODO lines still in the file
+    run_part(report, "step 1", (1,), lambda: CheckResult(True, "fine"))  # written, its TODO line left
+    run_part(report, "steps 1-2", (1, 2), missing)
+    assert "step 2" in report.cases[-1].message and "step 1" not in report.cases[-1].message
+    assert "delete a step's TODO line" in report.cases[-1].message  # the hint, with the first step found missing
