@@ -53,6 +53,7 @@ WORKER_COMMON = (
     "common/__init__.py",
     "common/build.py",
     "common/kernel_rules.py",
+    "common/resources.py",
     "common/impl.py",
     "common/layer.py",
     "common/tasks.py",

@@ -24,3 +24,26 @@ def test_given_files_exist_and_say_so():
 def test_the_worker_never_gets_the_checks_reference():
     assert "common/reference.py" not in WORKER_COMMON
     assert not [rel for t in TASKS.values() for rel in t.given_files if "solution" in rel or rel.endswith("test.py")]
+
+
+def test_the_worker_gets_every_common_module_its_code_imports():
+    # Without one, a task's worker fails at import ("cannot import name ... from 'common'"), and only
+    # a run of that task would tell.
+    import ast
+
+    shipped = {rel for rel in WORKER_COMMON if rel.endswith(".py")}
+    given = [rel for t in TASKS.values() for rel in (*t.given_files, *t.student_files) if rel.endswith(".py")]
+    for rel in sorted(shipped | set(given)):
+        path = REPO / rel
+        if not path.exists():  # a student file missing from this checkout
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module == "common":
+                names = [f"common/{alias.name}.py" for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("common."):
+                names = [node.module.replace(".", "/") + ".py"]
+            elif isinstance(node, ast.Import):
+                names = [a.name.replace(".", "/") + ".py" for a in node.names if a.name.startswith("common.")]
+            for name in names:
+                assert name in shipped, f"{rel} imports {name}, which common/tasks.py WORKER_COMMON does not ship"
