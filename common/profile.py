@@ -52,17 +52,18 @@ class Launch:
     block: str
     metrics: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)  # (section, name) -> (unit, value)
 
+    def _row(self, name: str, section: str | None) -> tuple[str, float] | None:
+        """(unit, value) of the first metric of that name, in that section if one is given."""
+        return next((row for (sec, metric), row in self.metrics.items()
+                     if metric == name and section in (None, sec)), None)
+
     def get(self, name: str, section: str | None = None) -> float | None:
-        for (sec, metric), (_, value) in self.metrics.items():
-            if metric == name and (section is None or sec == section):
-                return value
-        return None
+        row = self._row(name, section)
+        return row[1] if row else None
 
     def unit(self, name: str, section: str | None = None) -> str:
-        for (sec, metric), (unit, _) in self.metrics.items():
-            if metric == name and (section is None or sec == section):
-                return unit
-        return ""
+        row = self._row(name, section)
+        return row[0] if row else ""
 
 
 def parse_ncu(text: str) -> list[Launch]:
