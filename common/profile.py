@@ -31,6 +31,7 @@ NCU_ARGS = [a for s in SECTIONS for a in ("--section", s)] + ["--metrics", ",".j
 _KERNEL = re.compile(r"^\s{2}(?:void )?(?P<name>[\w:<>, ]+?)\(.*\) (?P<grid>\([\d, ]+\))x(?P<block>\([\d, ]+\))")
 _SECTION = re.compile(r"^\s{4}Section: (?P<name>.+?)\s*$")
 _ROW = re.compile(r"^\s{4}(?P<name>\S(?:.*?\S)?)\s{2,}(?:(?P<unit>[^\s\d][^\s]*)\s+)?(?P<value>-?[\d,]*\.?\d+)\s*$")
+BYTES = {"byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12}  # ncu's units for byte counts
 # Why a warp was not issuing, in the words a student can look up (the rest keep ncu's name).
 STALL_WORDS = {
     "barrier": "barrier (__syncthreads: warps wait for the slowest)",
@@ -138,5 +139,90 @@ def summary(launch: Launch) -> list[str]:
                          f"({extra:.2g} extra pass{'' if extra == 1 else 'es'} per instruction)")
     read = g("dram__bytes_read.sum")
     if read is not None:
-        lines.append(f"  DRAM read: {read / 1e9:.3g} GB")
+        scale = BYTES.get(launch.unit("dram__bytes_read.sum").lower(), 1)
+        lines.append(f"  DRAM read: {read * scale / 1e9:.3g} GB")
     return lines
+
+
+# -- python -m taskN.profile ---------------------------------------------------------------------
+
+NO_NCU = ("ncu (Nsight Compute) was not found: it comes with the CUDA toolkit, next to nvcc (CUDA_HOME/bin), or "
+          "as the nsight-compute package; put it on your PATH (for example `module load cuda`) and run this again")
+NO_COUNTERS = ("ncu may not read this GPU's performance counters (ERR_NVGPUCTRPERM): run it as root, or ask the "
+               "administrator to allow profiling for all users (the driver option NVreg_RestrictProfilingToAdminUsers=0; "
+               "https://developer.nvidia.com/ERR_NVGPUCTRPERM)")
+
+
+def find_ncu() -> str | None:
+    import shutil
+    from pathlib import Path
+
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    if CUDA_HOME and (Path(CUDA_HOME) / "bin" / "ncu").exists():
+        return str(Path(CUDA_HOME) / "bin" / "ncu")
+    return shutil.which("ncu")
+
+
+def main(task: int, kernel: str, entry: str, args_of, what_of, argv=None, causal: bool = True) -> int:
+    """`python -m taskN.profile`: one launch of the kernel named `kernel` under ncu, in the task's worker.
+
+    The worker runs under ncu (its report goes to a pipe only this process reads, as the
+    sanitizer's does); the entry point `entry` makes its own inputs at the standard size,
+    `args_of(options)`, and launches the kernel once.
+    """
+    import argparse
+    import time
+    from pathlib import Path
+
+    import torch
+
+    from common.impl import REPO, label
+    from common.sandbox import Worker, WorkerDied, WorkerError
+
+    parser = argparse.ArgumentParser(prog=f"python -m task{task}.profile",
+                                     description=f"One launch of task {task}'s kernel under Nsight Compute, summarised.")
+    parser.add_argument("--solution", action="store_true", help="profile the reference solution instead of your code")
+    if causal:
+        parser.add_argument("--causal", action="store_true", help="with the causal mask")
+    parser.add_argument("--student-dir", type=Path, default=REPO, help=argparse.SUPPRESS)
+    parser.add_argument("--raw", action="store_true", help="also print ncu's whole report")
+    options = parser.parse_args(argv)
+    ncu = find_ncu()
+    if ncu is None:
+        print(NO_NCU)
+        return 1
+    if not torch.cuda.is_available():
+        print("no CUDA GPU is visible: profiling needs one")
+        return 1
+    command = [ncu, *NCU_ARGS, "--kernel-name", f"regex:{kernel}", "--launch-count", "1", "--target-processes", "all"]
+    print(f"task {task} ({label(options.solution)}): {what_of(options)} under ncu (one launch, replayed for each "
+          "counter: about a minute) ...")
+    started = time.perf_counter()
+    worker = Worker(task, options.student_dir, solution=options.solution, sanitize=command, purpose="profile")
+    try:
+        worker.start()
+        worker.call(entry, *args_of(options), timeout=600)
+    except WorkerError as err:
+        print(f"task {task}: {err.kind}: {err.message}")
+        return 1
+    except WorkerDied as err:
+        print(f"task {task}: {err}")
+        return 1
+    finally:
+        worker.__exit__(None, None, None)
+    text = worker.sanitizer_log.decode(errors="replace")
+    if options.raw:
+        print(text)
+    if "ERR_NVGPUCTRPERM" in text:
+        print(NO_COUNTERS)
+        return 1
+    launches = parse_ncu(text)
+    if not launches:
+        said = [line for line in text.splitlines() if "ERROR" in line or "WARNING" in line][:5]
+        print(f"ncu profiled no launch of {kernel}" + (": " + " / ".join(said) if said else " (run with --raw to see "
+                                                           "what ncu said)"))
+        return 1
+    print("\n".join(summary(launches[0])))
+    print(f"({time.perf_counter() - started:.0f} s; --raw prints ncu's whole report)")
+    return 0

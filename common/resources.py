@@ -35,6 +35,7 @@ class KernelResources:
     shared: int = 0  # static shared memory, bytes per block (dynamic shared memory is set at launch)
     constant: int = 0
     barriers: int | None = None  # older ptxas versions do not say
+    symbol: str = ""  # the mangled name, as the object file and the CUDA runtime know the kernel
 
     @property
     def spills(self) -> bool:
@@ -61,7 +62,7 @@ def parse_ptxas(text: str) -> list[KernelResources]:
     for line in text.splitlines():
         entry = _ENTRY.search(line)
         if entry:
-            kernels.append(KernelResources(entry["name"], entry["arch"]))
+            kernels.append(KernelResources(entry["name"], entry["arch"], symbol=entry["name"]))
             continue
         properties = _PROPERTIES.search(line)
         if properties:

@@ -23,6 +23,13 @@ without the comment marker:
     // float row_max = 0.0f;
     // END SOLUTION
 
+A tunable constant may start elsewhere in the skeleton than in the reference, so that tuning
+is the student's to do: `[skeleton: N]` at the end of its line sets the skeleton's value.
+
+    constexpr int BLOCK_ROWS = 128;  // Br: query rows per block [skeleton: 64]
+
+becomes `constexpr int BLOCK_ROWS = 64;  // Br: query rows per block`.
+
 `taskN/solution/<path>` generates `taskN/<path>`. Run `python -m common.skeleton`
 after editing a reference file; `tests/test_skeletons.py` fails when a committed
 skeleton differs from what this makes.
@@ -40,6 +47,7 @@ REPO = Path(__file__).resolve().parent.parent
 COMMENT = {".py": "#", ".cu": "//", ".cuh": "//", ".cpp": "//", ".h": "//"}
 BEGIN = re.compile(r'^(?P<indent>\s*)(?P<c>#|//) BEGIN SOLUTION "(?P<hint>step \d+: [^"]+)"\s*$')
 ANY_MARKER = re.compile(r"^\s*(#|//) (BEGIN SOLUTION|SKELETON|END SOLUTION)\b")
+UNTUNED = re.compile(r"^(?P<head>\s*constexpr int \w+ = )\d+(?P<rest>;.*?)\s*\[skeleton: (?P<value>\d+)\]\s*$")
 TODO = re.compile(r"TODO \(README, Task (?P<task>\d+), (?P<step>step \d+: .*)\)$")
 
 
@@ -83,7 +91,8 @@ def make_skeleton(text: str, task: int, comment: str, where: str = "<text>") -> 
                     f"{where}:{i + 1}: {line.strip()!r} outside a region, or a BEGIN SOLUTION "
                     f'without a hint of the form "step K: what to do"'
                 )
-            out.append(line)
+            untuned = UNTUNED.match(line)
+            out.append(f"{untuned['head']}{untuned['value']}{untuned['rest']}\n" if untuned else line)
             i += 1
             continue
         if begin["c"] != comment:

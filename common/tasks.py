@@ -56,6 +56,7 @@ WORKER_COMMON = (
     "common/resources.py",
     "common/impl.py",
     "common/layer.py",
+    "common/occupancy.py",
     "common/tasks.py",
     "common/torch_kernels.py",
     "common/validate.py",

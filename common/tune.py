@@ -1,5 +1,13 @@
 """Tuning a kernel file's constants: one copy of the file per configuration, each built on its own.
 
+`python -m task4.tune` and `python -m task5.tune` (see `main`): every configuration is built side
+by side, each in a worker of its own (common/sandbox.py: a configuration that crashes or hangs is
+its row's reason, not the end of the run), then checked on a few edge cases and timed at the
+course's standard size, one at a time, with the same clock and checks as `taskN.test`. One row
+per configuration: registers, spills, shared memory, threads and blocks per SM, time, throughput
+and its share of the GPU's limit; the fastest correct one is marked and its lines printed to
+paste into the kernel file; the rows go to a CSV (and a plot when matplotlib is installed).
+
 A kernel file's tunables are its top-level `constexpr int NAME = VALUE;` lines (task 4's
 BLOCK_ROWS, BLOCK_COLS, THREAD_ROWS, THREAD_COLS, MIN_BLOCKS_PER_SM). A configuration
 such as "BLOCK_ROWS=64,BLOCK_COLS=64" is the file with those lines changed; nothing in the
@@ -15,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common import build
+from common import build, resources
 from common.resources import KernelResources
 
 _CONSTANT = re.compile(r"^(?P<head>constexpr int (?P<name>[A-Z][A-Z0-9_]*) = )(?P<value>\d+)(?P<tail>;.*)$", re.M)
@@ -63,11 +71,13 @@ class Built:
         return any(k.spills for k in self.kernels)
 
 
-def build_configs(source: Path, configs: list[dict[str, int]], folder: Path, arch: str) -> list[Built]:
-    """Compile `source` (a kernel file) once per configuration, each in folder/<n>/; no GPU needed."""
+def build_configs(source: Path, configs: list[dict[str, int]], folder: Path, arch: str, jobs: int = 1) -> list[Built]:
+    """Compile `source` (a kernel file) once per configuration, each in folder/<n>/, `jobs` at once; no GPU needed."""
+    from concurrent.futures import ThreadPoolExecutor
+
     text = source.read_text()
-    built = []
-    for n, config in enumerate(configs):
+
+    def one(n: int, config: dict[str, int]) -> Built:
         row = Built(config)
         try:
             kernels = folder / str(n) / "kernels"  # a kernels folder of its own: includes resolve as in the original
@@ -82,8 +92,10 @@ def build_configs(source: Path, configs: list[dict[str, int]], folder: Path, arc
             row.kernels = build.kernel_resources(row.objects)
         except (ValueError, build.BuildError) as err:
             row.error = str(err).splitlines()[0] if isinstance(err, ValueError) else _first_error(str(err))
-        built.append(row)
-    return built
+        return row
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(one, range(len(configs)), configs))
 
 
 def _first_error(message: str) -> str:
@@ -94,3 +106,308 @@ def _first_error(message: str) -> str:
             return f"static_assert: {said['why']}"
     errors = [line for line in message.splitlines() if "error" in line]
     return (errors or message.splitlines() or ["did not build"])[0].strip()
+
+
+# -- timing each configuration on the GPU (python -m taskN.tune) ----------------------------------
+
+@dataclass
+class Measured:
+    """What a task's `measure(worker)` found for one configuration."""
+
+    error: str | None = None  # wrong on a check, or could not be timed: the row's reason
+    ms: float | None = None
+    throughput: float | None = None  # TFLOP/s (task 4) or GB/s (task 5)
+    share: float | None = None  # percent of the physical limit (FFMA peak, copy bandwidth)
+
+
+@dataclass
+class Row:
+    number: int
+    config: dict[str, int]
+    error: str | None = None
+    kernel: KernelResources | None = None  # the timed kernel's resources (ptxas)
+    occupancy: dict[str, int] = field(default_factory=dict)  # common/occupancy.py's figures for it
+    measured: Measured | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.measured is not None and self.measured.error is None
+
+
+@dataclass
+class Plan:
+    """A task's tuning: where its kernel lives, which kernel is timed, and how (see task4/tune.py)."""
+
+    task: int
+    kernel_file: str  # the student's file, e.g. task4/kernels/attention.cu
+    timed_kernel: str  # demangled name of the kernel the timed case runs, e.g. flash_attention_kernel<128>
+    what: str  # the timed case in words
+    unit: str  # "TFLOP/s" or "GB/s"
+    limit: str  # what `share` is a percentage of
+    configs: list[dict[str, int]]  # the default list
+    measure: object  # callable(worker) -> Measured, run in this (trusted) process against the worker
+
+
+def _config_dir(root: Path, number: int, task: int, kernel_file: str, text: str, student_dir: Path,
+                solution: bool) -> Path:
+    """A checkout-shaped folder with the student files the task's worker loads, the kernel file configured."""
+    from common.impl import REPO
+    from common.tasks import TASKS
+
+    folder = root / str(number) / "student"
+    for used in (task, *TASKS[task].uses):
+        for rel in TASKS[used].student_files:
+            target = folder / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source = REPO / TASKS[used].solution_file(rel) if solution else student_dir / rel
+            if rel == kernel_file:
+                target.write_text(text)
+            elif source.is_file():
+                target.write_bytes(source.read_bytes())
+    return folder
+
+
+def _start(row: Row, plan: Plan, folder: Path, scratch: Path):
+    """Build and start one configuration's worker (in a thread: the builds run side by side)."""
+    from common.sandbox import Worker, WorkerDied, WorkerError
+
+    worker = Worker(plan.task, folder, scratch=scratch, purpose="tune")
+    try:
+        worker.start()
+    except (WorkerError, WorkerDied) as err:
+        message = err.message if isinstance(err, WorkerError) else str(err)
+        row.error = _first_error(message)
+        worker.__exit__(None, None, None)
+        return None
+    builds = scratch / "worker-builds"  # the worker's build folder (common/build.py keeps .ptxas beside each object)
+    kernels = []
+    for ptxas in sorted(builds.rglob("*.ptxas"), key=lambda p: p.stat().st_mtime):
+        kernels = resources.parse_ptxas(ptxas.read_text(errors="replace"))  # the latest build's
+    kernels = resources.demangle(kernels)
+    row.kernel = next((k for k in kernels if k.name == plan.timed_kernel), kernels[0] if kernels else None)
+    return worker
+
+
+def _occupancy(worker, kernel: KernelResources | None) -> dict[str, int]:
+    if kernel is None or not kernel.symbol:
+        return {}
+    try:
+        found = worker.call("occupancy", [kernel.symbol])
+    except Exception:  # noqa: BLE001  a figure we could not get is left out, not guessed
+        return {}
+    row = found.get(kernel.symbol) if isinstance(found, dict) else None
+    if not isinstance(row, dict):
+        return {}
+    return {k: int(v) for k, v in row.items() if isinstance(k, str) and isinstance(v, int) and 0 <= v < 1 << 40}
+
+
+def run(plan: Plan, configs: list[dict[str, int]], *, student_dir: Path, solution: bool, source: Path, root: Path,
+        jobs: int, say=print) -> list[Row]:
+    """Every configuration built (side by side, `jobs` at a time), then checked and timed one at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    text = source.read_text()
+    rows = [Row(n + 1, config) for n, config in enumerate(configs)]
+    started = {}
+
+    def prepare(row: Row):
+        try:
+            configured = configure(text, row.config)
+        except ValueError as err:
+            row.error = str(err)
+            return
+        scratch = root / str(row.number)
+        folder = _config_dir(root, row.number, plan.task, plan.kernel_file, configured, student_dir, solution)
+        worker = _start(row, plan, folder, scratch)
+        if worker is not None:
+            started[row.number] = worker
+
+    say(f"building {len(rows)} configurations, {jobs} at a time ...")
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(prepare, rows))
+    for row in rows:
+        worker = started.get(row.number)
+        if worker is None:
+            say(f"  #{row.number} {describe(row.config)}: {row.error}")
+            continue
+        try:
+            row.measured = plan.measure(worker)
+            row.occupancy = _occupancy(worker, row.kernel)
+        except Exception as err:  # noqa: BLE001  a crash or hang of one configuration is its row's reason
+            row.measured = Measured(error=f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+        finally:
+            worker.__exit__(None, None, None)
+        m = row.measured
+        say(f"  #{row.number} {describe(row.config)}: " + (m.error or f"{m.ms:.3f} ms, {m.throughput:.1f} {plan.unit}"))
+    return rows
+
+
+def best(rows: list[Row]) -> Row | None:
+    timed = [r for r in rows if r.ok]
+    return min(timed, key=lambda r: r.measured.ms) if timed else None
+
+
+def table(plan: Plan, rows: list[Row], names: list[str]) -> list[str]:
+    """The rows as text, one per configuration, the fastest correct one marked."""
+    top = best(rows)
+    lines = [f"configuration = {', '.join(names)}; figures for {plan.timed_kernel}; timed: {plan.what}",
+             f"  {'#':>2}  {'configuration':<22} {'regs':>4} {'spills (B)':>10} {'smem/block':>10} {'threads':>7} "
+             f"{'blocks/SM':>9}  {'time':>10} {plan.unit:>8} {'% ' + plan.limit:>14}"]
+    for r in rows:
+        values = ",".join(str(r.config.get(n, "?")) for n in names)
+        mark = "*" if r is top else " "
+        k, occ = r.kernel, r.occupancy
+        regs = str(k.registers) if k else "-"
+        spills = (f"{k.spill_stores}/{k.spill_loads}" if k.spills else "0") if k else "-"
+        smem = occ.get("static_shared", 0) + occ.get("dynamic_shared", 0) if occ else None
+        smem_text = f"{smem / 1024:.1f} KB" if smem is not None else (f"{k.shared / 1024:.1f} KB+" if k else "-")
+        threads = str(occ["threads"]) if "threads" in occ else "-"
+        blocks = str(occ["blocks_per_sm"]) if "blocks_per_sm" in occ else "-"
+        m = r.measured
+        if r.error or m is None or m.error:
+            tail = f"  {r.error or (m.error if m else 'not run')}"
+        else:
+            tail = f"  {m.ms:>7.3f} ms {m.throughput:>8.1f} {m.share:>13.0f}%"
+        lines.append(f"{mark} {r.number:>2}  {values:<22} {regs:>4} {spills:>10} {smem_text:>10} {threads:>7} "
+                     f"{blocks:>9}{tail}")
+    lines.append("  (spills: bytes stored/loaded per thread; smem: static + the dynamic shared memory the launch asks "
+                 "for; blocks/SM: what the GPU can hold at once, from the CUDA occupancy API)")
+    return lines
+
+
+def paste_lines(text: str, config: dict[str, int]) -> list[str]:
+    """The kernel file's constant lines as this configuration sets them: what to paste."""
+    configured = configure(text, config)
+    return [m.group(0) for m in _CONSTANT.finditer(configured) if m["name"] in config]
+
+
+def write_csv(path: Path, plan: Plan, rows: list[Row], names: list[str]) -> None:
+    import csv
+
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["number", *names, "registers", "spill_stores", "spill_loads", "shared_bytes", "threads",
+                         "blocks_per_sm", "correct", "ms", plan.unit, f"percent_{plan.limit.replace(' ', '_')}",
+                         "reason"])
+        for r in rows:
+            k, occ, m = r.kernel, r.occupancy, r.measured
+            smem = occ.get("static_shared", 0) + occ.get("dynamic_shared", 0) if occ else None
+            writer.writerow([r.number, *(r.config.get(n) for n in names), k.registers if k else None,
+                             k.spill_stores if k else None, k.spill_loads if k else None, smem, occ.get("threads"),
+                             occ.get("blocks_per_sm"), r.ok, m.ms if m else None, m.throughput if m else None,
+                             m.share if m else None, r.error or (m.error if m else None)])
+
+
+def plot(path: Path, plan: Plan, rows: list[Row], names: list[str], title: str) -> Path | None:
+    """A bar per configuration (its throughput), when matplotlib is installed; None otherwise."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    top = best(rows)
+    labels = [f"#{r.number}\n" + ",".join(str(r.config.get(n, "?")) for n in names) for r in rows]
+    values = [r.measured.throughput if r.ok else 0.0 for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows)), 4))
+    bars = ax.bar(range(len(rows)), values, color=["C2" if r is top else "C0" for r in rows])
+    for bar, r in zip(bars, rows):
+        if not r.ok:
+            ax.text(bar.get_x() + bar.get_width() / 2, 0, "failed", ha="center", va="bottom", fontsize=7, rotation=90)
+    ax.set_xticks(range(len(rows)), labels, fontsize=7)
+    ax.set_ylabel(plan.unit)
+    ax.set_title(f"{title}\n({', '.join(names)})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def main(plan: Plan, argv=None) -> int:
+    import argparse
+    import os
+
+    import torch
+
+    from common.impl import REPO, label
+
+    parser = argparse.ArgumentParser(prog=f"python -m task{plan.task}.tune",
+                                     description=f"Build, check and time task {plan.task}'s kernel at several "
+                                                 "configurations of its constants.")
+    parser.add_argument("--configs", nargs="+", metavar="NAME=N,...",
+                        help="your own configurations, each NAME=NUMBER pairs separated by commas (names not given "
+                             "keep the file's value); default: a list that covers the usual choices")
+    parser.add_argument("--solution", action="store_true", help="tune the reference solution instead of your code")
+    parser.add_argument("--student-dir", type=Path, default=REPO, metavar="DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--build-only", action="store_true",
+                        help="only compile each configuration: registers, spills, or why it does not build (no GPU)")
+    parser.add_argument("--jobs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
+                        help="configurations built at once (default: half the CPU cores, at most 8)")
+    parser.add_argument("--csv", type=Path, default=Path(f"task{plan.task}-tune.csv"), help="where the rows go")
+    args = parser.parse_args(argv)
+
+    source = (REPO / plan.kernel_file.replace("/", "/solution/", 1)) if args.solution else args.student_dir / plan.kernel_file
+    text = source.read_text()
+    names = list(tunables(text))
+    try:
+        configs = [parse_config(spec) for spec in args.configs] if args.configs else plan.configs
+        for config in configs:
+            configure(text, config)  # unknown names: say so before anything is built
+    except ValueError as err:
+        print(f"task {plan.task}: {err}")
+        return 2
+    configs = _distinct([{}] + configs, tunables(text))
+    names = [n for n in names if any(n in c for c in configs)]  # the knobs turned (not, say, MAX_HEAD_DIM)
+    print(f"task {plan.task} ({label(args.solution)}): tuning {plan.kernel_file}, {len(configs)} configurations "
+          f"(#1 is the file as it is)")
+    root = build.BUILD_ROOT / "tune" / f"task{plan.task}-{'solution' if args.solution else 'student'}"
+
+    if args.build_only or not torch.cuda.is_available():
+        if not args.build_only:
+            print("no CUDA GPU is visible: only building each configuration (timing needs a GPU)")
+        if build.find_nvcc() is None:
+            print(f"task {plan.task}: nvcc was not found: load your CUDA toolkit (for example `module load cuda`)")
+            return 1
+        arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0").split(";")[0].replace(".", "").replace("+PTX", "")
+        for n, b in enumerate(build_configs(source, configs, root / "build-only", arch, jobs=args.jobs), 1):
+            kernel = next((k for k in b.kernels if k.name == plan.timed_kernel), b.kernels[0] if b.kernels else None)
+            said = b.error or (kernel.line() if kernel else "no kernels")
+            print(f"  #{n} {describe({k: v for k, v in (tunables(text) | b.config).items() if k in names})}: {said}")
+        return 0
+
+    rows = run(plan, configs, student_dir=args.student_dir, solution=args.solution, source=source, root=root,
+               jobs=args.jobs)
+    print(f"\n{torch.cuda.get_device_name()}:")
+    print("\n".join(table(plan, [_full(r, text) for r in rows], names)))
+    top = best(rows)
+    if top is None:
+        print(f"\nno configuration is correct: run `python -m task{plan.task}.test` and fix the checks first")
+    else:
+        m = top.measured
+        print(f"\nfastest correct: #{top.number}, {m.ms:.3f} ms ({m.throughput:.1f} {plan.unit}, {m.share:.0f}% of "
+              f"the {plan.limit}). To use it, set these lines in {plan.kernel_file}:")
+        print("\n".join("  " + line for line in paste_lines(text, {n: v for n, v in (tunables(text) | top.config).items()
+                                                                 if n in names})))
+    write_csv(args.csv, plan, [_full(r, text) for r in rows], names)
+    print(f"wrote {args.csv}")
+    title = f"task {plan.task} ({label(args.solution)}), {plan.what}, {torch.cuda.get_device_name()}"
+    png = plot(args.csv.with_suffix(".png"), plan, [_full(r, text) for r in rows], names, title)
+    print(f"wrote {png}" if png else "matplotlib is not installed: no plot, only the CSV (pip install matplotlib for one)")
+    return 0
+
+
+def _distinct(configs: list[dict[str, int]], base: dict[str, int]) -> list[dict[str, int]]:
+    """Each configuration once, by the values it gives every constant."""
+    seen, kept = set(), []
+    for config in configs:
+        key = tuple(sorted((base | config).items()))
+        if key not in seen:
+            seen.add(key)
+            kept.append(config)
+    return kept
+
+
+def _full(row: Row, text: str) -> Row:
+    """The row with every constant's value (those it does not set are the file's)."""
+    return Row(row.number, tunables(text) | row.config, row.error, row.kernel, row.occupancy, row.measured)
+

@@ -211,7 +211,10 @@ def score_text(entries: list[dict], bold: str = "") -> str:
                ([e["task"] for e in entries if e["status"] == "needs_cuda"], "needs a GPU", "need a GPU"),
                ([t for t in RUBRIC if t not in {e["task"] for e in entries}], "not asked for", "not asked for"),
                ([e["task"] for e in entries if e["status"] == "unavailable"], "is not in the kit yet",
-                "are not in the kit yet"))
+                "are not in the kit yet"),
+               ([e["task"] for e in entries if "an ESTIMATE" in e.get("summary", "")],
+                "has its performance points estimated (grader/calibration.json)",
+                "have their performance points estimated (grader/calibration.json)"))
            if tasks]
     return (f"{bold}{earned:g} / {TOTAL_POINTS:g}{bold} "
             f"({graded:g} of the {TOTAL_POINTS:g} points graded" + (f": {'; '.join(why)})" if why else ")"))

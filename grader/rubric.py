@@ -9,7 +9,9 @@ is not clearly faster than the full one). Breaking a rule (a
 optional part ("optional" cases, task 5's split-KV) is reported, never scored.
 Performance is scored against the reference solution timed in the same run
 (`vs_reference` = reference time / student time in each benchmark case), so the
-grade does not depend on which GPU ran it.
+grade does not depend on which GPU ran it. In the handout, which has no reference, a
+student's run estimates that ratio from grader/calibration.json (common/calibration.py)
+and the points it shows are labelled as an estimate.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.bench import VS_REFERENCE
+from common.calibration import ESTIMATE
 
 
 @dataclass(frozen=True)
@@ -71,13 +74,25 @@ def score(task: int, record: dict) -> tuple[float, str]:
         elif failed_benchmarks:
             why += f"; no performance points: {failed_benchmarks[0]['name']}: {failed_benchmarks[0]['message']}"
         else:
-            ratios = [c["metrics"][VS_REFERENCE] for c in cases
-                      if c["kind"] == "benchmark" and c["metrics"].get(VS_REFERENCE) is not None]
+            ratios = _ratios(cases, VS_REFERENCE)
+            estimated = not ratios and bool(_ratios(cases, ESTIMATE))
+            if estimated:  # the handout: the reference's time estimated from grader/calibration.json
+                ratios = _ratios(cases, ESTIMATE)
             if not ratios:
-                why += "; performance not scored (no reference timing in this run: grade with the instructor's grader)"
+                why += ("; performance not scored (no reference timing in this run, and no calibration for this GPU "
+                        "to estimate it from: the instructor's grader times the reference)")
             else:
                 fraction = sum(min(1.0, r / FULL_SPEED_FRACTION) for r in ratios) / len(ratios)
                 earned += rubric.performance_points * fraction
-                why += (f"; speed {sum(ratios) / len(ratios):.2f}x the reference on average "
-                        f"({fraction:.0%} of the performance points)")
+                if estimated:
+                    why += (f"; speed about {sum(ratios) / len(ratios):.2f}x the reference on average, an ESTIMATE "
+                            f"from grader/calibration.json ({fraction:.0%} of the performance points, estimated; "
+                            "the instructor's grader times the reference itself)")
+                else:
+                    why += (f"; speed {sum(ratios) / len(ratios):.2f}x the reference on average "
+                            f"({fraction:.0%} of the performance points)")
     return round(earned, 3), why
+
+
+def _ratios(cases: list[dict], metric: str) -> list[float]:
+    return [c["metrics"][metric] for c in cases if c["kind"] == "benchmark" and c["metrics"].get(metric) is not None]

@@ -44,3 +44,17 @@ def layer_batch(inputs, causal):
         for x in inputs:
             _layer(x, x, x, causal=causal)
     torch.cuda.synchronize()
+
+
+def occupancy(symbols):
+    """Threads, shared memory and blocks per SM of your kernels as built (python -m task4.tune asks, after a launch)."""
+    from common.occupancy import blocks_per_sm
+
+    return blocks_per_sm(ext.__file__, symbols)
+
+
+def profile_launch(batch, heads, seq, head_dim, causal):
+    """One launch on inputs made here, for python -m task4.profile (ncu profiles it)."""
+    q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda") for _ in range(3))
+    ext.forward(q, k, v, torch.empty_like(q), causal, head_dim ** -0.5)
+    torch.cuda.synchronize()

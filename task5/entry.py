@@ -63,3 +63,18 @@ def steps(xs, outs):
 
 def cache_length():
     return _layer.length
+
+
+def occupancy(symbols):
+    """Threads, shared memory and blocks per SM of your kernels as built (python -m task5.tune asks, after a launch)."""
+    from common.occupancy import blocks_per_sm
+
+    return blocks_per_sm(ext.__file__, symbols)
+
+
+def profile_launch(batch, heads, length, head_dim, splits):
+    """One decode on a cache made here, for python -m task5.profile (ncu profiles it)."""
+    q = torch.randn(batch, heads, 1, head_dim, device="cuda")
+    k, v = (torch.randn(batch, heads, length, head_dim, device="cuda") for _ in range(2))
+    ext.decode(q, k, v, torch.empty_like(q), length, head_dim ** -0.5, splits)
+    torch.cuda.synchronize()

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common import bench, cli, impl, sanitize
+from common import bench, calibration, cli, impl, sanitize
 from common.checks import (GUARD_BITS, CheckResult, compare, exact_float32, expect_errors, fingerprint,
                            guard_damage, guarded_input, guarded_output, random_tensor)
 from common.layer import mha_weights
@@ -326,13 +326,14 @@ def time_decode_here(fn, timed: TimedDecode):
     return result
 
 
-def decode_result(timing, timed: TimedDecode, reference, copy_gbs, splits: int, how: str):
+def decode_result(timing, timed: TimedDecode, reference, copy_gbs, splits: int, how: str, estimate_for=None):
     if isinstance(timing, str):
         return False, timing, {}
     scale = 1.0 / math.sqrt(timed.shape[-1])
     gbs = timed.bytes_read / (timing.median_ms * 1e-3) / 1e9
     metrics = {"kernel_ms": timing.median_ms, "gbs": gbs, "copy_gbs": copy_gbs, "of_copy": gbs / copy_gbs,
-               "splits": splits, "calls_per_request": timed.count}
+               "copy_ms": timed.bytes_read / (copy_gbs * 1e9) * 1e3, "splits": splits,
+               "calls_per_request": timed.count}
     message = (f"kernel {timing.median_ms:.3f} ms, {gbs:.0f} GB/s of K and V ({gbs / copy_gbs:.0%} of the "
                f"{copy_gbs:.0f} GB/s copy bandwidth; {how})")
     if reference is not None:
@@ -351,6 +352,10 @@ def decode_result(timing, timed: TimedDecode, reference, copy_gbs, splits: int, 
             metrics[f"{key}_gbs"] = timed.bytes_read / (t.median_ms * 1e-3) / 1e9
             metrics[f"speedup_vs_{key}"] = bench.ratio(t, timing)
             message += f"; {label} {t.median_ms:.3f} ms ({metrics[f'{key}_gbs']:.0f} GB/s)"
+    if estimate_for:
+        metrics[calibration.ESTIMATE], words = calibration.estimate(5, estimate_for, metrics,
+                                                                    torch.cuda.get_device_name())
+        message += f"; {words}"
     if gbs > FASTEST_VS_COPY * copy_gbs:
         return False, message + (f": faster than {FASTEST_VS_COPY}x the copy bandwidth, more than the GPU can "
                                  "read, so work was skipped"), metrics
@@ -509,8 +514,9 @@ def run_benchmarks(report, worker, split_passed: bool):
         timing, chosen = student[(batch, length)]
         how = (f"{chosen} split{'s' if chosen > 1 else ''} per head, the launcher's choice" if splits == 0 else
                "one block per head: split-KV is used once its checks pass")
-        report.run(f"decode batch {batch} heads {heads} cached tokens {length} head_dim {d}",
-                   lambda: decode_result(timing, timed_sets[(batch, length)], reference, copy_gbs, chosen, how),
+        name = f"decode batch {batch} heads {heads} cached tokens {length} head_dim {d}"
+        report.run(name, lambda: decode_result(timing, timed_sets[(batch, length)], reference, copy_gbs, chosen, how,
+                                               estimate_for=None if impl.has_solution(5) else name),
                    kind="benchmark")
         del timed_sets[(batch, length)]
         torch.cuda.empty_cache()

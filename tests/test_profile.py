@@ -33,3 +33,11 @@ def test_what_a_report_lacks_is_left_out():
 def test_the_ncu_command_asks_for_what_the_summary_reads():
     asked = " ".join(NCU_ARGS)
     assert "--section Occupancy" in asked and "stalled_" in asked and "bank_conflicts" in asked
+
+
+def test_byte_counts_are_read_in_the_unit_ncu_gives():
+    header = RECORDED.splitlines()[5]  # the kernel's line
+    for unit, value, expected in (("Gbyte", "34.90", "DRAM read: 34.9 GB"), ("Mbyte", "512.00", "DRAM read: 0.512 GB"),
+                                  ("", "1,000,000", "DRAM read: 0.001 GB")):
+        report = f"{header}\n    Section: Command line profiler metrics\n    dram__bytes_read.sum   {unit}   {value}\n"
+        assert expected in "\n".join(summary(parse_ncu(report)[0]))

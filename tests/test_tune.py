@@ -31,7 +31,7 @@ def test_a_bad_configuration_is_named(spec, words):
 
 @needs_nvcc
 def test_each_configuration_builds_on_its_own_or_says_why_not(tmp_path):
-    configs = [{}, {"MIN_BLOCKS_PER_SM": 2}, {"BLOCK_ROWS": 100}]  # as written; two blocks per SM; not whole tiles
+    configs = [{}, {"MIN_BLOCKS_PER_SM": 2}, {"BLOCK_ROWS": 100, "THREAD_ROWS": 8}]  # as written; two blocks per SM; not whole tiles
     default, capped, ragged = tune.build_configs(KERNEL, configs, tmp_path, "90")
     assert default.error is None and default.kernels and not default.spills
     assert capped.error is None and max(k.registers for k in capped.kernels) <= 128  # 65536 / (256 threads x 2)

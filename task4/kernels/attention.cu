@@ -34,11 +34,11 @@
 //   SDPA                  46.8 ms (47 TFLOP/s)    causal 24.2 ms (45 TFLOP/s)
 //   naive PyTorch         67.7 ms (33 TFLOP/s)    causal 83.5 ms (13 TFLOP/s)
 // (SDPA = torch.nn.functional.scaled_dot_product_attention; naive = matmul, softmax,
-// matmul.) The reference solution reaches about 0.85x SDPA and 60% of the GPU's ~67
-// TFLOP/s of FP32 FFMA; with 64 x 64 tiles and 4 x 4 per thread it takes 63 ms / 32 ms.
-// At head_dim 80 (batch 32, seq 512) it runs at 1.10x SDPA (causal 1.08x), since it is
-// compiled for that head_dim too; padded to 128 it ran at 0.74x, padded to 96 at 0.95x.
-// At head_dim 64 (batch 4, seq 2048): 1.06x SDPA (causal 1.11x).
+// matmul.) These are the reference solution's figures, with its tuned tile sizes: about
+// 0.85x SDPA and 60% of the GPU's ~67 TFLOP/s of FP32 FFMA; 1.06x SDPA at head_dim 64
+// (batch 4, seq 2048) and 1.10x at head_dim 80 (batch 32, seq 512). The skeleton starts
+// from untuned tile sizes: correct once the steps are written, and slower. Tuning them is
+// README, Task 4, step 7 (`python -m task4.tune`).
 
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
@@ -57,21 +57,26 @@
 // reads from shared memory is reused THREAD_ROWS (or THREAD_COLS) times from a
 // register. For O it owns the same rows, so m_i and l_i never leave its registers.
 //
-// Measured on an H200 (fp32, head_dim 128, seq 4096): 128 x 128 tiles with 8 x 8 per
-// thread beat 64 x 64 tiles with 4 x 4 per thread by about 15%: twice the arithmetic
-// per shared-memory read. The price is one block per SM (about 200 KB of shared
-// memory) and about 250 registers per thread.
-constexpr int BLOCK_ROWS = 128;  // Br: query rows per block
-constexpr int BLOCK_COLS = 128;  // Bc: key/value rows per tile
-constexpr int THREAD_ROWS = 8;   // rows of S and O per thread
-constexpr int THREAD_COLS = 8;   // columns of S per thread
+// What they trade (README, Task 4, step 7; `python -m task4.tune` measures each choice):
+// - a bigger micro-tile per thread (THREAD_ROWS x THREAD_COLS) reuses each value read from
+//   shared memory for more FMAs, but S and O live in registers: about THREAD_ROWS x
+//   (THREAD_COLS + head_dim / COL_THREADS) of them per thread, and past 255 they spill;
+// - bigger block tiles (Br, Bc) share each K/V tile among more query rows and need fewer
+//   passes over K and V, but take more shared memory, (Br + 2 Bc) x (head_dim + 4) floats,
+//   so fewer blocks fit on an SM, and leave more of the last tile unused on short sequences;
+// - MIN_BLOCKS_PER_SM (below) trades registers per thread for blocks per SM.
+constexpr int BLOCK_ROWS = 64;  // Br: query rows per block
+constexpr int BLOCK_COLS = 64;  // Bc: key/value rows per tile
+constexpr int THREAD_ROWS = 4;   // rows of S and O per thread
+constexpr int THREAD_COLS = 4;   // columns of S per thread
 // A promise to the compiler: it may use up to 65536 / (NUM_THREADS * MIN_BLOCKS_PER_SM)
-// registers per thread (at most 255). Shared memory allows one block per SM anyway.
+// registers per thread (at most 255), so that many blocks fit by registers (shared memory
+// may allow fewer).
 constexpr int MIN_BLOCKS_PER_SM = 1;
 
-constexpr int ROW_THREADS = BLOCK_ROWS / THREAD_ROWS;  // 16
-constexpr int COL_THREADS = BLOCK_COLS / THREAD_COLS;  // 16 neighbouring lanes share a row
-constexpr int NUM_THREADS = ROW_THREADS * COL_THREADS;  // 256
+constexpr int ROW_THREADS = BLOCK_ROWS / THREAD_ROWS;
+constexpr int COL_THREADS = BLOCK_COLS / THREAD_COLS;  // neighbouring lanes that share a row
+constexpr int NUM_THREADS = ROW_THREADS * COL_THREADS;
 
 // head_dim is padded up to one of the sizes the kernel is compiled for, 32, 64, 80, 96
 // or 128 (zeros in the padding), so the inner loops have compile-time trip counts and a

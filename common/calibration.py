@@ -1,0 +1,68 @@
+"""The performance points a student would earn, estimated before submitting (tasks 4 and 5).
+
+The grade's performance part compares the student's kernel with the reference solution
+timed in the same run (grader/rubric.py). The handout has no reference solution, so a
+student's own test cannot time it. Instead the instructor records, once per GPU model, how
+the reference compares with a baseline the student's test does time in the same run
+(`python -m grader.calibrate`, into grader/calibration.json, which the handout carries):
+
+- task 4: the reference's time over SDPA's (scaled_dot_product_attention), per timed case;
+- task 5: the reference's time over the time a copy of the same bytes takes at the copy
+  bandwidth measured in the run (the decode kernel is bound by memory).
+
+The student's test then estimates the reference's time as that ratio times the baseline it
+just measured, and the points from it, labelled as an estimate. Shipping ratios rather than
+reference binaries keeps the reference out of the handout altogether. A GPU the file has no
+entry for gets no estimate, and the report says so (the ratio to SDPA is shown anyway).
+The instructor's grader never reads this file: it times the reference itself.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from common.impl import REPO
+
+PATH = REPO / "grader" / "calibration.json"
+BASELINE = {4: "sdpa_ms", 5: "copy_ms"}  # the metric each task's reference is calibrated against
+ESTIMATE = "vs_reference_estimate"  # metric: estimated reference time / student time
+
+
+def load(path: Path = PATH) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def ratios(task: int, gpu: str, path: Path = PATH) -> dict[str, float]:
+    """{case name: reference time / baseline time} recorded for this GPU model; {} when there is none."""
+    entry = load(path).get("gpus", {}).get(gpu, {})
+    cases = entry.get("tasks", {}).get(str(task), {}) if isinstance(entry, dict) else {}
+    return {str(k): float(v) for k, v in cases.items() if isinstance(v, (int, float)) and v > 0}
+
+
+def estimate(task: int, case: str, metrics: dict, gpu: str, path: Path = PATH) -> tuple[float | None, str]:
+    """(estimated reference time / student time, or None, and the words that go with it in the report)."""
+    recorded = ratios(task, gpu, path)
+    if not recorded:
+        return None, f"no calibration for {gpu} in grader/calibration.json, so no estimate of the performance points"
+    baseline, student = metrics.get(BASELINE[task]), metrics.get("kernel_ms")
+    if case not in recorded or not baseline or not student:
+        return None, f"no estimate for this case ({'not calibrated' if case not in recorded else 'no baseline time'})"
+    value = recorded[case] * baseline / student
+    return value, (f"about {value:.2f}x the reference's speed (an estimate: the reference's time on {gpu} is "
+                   f"recorded as {recorded[case]:.2f}x the {BASELINE[task].removesuffix('_ms')} time; the "
+                   "instructor's grader times the reference itself)")
+
+
+def record(task: int, gpu: str, cases: dict[str, float], about: dict, path: Path = PATH) -> None:
+    """Store this GPU's ratios for `task`, keeping every other GPU's and task's."""
+    data = load(path)
+    data.setdefault("about", "reference time / baseline time per timed case, by GPU model: common/calibration.py")
+    entry = data.setdefault("gpus", {}).setdefault(gpu, {})
+    entry.update(about)
+    entry.setdefault("tasks", {})[str(task)] = {name: round(value, 4) for name, value in sorted(cases.items())}
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")

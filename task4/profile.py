@@ -1,0 +1,17 @@
+"""python -m task4.profile [--solution] [--causal] [--raw]
+
+Runs your kernel once at batch 8, 32 heads, seq 4096, head_dim 128 under Nsight Compute (ncu)
+and prints what to act on: compute and memory throughput against the GPU's peaks, how often the
+schedulers issued, the warps resident per SM and what limits them, why warps waited, and
+shared-memory bank conflicts. README, Task 4, step 7.
+"""
+
+import sys
+
+from common import profile
+from task4.test import PERF_CASE
+
+if __name__ == "__main__":
+    sys.exit(profile.main(
+        4, "flash_attention_kernel", "profile_launch", lambda o: (*PERF_CASE, o.causal),
+        lambda o: "batch {} heads {} seq {} head_dim {}".format(*PERF_CASE) + (" causal" if o.causal else "")))

@@ -1,0 +1,48 @@
+"""python -m task5.tune [--configs NAME=N,... ...] [--solution] [--build-only] [--jobs N] [--csv PATH]
+
+Builds your decode kernel (task5/kernels/decode.cu) at several settings of its constants (warps
+per block, rows each lane loads before using them), side by side, then checks each on a few edge
+cases and times it at batch 16, 32 heads, 4096 cached tokens, head_dim 128, one block per head,
+one at a time. One row per configuration: registers, spills, shared memory, threads and blocks per
+SM, time, GB/s of K and V read, and the share of the copy bandwidth measured in the same run; the
+fastest correct one is marked with the lines to paste into your file. Writes task5-tune.csv (and
+task5-tune.png when matplotlib is installed). README, Task 5, step 4.
+"""
+
+import sys
+
+from common import bench, tune
+from task5.test import DECODE_BENCHMARKS, TimedDecode, check_decode, describe_decode, time_student_decode
+
+# Each sets both constants; the first is the skeleton's untuned start.
+CONFIGS = [{"DECODE_WARPS": w, "UNROLL": u} for w, u in ((4, 1), (8, 1), (8, 2), (2, 4), (4, 4), (8, 4), (16, 4),
+                                                          (8, 8))]
+CHECKS = [((2, 3, 100, 33, 128), 1), ((1, 2, 200, 65, 64), 1), ((1, 3, 150, 129, 17), 1), ((2, 2, 300, 300, 80), 1)]
+_copy_gbs: list[float] = []  # measured once, at the first configuration, with no worker busy on the GPU
+
+
+def measure(worker) -> tune.Measured:
+    if not _copy_gbs:
+        _copy_gbs.append(bench.copy_bandwidth_gbs())
+    for n, (shape, splits) in enumerate(CHECKS):
+        result = check_decode(worker, shape, 700 + 10 * n, splits)
+        if not result.passed:
+            return tune.Measured(error=f"wrong at {describe_decode(shape)}: {result.message.splitlines()[0]}")
+    batch, heads, length, d = DECODE_BENCHMARKS[0]
+    timed = TimedDecode(batch, heads, length, d)
+    try:
+        timing = time_student_decode(worker, timed, 1)
+    finally:
+        del timed
+    if isinstance(timing, str):
+        return tune.Measured(error=f"timed run failed: {timing.splitlines()[0]}")
+    gbs = 2 * batch * heads * length * d * 4 / (timing.median_ms * 1e-3) / 1e9
+    return tune.Measured(ms=timing.median_ms, throughput=gbs, share=100 * gbs / _copy_gbs[0])
+
+
+PLAN = tune.Plan(task=5, kernel_file="task5/kernels/decode.cu", timed_kernel="decode_kernel<4, 32>",
+                 what="decode batch {} heads {} cached tokens {} head_dim {}, one block per head".format(
+                     *DECODE_BENCHMARKS[0]), unit="GB/s", limit="copy bandwidth", configs=CONFIGS, measure=measure)
+
+if __name__ == "__main__":
+    sys.exit(tune.main(PLAN))
