@@ -5,6 +5,9 @@ threads per block the kernel was compiled for (its `__launch_bounds__`) and the 
 memory its launcher asked for (`cudaFuncAttributeMaxDynamicSharedMemorySize`, set before the
 first launch). `blocks_per_sm` asks `cudaOccupancyMaxActiveBlocksPerMultiprocessor` with
 those, for kernels named by their mangled symbols, so call it after the kernel has run once.
+A kernel whose launcher never raised that attribute (task 5's, which use static shared memory
+only) still has the default cap there, 48 KB less its static shared memory: that is counted
+as no dynamic shared memory.
 
 It runs in the worker, which has the student's extension loaded; the checks validate what
 comes back (plain integers) like any other reply.
@@ -17,6 +20,7 @@ import struct
 
 # cudaFuncAttributes (cuda_runtime_api.h): the leading fields, unchanged since CUDA 9.
 _ATTRIBUTES_BYTES = 256  # more than the struct's size in any CUDA version: the runtime writes only its own
+_DEFAULT_LIMIT = 48 * 1024  # static + dynamic shared memory a kernel may use without opting in to more
 _OFFSETS = {"static_shared": (0, ctypes.c_size_t), "local": (16, ctypes.c_size_t),
             "threads": (24, ctypes.c_int), "registers": (28, ctypes.c_int), "dynamic_shared": (44, ctypes.c_int)}
 
@@ -40,6 +44,8 @@ def blocks_per_sm(library: str, symbols: list[str]) -> dict[str, dict[str, int]]
         if get_attributes(raw, stub) != 0:
             continue
         row = {name: kind.from_buffer(raw, offset).value for name, (offset, kind) in _OFFSETS.items()}
+        if row["dynamic_shared"] + row["static_shared"] == _DEFAULT_LIMIT:
+            row["dynamic_shared"] = 0  # the launcher never raised the limit: the attribute is the cap, not its use
         blocks = ctypes.c_int(0)
         if occupancy(ctypes.byref(blocks), stub, row["threads"], ctypes.c_size_t(row["dynamic_shared"])) != 0:
             continue

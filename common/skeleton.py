@@ -48,6 +48,7 @@ COMMENT = {".py": "#", ".cu": "//", ".cuh": "//", ".cpp": "//", ".h": "//"}
 BEGIN = re.compile(r'^(?P<indent>\s*)(?P<c>#|//) BEGIN SOLUTION "(?P<hint>step \d+: [^"]+)"\s*$')
 ANY_MARKER = re.compile(r"^\s*(#|//) (BEGIN SOLUTION|SKELETON|END SOLUTION)\b")
 UNTUNED = re.compile(r"^(?P<head>\s*constexpr int \w+ = )\d+(?P<rest>;.*?)\s*\[skeleton: (?P<value>\d+)\]\s*$")
+EMPTY_COMMENT = re.compile(r"\s*//\s*$")
 TODO = re.compile(r"TODO \(README, Task (?P<task>\d+), (?P<step>step \d+: .*)\)$")
 
 
@@ -92,7 +93,10 @@ def make_skeleton(text: str, task: int, comment: str, where: str = "<text>") -> 
                     f'without a hint of the form "step K: what to do"'
                 )
             untuned = UNTUNED.match(line)
-            out.append(f"{untuned['head']}{untuned['value']}{untuned['rest']}\n" if untuned else line)
+            if untuned:  # the skeleton's starting value; a comment left empty goes too
+                rest = EMPTY_COMMENT.sub("", untuned["rest"])
+                line = f"{untuned['head']}{untuned['value']}{rest}\n"
+            out.append(line)
             i += 1
             continue
         if begin["c"] != comment:

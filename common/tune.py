@@ -26,6 +26,7 @@ from pathlib import Path
 from common import build, resources
 from common.resources import KernelResources
 
+_SKELETON_MARK = re.compile(r"\s*(//\s*)?\[skeleton: \d+\]")  # the reference's note of the skeleton's value
 _CONSTANT = re.compile(r"^(?P<head>constexpr int (?P<name>[A-Z][A-Z0-9_]*) = )(?P<value>\d+)(?P<tail>;.*)$", re.M)
 
 
@@ -278,7 +279,7 @@ def table(plan: Plan, rows: list[Row], names: list[str]) -> list[str]:
 def paste_lines(text: str, config: dict[str, int]) -> list[str]:
     """The kernel file's constant lines as this configuration sets them: what to paste."""
     configured = configure(text, config)
-    return [m.group(0) for m in _CONSTANT.finditer(configured) if m["name"] in config]
+    return [_SKELETON_MARK.sub("", m.group(0)) for m in _CONSTANT.finditer(configured) if m["name"] in config]
 
 
 def write_csv(path: Path, plan: Plan, rows: list[Row], names: list[str]) -> None:

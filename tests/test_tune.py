@@ -3,7 +3,8 @@
 import pytest
 
 from common import tune
-from tests.conftest import REPO, needs_nvcc
+from common.resources import KernelResources
+from tests.conftest import REPO, needs_nvcc, needs_solution
 
 KERNEL = REPO / "task4/kernels/attention.cu"  # the student's file: the skeleton in a fresh handout
 
@@ -37,3 +38,57 @@ def test_each_configuration_builds_on_its_own_or_says_why_not(tmp_path):
     assert capped.error is None and max(k.registers for k in capped.kernels) <= 128  # 65536 / (256 threads x 2)
     assert ragged.error == "static_assert: the threads' micro-tiles cover the block's tile exactly" and not ragged.kernels
     assert KERNEL.read_text() == (REPO / "task4/kernels/attention.cu").read_text()  # the student's file untouched
+
+
+@needs_nvcc
+@needs_solution(4)
+@needs_solution(5)
+def test_every_default_configuration_passes_the_kernels_static_asserts(tmp_path):
+    from task4.tune import PLAN as TASK4
+    from task5.tune import PLAN as TASK5
+
+    for plan in (TASK4, TASK5):
+        source = REPO / plan.kernel_file.replace("/", "/solution/", 1)
+        built = tune.build_configs(source, plan.configs, tmp_path / str(plan.task), "90", jobs=2)
+        assert [b.error for b in built] == [None] * len(built), plan.task
+        assert all(any(k.name == plan.timed_kernel for k in b.kernels) for b in built), plan.task
+
+
+PLAN = tune.Plan(task=4, kernel_file="task4/kernels/attention.cu", timed_kernel="k<128>", what="a case",
+                 unit="TFLOP/s", limit="FFMA peak", configs=[], measure=None)
+
+
+def _rows():
+    fast = tune.Row(1, {"A": 1, "B": 2}, kernel=KernelResources("k<128>", "sm_90", registers=200),
+                    occupancy={"threads": 256, "static_shared": 0, "dynamic_shared": 100 * 1024, "blocks_per_sm": 2},
+                    measured=tune.Measured(ms=10.0, throughput=40.0, share=60.0))
+    wrong = tune.Row(2, {"A": 2, "B": 2}, kernel=KernelResources("k<128>", "sm_90", registers=90, spill_stores=8,
+                                                                 spill_loads=4),
+                     measured=tune.Measured(error="wrong at batch 1: output differs"))
+    unbuilt = tune.Row(3, {"A": 3, "B": 2}, error="static_assert: whole warps")
+    slow = tune.Row(4, {"A": 4, "B": 2}, measured=tune.Measured(ms=20.0, throughput=20.0, share=30.0))
+    return [fast, wrong, unbuilt, slow]
+
+
+def test_the_table_has_a_row_per_configuration_and_marks_the_fastest_correct_one():
+    rows = _rows()
+    assert tune.best(rows) is rows[0]
+    lines = tune.table(PLAN, rows, ["A", "B"])
+    by_number = {line.split()[1] if line.startswith("*") else line.split()[0]: line for line in lines[2:-1]}
+    assert by_number["1"].startswith("*") and "100.0 KB" in by_number["1"] and "10.000 ms" in by_number["1"]
+    assert "8/4" in by_number["2"] and by_number["2"].endswith("wrong at batch 1: output differs")
+    assert by_number["3"].endswith("static_assert: whole warps") and not by_number["4"].startswith("*")
+
+
+def test_the_csv_has_the_reason_of_each_row_that_did_not_run(tmp_path):
+    import csv
+
+    tune.write_csv(tmp_path / "t.csv", PLAN, _rows(), ["A", "B"])
+    rows = list(csv.DictReader(open(tmp_path / "t.csv")))
+    assert [r["correct"] for r in rows] == ["True", "False", "False", "True"]
+    assert rows[0]["TFLOP/s"] == "40.0" and rows[0]["blocks_per_sm"] == "2" and rows[2]["reason"].startswith("static_assert")
+
+
+def test_a_configuration_given_twice_runs_once():
+    base = {"A": 1, "B": 2}
+    assert tune._distinct([{}, {"A": 1}, {"B": 3}, {"A": 1, "B": 3}], base) == [{}, {"B": 3}]

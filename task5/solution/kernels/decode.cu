@@ -36,15 +36,22 @@
 // ----------------------------------------------------------------------------
 // Sizes (tune here)
 
-constexpr int DECODE_WARPS = 8;  // warps per block
+// What they trade (README, Task 5, step 4; `python -m task5.tune` measures each choice):
+// more warps per block put more rows in flight at once per block but make the final merge of
+// the groups longer; UNROLL rows per lane loaded before any is used put more loads in
+// flight per warp, for more registers. The skeleton starts untuned.
+constexpr int DECODE_WARPS = 8;  // warps per block [skeleton: 4]
 // Each lane loads UNROLL rows of K (and of V) before it uses any of them, so a warp has
 // UNROLL loads of each in flight instead of one: memory latency is hidden by loads, not
 // by arithmetic, in a kernel that does almost none.
-constexpr int UNROLL = 4;
+constexpr int UNROLL = 4;  // [skeleton: 1]
 constexpr int MAX_HEAD_DIM = 128;
 constexpr int MAX_SPLITS = 256;  // the binding checks `splits` against this
 
 constexpr int WARP = 32;
+static_assert(DECODE_WARPS * WARP >= MAX_HEAD_DIM && DECODE_WARPS * WARP <= 1024,
+              "the groups are merged one output column per thread: at least MAX_HEAD_DIM threads, at most 1024");
+static_assert(UNROLL >= 1, "at least one row per lane in flight");
 constexpr float LOG2E = 1.4426950408889634f;
 
 // A lane works on up to 4 elements of a row. With float4 loads (head_dim a multiple of

@@ -1,0 +1,28 @@
+"""common.occupancy: a kernel's host-side stub found in a library's full symbol table (nvcc and g++, no GPU)."""
+
+import shutil
+import subprocess
+
+import pytest
+
+from common.occupancy import _symbol_table
+from tests.conftest import needs_nvcc
+
+KERNELS = """
+template <int N> __global__ void scale(float* x) { x[threadIdx.x] *= N; }
+template __global__ void scale<2>(float*);
+__global__ void plain(float* x) { x[0] = 1.0f; }
+void launch(float* x) { scale<2><<<1, 32>>>(x); plain<<<1, 1>>>(x); }
+"""
+
+
+@needs_nvcc
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to link a shared library")
+def test_the_stubs_of_template_and_plain_kernels_are_in_the_symbol_table(tmp_path):
+    (tmp_path / "k.cu").write_text(KERNELS)
+    subprocess.run(["nvcc", "-c", "-Xcompiler", "-fPIC", "-arch=sm_90", "k.cu", "-o", "k.o"], cwd=tmp_path, check=True)
+    subprocess.run(["g++", "-shared", "k.o", "-o", "k.so"], cwd=tmp_path, check=True)
+    found = _symbol_table(str(tmp_path / "k.so"))
+    assert "_Z5scaleILi2EEvPf" in found and "_Z5plainPf" in found  # the names ptxas reports
+    assert "_Z6launchPf" in found and all(v > 0 for v in found.values())
+    assert _symbol_table(str(tmp_path / "k.cu")) == {}  # not an ELF file
