@@ -39,8 +39,13 @@ def load(path: Path = PATH) -> dict:
 
 def ratios(task: int, gpu: str, path: Path = PATH) -> dict[str, float]:
     """{case name: reference time / baseline time} recorded for this GPU model; {} when there is none."""
-    entry = load(path).get("gpus", {}).get(gpu, {})
-    cases = entry.get("tasks", {}).get(str(task), {}) if isinstance(entry, dict) else {}
+    def part(d, key):  # a hand-edited file: anything but the expected shape is no calibration
+        value = d.get(key) if isinstance(d, dict) else None
+        return value if isinstance(value, dict) else {}
+
+    cases = part(part(part(load(path), "gpus"), gpu), "tasks").get(str(task), {})
+    if not isinstance(cases, dict):
+        return {}
     return {str(k): float(v) for k, v in cases.items() if isinstance(v, (int, float)) and v > 0}
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+from pathlib import Path
 
 # cudaFuncAttributes (cuda_runtime_api.h): the leading fields, unchanged since CUDA 9.
 _ATTRIBUTES_BYTES = 256  # more than the struct's size in any CUDA version: the runtime writes only its own
@@ -34,7 +35,7 @@ def blocks_per_sm(library: str, symbols: list[str]) -> dict[str, dict[str, int]]
     lib = ctypes.CDLL(library)
     get_attributes, occupancy = lib.cudaFuncGetAttributes, lib.cudaOccupancyMaxActiveBlocksPerMultiprocessor
     table = _symbol_table(library)
-    base = _load_base(lib, table)
+    base = _load_base(lib, table, "PyInit_" + Path(library).name.split(".")[0])
     found = {}
     for symbol in symbols:
         if base is None or symbol not in table:
@@ -78,11 +79,12 @@ def _symbol_table(path: str) -> dict[str, int]:
     return found
 
 
-def _load_base(lib: ctypes.CDLL, table: dict[str, int]) -> int | None:
-    """Where the library sits in memory: an exported function's address less its address in the file."""
-    for name, value in table.items():
-        try:
-            return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value - value
-        except AttributeError:
-            continue  # a local symbol: dlsym does not see it
-    return None
+def _load_base(lib: ctypes.CDLL, table: dict[str, int], own: str) -> int | None:
+    """Where the library sits in memory: the address of `own`, a function only it exports (a Python
+    extension's PyInit_<name>), less its address in the file."""
+    if own not in table:
+        return None
+    try:
+        return ctypes.cast(getattr(lib, own), ctypes.c_void_p).value - table[own]
+    except AttributeError:
+        return None

@@ -139,8 +139,9 @@ def summary(launch: Launch) -> list[str]:
                          f"({extra:.2g} extra pass{'' if extra == 1 else 'es'} per instruction)")
     read = g("dram__bytes_read.sum")
     if read is not None:
-        scale = BYTES.get(launch.unit("dram__bytes_read.sum").lower(), 1)
-        lines.append(f"  DRAM read: {read * scale / 1e9:.3g} GB")
+        unit = launch.unit("dram__bytes_read.sum")
+        scale = BYTES.get(unit.lower() or "byte")
+        lines.append(f"  DRAM read: {read * scale / 1e9:.3g} GB" if scale else f"  DRAM read: {read:g} {unit}")
     return lines
 
 
@@ -197,7 +198,7 @@ def main(task: int, kernel: str, entry: str, args_of, what_of, argv=None, causal
         return 1
     command = [ncu, *NCU_ARGS, "--kernel-name", f"regex:{kernel}", "--launch-count", "1", "--target-processes", "all"]
     print(f"task {task} ({label(options.solution)}): {what_of(options)} under ncu (one launch, replayed for each "
-          "counter: about a minute) ...")
+          "counter: under a minute) ...")
     started = time.perf_counter()
     worker = Worker(task, options.student_dir, solution=options.solution, sanitize=command, purpose="profile")
     try:

@@ -29,6 +29,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -47,6 +48,9 @@ def sandbox_status() -> str:
     if BWRAP and os.environ.get("KIT_NO_SANDBOX") != "1":
         return "bubblewrap"
     return "plain process"
+
+
+_SPAWNING = threading.Lock()
 
 
 class WorkerError(Exception):
@@ -217,8 +221,9 @@ class Worker:
             except (OSError, AttributeError):
                 pass
 
-        self.proc = subprocess.Popen(cmd, cwd=self.view, env=env, pass_fds=tuple(fds),
-                                     start_new_session=True, preexec_fn=in_child)
+        with _SPAWNING:  # preexec_fn runs between fork and exec: one spawn at a time (tune starts several)
+            self.proc = subprocess.Popen(cmd, cwd=self.view, env=env, pass_fds=tuple(fds),
+                                         start_new_session=True, preexec_fn=in_child)
         child.close()
         for fd in fds[1:]:
             os.close(fd)  # the sanitizer's end of its log: only the worker's side holds it now

@@ -93,6 +93,9 @@ def make_skeleton(text: str, task: int, comment: str, where: str = "<text>") -> 
                     f'without a hint of the form "step K: what to do"'
                 )
             untuned = UNTUNED.match(line)
+            if not untuned and "[skeleton:" in line:
+                raise MarkerError(f"{where}:{i + 1}: [skeleton: N] belongs at the end of a `constexpr int NAME = "
+                                  "VALUE;` line")
             if untuned:  # the skeleton's starting value; a comment left empty goes too
                 rest = EMPTY_COMMENT.sub("", untuned["rest"])
                 line = f"{untuned['head']}{untuned['value']}{rest}\n"

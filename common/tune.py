@@ -2,8 +2,8 @@
 
 `python -m task4.tune` and `python -m task5.tune` (see `main`): every configuration is built side
 by side, each in a worker of its own (common/sandbox.py: a configuration that crashes or hangs is
-its row's reason, not the end of the run), then checked on a few edge cases and timed at the
-course's standard size, one at a time, with the same clock and checks as `taskN.test`. One row
+its row's reason, not the end of the run), then checked on a few of `taskN.test`'s edge cases and
+timed at the course's standard size, one at a time, with the test's clock and timed-output checks. One row
 per configuration: registers, spills, shared memory, threads and blocks per SM, time, throughput
 and its share of the GPU's limit; the fastest correct one is marked and its lines printed to
 paste into the kernel file; the rows go to a CSV (and a plot when matplotlib is installed).
@@ -19,6 +19,7 @@ configuration it cannot run, before any GPU time is spent on it.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,13 +150,12 @@ class Plan:
     measure: object  # callable(worker) -> Measured, run in this (trusted) process against the worker
 
 
-def _config_dir(root: Path, number: int, task: int, kernel_file: str, text: str, student_dir: Path,
-                solution: bool) -> Path:
+def _config_dir(root: Path, task: int, kernel_file: str, text: str, student_dir: Path, solution: bool) -> Path:
     """A checkout-shaped folder with the student files the task's worker loads, the kernel file configured."""
     from common.impl import REPO
     from common.tasks import TASKS
 
-    folder = root / str(number) / "student"
+    folder = root / "student"
     for used in (task, *TASKS[task].uses):
         for rel in TASKS[used].student_files:
             target = folder / rel
@@ -180,12 +180,14 @@ def _start(row: Row, plan: Plan, folder: Path, scratch: Path):
         row.error = _first_error(message)
         worker.__exit__(None, None, None)
         return None
-    builds = scratch / "worker-builds"  # the worker's build folder (common/build.py keeps .ptxas beside each object)
+    # What ptxas said of this build, kept beside its object in the worker's build folder (one folder per
+    # configuration's text, so the newest is this one's). The worker could write anything there: the
+    # figures are only shown, never scored, and a file that is not a small regular one is skipped.
     kernels = []
-    for ptxas in sorted(builds.rglob("*.ptxas"), key=lambda p: p.stat().st_mtime):
-        kernels = resources.parse_ptxas(ptxas.read_text(errors="replace"))  # the latest build's
-    kernels = resources.demangle(kernels)
-    row.kernel = next((k for k in kernels if k.name == plan.timed_kernel), kernels[0] if kernels else None)
+    for ptxas in sorted((scratch / "worker-builds").rglob("*.ptxas"), key=lambda p: p.lstat().st_mtime):
+        if ptxas.is_file() and not ptxas.is_symlink() and ptxas.stat().st_size < 1 << 20:
+            kernels = resources.parse_ptxas(ptxas.read_text(errors="replace"))
+    row.kernel = next((k for k in resources.demangle(kernels) if k.name == plan.timed_kernel), None)
     return worker
 
 
@@ -217,12 +219,14 @@ def run(plan: Plan, configs: list[dict[str, int]], *, student_dir: Path, solutio
         except ValueError as err:
             row.error = str(err)
             return
-        scratch = root / str(row.number)
-        folder = _config_dir(root, row.number, plan.task, plan.kernel_file, configured, student_dir, solution)
+        # a folder per configuration's text: its cached build is found again, and holds nothing else
+        scratch = root / hashlib.sha256(configured.encode()).hexdigest()[:16]
+        folder = _config_dir(scratch, plan.task, plan.kernel_file, configured, student_dir, solution)
         worker = _start(row, plan, folder, scratch)
         if worker is not None:
             started[row.number] = worker
 
+    jobs = max(1, jobs)
     say(f"building {len(rows)} configurations, {jobs} at a time ...")
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(prepare, rows))
@@ -261,7 +265,7 @@ def table(plan: Plan, rows: list[Row], names: list[str]) -> list[str]:
         regs = str(k.registers) if k else "-"
         spills = (f"{k.spill_stores}/{k.spill_loads}" if k.spills else "0") if k else "-"
         smem = occ.get("static_shared", 0) + occ.get("dynamic_shared", 0) if occ else None
-        smem_text = f"{smem / 1024:.1f} KB" if smem is not None else (f"{k.shared / 1024:.1f} KB+" if k else "-")
+        smem_text = f"{smem / 1024:.1f} KB" if smem is not None else "-"
         threads = str(occ["threads"]) if "threads" in occ else "-"
         blocks = str(occ["blocks_per_sm"]) if "blocks_per_sm" in occ else "-"
         m = r.measured
@@ -271,8 +275,9 @@ def table(plan: Plan, rows: list[Row], names: list[str]) -> list[str]:
             tail = f"  {m.ms:>7.3f} ms {m.throughput:>8.1f} {m.share:>13.0f}%"
         lines.append(f"{mark} {r.number:>2}  {values:<22} {regs:>4} {spills:>10} {smem_text:>10} {threads:>7} "
                      f"{blocks:>9}{tail}")
-    lines.append("  (spills: bytes stored/loaded per thread; smem: static + the dynamic shared memory the launch asks "
-                 "for; blocks/SM: what the GPU can hold at once, from the CUDA occupancy API)")
+    lines.append("  (spills: bytes stored/loaded per thread; smem: static shared memory + the dynamic shared memory "
+                 "the launcher allowed before launching; blocks/SM: what the GPU can hold at once, from the CUDA "
+                 "occupancy API; -: not known)")
     return lines
 
 
@@ -369,7 +374,8 @@ def main(plan: Plan, argv=None) -> int:
         if build.find_nvcc() is None:
             print(f"task {plan.task}: nvcc was not found: load your CUDA toolkit (for example `module load cuda`)")
             return 1
-        arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0").split(";")[0].replace(".", "").replace("+PTX", "")
+        arch = re.split(r"[;\s]+", os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0").strip())[0]
+        arch = arch.replace("+PTX", "").replace(".", "")  # no GPU to ask: sm_90 unless the list says otherwise
         for n, b in enumerate(build_configs(source, configs, root / "build-only", arch, jobs=args.jobs), 1):
             kernel = next((k for k in b.kernels if k.name == plan.timed_kernel), b.kernels[0] if b.kernels else None)
             said = b.error or (kernel.line() if kernel else "no kernels")

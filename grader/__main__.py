@@ -34,7 +34,7 @@ from common.impl import REPO, label
 from common.records import environment
 from common.sandbox import copy_regular_file, sandbox_status
 from common.tasks import TASKS
-from grader.rubric import RUBRIC, TOTAL_POINTS, score
+from grader.rubric import ESTIMATED, RUBRIC, TOTAL_POINTS, score
 from grader.runner import run_task, valid_record
 
 SANDBOX_TEXT = {
@@ -212,7 +212,7 @@ def score_text(entries: list[dict], bold: str = "") -> str:
                ([t for t in RUBRIC if t not in {e["task"] for e in entries}], "not asked for", "not asked for"),
                ([e["task"] for e in entries if e["status"] == "unavailable"], "is not in the kit yet",
                 "are not in the kit yet"),
-               ([e["task"] for e in entries if "an ESTIMATE" in e.get("summary", "")],
+               ([e["task"] for e in entries if ESTIMATED in e.get("summary", "")],
                 "has its performance points estimated (grader/calibration.json)",
                 "have their performance points estimated (grader/calibration.json)"))
            if tasks]

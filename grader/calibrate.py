@@ -39,11 +39,13 @@ def ratios_of(task: int, record: dict) -> dict[str, float]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grader.calibrate", description=__doc__.splitlines()[2])
+    parser = argparse.ArgumentParser(prog="python -m grader.calibrate",
+                                     description="Record, for this GPU model, how the reference solutions of tasks 4 "
+                                                 "and 5 compare with the baselines a student's test times.")
     parser.add_argument("--tasks", default=",".join(map(str, TASKS)), help="which of tasks 4 and 5 (default: both)")
     args = parser.parse_args(argv)
-    tasks = [int(t) for t in args.tasks.split(",") if t.strip()]
-    if any(t not in TASKS for t in tasks):
+    tasks = [int(t) if t.strip().isdigit() else 0 for t in args.tasks.split(",") if t.strip()]
+    if not tasks or any(t not in TASKS for t in tasks):
         print(f"--tasks: only tasks {', '.join(map(str, TASKS))} have performance points to calibrate")
         return 2
     if not torch.cuda.is_available():

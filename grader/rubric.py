@@ -43,6 +43,7 @@ RUBRIC = {
 TOTAL_POINTS = sum(r.points for r in RUBRIC.values())
 # Full performance points at this fraction of the reference's speed, linear below it.
 FULL_SPEED_FRACTION = 0.8
+ESTIMATED = "an ESTIMATE"  # in a summary whose performance points were estimated (grader/__main__.py looks for it)
 
 
 def score(task: int, record: dict) -> tuple[float, str]:
@@ -79,13 +80,13 @@ def score(task: int, record: dict) -> tuple[float, str]:
             if estimated:  # the handout: the reference's time estimated from grader/calibration.json
                 ratios = _ratios(cases, ESTIMATE)
             if not ratios:
-                why += ("; performance not scored (no reference timing in this run, and no calibration for this GPU "
-                        "to estimate it from: the instructor's grader times the reference)")
+                why += ("; performance not scored (no reference timing in this run, and no estimate: the benchmark "
+                        "lines say why)")
             else:
                 fraction = sum(min(1.0, r / FULL_SPEED_FRACTION) for r in ratios) / len(ratios)
                 earned += rubric.performance_points * fraction
                 if estimated:
-                    why += (f"; speed about {sum(ratios) / len(ratios):.2f}x the reference on average, an ESTIMATE "
+                    why += (f"; speed about {sum(ratios) / len(ratios):.2f}x the reference on average, {ESTIMATED} "
                             f"from grader/calibration.json ({fraction:.0%} of the performance points, estimated; "
                             "the instructor's grader times the reference itself)")
                 else:

@@ -3,7 +3,7 @@
 Runs your decode kernel once at batch 16, 32 heads, 4096 cached tokens, head_dim 128 (one block
 per head) under Nsight Compute (ncu) and prints what to act on: memory throughput against the
 GPU's peak, the DRAM bytes read against the cache's size (2 x 16 x 32 x 4096 x 128 x 4 bytes =
-1.07 GB: more means rows read twice), the warps per SM and what limits them, and why warps
+2.15 GB: more means rows read twice), the warps per SM and what limits them, and why warps
 waited. README, Task 5, step 4.
 """
 

@@ -9,6 +9,7 @@ fastest correct one is marked with the lines to paste into your file. Writes tas
 task5-tune.png when matplotlib is installed). README, Task 5, step 4.
 """
 
+import functools
 import sys
 
 from common import bench, tune
@@ -19,26 +20,25 @@ from task5.test import DECODE_BENCHMARKS, TimedDecode, check_decode, describe_de
 CONFIGS = [{"DECODE_WARPS": w, "UNROLL": u} for w, u in ((4, 1), (8, 1), (8, 2), (16, 2), (4, 4), (8, 4), (16, 4),
                                                           (8, 8))]
 CHECKS = [((2, 3, 100, 33, 128), 1), ((1, 2, 200, 65, 64), 1), ((1, 3, 150, 129, 17), 1), ((2, 2, 300, 300, 80), 1)]
-_copy_gbs: list[float] = []  # measured once, at the first configuration, with no worker busy on the GPU
+@functools.cache
+def copy_gbs() -> float:
+    """Measured once, at the first configuration, with no worker busy on the GPU."""
+    return bench.copy_bandwidth_gbs()
 
 
 def measure(worker) -> tune.Measured:
-    if not _copy_gbs:
-        _copy_gbs.append(bench.copy_bandwidth_gbs())
+    copy_gbs()
     for n, (shape, splits) in enumerate(CHECKS):
         result = check_decode(worker, shape, 700 + 10 * n, splits)
         if not result.passed:
             return tune.Measured(error=f"wrong at {describe_decode(shape)}: {result.message.splitlines()[0]}")
     batch, heads, length, d = DECODE_BENCHMARKS[0]
     timed = TimedDecode(batch, heads, length, d)
-    try:
-        timing = time_student_decode(worker, timed, 1)
-    finally:
-        del timed
+    timing = time_student_decode(worker, timed, 1)
     if isinstance(timing, str):
         return tune.Measured(error=f"timed run failed: {timing.splitlines()[0]}")
-    gbs = 2 * batch * heads * length * d * 4 / (timing.median_ms * 1e-3) / 1e9
-    return tune.Measured(ms=timing.median_ms, throughput=gbs, share=100 * gbs / _copy_gbs[0])
+    gbs = timed.bytes_read / (timing.median_ms * 1e-3) / 1e9
+    return tune.Measured(ms=timing.median_ms, throughput=gbs, share=100 * gbs / copy_gbs())
 
 
 PLAN = tune.Plan(task=5, kernel_file="task5/kernels/decode.cu", timed_kernel="decode_kernel<4, 32>",

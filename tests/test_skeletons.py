@@ -53,6 +53,7 @@ def test_cuda_region_keeps_placeholder_uncommented():
     ("x = 1\n# END SOLUTION\n", "outside a region"),
     ('# BEGIN SOLUTION "step 1: a"\n# BEGIN SOLUTION "step 2: b"\n# END SOLUTION\n# END SOLUTION\n', "nested"),
     ("# BEGIN SOLUTION\nx = 1\n# END SOLUTION\n", "hint"),
+    ("x = 1  # [skeleton: 2]\n", "belongs at the end of a `constexpr int"),
     ('# BEGIN SOLUTION "step 1: a"\n# SKELETON\nx = 0\n# END SOLUTION\n', "commented out"),
 ])
 def test_unpaired_or_malformed_markers_are_errors(text, problem):

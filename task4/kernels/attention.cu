@@ -35,7 +35,7 @@
 //   naive PyTorch         67.7 ms (33 TFLOP/s)    causal 83.5 ms (13 TFLOP/s)
 // (SDPA = torch.nn.functional.scaled_dot_product_attention; naive = matmul, softmax,
 // matmul.) These are the reference solution's figures, with its tuned tile sizes: about
-// 0.85x SDPA and 60% of the GPU's ~67 TFLOP/s of FP32 FFMA; 1.06x SDPA at head_dim 64
+// 0.85x SDPA and 60% of the GPU's ~67 TFLOP/s of FP32 FFMA; 1.05x SDPA at head_dim 64
 // (batch 4, seq 2048) and 1.10x at head_dim 80 (batch 32, seq 512). The skeleton starts
 // from untuned tile sizes: correct once the steps are written, and slower. Tuning them is
 // README, Task 4, step 7 (`python -m task4.tune`).
@@ -62,8 +62,9 @@
 //   shared memory for more FMAs, but S and O live in registers: about THREAD_ROWS x
 //   (THREAD_COLS + head_dim / COL_THREADS) of them per thread, and past 255 they spill;
 // - bigger block tiles (Br, Bc) share each K/V tile among more query rows and need fewer
-//   passes over K and V, but take more shared memory, (Br + 2 Bc) x (head_dim + 4) floats,
-//   so fewer blocks fit on an SM, and leave more of the last tile unused on short sequences;
+//   passes over K and V, but take more shared memory, at least (Br + 2 Bc) x (head_dim + 4)
+//   floats, so fewer blocks fit on an SM, and leave more of the last tile unused on short
+//   sequences;
 // - MIN_BLOCKS_PER_SM (below) trades registers per thread for blocks per SM.
 constexpr int BLOCK_ROWS = 64;  // Br: query rows per block
 constexpr int BLOCK_COLS = 64;  // Bc: key/value rows per tile
