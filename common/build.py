@@ -59,12 +59,17 @@ def kernel_sources(task: int, solution: bool) -> list[Path]:
     return sorted(folder.glob("*.cu"))
 
 
-def find_nvcc() -> str | None:
+def find_cuda_tool(name: str) -> str | None:
+    """A CUDA toolkit program (nvcc, compute-sanitizer, ncu): CUDA_HOME/bin first, else PATH."""
     from torch.utils.cpp_extension import CUDA_HOME
 
-    if CUDA_HOME and (Path(CUDA_HOME) / "bin" / "nvcc").exists():
-        return str(Path(CUDA_HOME) / "bin" / "nvcc")
-    return shutil.which("nvcc")
+    if CUDA_HOME and (Path(CUDA_HOME) / "bin" / name).exists():
+        return str(Path(CUDA_HOME) / "bin" / name)
+    return shutil.which(name)
+
+
+def find_nvcc() -> str | None:
+    return find_cuda_tool("nvcc")
 
 
 def check_toolchain() -> None:
@@ -121,9 +126,12 @@ def _compiler_errors(log: str) -> str:
     return "\n".join(wanted[:MAX_ERROR_LINES]) + (f"\n... and {more} more" if more > 0 else "")
 
 
-def cuda_arch() -> str:
-    """The `-gencode` target: TORCH_CUDA_ARCH_LIST's first entry, else the GPU present (9.0 -> 90)."""
+def cuda_arch(without_gpu: str | None = None) -> str:
+    """The `-gencode` target: TORCH_CUDA_ARCH_LIST's first entry, else the GPU present (9.0 -> 90), else
+    `without_gpu` (for builds that only compile)."""
     if "TORCH_CUDA_ARCH_LIST" not in os.environ:
+        if without_gpu and not torch.cuda.is_available():
+            return without_gpu
         major, minor = torch.cuda.get_device_capability()
         os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
     first = re.split(r"[;\s]+", os.environ["TORCH_CUDA_ARCH_LIST"].strip())[0]

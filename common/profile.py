@@ -154,17 +154,6 @@ NO_COUNTERS = ("ncu may not read this GPU's performance counters (ERR_NVGPUCTRPE
                "https://developer.nvidia.com/ERR_NVGPUCTRPERM)")
 
 
-def find_ncu() -> str | None:
-    import shutil
-    from pathlib import Path
-
-    from torch.utils.cpp_extension import CUDA_HOME
-
-    if CUDA_HOME and (Path(CUDA_HOME) / "bin" / "ncu").exists():
-        return str(Path(CUDA_HOME) / "bin" / "ncu")
-    return shutil.which("ncu")
-
-
 def main(task: int, kernel: str, entry: str, args_of, what_of, argv=None, causal: bool = True) -> int:
     """`python -m taskN.profile`: one launch of the kernel named `kernel` under ncu, in the task's worker.
 
@@ -189,7 +178,9 @@ def main(task: int, kernel: str, entry: str, args_of, what_of, argv=None, causal
     parser.add_argument("--student-dir", type=Path, default=REPO, help=argparse.SUPPRESS)
     parser.add_argument("--raw", action="store_true", help="also print ncu's whole report")
     options = parser.parse_args(argv)
-    ncu = find_ncu()
+    from common.build import find_cuda_tool
+
+    ncu = find_cuda_tool("ncu")
     if ncu is None:
         print(NO_NCU)
         return 1

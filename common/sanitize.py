@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,11 +34,9 @@ BLIND_SPOTS = ("memcheck sees only accesses outside every allocation and raceche
 
 
 def find_sanitizer() -> str | None:
-    from torch.utils.cpp_extension import CUDA_HOME
+    from common.build import find_cuda_tool
 
-    if CUDA_HOME and (Path(CUDA_HOME) / "bin" / "compute-sanitizer").exists():
-        return str(Path(CUDA_HOME) / "bin" / "compute-sanitizer")
-    return shutil.which("compute-sanitizer")
+    return find_cuda_tool("compute-sanitizer")
 
 
 def command(sanitizer: str, tool: str) -> list[str]:

@@ -374,8 +374,7 @@ def main(plan: Plan, argv=None) -> int:
         if build.find_nvcc() is None:
             print(f"task {plan.task}: nvcc was not found: load your CUDA toolkit (for example `module load cuda`)")
             return 1
-        arch = re.split(r"[;\s]+", os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0").strip())[0]
-        arch = arch.replace("+PTX", "").replace(".", "")  # no GPU to ask: sm_90 unless the list says otherwise
+        arch = build.cuda_arch(without_gpu="90")  # no GPU to ask: sm_90 unless TORCH_CUDA_ARCH_LIST says otherwise
         for n, b in enumerate(build_configs(source, configs, root / "build-only", arch, jobs=args.jobs), 1):
             kernel = next((k for k in b.kernels if k.name == plan.timed_kernel), b.kernels[0] if b.kernels else None)
             said = b.error or (kernel.line() if kernel else "no kernels")
@@ -385,7 +384,8 @@ def main(plan: Plan, argv=None) -> int:
     rows = run(plan, configs, student_dir=args.student_dir, solution=args.solution, source=source, root=root,
                jobs=args.jobs)
     print(f"\n{torch.cuda.get_device_name()}:")
-    print("\n".join(table(plan, [_full(r, text) for r in rows], names)))
+    rows = [_full(r, text) for r in rows]  # every constant's value, for the table, the CSV and the plot
+    print("\n".join(table(plan, rows, names)))
     top = best(rows)
     if top is None:
         print(f"\nno configuration is correct: run `python -m task{plan.task}.test` and fix the checks first")
@@ -395,10 +395,10 @@ def main(plan: Plan, argv=None) -> int:
               f"the {plan.limit}). To use it, set these lines in {plan.kernel_file}:")
         print("\n".join("  " + line for line in paste_lines(text, {n: v for n, v in (tunables(text) | top.config).items()
                                                                  if n in names})))
-    write_csv(args.csv, plan, [_full(r, text) for r in rows], names)
+    write_csv(args.csv, plan, rows, names)
     print(f"wrote {args.csv}")
     title = f"task {plan.task} ({label(args.solution)}), {plan.what}, {torch.cuda.get_device_name()}"
-    png = plot(args.csv.with_suffix(".png"), plan, [_full(r, text) for r in rows], names, title)
+    png = plot(args.csv.with_suffix(".png"), plan, rows, names, title)
     print(f"wrote {png}" if png else "matplotlib is not installed: no plot, only the CSV (pip install matplotlib for one)")
     return 0
 

@@ -71,6 +71,22 @@ def _safe_target(dest: Path, name: str) -> Path:
     return dest.joinpath(*parts)
 
 
+def _members(archive: Path):
+    """(name, "file" | "folder" | "other", bytes, a function that opens its data) for each entry."""
+    if archive.name.endswith(".zip"):
+        with zipfile.ZipFile(archive) as zf:
+            for info in zf.infolist():
+                mode = stat.S_IFMT(info.external_attr >> 16)  # 0 when the archiver did not record it
+                kind = ("other" if mode not in (0, stat.S_IFREG, stat.S_IFDIR) else
+                        "folder" if info.is_dir() else "file")
+                yield info.filename, kind, info.file_size, lambda info=info: zf.open(info)
+    else:
+        with tarfile.open(archive, "r:gz") as tf:
+            for member in tf:
+                kind = "folder" if member.isdir() else "file" if member.isfile() else "other"
+                yield member.name, kind, member.size, lambda member=member: tf.extractfile(member)
+
+
 def unpack(archive: Path, dest: Path) -> Path:
     """Unpack into `dest` (created); returns the submission's root (the single top folder, if there is one)."""
     dest.mkdir(parents=True)
@@ -86,31 +102,16 @@ def unpack(archive: Path, dest: Path) -> Path:
         return _safe_target(dest, name)
 
     try:
-        if archive.name.endswith(".zip"):
-            with zipfile.ZipFile(archive) as zf:
-                for info in zf.infolist():
-                    kind = stat.S_IFMT(info.external_attr >> 16)
-                    if kind and kind not in (stat.S_IFREG, stat.S_IFDIR):
-                        raise BadArchive(f"the archive holds a link or device: {info.filename!r}")
-                    target = admit(info.filename, info.file_size)
-                    if info.is_dir():
-                        target.mkdir(parents=True, exist_ok=True)
-                        continue
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    with zf.open(info) as src, open(target, "wb") as out:
-                        shutil.copyfileobj(src, out)
-        else:
-            with tarfile.open(archive, "r:gz") as tf:
-                for member in tf:
-                    if not (member.isfile() or member.isdir()):
-                        raise BadArchive(f"the archive holds a link or device: {member.name!r}")
-                    target = admit(member.name, member.size)
-                    if member.isdir():
-                        target.mkdir(parents=True, exist_ok=True)
-                        continue
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    with tf.extractfile(member) as src, open(target, "wb") as out:
-                        shutil.copyfileobj(src, out)
+        for name, kind, nbytes, read in _members(archive):
+            if kind not in ("file", "folder"):
+                raise BadArchive(f"the archive holds a link or device: {name!r}")
+            target = admit(name, nbytes)
+            if kind == "folder":
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with read() as src, open(target, "wb") as out:
+                shutil.copyfileobj(src, out)
     except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError) as err:
         raise BadArchive(f"not a readable archive: {err}") from None
     entries = [p for p in dest.iterdir() if not p.name.startswith(("__MACOSX", "."))]
