@@ -196,6 +196,15 @@ class Worker:
     # -- process ---------------------------------------------------------------------------
     def start(self) -> None:
         """Start the worker and import the task's entry points (WorkerError if the student's file fails)."""
+        self.spawn()
+        self.handshake()
+
+    def spawn(self) -> None:
+        """Start the worker's process; `handshake` then builds and imports the student's code.
+
+        Call this from a thread that outlives the worker: the parent-death signal (ours and bubblewrap's
+        --die-with-parent) fires when the *thread* that spawned the process ends, not the process.
+        """
         parent, child = socket.socketpair()
         self.builds.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KIT_", "PYTHON"))}
@@ -221,13 +230,16 @@ class Worker:
             except (OSError, AttributeError):
                 pass
 
-        with _SPAWNING:  # preexec_fn runs between fork and exec: one spawn at a time (tune starts several)
+        with _SPAWNING:  # preexec_fn runs between fork and exec: never two at once
             self.proc = subprocess.Popen(cmd, cwd=self.view, env=env, pass_fds=tuple(fds),
                                          start_new_session=True, preexec_fn=in_child)
         child.close()
         for fd in fds[1:]:
             os.close(fd)  # the sanitizer's end of its log: only the worker's side holds it now
         self.sock = parent
+
+    def handshake(self) -> None:
+        """Import the task's entry points in the spawned worker (any thread may wait for this)."""
         self._request({"op": "start", "block_attention": self.block_attention, "memory_budget": self.memory_limit},
                       timeout=START_TIMEOUT_S)
 

@@ -168,13 +168,12 @@ def _config_dir(root: Path, task: int, kernel_file: str, text: str, student_dir:
     return folder
 
 
-def _start(row: Row, plan: Plan, folder: Path, scratch: Path):
-    """Build and start one configuration's worker (in a thread: the builds run side by side)."""
-    from common.sandbox import Worker, WorkerDied, WorkerError
+def _start(row: Row, worker, scratch: Path):
+    """Build one configuration in its spawned worker (in a thread: the builds run side by side)."""
+    from common.sandbox import WorkerDied, WorkerError
 
-    worker = Worker(plan.task, folder, scratch=scratch, purpose="tune")
     try:
-        worker.start()
+        worker.handshake()
     except (WorkerError, WorkerDied) as err:
         message = err.message if isinstance(err, WorkerError) else str(err)
         row.error = _first_error(message)
@@ -209,27 +208,33 @@ def run(plan: Plan, configs: list[dict[str, int]], *, student_dir: Path, solutio
     """Every configuration built (side by side, `jobs` at a time), then checked and timed one at a time."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from common.sandbox import Worker
+
     text = source.read_text()
     rows = [Row(n + 1, config) for n, config in enumerate(configs)]
-    started = {}
-
-    def prepare(row: Row):
+    spawned, started = {}, {}
+    for row in rows:  # spawned here, in the thread that outlives them (see Worker.spawn)
         try:
             configured = configure(text, row.config)
         except ValueError as err:
             row.error = str(err)
-            return
+            continue
         # a folder per configuration's text: its cached build is found again, and holds nothing else
         scratch = root / hashlib.sha256(configured.encode()).hexdigest()[:16]
         folder = _config_dir(scratch, plan.task, plan.kernel_file, configured, student_dir, solution)
-        worker = _start(row, plan, folder, scratch)
-        if worker is not None:
+        worker = Worker(plan.task, folder, scratch=scratch, purpose="tune")
+        worker.spawn()
+        spawned[row.number] = (worker, scratch)
+
+    def prepare(row: Row):
+        worker, scratch = spawned[row.number]
+        if _start(row, worker, scratch) is not None:
             started[row.number] = worker
 
     jobs = max(1, jobs)
-    say(f"building {len(rows)} configurations, {jobs} at a time ...")
+    say(f"building {len(spawned)} configurations, {jobs} at a time ...")
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(prepare, rows))
+        list(pool.map(prepare, [row for row in rows if row.number in spawned]))
     for row in rows:
         worker = started.get(row.number)
         if worker is None:

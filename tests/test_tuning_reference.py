@@ -35,6 +35,7 @@ def test_the_driver_runs_each_configuration_in_a_worker_of_its_own(tmp_path):
     def measure(worker):
         x = torch.arange(24.0).reshape(1, 2, 12)
         heads = worker.call("split_heads", x, 3)  # the reference's, in a live worker
+        assert worker.restarts == 0, "the worker built for this configuration died before it was measured"
         return tune.Measured(ms=float(heads.shape[1]), throughput=1.0, share=1.0)
 
     plan = tune.Plan(task=1, kernel_file="task1/attention.py", timed_kernel="none", what="a call", unit="calls/s",
