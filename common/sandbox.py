@@ -53,6 +53,20 @@ def sandbox_status() -> str:
 _SPAWNING = threading.Lock()
 
 
+def die_with_parent() -> None:
+    """A child process's preexec_fn: it is killed when the thread that started it ends (PR_SET_PDEATHSIG).
+
+    The worker dies with the checks (bubblewrap does this for the whole sandbox), a task's test with the
+    grader, a grader with grader.batch: nothing is left running when Slurm or a time limit stops the parent.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
 class WorkerError(Exception):
     """The student's code raised; `kind` is the exception's type name."""
 
@@ -222,17 +236,9 @@ class Worker:
         if self.memory_limit:  # few threads and malloc arenas: each reserves address space the limit counts
             env |= {"OMP_NUM_THREADS": "2", "MALLOC_ARENA_MAX": "2"}
 
-        def in_child():
-            try:  # the worker dies with the checks (bubblewrap does this for the whole sandbox)
-                import ctypes
-
-                ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-            except (OSError, AttributeError):
-                pass
-
         with _SPAWNING:  # preexec_fn runs between fork and exec: never two at once
             self.proc = subprocess.Popen(cmd, cwd=self.view, env=env, pass_fds=tuple(fds),
-                                         start_new_session=True, preexec_fn=in_child)
+                                         start_new_session=True, preexec_fn=die_with_parent)
         child.close()
         for fd in fds[1:]:
             os.close(fd)  # the sanitizer's end of its log: only the worker's side holds it now

@@ -1,44 +1,69 @@
-"""python -m grader.batch SUBMISSIONS --out DIR [--tasks 1,3] [--regrade] [--no-sandbox]   (instructors)
+"""Grading a whole class (instructors).
 
-Grades a whole class, one submission after another on this machine, each exactly as
-`python -m grader --submission` grades it (its own process, the trusted harness, the hidden
-cases), then writes a gradebook. SUBMISSIONS is a folder as a learning-management system
-exports it: one folder, `.zip`, `.tar.gz` or `.tgz` per student, whose name (without the
-extension) is the student's id.
+    python -m grader.batch SUBMISSIONS --out DIR [--tasks 1,3] [--regrade | --only ID,ID] [--timeout S]
+        grades the class on this machine, one submission after another, then writes the gradebook;
+    python -m grader.batch SUBMISSIONS --out DIR --slurm [--partition P] [--account A] [--time MIN]
+            [--gres gpu:1] [--cpus N] [--max-running K] [--sbatch=--LINE] [--template FILE]
+        submits one Slurm array job (an element per submission, grader/slurm_job.sh) and a gather
+        job that runs when they have all ended (grader/slurm.py);
+    python -m grader.batch gather DIR
+        writes DIR/gradebook.csv and DIR/report.md again from what is on disk (at any time).
+
+SUBMISSIONS is a folder as a learning-management system exports it: one folder, `.zip`, `.tar.gz`
+or `.tgz` per student, whose name (without the extension) is the student's id. Each submission
+is graded exactly as `python -m grader --submission` grades it (its own process, the trusted
+harness, the hidden cases).
 
 Nothing is lost or mixed up:
 - archives are unpacked safely into DIR/unpacked/<id> (no path out of that folder, no links or
   devices, at most MAX_FILES files and MAX_BYTES bytes); a broken one is that student's error;
-- each student's grade goes to DIR/students/<id> only (Results.md, results.json, grade.log);
-- a rerun grades only the students without a results.json (all of them with --regrade), so an
+- a grading runs in DIR/work/<id> and only then replaces DIR/students/<id>: a grading that
+  fails, times out or is stopped never replaces an earlier grade (it is noted beside it);
+- every attempt is logged in DIR/attempts/<id>.json (where, when, how it ended), so a grading that
+  Slurm stopped (time limit, node failure, preemption, scancel) is tried once more and then
+  recorded with the reason;
+- a rerun grades only the students without a grade (all of them with --regrade), so an
   interrupted class resumes where it stopped;
-- DIR/gradebook.csv is rebuilt from every student's results.json each time, so it can be
-  rewritten at any time and never holds a grade that is not on disk.
+- the gradebook and report are rebuilt from the students' folders each time (grader/gradebook.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
+import datetime
 import json
+import os
 import shutil
+import signal
+import socket
 import stat
 import subprocess
 import sys
 import tarfile
 import time
+import uuid
 import zipfile
 from pathlib import Path
 
+from common.impl import REPO
+from common.sandbox import die_with_parent
+from common.tasks import TASKS
+from grader import gradebook
 from grader.rubric import RUBRIC
 
 MAX_FILES = 2000
 MAX_BYTES = 200 * 1024 * 1024
 ARCHIVES = (".tar.gz", ".tgz", ".zip")
+TRIES = 2  # a grading stopped from outside (Slurm's time limit, a node failure, scancel) is tried once more
+DEFAULT_TIMEOUT_S = sum(r.timeout_s for r in RUBRIC.values()) + 600
 
 
 class BadArchive(Exception):
     """A submission that cannot be unpacked safely; the message is the student's error."""
+
+    def __init__(self, message: str, tampering: bool = False):
+        super().__init__(message)
+        self.tampering = tampering  # a path out of the folder or a link: not an accident of zipping
 
 
 def student_id(path: Path) -> str:
@@ -67,7 +92,7 @@ def discover(submissions: Path) -> list[tuple[str, Path]]:
 def _safe_target(dest: Path, name: str) -> Path:
     parts = Path(name).parts
     if not parts or Path(name).is_absolute() or ".." in parts:
-        raise BadArchive(f"the archive holds a path outside its folder: {name!r}")
+        raise BadArchive(f"the archive holds a path outside its folder: {name!r}", tampering=True)
     return dest.joinpath(*parts)
 
 
@@ -104,7 +129,7 @@ def unpack(archive: Path, dest: Path) -> Path:
     try:
         for name, kind, nbytes, read in _members(archive):
             if kind not in ("file", "folder"):
-                raise BadArchive(f"the archive holds a link or device: {name!r}")
+                raise BadArchive(f"the archive holds a link or device: {name!r}", tampering=True)
             target = admit(name, nbytes)
             if kind == "folder":
                 target.mkdir(parents=True, exist_ok=True)
@@ -118,12 +143,111 @@ def unpack(archive: Path, dest: Path) -> Path:
     return entries[0] if len(entries) == 1 and entries[0].is_dir() else dest
 
 
-def grade_one(sid: str, source: Path, out: Path, tasks: str, no_sandbox: bool, timeout_s: int) -> dict:
-    """Grade one student into out/students/<sid>; returns its results.json (or a record of why there is none)."""
-    folder = out / "students" / sid
-    if folder.exists():
-        shutil.rmtree(folder)
+def linked_files(root: Path) -> list[str]:
+    """The files students write that this submission holds as links or other non-regular files."""
+    odd = []
+    for rel in sorted({rel for task in TASKS.values() for rel in task.student_files}):
+        path = root / rel
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            odd.append(rel)
+    return odd
+
+
+# -- the class (DIR/class.json) ----------------------------------------------------------------
+
+def write_class(out: Path, students: list[tuple[str, Path]], tasks: str, timeout_s: int, no_sandbox: bool) -> dict:
+    """What every element and gather reads: the students in array order and how they are graded.
+
+    `round` names this submission of the class: an attempt counts against TRIES only in its own round.
+    """
+    klass = {"students": [{"id": sid, "source": str(path.resolve())} for sid, path in students],
+             "tasks": tasks, "timeout_s": timeout_s, "no_sandbox": no_sandbox, "round": uuid.uuid4().hex[:12]}
+    _write_json(out / "class.json", klass)
+    return klass
+
+
+def load_class(out: Path) -> dict:
+    try:
+        return json.loads((out / "class.json").read_text())
+    except (OSError, ValueError):
+        raise SystemExit(f"{out}: no class.json here (python -m grader.batch SUBMISSIONS --out {out} writes it)")
+
+
+def _write_json(path: Path, value) -> None:
+    """Written whole or not at all: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(value, indent=2))
+    os.replace(part, path)
+
+
+def _now() -> str:
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+# -- attempts (DIR/attempts/<id>.json) -----------------------------------------------------------
+
+def attempts(out: Path, sid: str) -> list[dict]:
+    try:
+        found = json.loads((out / "attempts" / f"{sid}.json").read_text())
+        return found if isinstance(found, list) else []
+    except (OSError, ValueError):
+        return []
+
+
+def save_attempts(out: Path, sid: str, found: list[dict]) -> None:
+    _write_json(out / "attempts" / f"{sid}.json", found)
+
+
+def tries_left(out: Path, sid: str, klass: dict) -> int:
+    return TRIES - sum(a.get("round") == klass["round"] for a in attempts(out, sid))
+
+
+def _job() -> str:
+    """This process's Slurm job (array job and element), or "local"."""
+    if "SLURM_ARRAY_JOB_ID" in os.environ:
+        return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID', '?')}"
+    return os.environ.get("SLURM_JOB_ID", "local")
+
+
+# -- grading one submission ---------------------------------------------------------------------
+
+def grade_one(out: Path, klass: dict, sid: str, source: Path) -> dict:
+    """Grade one student in DIR/work/<id>, then commit it to DIR/students/<id>; returns what it recorded."""
+    tried = attempts(out, sid)
+    for earlier in tried:
+        if "ended" not in earlier:  # its process was killed (a node failure, SIGKILL): it said nothing
+            earlier |= {"ended": _now(), "outcome": "stopped before it finished (killed)"}
+    attempt = {"round": klass["round"], "job": _job(), "host": socket.gethostname(), "started": _now()}
+    save_attempts(out, sid, tried + [attempt])
+
+    def stopped(signum, _frame):  # Slurm's time limit, scancel or preemption: say so, then go
+        attempt.update(ended=_now(), outcome=f"stopped by {signal.Signals(signum).name} (Slurm's time limit, "
+                                             "a cancel or a preemption)")
+        save_attempts(out, sid, tried + [attempt])
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stopped)
+    try:
+        record = _grade(out / "work" / sid, klass, sid, source, out)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    kept = commit(out, sid, out / "work" / sid)
+    attempt |= {"ended": _now(), "outcome": "graded" if "error" not in record else f"failed: {record['error']}",
+                "seconds": record.get("seconds")}
+    if kept:
+        attempt["outcome"] += "; the earlier grade was kept"
+    save_attempts(out, sid, tried + [attempt])
+    return record
+
+
+def _grade(folder: Path, klass: dict, sid: str, source: Path, out: Path) -> dict:
+    shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
+    from grader.__main__ import hidden_fingerprint, kit_fingerprint
+
+    about = {"student": sid, "source": str(source), "job": _job(), "host": socket.gethostname(),
+             "started": _now(), "kit": kit_fingerprint()[:16], "hidden": hidden_fingerprint(), "tampering": []}
     try:
         if source.is_dir():
             root = source
@@ -132,83 +256,150 @@ def grade_one(sid: str, source: Path, out: Path, tasks: str, no_sandbox: bool, t
             shutil.rmtree(unpacked, ignore_errors=True)
             root = unpack(source, unpacked)
     except BadArchive as err:
+        about["tampering"] = [str(err)] if err.tampering else []
+        _write_json(folder / "grading.json", about)
         return _failed(folder, f"archive: {err}")
-    cmd = [sys.executable, "-m", "grader", "--submission", str(root), "--out", str(folder), "--tasks", tasks]
-    cmd += ["--no-sandbox"] if no_sandbox else []
+    about["tampering"] = [f"{rel} is a link or not a regular file" for rel in linked_files(root)]
+    cmd = [sys.executable, "-m", "grader", "--submission", str(root), "--out", str(folder), "--tasks", klass["tasks"]]
+    cmd += ["--no-sandbox"] if klass["no_sandbox"] else []
     (folder / "command.txt").write_text(" ".join(cmd) + "\n")
+    timeout_s = klass["timeout_s"]
     started = time.perf_counter()
     with open(folder / "grade.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                                preexec_fn=die_with_parent)
         try:
-            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s,
-                                  cwd=Path(__file__).resolve().parent.parent, start_new_session=True)
+            code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            return _failed(folder, f"the grader did not finish within {timeout_s} s")
+            code = None
+        finally:  # the grader and whatever it left (its tests end with it: die_with_parent)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    about |= {"ended": _now(), "seconds": round(time.perf_counter() - started, 1)}
+    _write_json(folder / "grading.json", about)
     results = folder / "results.json"
-    if proc.returncode != 0 or not results.exists():
-        return _failed(folder, f"the grader exited with code {proc.returncode} (see grade.log)")
+    if code is None:
+        return _failed(folder, f"timed out: the grading took longer than {timeout_s} s")
+    if code != 0 or not results.exists():
+        return _failed(folder, f"the grader exited with code {code} (see grade.log)")
     record = json.loads(results.read_text())
-    record["seconds"] = round(time.perf_counter() - started, 1)
-    results.write_text(json.dumps(record, indent=2))
+    record["seconds"] = about["seconds"]
     return record
 
 
 def _failed(folder: Path, reason: str) -> dict:
     record = {"score": 0, "error": reason, "tests": []}
-    (folder / "error.json").write_text(json.dumps(record, indent=2))
+    _write_json(folder / "error.json", record)
     return record
 
 
-def gradebook(out: Path, ids: list[str]) -> Path:
-    """DIR/gradebook.csv from every student's folder: id, points per task, total, and what went wrong."""
-    path = out / "gradebook.csv"
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["student", *(f"task{t}" for t in RUBRIC), "total", "problem"])
-        for sid in ids:
-            folder = out / "students" / sid
-            results, error = folder / "results.json", folder / "error.json"
-            points: dict[int, float | str] = {t: "" for t in RUBRIC}
-            problem = ""
-            if results.exists():
-                record = json.loads(results.read_text())
-                for test in record.get("tests", []):
-                    task = int(test["name"].split(":")[0].split()[-1])
-                    points[task] = f"{test['score']:g}"
-                total = f"{record.get('score', 0):g}"
-            elif error.exists():
-                total, problem = 0, json.loads(error.read_text())["error"]
-            else:
-                total, problem = "", "not graded yet"
-            writer.writerow([sid, *points.values(), total, problem])
-    return path
+def commit(out: Path, sid: str, new: Path) -> bool:
+    """Make `new` the student's record, unless it failed and an earlier grade exists; True if that was kept."""
+    final = out / "students" / sid
+    if (final / "results.json").exists() and not (new / "results.json").exists():
+        failure = json.loads((new / "error.json").read_text())
+        _write_json(final / "regrade-failed.json", failure | {"when": _now()})
+        shutil.rmtree(new)
+        return True
+    final.parent.mkdir(parents=True, exist_ok=True)
+    old = new.with_name(new.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    new.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+    return False
+
+
+# -- the commands -------------------------------------------------------------------------------
+
+def grade_locally(out: Path, klass: dict, todo: list[int]) -> None:
+    started, failures = time.perf_counter(), 0
+    for n, index in enumerate(todo, 1):
+        student = klass["students"][index]
+        record = grade_one(out, klass, student["id"], Path(student["source"]))
+        failures += "error" in record
+        left = (time.perf_counter() - started) / n * (len(todo) - n)
+        said = record.get("error") or f"{record['score']:g} of {sum(t['max_score'] for t in record['tests']):g} points"
+        print(f"[{n}/{len(todo)}] {student['id']}: {said}; {failures} failed; about {left / 60:.0f} min left",
+              flush=True)
+
+
+def element(out: Path, index: int | None) -> int:
+    """One Slurm array element: the class's index-th student (SLURM_ARRAY_TASK_ID by default)."""
+    klass = load_class(out)
+    if index is None:
+        index = int(os.environ["SLURM_ARRAY_TASK_ID"])
+    student = klass["students"][index]
+    if tries_left(out, student["id"], klass) <= 0:  # Slurm requeued it more often than we try
+        print(f"{student['id']}: tried {TRIES} times already in this round; not graded again")
+        return 0
+    record = grade_one(out, klass, student["id"], Path(student["source"]))
+    print(f"{student['id']}: {record.get('error') or record['score']}")
+    return 0
+
+
+def write_books(out: Path) -> None:
+    klass = load_class(out)
+    book = gradebook.write(out, klass)
+    report = gradebook.report(out, klass)
+    print(f"wrote {book} and {report}")
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grader.batch", description=__doc__.splitlines()[2])
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["gather"]:
+        from grader import slurm
+
+        return slurm.gather_main(argv[1:])
+    if argv[:1] == ["element"]:
+        parser = argparse.ArgumentParser(prog="python -m grader.batch element")
+        parser.add_argument("out", type=Path)
+        parser.add_argument("--index", type=int, help="the student's place in class.json (SLURM_ARRAY_TASK_ID)")
+        args = parser.parse_args(argv[1:])
+        return element(args.out, args.index)
+
+    from grader import slurm
+
+    parser = argparse.ArgumentParser(prog="python -m grader.batch", description="Grade a whole class.",
+                                     epilog="python -m grader.batch gather DIR: the gradebook and report again")
     parser.add_argument("submissions", type=Path, help="a folder with one folder or archive per student")
     parser.add_argument("--out", type=Path, required=True, help="where every student's results and the gradebook go")
     parser.add_argument("--tasks", default=",".join(map(str, RUBRIC)), help="tasks to grade, e.g. 1,3")
     parser.add_argument("--regrade", action="store_true", help="grade every student again, not only the missing")
-    parser.add_argument("--timeout", type=int, default=sum(r.timeout_s for r in RUBRIC.values()) + 600,
-                        help="seconds for one student's whole grading (default: the rubric's limits summed)")
+    parser.add_argument("--only", metavar="ID,ID", help="grade these students (again), and no one else")
+    parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S,
+                        help=f"seconds for one student's whole grading (default {DEFAULT_TIMEOUT_S}: the rubric's "
+                             "limits summed, and 10 minutes)")
     parser.add_argument("--no-sandbox", action="store_true", help="passed to the grader (see python -m grader -h)")
+    slurm.add_options(parser)
     args = parser.parse_args(argv)
     if not args.submissions.is_dir():
         parser.error(f"{args.submissions}: not a folder")
+    try:
+        tasks = sorted({int(t) for t in args.tasks.split(",") if t.strip()})
+    except ValueError:
+        parser.error(f"--tasks takes numbers separated by commas, got {args.tasks!r}")
+    if unknown := [t for t in tasks if t not in RUBRIC]:
+        parser.error(f"--tasks: no task {unknown[0]}; tasks are {', '.join(map(str, RUBRIC))}")
+    if args.slurm:
+        slurm.check_options(parser, args)
     students = discover(args.submissions)
+    only = {s.strip() for s in (args.only or "").split(",") if s.strip()}
+    if unknown := sorted(only - {sid for sid, _ in students}):
+        parser.error(f"--only: no submission for {', '.join(unknown)} in {args.submissions}")
     args.out.mkdir(parents=True, exist_ok=True)
-    todo = [(sid, path) for sid, path in students
-            if args.regrade or not (args.out / "students" / sid / "results.json").exists()]
+    klass = write_class(args.out, students, ",".join(map(str, tasks)), args.timeout, args.no_sandbox)
+    todo = [n for n, (sid, _) in enumerate(students) if sid in only or not only and (
+            args.regrade or not (args.out / "students" / sid / "results.json").exists())]
     print(f"{len(students)} submissions, {len(todo)} to grade ({len(students) - len(todo)} already graded)")
-    started, failures = time.perf_counter(), 0
-    for n, (sid, path) in enumerate(todo, 1):
-        record = grade_one(sid, path, args.out, args.tasks, args.no_sandbox, args.timeout)
-        failures += "error" in record
-        elapsed = time.perf_counter() - started
-        left = elapsed / n * (len(todo) - n)
-        said = record.get("error") or f"{record['score']:g} of {sum(t['max_score'] for t in record['tests']):g} points"
-        print(f"[{n}/{len(todo)}] {sid}: {said}; {failures} failed; about {left / 60:.0f} min left", flush=True)
-    print(f"wrote {gradebook(args.out, [sid for sid, _ in students])}")
+    if args.slurm:
+        return slurm.submit(args, args.out, todo)
+    grade_locally(args.out, klass, todo)
+    write_books(args.out)
     return 0
 
 

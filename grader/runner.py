@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.impl import REPO
+from common.sandbox import die_with_parent
 
 CRASH_HINTS = [
     ("illegal memory access", "a CUDA kernel read or wrote out of bounds (illegal memory access)"),
@@ -73,7 +74,7 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", TMPDIR=str(work))
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, errors="replace", start_new_session=True)
+                            text=True, errors="replace", start_new_session=True, preexec_fn=die_with_parent)
     lines: list[str] = []
 
     def pump():

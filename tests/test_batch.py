@@ -2,12 +2,14 @@
 
 import csv
 import io
+import json
 import tarfile
 import zipfile
 
 import pytest
 
-from grader import batch
+from common.sanitize import PASS_NAME
+from grader import batch, gradebook, slurm
 from tests.conftest import REPO, needs_solution
 
 
@@ -89,6 +91,136 @@ def test_a_class_is_graded_resumed_and_booked(tmp_path, capsys):
     assert rows["todo"]["task1"] == "0" and rows["todo"]["problem"] == ""
     assert rows["broken"]["total"] == "0" and rows["broken"]["problem"].startswith("archive: not a readable archive")
     assert (out / "students/good/Results.md").exists() and (out / "students/good/grade.log").exists()
+    about = json.loads((out / "students/good/grading.json").read_text())
+    assert len(about["hidden"]) == 16 and about["tampering"] == [] and about["seconds"] > 0
+    assert [a["outcome"] for a in batch.attempts(out, "good")] == ["graded"]
+    report = (out / "report.md").read_text()
+    assert f"Hidden cases (grader/hidden.py, sha256): {about['hidden']}" in report and "Students: 3; graded: 3" in report
     capsys.readouterr()
     batch.main([str(subs), "--out", str(out), "--tasks", "1", "--no-sandbox"])  # resumes: only the failed one again
     assert "3 submissions, 1 to grade (2 already graded)" in capsys.readouterr().out
+    assert len(batch.attempts(out, "broken")) == 2 and len(batch.attempts(out, "good")) == 1
+    batch.main([str(subs), "--out", str(out), "--tasks", "1", "--no-sandbox", "--only", "good"])
+    assert "3 submissions, 1 to grade" in capsys.readouterr().out and len(batch.attempts(out, "good")) == 2
+    with pytest.raises(SystemExit):
+        batch.main([str(subs), "--out", str(out), "--only", "nobody"])
+    assert "--only: no submission for nobody" in capsys.readouterr().err
+
+
+def test_the_report_draws_the_class_when_matplotlib_is_installed(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is optional (pip install matplotlib)")
+    klass = {"students": [{"id": "ann"}, {"id": "bob"}], "round": "r1", "tasks": "1,4"}
+    _record_folder(tmp_path / "students/ann", score=2, entries=[
+        (4, {"status": "passed", "record": {"cases": [{**_case("b", True, "benchmark"),
+                                                       "metrics": {"vs_reference": 0.9}}]}})])
+    _record_folder(tmp_path / "students/bob", score=0)
+    report = gradebook.report(tmp_path, klass).read_text()
+    for name in ("totals", "tasks", "task4_speedup"):
+        assert f"![{name}](plots/{name}.png)" in report
+        assert (tmp_path / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _record_folder(folder, score=None, error=None, entries=()):
+    folder.mkdir(parents=True)
+    if score is not None:
+        (folder / "results.json").write_text(json.dumps({"score": score, "tests": [
+            {"name": "Task 1: naive", "score": score, "max_score": 2}]}))
+    if error is not None:
+        (folder / "error.json").write_text(json.dumps({"score": 0, "error": error, "tests": []}))
+    for task, entry in entries:
+        (folder / "graded").mkdir(exist_ok=True)
+        (folder / "graded" / f"task{task}.json").write_text(json.dumps({"key": {}, "when": "", "entry": entry}))
+    return folder
+
+
+def test_a_failed_regrade_never_replaces_an_earlier_grade(tmp_path):
+    _record_folder(tmp_path / "students" / "ann", score=2)
+    kept = batch.commit(tmp_path, "ann", _record_folder(tmp_path / "work" / "ann", error="timed out: ..."))
+    assert kept and json.loads((tmp_path / "students/ann/results.json").read_text())["score"] == 2
+    assert json.loads((tmp_path / "students/ann/regrade-failed.json").read_text())["error"] == "timed out: ..."
+    assert not (tmp_path / "work" / "ann").exists()
+    # a regrade that finished replaces it, lower or not, and the note of the failure goes with the old folder
+    assert not batch.commit(tmp_path, "ann", _record_folder(tmp_path / "work" / "ann", score=1))
+    assert json.loads((tmp_path / "students/ann/results.json").read_text())["score"] == 1
+    assert not (tmp_path / "students/ann/regrade-failed.json").exists()
+
+
+def _case(name, passed, kind="check", message=""):
+    return {"name": name, "kind": kind, "passed": passed, "message": message, "metrics": {}}
+
+
+def test_the_gradebook_flags_what_each_task_record_shows(tmp_path):
+    klass = {"students": [{"id": s} for s in ("ann", "bob", "cy", "dee")], "round": "r1", "tasks": "1,2,4"}
+    _record_folder(tmp_path / "students/ann", score=2, entries=[
+        (2, {"status": "failed", "record": {"cases": [_case("build", False)]}}),
+        (4, {"status": "failed", "record": {"cases": [_case(PASS_NAME, False, "rule"), _case("x", True),
+                                                      {**_case("b", True, "benchmark"), "metrics": {"vs_reference": 0.5}},
+                                                      {**_case("c", True, "benchmark"), "metrics": {"vs_reference": 1.0}}]}}),
+        (1, {"status": "crashed", "summary": "timed out after 600 s (a hang or an endless loop?)", "record": None})])
+    _record_folder(tmp_path / "students/bob", score=0, entries=[
+        (1, {"status": "failed", "record": {"cases": [_case("PyTorch's own attention", False, "rule"),
+                                                      _case("y", False, message="your code did not answer within 300 s")]}}),
+        (2, {"status": "crashed", "summary": "its record is malformed (no list of cases), so it could not be scored"})])
+    (tmp_path / "students/bob/grading.json").write_text(json.dumps({"tampering": ["task1/attention.py is a link"]}))
+    _record_folder(tmp_path / "students/cy", error="timed out: the grading took longer than 60 s")
+    rows = {r["student"]: r for r in gradebook.rows(tmp_path, klass)}
+    ann, bob, cy, dee = rows["ann"], rows["bob"], rows["cy"], rows["dee"]
+    assert (ann["not_built"], ann["sanitizer"], ann["timed_out"], ann["own_work"]) == ("2", "4", "1", "")
+    assert ann["task4_speedup"] == "0.750" and ann["total"] == "2" and ann["problem"] == ""
+    assert (bob["own_work"], bob["timed_out"], bob["tampering"]) == ("1", "1", "all")
+    assert (cy["total"], cy["timed_out"], cy["problem"]) == ("0", "all", "timed out: the grading took longer than 60 s")
+    assert (dee["total"], dee["problem"]) == ("", "not graded yet")
+
+
+def test_a_grading_stopped_from_outside_is_tried_once_more_then_recorded(tmp_path):
+    klass = {"students": [{"id": "ann"}], "round": "r1", "todo": [0]}
+    stop = {"round": "r1", "job": "local", "started": "t", "ended": "t", "outcome": "stopped by SIGTERM (...)"}
+    batch.save_attempts(tmp_path, "ann", [{**stop, "round": "r0"}, stop])
+    assert batch.tries_left(tmp_path, "ann", klass) == 1  # an earlier round's attempt does not count
+    row = gradebook.student_row(tmp_path, "ann", klass)
+    assert row["total"] == "" and row["problem"] == "stopped by SIGTERM (...); to be graded once more"
+    batch.save_attempts(tmp_path, "ann", [stop, {**stop, "state": "TIMEOUT"}])
+    row = gradebook.student_row(tmp_path, "ann", klass)
+    assert (row["total"], row["timed_out"]) == ("0", "all") and row["problem"].endswith("2 times; not graded")
+    _record_folder(tmp_path / "students/ann", score=2)  # an earlier grade: a stopped regrade leaves it standing
+    row = gradebook.student_row(tmp_path, "ann", klass)
+    assert row["total"] == "2" and row["problem"].startswith("a regrade was stopped by SIGTERM")
+
+
+def test_an_unfinished_attempt_is_settled_as_stopped(tmp_path):
+    batch.save_attempts(tmp_path, "ann", [{"round": "r1", "job": "local", "started": "t"}])
+    assert slurm.settle(tmp_path, "ann")
+    (last,) = batch.attempts(tmp_path, "ann")
+    assert last["outcome"] == "stopped before it finished" and "ended" in last
+
+
+def test_a_link_in_place_of_a_student_file_is_tampering(tmp_path):
+    (tmp_path / "task1").mkdir()
+    (tmp_path / "task1" / "attention.py").symlink_to("/etc/passwd")
+    assert batch.linked_files(tmp_path) == ["task1/attention.py"]
+
+
+def test_array_ranges():
+    assert slurm.array_spec([0, 1, 2, 5, 7, 8], None) == "0-2,5,7-8"
+    assert slurm.array_spec([3], 4) == "3%4"
+
+
+def test_the_job_scripts_follow_the_options_and_the_template(tmp_path, capsys):
+    subs = tmp_path / "subs"
+    (subs / "ann").mkdir(parents=True)
+    out = tmp_path / "out"
+    argv = [str(subs), "--out", str(out), "--tasks", "1,4", "--slurm", "--dry-run", "--partition", "gpu",
+            "--account", "course", "--time", "30", "--max-running", "8", "--sbatch=--qos=short"]
+    assert batch.main(argv) == 0
+    grade = (out / "slurm/grade.sh").read_text()
+    for line in ("#SBATCH --partition=gpu", "#SBATCH --account=course", "#SBATCH --time=30", "#SBATCH --gres=gpu:1",
+                 "#SBATCH --requeue", "#SBATCH --qos=short", "#SBATCH --open-mode=append", "-m grader.batch element"):
+        assert line in grade, line
+    gather = (out / "slurm/gather.sh").read_text()
+    assert "--gres" not in gather and "-m grader.batch gather" in gather and '"$@"' in gather
+    assert "sbatch --array=0%8" in capsys.readouterr().out
+    bad = tmp_path / "bad.sh"
+    bad.write_text("#!/bin/bash\n@SBATCH@\n")
+    with pytest.raises(SystemExit):
+        batch.main(argv + ["--template", str(bad)])
+    assert "lacks @REPO@, @COMMAND@" in capsys.readouterr().err

@@ -1,0 +1,261 @@
+"""The class's gradebook (DIR/gradebook.csv) and report (DIR/report.md, DIR/plots/*.png).
+
+Both are made from the students' folders alone (grader/batch.py writes them), each time anew, so
+they can be rebuilt at any time and never hold a grade that is not on disk.
+
+Flags name the tasks they concern ("2 4"), or "all" for the whole grading:
+- not_built: the student's code did not build or import;
+- timed_out: a task, or the whole grading, ran past its time limit (the grader's or Slurm's);
+- sanitizer: compute-sanitizer found an out-of-bounds access, a race or an error (the task scores 0);
+- own_work: another rule was broken: PyTorch's own attention, the reference, cuBLAS (the task scores 0);
+- tampering: links in the archive or in place of the student's files, a path out of the archive,
+  a record or reply from the worker the grader refused as malformed.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from pathlib import Path
+
+from common.bench import VS_REFERENCE
+from common.sanitize import PASS_NAME
+from grader.rubric import RUBRIC, TOTAL_POINTS
+
+FLAGS = ("not_built", "timed_out", "sanitizer", "own_work", "tampering")
+SPEEDUPS = (4, 5)  # the tasks with performance points: their speed against the reference, per student
+COLUMNS = ("student", *(f"task{t}" for t in RUBRIC), "total", *FLAGS, "problem",
+           *(f"task{t}_speedup" for t in SPEEDUPS), "seconds")
+
+
+def _json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _entries(folder: Path) -> dict[int, dict]:
+    """Each graded task's entry (the grader's graded/taskN.json): status, summary and the test's record."""
+    found = {}
+    for task in RUBRIC:
+        saved = _json(folder / "graded" / f"task{task}.json")
+        if isinstance(saved, dict) and isinstance(saved.get("entry"), dict):
+            found[task] = saved["entry"]
+    return found
+
+
+def task_flags(task: int, entry: dict) -> set[str]:
+    record = entry.get("record") or {}
+    failed = [c for c in record.get("cases", []) if isinstance(c, dict) and not c.get("passed")]
+    flags = set()
+    summary = str(entry.get("summary", ""))
+    if entry.get("status") == "crashed" and summary.startswith("timed out"):
+        flags.add("timed_out")
+    if "malformed" in summary:
+        flags.add("tampering")
+    for case in failed:
+        name, message = case.get("name"), str(case.get("message", ""))
+        if name in ("build", "import"):
+            flags.add("not_built")
+        elif name == PASS_NAME:
+            flags.add("sanitizer")
+        elif case.get("kind") == "rule":
+            flags.add("own_work")
+        if "did not answer within" in message:
+            flags.add("timed_out")
+        if "a malformed reply" in message:
+            flags.add("tampering")
+    return flags
+
+
+def _speedup(entry: dict | None) -> float | None:
+    cases = ((entry or {}).get("record") or {}).get("cases", [])
+    ratios = [c["metrics"][VS_REFERENCE] for c in cases if isinstance(c, dict) and c.get("kind") == "benchmark"
+              and isinstance(c.get("metrics"), dict) and isinstance(c["metrics"].get(VS_REFERENCE), (int, float))]
+    return sum(ratios) / len(ratios) if ratios else None
+
+
+def student_row(out: Path, sid: str, klass: dict) -> dict:
+    from grader import batch
+
+    folder = out / "students" / sid
+    row = dict.fromkeys(COLUMNS, "") | {"student": sid}
+    flags: dict[str, set] = {f: set() for f in FLAGS}
+    results, error, about = _json(folder / "results.json"), _json(folder / "error.json"), _json(folder / "grading.json")
+    if isinstance(about, dict):
+        if about.get("tampering"):
+            flags["tampering"].add("all")
+        row["seconds"] = about.get("seconds", "")
+    if isinstance(results, dict):
+        for test in results.get("tests", []):
+            task = int(test["name"].split(":")[0].split()[-1]) if test["name"].startswith("Task ") else None
+            if task in RUBRIC:
+                row[f"task{task}"] = f"{test['score']:g}"
+        row["total"] = f"{results.get('score', 0):g}"
+        entries = _entries(folder)
+        for task, entry in entries.items():
+            for flag in task_flags(task, entry):
+                flags[flag].add(str(task))
+        for task in SPEEDUPS:
+            ratio = _speedup(entries.get(task))
+            row[f"task{task}_speedup"] = f"{ratio:.3f}" if ratio is not None else ""
+        failed_regrade = _json(folder / "regrade-failed.json")
+        if isinstance(failed_regrade, dict):
+            row["problem"] = f"a regrade failed ({failed_regrade.get('error')}); this is the earlier grade"
+    elif isinstance(error, dict):
+        row["total"], row["problem"] = "0", str(error.get("error", ""))
+        if row["problem"].startswith("timed out"):
+            flags["timed_out"].add("all")
+    mine = [a for a in batch.attempts(out, sid) if a.get("round") == klass.get("round")]
+    stopped = [a for a in mine if str(a.get("outcome", "")).startswith("stopped")]
+    if mine and mine[-1] in stopped:  # the last grading was stopped from outside (Slurm, a kill)
+        last = mine[-1]["outcome"]
+        if isinstance(results, dict):
+            row["problem"] = f"a regrade was {last}; this is the earlier grade"
+        elif len(stopped) >= batch.TRIES:
+            row["total"], row["problem"] = "0", f"{last}, {len(stopped)} times; not graded"
+        else:
+            row["problem"] = f"{last}; to be graded once more"
+        if any(a.get("state") == "TIMEOUT" for a in stopped):
+            flags["timed_out"].add("all")
+    elif not row["total"]:
+        row["problem"] = "not graded yet"
+    for flag, where in flags.items():
+        row[flag] = "all" if "all" in where else " ".join(sorted(where, key=int))
+    return row
+
+
+def rows(out: Path, klass: dict) -> list[dict]:
+    return [student_row(out, s["id"], klass) for s in klass["students"]]
+
+
+def write(out: Path, klass: dict) -> Path:
+    path = out / "gradebook.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows(out, klass))
+    return path
+
+
+# -- the report ---------------------------------------------------------------------------------
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def report(out: Path, klass: dict) -> Path:
+    from grader.__main__ import hidden_fingerprint, kit_fingerprint
+
+    book = rows(out, klass)
+    graded = [r for r in book if _number(r["total"]) is not None and not r["problem"].startswith("not graded")]
+    totals = [float(r["total"]) for r in graded]
+    abouts = [_json(out / "students" / r["student"] / "grading.json") for r in book]
+    abouts = [a for a in abouts if isinstance(a, dict)]
+    lines = ["# Class report", "",
+             "Written by `python -m grader.batch`; rebuilt from the students' folders each time.", "",
+             f"- Students: {len(book)}; graded: {len(graded)}; without a grade yet: {len(book) - len(graded)}",
+             f"- Tasks graded: {klass.get('tasks')}",
+             *_fingerprints(abouts, hidden_fingerprint(), kit_fingerprint()[:16])]
+    seconds = [float(a["seconds"]) for a in abouts if isinstance(a.get("seconds"), (int, float))]
+    if seconds:
+        lines.append(f"- Time per grading: median {statistics.median(seconds) / 60:.1f} min, longest "
+                     f"{max(seconds) / 60:.1f} min, {sum(seconds) / 3600:.2f} h in all")
+    if totals:
+        lines += ["", f"## Totals (out of {TOTAL_POINTS:g})", "",
+                  f"Mean {statistics.mean(totals):.2f}, median {statistics.median(totals):.2f}, "
+                  f"lowest {min(totals):g}, highest {max(totals):g}.", "", "| points | students |", "|---|---|"]
+        step = 2
+        for low in range(0, int(TOTAL_POINTS), step):
+            last = low + step >= TOTAL_POINTS  # the last bin holds full marks too
+            n = sum(low <= t < low + step or (last and t == TOTAL_POINTS) for t in totals)
+            lines.append(f"| [{low}, {low + step}{']' if last else ')'} | {'█' * n} {n} |")
+    lines += ["", "## Points per task", "", "| task | points | mean | full marks | zero |", "|---|---|---|---|---|"]
+    for task, rubric in RUBRIC.items():
+        scored = [float(r[f"task{task}"]) for r in graded if r[f"task{task}"] != ""]
+        if scored:
+            lines.append(f"| {task}. {rubric.title} | {rubric.points:g} | {statistics.mean(scored):.2f} | "
+                         f"{sum(s == rubric.points for s in scored)} | {sum(s == 0 for s in scored)} |")
+    lines += ["", "## Flags", "", "| flag | students |", "|---|---|"]
+    for flag in FLAGS:
+        who = [f"{r['student']} ({r[flag]})" for r in book if r[flag]]
+        lines.append(f"| {flag} | {', '.join(who) or 'none'} |")
+    problems = [r for r in book if r["problem"]]
+    if problems:
+        lines += ["", "## Problems", "", *[f"- {r['student']}: {r['problem']}" for r in problems]]
+    for task in SPEEDUPS:
+        ratios = [float(r[f"task{task}_speedup"]) for r in book if r[f"task{task}_speedup"]]
+        if ratios:
+            lines += ["", f"Task {task}, speed against the reference timed in the same run: median "
+                      f"{statistics.median(ratios):.2f}x, {min(ratios):.2f}x to {max(ratios):.2f}x "
+                      f"({len(ratios)} students)."]
+    pictures = plots(out / "plots", book)
+    lines += ["", "## Plots", ""]
+    lines += ([f"![{p.stem}](plots/{p.name})" for p in pictures] if pictures is not None else
+              ["No plots: matplotlib is not installed (`pip install matplotlib`, then `python -m grader.batch gather "
+               f"{out}`)."])
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _fingerprints(abouts: list[dict], hidden_now: str, kit_now: str) -> list[str]:
+    """Which hidden cases and kit the gradings used: one value each shows the whole class was graded alike."""
+    lines = []
+    for key, now, what in (("hidden", hidden_now, "Hidden cases (grader/hidden.py, sha256)"),
+                           ("kit", kit_now, "Kit code (tests, checks, grader, reference; sha256)")):
+        used = sorted({str(a.get(key)) for a in abouts})
+        if len(used) <= 1:
+            lines.append(f"- {what}: {used[0] if used else now}"
+                         + ("" if not used or used[0] == now else f" (this checkout now: {now})"))
+        else:
+            counts = {u: sum(str(a.get(key)) == u for a in abouts) for u in used}
+            lines.append(f"- {what}: MIXED, " + ", ".join(f"{u} ({n} gradings)" for u, n in counts.items())
+                         + f"; this checkout: {now}. Regrade with --regrade to grade everyone alike.")
+    return lines
+
+
+def plots(folder: Path, book: list[dict]) -> list[Path] | None:
+    """PNG plots of the class, when matplotlib is installed; None otherwise."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    made = []
+
+    def save(fig, name):
+        fig.tight_layout()
+        fig.savefig(folder / name, dpi=110)
+        plt.close(fig)
+        made.append(folder / name)
+
+    totals = [float(r["total"]) for r in book if _number(r["total"]) is not None]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.hist(totals, bins=range(0, int(TOTAL_POINTS) + 2))
+    ax.set(xlabel=f"total points (of {TOTAL_POINTS:g})", ylabel="students", title="Totals")
+    save(fig, "totals.png")
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    means = [statistics.mean([float(r[f"task{t}"]) for r in book if r[f"task{t}"] != ""] or [0]) for t in RUBRIC]
+    ax.bar([str(t) for t in RUBRIC], [r.points for r in RUBRIC.values()], color="0.85", label="points")
+    ax.bar([str(t) for t in RUBRIC], means, label="class mean")
+    ax.set(xlabel="task", ylabel="points", title="Points per task")
+    ax.legend()
+    save(fig, "tasks.png")
+    for task in SPEEDUPS:
+        ratios = [float(r[f"task{task}_speedup"]) for r in book if r[f"task{task}_speedup"]]
+        if ratios:
+            fig, ax = plt.subplots(figsize=(6, 3.5))
+            ax.hist(ratios, bins=20)
+            ax.axvline(1.0, color="k", lw=1)
+            ax.set(xlabel="speed / the reference's (same run)", ylabel="students", title=f"Task {task} speed")
+            save(fig, f"task{task}_speedup.png")
+    return made

@@ -1,0 +1,224 @@
+"""Grading a class on a Slurm cluster (`python -m grader.batch SUBMISSIONS --out DIR --slurm`).
+
+Slurm does the scheduling, the waiting and the requeueing; nothing here polls:
+- `sbatch --array=I,J,...%MAX DIR/slurm/grade.sh`: one element per submission to grade, one GPU
+  each, running `python -m grader.batch element DIR` (grader/batch.py; SLURM_ARRAY_TASK_ID picks
+  the student from DIR/class.json). `--requeue` lets Slurm requeue an element itself after a node
+  failure or a preemption.
+- `sbatch --dependency=afterany:ARRAY DIR/slurm/gather.sh --requeue`: once every element has
+  ended, however it ended, the gather job sends the gradings that were stopped from outside (the
+  time limit, a node failure, a preemption, scancel; each element logs its attempts in
+  DIR/attempts) once more, as a new array with a gather job of its own, and writes the gradebook.
+  The second gather records what was stopped twice, with Slurm's word for why (TIMEOUT,
+  NODE_FAIL, PREEMPTED, CANCELLED, from `scontrol show job`).
+- An element counts its own tries, so a student is graded at most batch.TRIES times in a round,
+  however often Slurm requeues it.
+
+Why not submitit: it runs pickled Python functions and learns how a job ended from `sacct`, which
+needs Slurm's accounting database (many department clusters, and the one-node cluster of our
+tests, have none); without it a cancelled job never ends for submitit. Here every element writes its
+own record, and the end of the array is a job dependency, so two `sbatch` calls are all we need.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from common.impl import REPO
+from grader import batch
+from grader.rubric import RUBRIC
+
+TEMPLATE = Path(__file__).with_name("slurm_job.sh")
+PLACES = ("@SBATCH@", "@REPO@", "@COMMAND@")
+# Slurm job states in which the job may still run; any other state is an end (squeue(1), JOB STATE CODES)
+ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING",
+          "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"}
+ENDS = {"TIMEOUT": "its time limit", "CANCELLED": "scancel", "NODE_FAIL": "a node failure",
+        "PREEMPTED": "a preemption", "OUT_OF_MEMORY": "running out of memory", "BOOT_FAIL": "a node that failed to boot",
+        "DEADLINE": "its deadline", "FAILED": "a failure of the job script"}
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("Slurm (--slurm: one array job, an element per submission, then a gather job)")
+    group.add_argument("--slurm", action="store_true", help="submit the class to Slurm instead of grading it here")
+    group.add_argument("--partition", help="#SBATCH --partition")
+    group.add_argument("--account", help="#SBATCH --account")
+    group.add_argument("--time", type=int, metavar="MIN",
+                       help="minutes per element (default: --timeout rounded up, and 5)")
+    group.add_argument("--gres", help="#SBATCH --gres (default gpu:1 when a graded task needs a GPU)")
+    group.add_argument("--cpus", type=int, default=4, help="#SBATCH --cpus-per-task (default 4)")
+    group.add_argument("--mem", help="#SBATCH --mem, e.g. 64G (default: the partition's)")
+    group.add_argument("--max-running", type=int, metavar="K", help="at most K elements at once (--array=...%%K)")
+    group.add_argument("--sbatch", action="append", default=[], metavar="LINE",
+                       help="another #SBATCH option, written with = (it starts with --): --sbatch=--qos=short; "
+                            "repeat as needed")
+    group.add_argument("--template", type=Path, default=TEMPLATE,
+                       help=f"the job script's template (default {TEMPLATE.name})")
+    group.add_argument("--dry-run", action="store_true", help="write the job scripts and show the sbatch commands only")
+
+
+def check_options(parser: argparse.ArgumentParser, args) -> None:
+    if not args.dry_run and shutil.which("sbatch") is None:
+        parser.error("--slurm: sbatch was not found; run this on a Slurm login node (or add --dry-run)")
+    if not args.template.is_file():
+        parser.error(f"--template: {args.template} is not a file")
+    missing = [p for p in PLACES if p not in args.template.read_text()]
+    if missing:
+        parser.error(f"--template: {args.template} lacks {', '.join(missing)} (see {TEMPLATE})")
+    for line in args.sbatch:
+        if not line.startswith("--") or "\n" in line:
+            parser.error(f"--sbatch takes one sbatch option such as --qos=short, got {line!r}")
+    if args.time is not None and args.time < 1:
+        parser.error("--time: minutes, at least 1 (Slurm's time limits are whole minutes)")
+
+
+def sbatch_lines(args, out: Path, gather: bool) -> list[str]:
+    tasks = {int(t) for t in batch.load_class(out)["tasks"].split(",")}
+    gres = args.gres if args.gres is not None else ("gpu:1" if any(RUBRIC[t].needs_cuda for t in tasks) else "")
+    minutes = args.time or math.ceil(args.timeout / 60) + 5
+    options = [f"--job-name={'gather' if gather else 'grade'}-{out.resolve().name}",
+               f"--output={out.resolve()}/slurm/logs/{'%x-%j' if gather else '%x-%A_%a'}.log",
+               "--open-mode=append",  # a requeued element adds to its log instead of overwriting it
+               f"--time={10 if gather else minutes}", f"--cpus-per-task={1 if gather else args.cpus}"]
+    options += [] if gather else ["--requeue"] + ([f"--gres={gres}"] if gres else []) + (
+        [f"--mem={args.mem}"] if args.mem else [])
+    options += [f"--partition={args.partition}"] if args.partition else []
+    options += [f"--account={args.account}"] if args.account else []
+    options += [] if gather else args.sbatch
+    return [f"#SBATCH {o}" for o in options]
+
+
+def write_scripts(args, out: Path) -> tuple[Path, Path]:
+    folder = out / "slurm"
+    (folder / "logs").mkdir(parents=True, exist_ok=True)
+    template = args.template.read_text()
+    scripts = []
+    for name, gather in (("grade.sh", False), ("gather.sh", True)):
+        command = [sys.executable, "-m", "grader.batch", "gather" if gather else "element", str(out.resolve())]
+        text = (template.replace("@SBATCH@", "\n".join(sbatch_lines(args, out, gather)))
+                .replace("@REPO@", shlex.quote(str(REPO)))
+                .replace("@COMMAND@", shlex.join(command) + (' "$@"' if gather else "")))
+        (folder / name).write_text(text)
+        (folder / name).chmod(0o755)
+        scripts.append(folder / name)
+    return scripts[0], scripts[1]
+
+
+def array_spec(indices: list[int], max_running: int | None) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8" (and "%K" to run at most K at once)."""
+    parts, start = [], None
+    for n, index in enumerate(indices):
+        if start is None:
+            start = index
+        if n + 1 == len(indices) or indices[n + 1] != index + 1:
+            parts.append(f"{start}" if start == index else f"{start}-{index}")
+            start = None
+    return ",".join(parts) + (f"%{max_running}" if max_running else "")
+
+
+def sbatch(*args: str) -> str:
+    """Submit; the job's id. SystemExit with sbatch's own words if it refuses."""
+    proc = subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise SystemExit(f"sbatch {' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout.strip().split(";")[0]
+
+
+def submit_array(out: Path, todo: list[int], max_running: int | None, requeue: bool) -> tuple[str, str]:
+    """The array job for these students, and a gather job after it; their ids."""
+    grade, gather = out / "slurm" / "grade.sh", out / "slurm" / "gather.sh"
+    array = sbatch(f"--array={array_spec(todo, max_running)}", str(grade))
+    after = sbatch(f"--dependency=afterany:{array}", str(gather), *(["--requeue"] if requeue else []))
+    return array, after
+
+
+def submit(args, out: Path, todo: list[int]) -> int:
+    klass = batch.load_class(out)
+    klass["todo"] = todo
+    batch._write_json(out / "class.json", klass)
+    grade, gather = write_scripts(args, out)
+    batch._write_json(out / "slurm" / "options.json", {"max_running": args.max_running})
+    if not todo:
+        batch.write_books(out)
+        return 0
+    if args.dry_run:
+        print(f"wrote {grade} and {gather}; to submit them:\n"
+              f"  sbatch --array={array_spec(todo, args.max_running)} {grade}\n"
+              f"  sbatch --dependency=afterany:<the array's job id> {gather} --requeue")
+        return 0
+    array, after = submit_array(out, todo, args.max_running, requeue=True)
+    print(f"submitted array job {array} ({len(todo)} elements) and gather job {after}, which runs when they have "
+          f"all ended and writes {out / 'gradebook.csv'}.\n"
+          f"Watch: squeue -j {array},{after}; logs in {out / 'slurm' / 'logs'}; the gradebook so far, at any time: "
+          f"python -m grader.batch gather {out}")
+    return 0
+
+
+# -- the gather job ------------------------------------------------------------------------------
+
+def job_state(job: str) -> tuple[str, str] | None:
+    """(JobState, Reason) of a job or array element, while Slurm still remembers it (MinJobAge)."""
+    if job == "local" or shutil.which("scontrol") is None:
+        return None
+    try:
+        proc = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    state, reason = re.search(r"\bJobState=(\S+)", proc.stdout), re.search(r"\bReason=(\S+)", proc.stdout)
+    return (state[1], reason[1] if reason else "") if proc.returncode == 0 and state else None
+
+
+def settle(out: Path, sid: str) -> bool:
+    """Add Slurm's word for how the student's last attempt ended; False while it may still run."""
+    tried = batch.attempts(out, sid)
+    last = tried[-1] if tried else None
+    if last is None or last.get("outcome", "").startswith(("graded", "failed")) or "state" in last:
+        return True
+    found = job_state(last["job"])
+    if found and found[0] not in ACTIVE | {"COMPLETING"}:
+        last["state"] = found[0]
+        last["outcome"] = f"stopped by Slurm: {found[0]} ({ENDS.get(found[0], 'its end state')})"
+    elif "ended" not in last:
+        if found:
+            return False  # running, or about to
+        last["outcome"] = "stopped before it finished" + ("" if last["job"] == "local" else
+                                                          " (Slurm no longer knows how)")
+    else:
+        return True  # the element's own word (it caught the signal) stands
+    last.setdefault("ended", batch._now())
+    batch.save_attempts(out, sid, tried)
+    return True
+
+
+def gather_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grader.batch gather",
+                                     description="The gradebook and class report from what is on disk; run it any time.")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--requeue", action="store_true",
+                        help="(the first gather job) grade once more what Slurm stopped, then gather again")
+    args = parser.parse_args(argv)
+    klass = batch.load_class(args.out)
+    again = []
+    for index in klass.get("todo", []):
+        sid = klass["students"][index]["id"]
+        if not settle(args.out, sid):
+            continue  # still running: a later gather will see it
+        mine = [a for a in batch.attempts(args.out, sid) if a.get("round") == klass["round"]]
+        stopped = not mine or mine[-1].get("outcome", "").startswith("stopped")
+        if stopped and batch.tries_left(args.out, sid, klass) > 0:
+            again.append(index)
+    if args.requeue and again:
+        options = json.loads((args.out / "slurm" / "options.json").read_text())
+        array, after = submit_array(args.out, again, options.get("max_running"), requeue=False)
+        names = ", ".join(klass["students"][i]["id"] for i in again)
+        print(f"graded once more: {names} (array job {array}; gather job {after} after it)")
+    batch.write_books(args.out)
+    return 0
