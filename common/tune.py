@@ -168,7 +168,7 @@ def _config_dir(root: Path, task: int, kernel_file: str, text: str, student_dir:
     return folder
 
 
-def _start(row: Row, worker, scratch: Path):
+def _start(row: Row, worker, scratch: Path, timed_kernel: str):
     """Build one configuration in its spawned worker (in a thread: the builds run side by side)."""
     from common.sandbox import WorkerDied, WorkerError
 
@@ -179,15 +179,21 @@ def _start(row: Row, worker, scratch: Path):
         row.error = _first_error(message)
         worker.__exit__(None, None, None)
         return None
-    # What ptxas said of this build, kept beside its object in the worker's build folder (one folder per
-    # configuration's text, so the newest is this one's). The worker could write anything there: the
-    # figures are only shown, never scored, and a file that is not a small regular one is skipped.
+    row.kernel = built_kernel(scratch, timed_kernel)
+    return worker
+
+
+def built_kernel(scratch: Path, name: str) -> KernelResources | None:
+    """What ptxas said of kernel `name` in the newest build under scratch/worker-builds (its object's .ptxas).
+
+    One folder per configuration's text, so the newest is this one's. The worker could write anything
+    there: the figures are only shown, never scored, and a file that is not a small regular one is skipped.
+    """
     kernels = []
     for ptxas in sorted((scratch / "worker-builds").rglob("*.ptxas"), key=lambda p: p.lstat().st_mtime):
         if ptxas.is_file() and not ptxas.is_symlink() and ptxas.stat().st_size < 1 << 20:
             kernels = resources.parse_ptxas(ptxas.read_text(errors="replace"))
-    row.kernel = next((k for k in resources.demangle(kernels) if k.name == plan.timed_kernel), None)
-    return worker
+    return next((k for k in resources.demangle(kernels) if k.name == name), None)
 
 
 def _occupancy(worker, kernel: KernelResources | None) -> dict[str, int]:
@@ -213,22 +219,26 @@ def run(plan: Plan, configs: list[dict[str, int]], *, student_dir: Path, solutio
     text = source.read_text()
     rows = [Row(n + 1, config) for n, config in enumerate(configs)]
     spawned, started = {}, {}
-    for row in rows:  # spawned here, in the thread that outlives them (see Worker.spawn)
-        try:
-            configured = configure(text, row.config)
-        except ValueError as err:
-            row.error = str(err)
-            continue
-        # a folder per configuration's text: its cached build is found again, and holds nothing else
-        scratch = root / hashlib.sha256(configured.encode()).hexdigest()[:16]
-        folder = _config_dir(scratch, plan.task, plan.kernel_file, configured, student_dir, solution)
-        worker = Worker(plan.task, folder, scratch=scratch, purpose="tune")
-        worker.spawn()
-        spawned[row.number] = (worker, scratch)
+    try:
+        for row in rows:  # spawned here, in the thread that outlives them (see Worker.spawn)
+            try:
+                configured = configure(text, row.config)
+            except ValueError as err:
+                row.error = str(err)
+                continue
+            # a folder per configuration's text: its cached build is found again, and holds nothing else
+            scratch = root / hashlib.sha256(configured.encode()).hexdigest()[:16]
+            folder = _config_dir(scratch, plan.task, plan.kernel_file, configured, student_dir, solution)
+            spawned[row.number] = (Worker(plan.task, folder, scratch=scratch, purpose="tune"), scratch)
+            spawned[row.number][0].spawn()
+    except BaseException:
+        for worker, _ in spawned.values():
+            worker.__exit__(None, None, None)
+        raise
 
     def prepare(row: Row):
         worker, scratch = spawned[row.number]
-        if _start(row, worker, scratch) is not None:
+        if _start(row, worker, scratch, plan.timed_kernel) is not None:
             started[row.number] = worker
 
     jobs = max(1, jobs)

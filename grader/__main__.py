@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import traceback
@@ -70,7 +71,9 @@ def prepare_submission(submission: Path, into: Path) -> list[str]:
     notes = []
     for task in TASKS.values():
         for rel in task.student_files:
-            why = copy_regular_file(submission / rel, into / rel)
+            parts = Path(rel).parts
+            linked = any(submission.joinpath(*parts[:n]).is_symlink() for n in range(1, len(parts)))
+            why = "in a folder that is a link" if linked else copy_regular_file(submission / rel, into / rel)
             if why:
                 (into / rel).parent.mkdir(parents=True, exist_ok=True)
                 (into / rel).write_bytes(skeleton_text(rel))
@@ -324,6 +327,8 @@ def main(argv=None) -> int:
     if out_dir.is_symlink():
         parser.error(f"--out: {out_dir} is a link; give a real folder")
     out_dir.mkdir(parents=True, exist_ok=True)
+    # stopped (Slurm's time limit, scancel, grader.batch's timeout): clean up as on any other exit
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     scratch = Path(tempfile.mkdtemp(prefix="grade-"))
     try:
         student_dir, graded, notes = REPO, f"{label(args.solution)} in this checkout", []

@@ -54,8 +54,9 @@ from grader.rubric import RUBRIC
 MAX_FILES = 2000
 MAX_BYTES = 200 * 1024 * 1024
 ARCHIVES = (".tar.gz", ".tgz", ".zip")
+TASKS_FOLDERS = {f"task{n}" for n in TASKS}
 TRIES = 2  # a grading stopped from outside (Slurm's time limit, a node failure, scancel) is tried once more
-DEFAULT_TIMEOUT_S = sum(r.timeout_s for r in RUBRIC.values()) + 600
+SLACK_S = 600  # a grading's time beyond its tasks' own limits: starting up, building, writing results
 
 
 class BadArchive(Exception):
@@ -72,6 +73,12 @@ def student_id(path: Path) -> str:
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return name
+
+
+def ignored(submissions: Path) -> list[str]:
+    """Entries of the submissions folder that are not a submission, to be named (never dropped silently)."""
+    return sorted(p.name for p in submissions.iterdir() if not p.name.startswith(".") and (
+        p.is_symlink() or not (p.is_dir() or (p.is_file() and p.name.endswith(ARCHIVES)))))
 
 
 def discover(submissions: Path) -> list[tuple[str, Path]]:
@@ -128,6 +135,8 @@ def unpack(archive: Path, dest: Path) -> Path:
 
     try:
         for name, kind, nbytes, read in _members(archive):
+            if kind == "folder" and not Path(name).parts:  # "." or "./": `tar czf s.tgz -C dir .` writes it
+                continue
             if kind not in ("file", "folder"):
                 raise BadArchive(f"the archive holds a link or device: {name!r}", tampering=True)
             target = admit(name, nbytes)
@@ -137,18 +146,22 @@ def unpack(archive: Path, dest: Path) -> Path:
             target.parent.mkdir(parents=True, exist_ok=True)
             with read() as src, open(target, "wb") as out:
                 shutil.copyfileobj(src, out)
-    except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError) as err:
-        raise BadArchive(f"not a readable archive: {err}") from None
+    except BadArchive:
+        raise
+    except Exception as err:  # noqa: BLE001  bad zips raise many kinds (zlib.error, NotImplementedError, ...)
+        raise BadArchive(f"not a readable archive: {type(err).__name__}: {err}") from None
     entries = [p for p in dest.iterdir() if not p.name.startswith(("__MACOSX", "."))]
-    return entries[0] if len(entries) == 1 and entries[0].is_dir() else dest
+    if any(p.name in TASKS_FOLDERS for p in entries):
+        return dest  # the checkout itself was archived (task1/ at the top)
+    return entries[0] if len(entries) == 1 and entries[0].is_dir() else dest  # or the folder holding it
 
 
 def linked_files(root: Path) -> list[str]:
-    """The files students write that this submission holds as links or other non-regular files."""
+    """The files students write that this submission holds through links (the file or a folder on its way)."""
     odd = []
     for rel in sorted({rel for task in TASKS.values() for rel in task.student_files}):
-        path = root / rel
-        if path.is_symlink() or (path.exists() and not path.is_file()):
+        steps = [root.joinpath(*Path(rel).parts[:n]) for n in range(1, len(Path(rel).parts) + 1)]
+        if any(step.is_symlink() for step in steps) or (steps[-1].exists() and not steps[-1].is_file()):
             odd.append(rel)
     return odd
 
@@ -199,8 +212,23 @@ def save_attempts(out: Path, sid: str, found: list[dict]) -> None:
     _write_json(out / "attempts" / f"{sid}.json", found)
 
 
+def this_round(out: Path, sid: str, klass: dict) -> list[dict]:
+    return [a for a in attempts(out, sid) if a.get("round") == klass.get("round")]
+
+
 def tries_left(out: Path, sid: str, klass: dict) -> int:
-    return TRIES - sum(a.get("round") == klass["round"] for a in attempts(out, sid))
+    return TRIES - len(this_round(out, sid, klass))
+
+
+def close_open_attempts(out: Path, sid: str) -> list[dict]:
+    """An attempt still open when its student is graded again was killed without a word (SIGKILL, a node lost)."""
+    tried = attempts(out, sid)
+    if any("ended" not in a for a in tried):
+        for earlier in tried:
+            earlier.setdefault("outcome", "stopped before it finished (killed)")
+            earlier.setdefault("ended", _now())
+        save_attempts(out, sid, tried)
+    return tried
 
 
 def _job() -> str:
@@ -214,10 +242,7 @@ def _job() -> str:
 
 def grade_one(out: Path, klass: dict, sid: str, source: Path) -> dict:
     """Grade one student in DIR/work/<id>, then commit it to DIR/students/<id>; returns what it recorded."""
-    tried = attempts(out, sid)
-    for earlier in tried:
-        if "ended" not in earlier:  # its process was killed (a node failure, SIGKILL): it said nothing
-            earlier |= {"ended": _now(), "outcome": "stopped before it finished (killed)"}
+    tried = close_open_attempts(out, sid)
     attempt = {"round": klass["round"], "job": _job(), "host": socket.gethostname(), "started": _now()}
     save_attempts(out, sid, tried + [attempt])
 
@@ -230,6 +255,8 @@ def grade_one(out: Path, klass: dict, sid: str, source: Path) -> dict:
     previous = signal.signal(signal.SIGTERM, stopped)
     try:
         record = _grade(out / "work" / sid, klass, sid, source, out)
+    except Exception as err:  # noqa: BLE001  a fault of this kit: that student's error, not the class's end
+        record = _failed(out / "work" / sid, f"internal error of the grading: {type(err).__name__}: {err}")
     finally:
         signal.signal(signal.SIGTERM, previous)
     kept = commit(out, sid, out / "work" / sid)
@@ -246,8 +273,8 @@ def _grade(folder: Path, klass: dict, sid: str, source: Path, out: Path) -> dict
     folder.mkdir(parents=True)
     from grader.__main__ import hidden_fingerprint, kit_fingerprint
 
-    about = {"student": sid, "source": str(source), "job": _job(), "host": socket.gethostname(),
-             "started": _now(), "kit": kit_fingerprint()[:16], "hidden": hidden_fingerprint(), "tampering": []}
+    about = {"student": sid, "source": str(source), "job": _job(), "host": socket.gethostname(), "started": _now(),
+             "tasks": klass["tasks"], "kit": kit_fingerprint()[:16], "hidden": hidden_fingerprint(), "tampering": []}
     try:
         if source.is_dir():
             root = source
@@ -272,12 +299,8 @@ def _grade(folder: Path, klass: dict, sid: str, source: Path, out: Path) -> dict
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             code = None
-        finally:  # the grader and whatever it left (its tests end with it: die_with_parent)
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
+        finally:
+            _stop(proc)
     about |= {"ended": _now(), "seconds": round(time.perf_counter() - started, 1)}
     _write_json(folder / "grading.json", about)
     results = folder / "results.json"
@@ -290,22 +313,57 @@ def _grade(folder: Path, klass: dict, sid: str, source: Path, out: Path) -> dict
     return record
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    """End the grader: SIGTERM first (it removes its scratch copy), then SIGKILL to its whole process group."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+    try:  # whatever it left behind (its tests end with it: die_with_parent)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
 def _failed(folder: Path, reason: str) -> dict:
+    """The grading's error.json; a results.json the grader wrote as it failed is kept, renamed, for its traceback."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if (folder / "results.json").exists():
+        os.replace(folder / "results.json", folder / "grader-failure.json")
     record = {"score": 0, "error": reason, "tests": []}
     _write_json(folder / "error.json", record)
     return record
 
 
+def graded(out: Path, sid: str, tasks: str) -> bool:
+    """A grade on disk for these tasks (one for other tasks is graded again)."""
+    folder = out / "students" / sid
+    about = _json_or_none(folder / "grading.json")
+    return (folder / "results.json").exists() and isinstance(about, dict) and about.get("tasks") == tasks
+
+
+def _json_or_none(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def commit(out: Path, sid: str, new: Path) -> bool:
     """Make `new` the student's record, unless it failed and an earlier grade exists; True if that was kept."""
     final = out / "students" / sid
+    old = new.with_name(f".{new.name}.old")  # a dot name: never a student's id (discover skips them)
+    if old.exists() and not final.exists():
+        old.rename(final)  # an earlier commit was killed between its two renames
     if (final / "results.json").exists() and not (new / "results.json").exists():
         failure = json.loads((new / "error.json").read_text())
         _write_json(final / "regrade-failed.json", failure | {"when": _now()})
         shutil.rmtree(new)
         return True
     final.parent.mkdir(parents=True, exist_ok=True)
-    old = new.with_name(new.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
         final.rename(old)
@@ -334,6 +392,7 @@ def element(out: Path, index: int | None) -> int:
     if index is None:
         index = int(os.environ["SLURM_ARRAY_TASK_ID"])
     student = klass["students"][index]
+    close_open_attempts(out, student["id"])
     if tries_left(out, student["id"], klass) <= 0:  # Slurm requeued it more often than we try
         print(f"{student['id']}: tried {TRIES} times already in this round; not graded again")
         return 0
@@ -371,9 +430,9 @@ def main(argv=None) -> int:
     parser.add_argument("--tasks", default=",".join(map(str, RUBRIC)), help="tasks to grade, e.g. 1,3")
     parser.add_argument("--regrade", action="store_true", help="grade every student again, not only the missing")
     parser.add_argument("--only", metavar="ID,ID", help="grade these students (again), and no one else")
-    parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S,
-                        help=f"seconds for one student's whole grading (default {DEFAULT_TIMEOUT_S}: the rubric's "
-                             "limits summed, and 10 minutes)")
+    parser.add_argument("--timeout", type=int,
+                        help=f"seconds for one student's whole grading (default: the graded tasks' limits in "
+                             f"grader/rubric.py summed, and {SLACK_S} s)")
     parser.add_argument("--no-sandbox", action="store_true", help="passed to the grader (see python -m grader -h)")
     slurm.add_options(parser)
     args = parser.parse_args(argv)
@@ -385,17 +444,21 @@ def main(argv=None) -> int:
         parser.error(f"--tasks takes numbers separated by commas, got {args.tasks!r}")
     if unknown := [t for t in tasks if t not in RUBRIC]:
         parser.error(f"--tasks: no task {unknown[0]}; tasks are {', '.join(map(str, RUBRIC))}")
+    args.timeout = args.timeout or sum(RUBRIC[t].timeout_s for t in tasks) + SLACK_S
     if args.slurm:
         slurm.check_options(parser, args)
     students = discover(args.submissions)
     only = {s.strip() for s in (args.only or "").split(",") if s.strip()}
     if unknown := sorted(only - {sid for sid, _ in students}):
         parser.error(f"--only: no submission for {', '.join(unknown)} in {args.submissions}")
+    for name in ignored(args.submissions):
+        print(f"not a submission, left out: {name} (a submission is a folder, .zip, .tar.gz or .tgz, not a link)")
     args.out.mkdir(parents=True, exist_ok=True)
     klass = write_class(args.out, students, ",".join(map(str, tasks)), args.timeout, args.no_sandbox)
     todo = [n for n, (sid, _) in enumerate(students) if sid in only or not only and (
-            args.regrade or not (args.out / "students" / sid / "results.json").exists())]
-    print(f"{len(students)} submissions, {len(todo)} to grade ({len(students) - len(todo)} already graded)")
+            args.regrade or not graded(args.out, sid, klass["tasks"]))]
+    print(f"{len(students)} submissions, {len(todo)} to grade"
+          + ("" if only else f" ({len(students) - len(todo)} graded already, for tasks {klass['tasks']})"))
     if args.slurm:
         return slurm.submit(args, args.out, todo)
     grade_locally(args.out, klass, todo)

@@ -108,7 +108,7 @@ def student_row(out: Path, sid: str, klass: dict) -> dict:
         row["total"], row["problem"] = "0", str(error.get("error", ""))
         if row["problem"].startswith("timed out"):
             flags["timed_out"].add("all")
-    mine = [a for a in batch.attempts(out, sid) if a.get("round") == klass.get("round")]
+    mine = batch.this_round(out, sid, klass)
     stopped = [a for a in mine if str(a.get("outcome", "")).startswith("stopped")]
     if mine and mine[-1] in stopped:  # the last grading was stopped from outside (Slurm, a kill)
         last = mine[-1]["outcome"]
@@ -117,7 +117,7 @@ def student_row(out: Path, sid: str, klass: dict) -> dict:
         elif len(stopped) >= batch.TRIES:
             row["total"], row["problem"] = "0", f"{last}, {len(stopped)} times; not graded"
         else:
-            row["problem"] = f"{last}; to be graded once more"
+            row["problem"] = f"{last}; not graded yet (the gather job sends it once more)"
         if any(a.get("state") == "TIMEOUT" for a in stopped):
             flags["timed_out"].add("all")
     elif not row["total"]:
@@ -133,10 +133,12 @@ def rows(out: Path, klass: dict) -> list[dict]:
 
 def write(out: Path, klass: dict) -> Path:
     path = out / "gradebook.csv"
-    with open(path, "w", newline="") as f:
+    part = path.with_name(path.name + ".part")
+    with open(part, "w", newline="", errors="backslashreplace") as f:  # an id may not be UTF-8
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows(out, klass))
+    part.replace(path)
     return path
 
 
@@ -153,13 +155,14 @@ def report(out: Path, klass: dict) -> Path:
     from grader.__main__ import hidden_fingerprint, kit_fingerprint
 
     book = rows(out, klass)
-    graded = [r for r in book if _number(r["total"]) is not None and not r["problem"].startswith("not graded")]
+    graded = [r for r in book if _number(r["total"]) is not None]
     totals = [float(r["total"]) for r in graded]
     abouts = [_json(out / "students" / r["student"] / "grading.json") for r in book]
     abouts = [a for a in abouts if isinstance(a, dict)]
     lines = ["# Class report", "",
              "Written by `python -m grader.batch`; rebuilt from the students' folders each time.", "",
-             f"- Students: {len(book)}; graded: {len(graded)}; without a grade yet: {len(book) - len(graded)}",
+             f"- Students: {len(book)}; with a total: {len(graded)} (a grading that failed counts 0); "
+             f"without one yet: {len(book) - len(graded)}",
              f"- Tasks graded: {klass.get('tasks')}",
              *_fingerprints(abouts, hidden_fingerprint(), kit_fingerprint()[:16])]
     seconds = [float(a["seconds"]) for a in abouts if isinstance(a.get("seconds"), (int, float))]
@@ -200,7 +203,9 @@ def report(out: Path, klass: dict) -> Path:
               ["No plots: matplotlib is not installed (`pip install matplotlib`, then `python -m grader.batch gather "
                f"{out}`)."])
     path = out / "report.md"
-    path.write_text("\n".join(lines) + "\n")
+    part = path.with_name(path.name + ".part")
+    part.write_text("\n".join(lines) + "\n", errors="backslashreplace")
+    part.replace(path)
     return path
 
 

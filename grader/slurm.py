@@ -39,8 +39,8 @@ from grader.rubric import RUBRIC
 TEMPLATE = Path(__file__).with_name("slurm_job.sh")
 PLACES = ("@SBATCH@", "@REPO@", "@COMMAND@")
 # Slurm job states in which the job may still run; any other state is an end (squeue(1), JOB STATE CODES)
-ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING",
-          "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"}
+ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+          "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"}
 ENDS = {"TIMEOUT": "its time limit", "CANCELLED": "scancel", "NODE_FAIL": "a node failure",
         "PREEMPTED": "a preemption", "OUT_OF_MEMORY": "running out of memory", "BOOT_FAIL": "a node that failed to boot",
         "DEADLINE": "its deadline", "FAILED": "a failure of the job script"}
@@ -92,7 +92,7 @@ def sbatch_lines(args, out: Path, gather: bool) -> list[str]:
         [f"--mem={args.mem}"] if args.mem else [])
     options += [f"--partition={args.partition}"] if args.partition else []
     options += [f"--account={args.account}"] if args.account else []
-    options += [] if gather else args.sbatch
+    options += args.sbatch  # a --qos or --reservation the cluster requires holds for the gather job too
     return [f"#SBATCH {o}" for o in options]
 
 
@@ -136,7 +136,11 @@ def submit_array(out: Path, todo: list[int], max_running: int | None, requeue: b
     """The array job for these students, and a gather job after it; their ids."""
     grade, gather = out / "slurm" / "grade.sh", out / "slurm" / "gather.sh"
     array = sbatch(f"--array={array_spec(todo, max_running)}", str(grade))
-    after = sbatch(f"--dependency=afterany:{array}", str(gather), *(["--requeue"] if requeue else []))
+    try:
+        after = sbatch(f"--dependency=afterany:{array}", str(gather), *(["--requeue"] if requeue else []))
+    except SystemExit as err:
+        raise SystemExit(f"{err}\nThe array job {array} was submitted; once it has ended, run "
+                         f"python -m grader.batch gather {out}") from None
     return array, after
 
 
@@ -164,35 +168,41 @@ def submit(args, out: Path, todo: list[int]) -> int:
 
 # -- the gather job ------------------------------------------------------------------------------
 
-def job_state(job: str) -> tuple[str, str] | None:
-    """(JobState, Reason) of a job or array element, while Slurm still remembers it (MinJobAge)."""
-    if job == "local" or shutil.which("scontrol") is None:
+FORGOTTEN = "FORGOTTEN"  # Slurm no longer knows the job (it keeps an ended one MinJobAge seconds, 300 by default)
+
+
+def job_state(job: str) -> str | None:
+    """A job's or array element's JobState, FORGOTTEN, or None when Slurm cannot be asked."""
+    if shutil.which("scontrol") is None:
         return None
     try:
         proc = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
-    state, reason = re.search(r"\bJobState=(\S+)", proc.stdout), re.search(r"\bReason=(\S+)", proc.stdout)
-    return (state[1], reason[1] if reason else "") if proc.returncode == 0 and state else None
+    state = re.search(r"\bJobState=(\S+)", proc.stdout)
+    if proc.returncode == 0 and state:
+        return state[1]
+    return FORGOTTEN if "Invalid job id" in proc.stderr else None
 
 
 def settle(out: Path, sid: str) -> bool:
-    """Add Slurm's word for how the student's last attempt ended; False while it may still run."""
+    """Add Slurm's word for how the student's last attempt ended; False while it may still run (or we cannot tell)."""
     tried = batch.attempts(out, sid)
     last = tried[-1] if tried else None
     if last is None or last.get("outcome", "").startswith(("graded", "failed")) or "state" in last:
         return True
-    found = job_state(last["job"])
-    if found and found[0] not in ACTIVE | {"COMPLETING"}:
-        last["state"] = found[0]
-        last["outcome"] = f"stopped by Slurm: {found[0]} ({ENDS.get(found[0], 'its end state')})"
+    state = job_state(last["job"]) if last["job"] != "local" else FORGOTTEN
+    if state is None or (state in ACTIVE and "ended" not in last):
+        return False
+    if state in ACTIVE:
+        return True  # the element caught the signal and said so; Slurm is still tidying up
+    if state != FORGOTTEN:
+        last["state"] = state
+        last["outcome"] = f"stopped by Slurm: {state} ({ENDS.get(state, 'its end state')})"
     elif "ended" not in last:
-        if found:
-            return False  # running, or about to
-        last["outcome"] = "stopped before it finished" + ("" if last["job"] == "local" else
-                                                          " (Slurm no longer knows how)")
+        last["outcome"] = "stopped before it finished"
     else:
-        return True  # the element's own word (it caught the signal) stands
+        return True
     last.setdefault("ended", batch._now())
     batch.save_attempts(out, sid, tried)
     return True
@@ -211,7 +221,7 @@ def gather_main(argv: list[str]) -> int:
         sid = klass["students"][index]["id"]
         if not settle(args.out, sid):
             continue  # still running: a later gather will see it
-        mine = [a for a in batch.attempts(args.out, sid) if a.get("round") == klass["round"]]
+        mine = batch.this_round(args.out, sid, klass)
         stopped = not mine or mine[-1].get("outcome", "").startswith("stopped")
         if stopped and batch.tries_left(args.out, sid, klass) > 0:
             again.append(index)

@@ -51,6 +51,12 @@ def _node_line(host: str) -> str:
     return f"NodeName={host} NodeAddr=127.0.0.1 {' '.join(words)} Gres=gpu:1 State=UNKNOWN"
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def write_config(folder: Path, host: str) -> Path:
     """slurm.conf and gres.conf for one node that is its own controller (a GPU declared on /dev/null)."""
     for sub in ("state", "spool", "log"):
@@ -59,8 +65,8 @@ def write_config(folder: Path, host: str) -> Path:
     conf.write_text(f"""ClusterName=kit
 SlurmctldHost={host}(127.0.0.1)
 SlurmUser=root
-SlurmctldPort=16817
-SlurmdPort=16818
+SlurmctldPort={_free_port()}
+SlurmdPort={_free_port()}
 AuthType=auth/munge
 AuthInfo=cred_expire=30
 StateSaveLocation={folder}/state
@@ -106,9 +112,10 @@ def cluster(folder: Path):
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             state = _run("sinfo", "-h", "-o", "%t", env=env).stdout.strip()
-            if state.startswith("idle"):
-                break
             if any(d.poll() is not None for d in daemons):
+                state = "a daemon exited"
+                break
+            if state.startswith("idle"):
                 break
             time.sleep(0.3)
         else:

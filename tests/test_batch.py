@@ -95,10 +95,10 @@ def test_a_class_is_graded_resumed_and_booked(tmp_path, capsys):
     assert len(about["hidden"]) == 16 and about["tampering"] == [] and about["seconds"] > 0
     assert [a["outcome"] for a in batch.attempts(out, "good")] == ["graded"]
     report = (out / "report.md").read_text()
-    assert f"Hidden cases (grader/hidden.py, sha256): {about['hidden']}" in report and "Students: 3; graded: 3" in report
+    assert f"Hidden cases (grader/hidden.py, sha256): {about['hidden']}" in report and "Students: 3; with a total: 3" in report
     capsys.readouterr()
     batch.main([str(subs), "--out", str(out), "--tasks", "1", "--no-sandbox"])  # resumes: only the failed one again
-    assert "3 submissions, 1 to grade (2 already graded)" in capsys.readouterr().out
+    assert "3 submissions, 1 to grade (2 graded already, for tasks 1)" in capsys.readouterr().out
     assert len(batch.attempts(out, "broken")) == 2 and len(batch.attempts(out, "good")) == 1
     batch.main([str(subs), "--out", str(out), "--tasks", "1", "--no-sandbox", "--only", "good"])
     assert "3 submissions, 1 to grade" in capsys.readouterr().out and len(batch.attempts(out, "good")) == 2
@@ -135,6 +135,11 @@ def _record_folder(folder, score=None, error=None, entries=()):
 
 def test_a_failed_regrade_never_replaces_an_earlier_grade(tmp_path):
     _record_folder(tmp_path / "students" / "ann", score=2)
+    crashed = _record_folder(tmp_path / "work" / "ann", score=0)  # the grader's own failure record ...
+    batch._failed(crashed, "the grader exited with code 1 (see grade.log)")  # ... set aside as it fails
+    assert (crashed / "grader-failure.json").exists() and not (crashed / "results.json").exists()
+    assert batch.commit(tmp_path, "ann", crashed)
+    assert json.loads((tmp_path / "students/ann/results.json").read_text())["score"] == 2
     kept = batch.commit(tmp_path, "ann", _record_folder(tmp_path / "work" / "ann", error="timed out: ..."))
     assert kept and json.loads((tmp_path / "students/ann/results.json").read_text())["score"] == 2
     assert json.loads((tmp_path / "students/ann/regrade-failed.json").read_text())["error"] == "timed out: ..."
@@ -143,6 +148,10 @@ def test_a_failed_regrade_never_replaces_an_earlier_grade(tmp_path):
     assert not batch.commit(tmp_path, "ann", _record_folder(tmp_path / "work" / "ann", score=1))
     assert json.loads((tmp_path / "students/ann/results.json").read_text())["score"] == 1
     assert not (tmp_path / "students/ann/regrade-failed.json").exists()
+    # a commit killed between its two renames: the grade it had set aside is put back first
+    (tmp_path / "students/ann").rename(tmp_path / "work/.ann.old")
+    assert batch.commit(tmp_path, "ann", _record_folder(tmp_path / "work" / "ann", error="killed"))
+    assert json.loads((tmp_path / "students/ann/results.json").read_text())["score"] == 1
 
 
 def _case(name, passed, kind="check", message=""):
@@ -178,7 +187,7 @@ def test_a_grading_stopped_from_outside_is_tried_once_more_then_recorded(tmp_pat
     batch.save_attempts(tmp_path, "ann", [{**stop, "round": "r0"}, stop])
     assert batch.tries_left(tmp_path, "ann", klass) == 1  # an earlier round's attempt does not count
     row = gradebook.student_row(tmp_path, "ann", klass)
-    assert row["total"] == "" and row["problem"] == "stopped by SIGTERM (...); to be graded once more"
+    assert row["total"] == "" and row["problem"].startswith("stopped by SIGTERM (...); not graded yet")
     batch.save_attempts(tmp_path, "ann", [stop, {**stop, "state": "TIMEOUT"}])
     row = gradebook.student_row(tmp_path, "ann", klass)
     assert (row["total"], row["timed_out"]) == ("0", "all") and row["problem"].endswith("2 times; not graded")
@@ -194,10 +203,33 @@ def test_an_unfinished_attempt_is_settled_as_stopped(tmp_path):
     assert last["outcome"] == "stopped before it finished" and "ended" in last
 
 
-def test_a_link_in_place_of_a_student_file_is_tampering(tmp_path):
-    (tmp_path / "task1").mkdir()
-    (tmp_path / "task1" / "attention.py").symlink_to("/etc/passwd")
-    assert batch.linked_files(tmp_path) == ["task1/attention.py"]
+def test_a_link_in_place_of_a_student_file_or_folder_is_tampering(tmp_path):
+    (tmp_path / "a" / "task1").mkdir(parents=True)
+    (tmp_path / "a" / "task1" / "attention.py").symlink_to("/etc/passwd")
+    assert batch.linked_files(tmp_path / "a") == ["task1/attention.py"]
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "task1").symlink_to(tmp_path / "a" / "task1")  # another student's folder
+    assert batch.linked_files(tmp_path / "b") == ["task1/attention.py"]
+
+
+def test_odd_archives_are_that_students_error_and_dot_entries_are_fine(tmp_path):
+    path = tmp_path / "s.tgz"
+    with tarfile.open(path, "w:gz") as tf:  # what `tar czf s.tgz -C checkout .` writes
+        for name in (".", "./task1"):
+            info = tarfile.TarInfo(name)
+            info.type = tarfile.DIRTYPE
+            tf.addfile(info)
+        info = tarfile.TarInfo("./task1/attention.py")
+        info.size = 6
+        tf.addfile(info, io.BytesIO(b"x = 1\n"))
+    root = batch.unpack(path, tmp_path / "out")
+    assert (root / "task1/attention.py").read_text() == "x = 1\n"
+    zipped = _zip(tmp_path / "z.zip", {"task1/attention.py": "x = 1\n" * 100})
+    data = bytearray(zipped.read_bytes())
+    data[data.index(b"PK\x01\x02") + 10] = 99  # a compression method zipfile does not know: NotImplementedError
+    zipped.write_bytes(bytes(data))
+    with pytest.raises(batch.BadArchive, match="not a readable archive"):
+        batch.unpack(zipped, tmp_path / "out2")
 
 
 def test_array_ranges():

@@ -214,6 +214,13 @@ def test_links_and_odd_bytes_in_a_submission(tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     results = json.loads((tmp_path / "grading" / "linked" / "results.json").read_text())
     assert results["score"] == 0 and "not a regular file" in results["output"], proc.stdout[-2000:]
+    sub = tmp_path / "linked_folder"  # its task1/ is the folder of another checkout (the reference's)
+    sub.mkdir()
+    (sub / "task1").symlink_to(REPO / "task1/solution")
+    proc = subprocess.run([sys.executable, "-m", "grader", "--submission", str(sub), "--tasks", "1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    results = json.loads((tmp_path / "grading" / "linked_folder" / "results.json").read_text())
+    assert results["score"] == 0 and "in a folder that is a link" in results["output"], proc.stdout[-2000:]
 
 
 def test_results_are_written_without_following_links(tmp_path):

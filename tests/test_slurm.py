@@ -106,5 +106,5 @@ def test_a_class_on_slurm_gets_the_local_backends_gradebook(tmp_path):
     assert slow == ["CANCELLED", "graded"], slow
     assert len(list((out / "slurm" / "logs").glob("gather-*.log"))) == 2  # the first gather, and the one it sent
     report = (out / "report.md").read_text()
-    assert "Students: 7; graded: 7" in report and "| timed_out | hang (all) |" in report
+    assert "Students: 7; with a total: 7" in report and "| timed_out | hang (all) |" in report
     assert json.loads((out / "students/good/grading.json").read_text())["job"] != "local"

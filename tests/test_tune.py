@@ -78,3 +78,18 @@ def test_the_csv_has_the_reason_of_each_row_that_did_not_run(tmp_path):
 def test_a_configuration_given_twice_runs_once():
     base = {"A": 1, "B": 2}
     assert tune._distinct([{}, {"A": 1}, {"B": 3}, {"A": 1, "B": 3}], base) == [{}, {"B": 3}]
+
+
+def test_the_timed_kernels_figures_come_from_the_newest_build(tmp_path):
+    import os
+
+    from tests.test_resources import RECORDED
+
+    folder = tmp_path / "worker-builds" / "task4-student"
+    folder.mkdir(parents=True)
+    (folder / "old.ptxas").write_text(RECORDED.replace("Used 128 registers", "Used 96 registers"))
+    (folder / "new.ptxas").write_text(RECORDED)
+    os.utime(folder / "old.ptxas", (1, 1))
+    kernel = tune.built_kernel(tmp_path, "flash_attention_kernel<128>")
+    assert kernel is not None and kernel.registers == 128 and kernel.spill_stores == 1196
+    assert tune.built_kernel(tmp_path, "no_such_kernel") is None
