@@ -35,7 +35,7 @@ from common.impl import REPO, label
 from common.records import environment
 from common.sandbox import copy_regular_file, sandbox_status
 from common.tasks import TASKS
-from grader.rubric import ESTIMATED, RUBRIC, TOTAL_POINTS, score
+from grader.rubric import ESTIMATED, RUBRIC, TOTAL_POINTS, parse_tasks, score
 from grader.runner import run_task, valid_record
 
 SANDBOX_TEXT = {
@@ -311,11 +311,9 @@ def main(argv=None) -> int:
                              "this machine's files, the hidden cases included)")
     args = parser.parse_args(argv)
     try:
-        tasks = sorted({int(t) for t in args.tasks.split(",") if t.strip()})
-    except ValueError:
-        parser.error(f"--tasks takes numbers separated by commas, got {args.tasks!r}")
-    if unknown := [t for t in tasks if t not in RUBRIC]:
-        parser.error(f"--tasks: no task {unknown[0]}; tasks are {', '.join(map(str, RUBRIC))}")
+        tasks = parse_tasks(args.tasks)
+    except ValueError as err:
+        parser.error(str(err))
     if args.solution and args.submission:
         parser.error("--solution and --submission exclude each other")
     if args.submission and sandbox_status() != "bubblewrap" and not args.no_sandbox:

@@ -49,7 +49,7 @@ from common.impl import REPO
 from common.sandbox import die_with_parent
 from common.tasks import TASKS
 from grader import gradebook
-from grader.rubric import RUBRIC
+from grader.rubric import RUBRIC, parse_tasks
 
 MAX_FILES = 2000
 MAX_BYTES = 200 * 1024 * 1024
@@ -439,11 +439,9 @@ def main(argv=None) -> int:
     if not args.submissions.is_dir():
         parser.error(f"{args.submissions}: not a folder")
     try:
-        tasks = sorted({int(t) for t in args.tasks.split(",") if t.strip()})
-    except ValueError:
-        parser.error(f"--tasks takes numbers separated by commas, got {args.tasks!r}")
-    if unknown := [t for t in tasks if t not in RUBRIC]:
-        parser.error(f"--tasks: no task {unknown[0]}; tasks are {', '.join(map(str, RUBRIC))}")
+        tasks = parse_tasks(args.tasks)
+    except ValueError as err:
+        parser.error(str(err))
     args.timeout = args.timeout or sum(RUBRIC[t].timeout_s for t in tasks) + SLACK_S
     if args.slurm:
         slurm.check_options(parser, args)

@@ -46,6 +46,17 @@ FULL_SPEED_FRACTION = 0.8
 ESTIMATED = "an ESTIMATE"  # in a summary whose performance points were estimated (grader/__main__.py looks for it)
 
 
+def parse_tasks(text: str) -> list[int]:
+    """--tasks "1,3" -> [1, 3]; ValueError with the message for the command line otherwise."""
+    try:
+        tasks = sorted({int(t) for t in text.split(",") if t.strip()})
+    except ValueError:
+        raise ValueError(f"--tasks takes numbers separated by commas, got {text!r}") from None
+    if unknown := [t for t in tasks if t not in RUBRIC]:
+        raise ValueError(f"--tasks: no task {unknown[0]}; tasks are {', '.join(map(str, RUBRIC))}")
+    return tasks
+
+
 def score(task: int, record: dict) -> tuple[float, str]:
     """(points earned, one-line explanation) for a finished test record."""
     rubric = RUBRIC[task]
