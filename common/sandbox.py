@@ -67,6 +67,20 @@ def die_with_parent() -> None:
         pass
 
 
+def remove_tree(path: Path, wait_s: float = 10.0) -> None:
+    """Remove a folder that processes being killed may still write in (a stopped grading's scratch copy).
+
+    A sandboxed worker dies a moment after the test that started it (its parent-death signals fire one
+    after the other), so a single rmtree can meet a file created after it listed the folder.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path) or time.monotonic() > deadline:
+            return
+        time.sleep(0.1)
+
+
 class WorkerError(Exception):
     """The student's code raised; `kind` is the exception's type name."""
 

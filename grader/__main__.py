@@ -24,7 +24,6 @@ import datetime
 import hashlib
 import json
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from pathlib import Path
 
 from common.impl import REPO, label
 from common.records import environment
-from common.sandbox import copy_regular_file, sandbox_status
+from common.sandbox import copy_regular_file, remove_tree, sandbox_status
 from common.tasks import TASKS
 from grader.rubric import ESTIMATED, RUBRIC, TOTAL_POINTS, parse_tasks, score
 from grader.runner import run_task, valid_record
@@ -357,7 +356,7 @@ def main(argv=None) -> int:
         write_grader_failure(out_dir, traceback.format_exc())
         raise
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        remove_tree(scratch)
 
     print("\nTask  Status               Points   Summary")
     for e in entries:

@@ -40,13 +40,14 @@ import stat
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import uuid
 import zipfile
 from pathlib import Path
 
 from common.impl import REPO
-from common.sandbox import die_with_parent
+from common.sandbox import die_with_parent, remove_tree
 from common.tasks import TASKS
 from grader import gradebook
 from grader.rubric import RUBRIC, parse_tasks
@@ -291,16 +292,20 @@ def _grade(folder: Path, klass: dict, sid: str, source: Path, out: Path) -> dict
     cmd += ["--no-sandbox"] if klass["no_sandbox"] else []
     (folder / "command.txt").write_text(" ".join(cmd) + "\n")
     timeout_s = klass["timeout_s"]
+    # the grader's scratch copy lives here, removed once the grader is dead: a grader killed before its own
+    # cleanup (SIGKILL after Slurm's KillWait) leaves nothing in the node's /tmp
+    temp = Path(tempfile.mkdtemp(prefix="grading-"))
     started = time.perf_counter()
     with open(folder / "grade.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
-                                preexec_fn=die_with_parent)
+                                env=dict(os.environ, TMPDIR=str(temp)), preexec_fn=die_with_parent)
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             code = None
         finally:
             _stop(proc)
+            remove_tree(temp)
     about |= {"ended": _now(), "seconds": round(time.perf_counter() - started, 1)}
     _write_json(folder / "grading.json", about)
     results = folder / "results.json"

@@ -90,11 +90,12 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
         timed_out = False
     except subprocess.TimeoutExpired:
         timed_out = True
-    try:  # the test and anything it left behind (ninja, nvcc, a student's stray process)
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+    finally:  # also when the grader itself is stopped: nothing may still write in `scratch` as it is removed
+        try:  # the test and anything it left behind (ninja, nvcc, a student's stray process)
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
     reader.join(timeout=10)
     seconds = time.perf_counter() - started
     log = "".join(lines)

@@ -4,9 +4,11 @@ import csv
 import io
 import json
 import tarfile
+import tempfile
 import zipfile
 
 import pytest
+import torch
 
 from common.sanitize import PASS_NAME
 from grader import batch, gradebook, slurm
@@ -76,7 +78,10 @@ def test_each_submission_is_a_student_and_ids_are_unique(tmp_path):
 
 
 @needs_solution(1)
-def test_a_class_is_graded_resumed_and_booked(tmp_path, capsys):
+def test_a_class_is_graded_resumed_and_booked(tmp_path, capsys, monkeypatch):
+    temp = tmp_path / "tmp"  # where the gradings' scratch copies go: nothing may be left in it
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     subs = tmp_path / "subs"
     subs.mkdir()
     solution = (REPO / "task1/solution/attention.py").read_text()
@@ -105,6 +110,7 @@ def test_a_class_is_graded_resumed_and_booked(tmp_path, capsys):
     with pytest.raises(SystemExit):
         batch.main([str(subs), "--out", str(out), "--only", "nobody"])
     assert "--only: no submission for nobody" in capsys.readouterr().err
+    assert not list(temp.iterdir())
 
 
 def test_the_report_draws_the_class_when_matplotlib_is_installed(tmp_path):

@@ -1,10 +1,12 @@
 """The grader's verdicts on known-bad submissions, one per failure mode, and its output formats."""
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
-import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -86,6 +88,10 @@ SUBMISSIONS = {
     "segfault": ("    scores = attention_scores(q, k)\n",
                  "    import os, signal\n    os.kill(os.getpid(), signal.SIGSEGV)\n    scores = attention_scores(q, k)\n"),
     "hang": ("    scores = attention_scores(q, k)\n", "    import time\n    time.sleep(600)\n    scores = attention_scores(q, k)\n"),
+    # keeps writing in the one folder its worker may write in, the grader's scratch copy, until it is killed
+    "hang_writing": ("    scores = attention_scores(q, k)\n",
+                     "    import itertools, os\n    for i in itertools.count():\n"
+                     "        open(os.path.join(os.environ['KIT_BUILD_ROOT'], f'junk{i % 1000}'), 'w').close()\n"),
     "pytorch_attention": ("    return torch.softmax(scores, dim=-1) @ v\n",
                           "    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)\n"),
     "sdpa_by_built_name_in_a_thread": ("    return torch.softmax(scores, dim=-1) @ v\n",
@@ -139,9 +145,13 @@ def grade(tmp_path, name, timeout=120, tasks="1", files=None):
     for rel, text in (files if files is not None else {"task1/attention.py": submission_text(name)}).items():
         (sub / rel).parent.mkdir(parents=True, exist_ok=True)
         (sub / rel).write_bytes(text if isinstance(text, bytes) else text.encode())
+    temp = tmp_path / "tmp"  # the grader's scratch copy: its own, so no other test's leftovers count here
+    temp.mkdir()
     proc = subprocess.run([sys.executable, "-m", "grader", "--submission", str(sub), "--tasks", tasks,
-                           "--timeout", str(timeout)], cwd=REPO, capture_output=True, text=True, timeout=900)
+                           "--timeout", str(timeout)], cwd=REPO, capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, TMPDIR=str(temp)))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert not list(temp.iterdir()), "a scratch copy was left behind"
     out = tmp_path / "grading" / name
     assert not (sub / "results.json").exists(), "results must not be written into the submission"
     results = json.loads((out / "results.json").read_text())
@@ -178,8 +188,6 @@ needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bu
 def test_verdicts_on_known_submissions(tmp_path, name, status, points, words):
     results, md = grade(tmp_path, name, files={} if name == "missing" else None)
     if name == "detached_process":
-        import time
-
         time.sleep(3)  # a process that outlived its task would rewrite the results now
         results = json.loads((tmp_path / "grading" / name / "results.json").read_text())
     (test,) = results["tests"]
@@ -192,7 +200,6 @@ def test_verdicts_on_known_submissions(tmp_path, name, status, points, words):
         assert 0 < test["score"] < 2
     assert results["score"] == test["score"]
     assert f"| 1. {RUBRIC[1].title} | {status} |" in md
-    assert not list(Path(tempfile.gettempdir()).glob("grade-*/submission")), "a scratch copy was left behind"
     assert str(SECRET_SEED) not in json.dumps(results) + md and hex(SECRET_SEED) not in json.dumps(results) + md
     written = [p for root in (REPO, tmp_path) for p in root.rglob(CANARY)]
     for p in written:
@@ -318,6 +325,30 @@ def test_a_hang_costs_only_its_task(tmp_path):
     results, _ = grade(tmp_path, "hang", timeout=15)
     (test,) = results["tests"]
     assert test["score"] == 0 and "timed out after 15 s" in test["output"]
+
+
+@needs_solution(1)
+def test_a_stopped_grader_kills_its_task_then_removes_its_scratch_copy(tmp_path):
+    """SIGTERM (Slurm's time limit, scancel, grader.batch's timeout) mid-task, the student still writing."""
+    sub, temp = tmp_path / "sub", tmp_path / "tmp"
+    (sub / "task1").mkdir(parents=True)
+    (sub / "task1" / "attention.py").write_text(submission_text("hang_writing"))
+    temp.mkdir()
+    cmd = [sys.executable, "-m", "grader", "--submission", str(sub), "--tasks", "1", "--out", str(tmp_path / "out")]
+    cmd += [] if shutil.which("bwrap") else ["--no-sandbox"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, TMPDIR=str(temp)), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not list(temp.glob("grade-*/task1-work/worker-builds/*/junk*")):
+            assert proc.poll() is None and time.monotonic() < deadline, "the submission never started writing"
+            time.sleep(0.2)
+        time.sleep(1)
+        proc.terminate()
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+    assert not list(temp.iterdir()), "the stopped grader left its scratch copy"
 
 
 def test_cuda_tasks_without_a_gpu_are_not_failed(tmp_path):

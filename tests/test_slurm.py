@@ -10,6 +10,7 @@ backend writes for the same class (the problem column's wording and the times as
 import contextlib
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -65,6 +66,9 @@ def test_a_class_on_slurm_gets_the_local_backends_gradebook(tmp_path):
             env = stack.enter_context(slurm_cluster.cluster(tmp_path / "cluster"))
         except slurm_cluster.Unavailable as err:
             pytest.skip(f"no one-node Slurm here: {err}")
+        temp = tmp_path / "node-tmp"  # the node's /tmp for the gradings: a stopped one must leave nothing in it
+        temp.mkdir()
+        env["TMPDIR"] = str(temp)
         out = tmp_path / "slurm"
         submitted = subprocess.run(
             [sys.executable, "-m", "grader.batch", str(subs), "--out", str(out), "--tasks", "1", "--slurm",
@@ -87,8 +91,9 @@ def test_a_class_on_slurm_gets_the_local_backends_gradebook(tmp_path):
 
     local = tmp_path / "local"
     ran = subprocess.run([sys.executable, "-m", "grader.batch", str(subs), "--out", str(local), "--tasks", "1",
-                          "--timeout", "60", *sandbox], cwd=REPO, capture_output=True, text=True, timeout=900)
+                          "--timeout", "60", *sandbox], cwd=REPO, env=dict(os.environ, TMPDIR=str(temp)), capture_output=True, text=True, timeout=900)
     assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert not list(temp.iterdir()), "a stopped grading left its scratch copy"
     here = book(local)
 
     assert on_slurm.keys() == here.keys() == {"good", "zipped", "own_work", "hang", "slow", "linked", "broken"}
