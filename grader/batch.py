@@ -9,6 +9,10 @@
     python -m grader.batch gather DIR
         writes DIR/gradebook.csv and DIR/report.md again from what is on disk (at any time).
 
+The reference kernels a CUDA task is timed against are built once, before the gradings (`prebuild`:
+`python -m taskN.compile --solution`, a job of its own on Slurm), and every grading imports that
+build read-only (common/build.py); only the student's own code is built per submission.
+
 SUBMISSIONS is a folder as a learning-management system exports it: one folder, `.zip`, `.tar.gz`
 or `.tgz` per student, whose name (without the extension) is the student's id. Each submission
 is graded exactly as `python -m grader --submission` grades it (its own process, the trusted
@@ -58,6 +62,7 @@ ARCHIVES = (".tar.gz", ".tgz", ".zip")
 TASKS_FOLDERS = {f"task{n}" for n in TASKS}
 TRIES = 2  # a grading stopped from outside (Slurm's time limit, a node failure, scancel) is tried once more
 SLACK_S = 600  # a grading's time beyond its tasks' own limits: starting up, building, writing results
+PREBUILD_TIMEOUT_S = 900  # one reference extension: nvcc and the binding against PyTorch's headers
 
 
 class BadArchive(Exception):
@@ -406,6 +411,36 @@ def element(out: Path, index: int | None) -> int:
     return 0
 
 
+def reference_builds(tasks: str) -> list[int]:
+    """The tasks whose reference extension the gradings of `tasks` load (tasks 6 and 7 run tasks 4's and 5's)."""
+    from common.impl import has_solution
+
+    wanted = {u for t in parse_tasks(tasks) for u in (t, *TASKS[t].uses)}
+    return sorted(t for t in wanted if TASKS[t].cuda and has_solution(t))
+
+
+def prebuild(out: Path) -> int:
+    """Build the reference extensions the class needs, once: every grading then imports them, read-only.
+
+    common/build.py publishes each build under a name that hashes all its inputs (build/reference/).
+    Where this fails (no GPU here, a node of another GPU kind), each grading builds for itself as before.
+    """
+    for task in reference_builds(load_class(out)["tasks"]):
+        started = time.perf_counter()
+        try:
+            proc = subprocess.run([sys.executable, "-m", f"task{task}.compile", "--solution"], cwd=REPO,
+                                  capture_output=True, text=True, timeout=PREBUILD_TIMEOUT_S)
+            said = (proc.stdout + proc.stderr).strip().splitlines() or [f"exit code {proc.returncode}"]
+            ok = proc.returncode == 0
+        except subprocess.TimeoutExpired:
+            said, ok = [f"still building after {PREBUILD_TIMEOUT_S} s"], False
+        if ok:
+            print(f"task {task}'s reference: {said[-1]} ({time.perf_counter() - started:.0f} s)", flush=True)
+        else:
+            print(f"task {task}'s reference was not prebuilt, so each grading builds it: {said[-1]}", flush=True)
+    return 0
+
+
 def write_books(out: Path) -> None:
     klass = load_class(out)
     book = gradebook.write(out, klass)
@@ -419,6 +454,10 @@ def main(argv=None) -> int:
         from grader import slurm
 
         return slurm.gather_main(argv[1:])
+    if argv[:1] == ["prebuild"]:
+        parser = argparse.ArgumentParser(prog="python -m grader.batch prebuild")
+        parser.add_argument("out", type=Path)
+        return prebuild(parser.parse_args(argv[1:]).out)
     if argv[:1] == ["element"]:
         parser = argparse.ArgumentParser(prog="python -m grader.batch element")
         parser.add_argument("out", type=Path)
@@ -464,6 +503,8 @@ def main(argv=None) -> int:
           + ("" if only else f" ({len(students) - len(todo)} graded already, for tasks {klass['tasks']})"))
     if args.slurm:
         return slurm.submit(args, args.out, todo)
+    if todo:
+        prebuild(args.out)
     grade_locally(args.out, klass, todo)
     write_books(args.out)
     return 0

@@ -1,6 +1,9 @@
 """Grading a class on a Slurm cluster (`python -m grader.batch SUBMISSIONS --out DIR --slurm`).
 
 Slurm does the scheduling, the waiting and the requeueing; nothing here polls:
+- `sbatch DIR/slurm/prebuild.sh` when a CUDA task is graded: the reference extensions, built once
+  on a GPU node (`python -m grader.batch prebuild DIR`); the array waits for it (afterany: were it
+  to fail, each element builds them itself).
 - `sbatch --array=I,J,...%MAX DIR/slurm/grade.sh`: one element per submission to grade, one GPU
   each, running `python -m grader.batch element DIR` (grader/batch.py; SLURM_ARRAY_TASK_ID picks
   the student from DIR/class.json). `--requeue` lets Slurm requeue an element itself after a node
@@ -17,7 +20,7 @@ Slurm does the scheduling, the waiting and the requeueing; nothing here polls:
 Why not submitit: it runs pickled Python functions and learns how a job ended from `sacct`, which
 needs Slurm's accounting database (many department clusters, and the one-node cluster of our
 tests, have none); without it a cancelled job never ends for submitit. Here every element writes its
-own record, and the end of the array is a job dependency, so two `sbatch` calls are all we need.
+own record, and the end of the array is a job dependency, so three `sbatch` calls are all we need.
 """
 
 from __future__ import annotations
@@ -80,36 +83,47 @@ def check_options(parser: argparse.ArgumentParser, args) -> None:
         parser.error("--time: minutes, at least 1 (Slurm's time limits are whole minutes)")
 
 
-def sbatch_lines(args, out: Path, gather: bool) -> list[str]:
+def sbatch_lines(args, out: Path, kind: str) -> list[str]:
+    """The #SBATCH options of one of the scripts: "grade" (the array), "prebuild" or "gather"."""
     tasks = {int(t) for t in batch.load_class(out)["tasks"].split(",")}
     gres = args.gres if args.gres is not None else ("gpu:1" if any(RUBRIC[t].needs_cuda for t in tasks) else "")
-    minutes = args.time or math.ceil(args.timeout / 60) + 5
-    options = [f"--job-name={'gather' if gather else 'grade'}-{out.resolve().name}",
-               f"--output={out.resolve()}/slurm/logs/{'%x-%j' if gather else '%x-%A_%a'}.log",
+    minutes = {"grade": args.time or math.ceil(args.timeout / 60) + 5, "gather": 10,
+               "prebuild": math.ceil(batch.PREBUILD_TIMEOUT_S * len(batch.reference_builds(",".join(map(str, tasks))))
+                                     / 60) + 5}[kind]
+    options = [f"--job-name={kind}-{out.resolve().name}",
+               f"--output={out.resolve()}/slurm/logs/{'%x-%A_%a' if kind == 'grade' else '%x-%j'}.log",
                "--open-mode=append",  # a requeued element adds to its log instead of overwriting it
-               f"--time={10 if gather else minutes}", f"--cpus-per-task={1 if gather else args.cpus}"]
-    options += [] if gather else ["--requeue"] + ([f"--gres={gres}"] if gres else []) + (
-        [f"--mem={args.mem}"] if args.mem else [])
+               f"--time={minutes}", f"--cpus-per-task={1 if kind == 'gather' else args.cpus}"]
+    options += ["--requeue"] if kind == "grade" else []
+    if kind != "gather":  # the gradings, and the build of the reference for the same GPUs
+        options += ([f"--gres={gres}"] if gres else []) + ([f"--mem={args.mem}"] if args.mem else [])
     options += [f"--partition={args.partition}"] if args.partition else []
     options += [f"--account={args.account}"] if args.account else []
-    options += args.sbatch  # a --qos or --reservation the cluster requires holds for the gather job too
+    options += args.sbatch  # a --qos or --reservation the cluster requires holds for every job
     return [f"#SBATCH {o}" for o in options]
 
 
-def write_scripts(args, out: Path) -> tuple[Path, Path]:
+SCRIPTS = {"grade": "element", "prebuild": "prebuild", "gather": "gather"}  # script -> grader.batch's command
+
+
+def write_scripts(args, out: Path) -> dict[str, Path]:
+    """DIR/slurm/grade.sh, gather.sh, and prebuild.sh when the class needs reference extensions."""
     folder = out / "slurm"
     (folder / "logs").mkdir(parents=True, exist_ok=True)
     template = args.template.read_text()
-    scripts = []
-    for name, gather in (("grade.sh", False), ("gather.sh", True)):
-        command = [sys.executable, "-m", "grader.batch", "gather" if gather else "element", str(out.resolve())]
-        text = (template.replace("@SBATCH@", "\n".join(sbatch_lines(args, out, gather)))
+    kinds = [k for k in SCRIPTS if k != "prebuild" or batch.reference_builds(batch.load_class(out)["tasks"])]
+    scripts = {}
+    for kind in kinds:
+        command = [sys.executable, "-m", "grader.batch", SCRIPTS[kind], str(out.resolve())]
+        text = (template.replace("@SBATCH@", "\n".join(sbatch_lines(args, out, kind)))
                 .replace("@REPO@", shlex.quote(str(REPO)))
-                .replace("@COMMAND@", shlex.join(command) + (' "$@"' if gather else "")))
-        (folder / name).write_text(text)
-        (folder / name).chmod(0o755)
-        scripts.append(folder / name)
-    return scripts[0], scripts[1]
+                .replace("@COMMAND@", shlex.join(command) + (' "$@"' if kind == "gather" else "")))
+        scripts[kind] = folder / f"{kind}.sh"
+        scripts[kind].write_text(text)
+        scripts[kind].chmod(0o755)
+    if "prebuild" not in scripts:
+        (folder / "prebuild.sh").unlink(missing_ok=True)  # from an earlier run of other tasks
+    return scripts
 
 
 def array_spec(indices: list[int], max_running: int | None) -> str:
@@ -132,37 +146,44 @@ def sbatch(*args: str) -> str:
     return proc.stdout.strip().split(";")[0]
 
 
-def submit_array(out: Path, todo: list[int], max_running: int | None, requeue: bool) -> tuple[str, str]:
-    """The array job for these students, and a gather job after it; their ids."""
+def submit_array(out: Path, todo: list[int], max_running: int | None, requeue: bool,
+                 after: str | None = None) -> tuple[str, str]:
+    """The array job for these students (after job `after`, if given), and a gather job after it; their ids."""
     grade, gather = out / "slurm" / "grade.sh", out / "slurm" / "gather.sh"
-    array = sbatch(f"--array={array_spec(todo, max_running)}", str(grade))
+    wait = [f"--dependency=afterany:{after}"] if after else []
+    array = sbatch(f"--array={array_spec(todo, max_running)}", *wait, str(grade))
     try:
-        after = sbatch(f"--dependency=afterany:{array}", str(gather), *(["--requeue"] if requeue else []))
+        gathered = sbatch(f"--dependency=afterany:{array}", str(gather), *(["--requeue"] if requeue else []))
     except SystemExit as err:
         raise SystemExit(f"{err}\nThe array job {array} was submitted; once it has ended, run "
                          f"python -m grader.batch gather {out}") from None
-    return array, after
+    return array, gathered
 
 
 def submit(args, out: Path, todo: list[int]) -> int:
     klass = batch.load_class(out)
     klass["todo"] = todo
     batch._write_json(out / "class.json", klass)
-    grade, gather = write_scripts(args, out)
+    scripts = write_scripts(args, out)
     batch._write_json(out / "slurm" / "options.json", {"max_running": args.max_running})
     if not todo:
         batch.write_books(out)
         return 0
+    prebuild = scripts.get("prebuild")
     if args.dry_run:
-        print(f"wrote {grade} and {gather}; to submit them:\n"
-              f"  sbatch --array={array_spec(todo, args.max_running)} {grade}\n"
-              f"  sbatch --dependency=afterany:<the array's job id> {gather} --requeue")
+        first = f"  sbatch {prebuild}\n" if prebuild else ""
+        after = " --dependency=afterany:<the prebuild's job id>" if prebuild else ""
+        print(f"wrote {', '.join(str(p) for p in scripts.values())}; to submit them:\n{first}"
+              f"  sbatch --array={array_spec(todo, args.max_running)}{after} {scripts['grade']}\n"
+              f"  sbatch --dependency=afterany:<the array's job id> {scripts['gather']} --requeue")
         return 0
-    array, after = submit_array(out, todo, args.max_running, requeue=True)
-    print(f"submitted array job {array} ({len(todo)} elements) and gather job {after}, which runs when they have "
-          f"all ended and writes {out / 'gradebook.csv'}.\n"
-          f"Watch: squeue -j {array},{after}; logs in {out / 'slurm' / 'logs'}; the gradebook so far, at any time: "
-          f"python -m grader.batch gather {out}")
+    built = sbatch(str(prebuild)) if prebuild else None
+    array, after = submit_array(out, todo, args.max_running, requeue=True, after=built)
+    first = f"prebuild job {built} (the reference kernels), " if built else ""
+    print(f"submitted {first}array job {array} ({len(todo)} elements) and gather job {after}, which runs when they "
+          f"have all ended and writes {out / 'gradebook.csv'}.\n"
+          f"Watch: squeue -j {','.join(filter(None, [built, array, after]))}; logs in {out / 'slurm' / 'logs'}; "
+          f"the gradebook so far, at any time: python -m grader.batch gather {out}")
     return 0
 
 

@@ -1,7 +1,8 @@
 #!/bin/bash
 # The job script of grading a class on Slurm: `python -m grader.batch SUBMISSIONS --out DIR --slurm`
-# writes it twice into DIR/slurm/ from this template (or from yours: --template FILE), once for the
-# array of gradings and once for the gather job. Three marks are filled in: the line of #SBATCH
+# writes it into DIR/slurm/ from this template (or from yours: --template FILE): for the array of
+# gradings, for the gather job, and, when a CUDA task is graded, for the job that builds the reference
+# kernels once before the gradings. Three marks are filled in: the line of #SBATCH
 # options (partition, account, time, GPUs, --sbatch=...), the checkout's folder, and the command.
 # Edit the lines between them for your cluster: modules, a conda or venv activation, scratch space.
 @SBATCH@

@@ -256,9 +256,59 @@ def test_the_job_scripts_follow_the_options_and_the_template(tmp_path, capsys):
         assert line in grade, line
     gather = (out / "slurm/gather.sh").read_text()
     assert "--gres" not in gather and "-m grader.batch gather" in gather and '"$@"' in gather
-    assert "sbatch --array=0%8" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    prebuild = (out / "slurm/prebuild.sh").read_text()  # task 4's reference, built once before the gradings
+    for line in ("#SBATCH --gres=gpu:1", "#SBATCH --partition=gpu", "#SBATCH --qos=short", "-m grader.batch prebuild"):
+        assert line in prebuild, line
+    assert "--requeue" not in prebuild
+    assert f"sbatch {out / 'slurm/prebuild.sh'}\n" in said
+    assert "sbatch --array=0%8 --dependency=afterany:<the prebuild's job id>" in said
+    assert batch.main(argv[:4] + ["1"] + argv[5:]) == 0  # task 1 alone: no reference to build
+    assert not (out / "slurm/prebuild.sh").exists() and "sbatch --array=0%8 " in capsys.readouterr().out
     bad = tmp_path / "bad.sh"
     bad.write_text("#!/bin/bash\n@SBATCH@\n")
     with pytest.raises(SystemExit):
         batch.main(argv + ["--template", str(bad)])
     assert "lacks @REPO@, @COMMAND@" in capsys.readouterr().err
+
+
+def test_the_jobs_are_chained_prebuild_array_gather(tmp_path, monkeypatch, capsys):
+    submitted = []
+
+    def sbatch(*args):
+        submitted.append(args)
+        return str(100 + len(submitted))
+
+    monkeypatch.setattr(slurm, "sbatch", sbatch)
+    (tmp_path / "subs" / "ann").mkdir(parents=True)
+    (tmp_path / "subs" / "bob").mkdir()
+    out = tmp_path / "out"
+    assert batch.main([str(tmp_path / "subs"), "--out", str(out), "--tasks", "6", "--slurm"]) == 0
+    assert submitted == [(str(out / "slurm/prebuild.sh"),),
+                         ("--array=0-1", "--dependency=afterany:101", str(out / "slurm/grade.sh")),
+                         ("--dependency=afterany:102", str(out / "slurm/gather.sh"), "--requeue")]
+    assert "submitted prebuild job 101 (the reference kernels), array job 102 (2 elements) and gather job 103" in (
+        capsys.readouterr().out)
+
+
+def test_the_references_a_class_needs(monkeypatch):
+    assert batch.reference_builds("1,3") == []
+    assert batch.reference_builds("4") == [4]
+    assert batch.reference_builds("6") == batch.reference_builds("7") == [4, 5]  # the model runs tasks 4 and 5
+    assert batch.reference_builds("2,5") == [2, 4, 5]
+    import common.impl
+
+    monkeypatch.setattr(common.impl, "has_solution", lambda task: False)  # the handout
+    assert batch.reference_builds("2,4,5") == []
+
+
+def test_a_prebuild_that_cannot_build_says_the_gradings_will(tmp_path, capsys):
+    (tmp_path / "subs" / "ann").mkdir(parents=True)
+    batch.write_class(tmp_path / "out", batch.discover(tmp_path / "subs"), "4", 60, False)
+    assert batch.prebuild(tmp_path / "out") == 0
+    said = capsys.readouterr().out
+    if torch.cuda.is_available():
+        assert said.startswith("task 4's reference: task 4 (reference solution): ")
+    else:
+        assert said.startswith("task 4's reference was not prebuilt, so each grading builds it: task 4: ")
+        assert "CPU-only build" in said or "no CUDA GPU" in said

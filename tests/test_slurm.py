@@ -91,7 +91,8 @@ def test_a_class_on_slurm_gets_the_local_backends_gradebook(tmp_path):
 
     local = tmp_path / "local"
     ran = subprocess.run([sys.executable, "-m", "grader.batch", str(subs), "--out", str(local), "--tasks", "1",
-                          "--timeout", "60", *sandbox], cwd=REPO, env=dict(os.environ, TMPDIR=str(temp)), capture_output=True, text=True, timeout=900)
+                          "--timeout", "60", *sandbox], cwd=REPO, env=dict(os.environ, TMPDIR=str(temp)),
+                         capture_output=True, text=True, timeout=900)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert not list(temp.iterdir()), "a stopped grading left its scratch copy"
     here = book(local)
