@@ -29,6 +29,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -206,10 +207,12 @@ def reference_build(task: int, arch: str, flags: list[str]) -> Path:
     A class's gradings (grader.batch) each import this file, read-only, instead of taking the build
     folder's lock and running ninja: it is built once, before them, by `python -m taskN.compile
     --solution`. The name is a hash of the sources (binding, common/csrc, the reference's kernels),
-    the flags, the arch, nvcc, PyTorch and Python, so a changed input is never served a stale build.
+    the flags, the arch, nvcc's version, the host compiler, PyTorch and Python, so a changed input is
+    never served a stale build.
     """
-    digest = hashlib.sha256(f"{find_nvcc()}|{arch}|{flags}|{torch.__version__}|{torch.version.cuda}|"
-                            f"{sys.version}".encode())
+    host = shutil.which(os.environ.get("CXX", "c++"))
+    digest = hashlib.sha256(f"{_nvcc_version()}|{host and os.path.realpath(host)}|{arch}|{flags}|"
+                            f"{torch.__version__}|{torch.version.cuda}|{sys.version}".encode())
     inputs = [REPO / "common" / "build.py", REPO / f"task{task}" / "binding.cpp",
               *sorted((REPO / "common" / "csrc").glob("*")),
               *sorted((REPO / f"task{task}" / "solution" / "kernels").glob("*"))]
@@ -217,6 +220,17 @@ def reference_build(task: int, arch: str, flags: list[str]) -> Path:
         if path.is_file():
             digest.update(path.relative_to(REPO).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return BUILD_ROOT / "reference" / f"task{task}_solution-{digest.hexdigest()[:20]}.so"
+
+
+def _nvcc_version() -> str:
+    nvcc = find_nvcc()
+    if nvcc is None:
+        return "no nvcc"
+    try:
+        said = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        said = ""
+    return f"{os.path.realpath(nvcc)} {said}"
 
 
 def _import_built(name: str, path: Path):
@@ -231,9 +245,14 @@ def _import_built(name: str, path: Path):
 def _publish(built: Path, published: Path) -> None:
     """Copy the new build to its published name (whole or not at all: other processes may read it now)."""
     published.parent.mkdir(parents=True, exist_ok=True)
-    part = published.with_name(f"{published.name}.{os.getpid()}.part")
-    shutil.copyfile(built, part)
-    os.replace(part, published)
+    fd, part = tempfile.mkstemp(dir=published.parent, prefix=f".{published.name}.")  # unique on any node
+    os.close(fd)
+    try:
+        shutil.copyfile(built, part)
+        os.replace(part, published)
+    finally:
+        if os.path.exists(part):
+            os.unlink(part)
 
 
 def _shown(path: Path) -> str:
@@ -294,11 +313,11 @@ def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda
                 f"building task {task} ({label(solution)}) failed:\n{_compiler_errors(str(err))}\n"
                 f"(full log: {_shown(log)})"
             ) from None
-    if published:
-        try:
-            _publish(folder / f"{name}.so", published)
-        except OSError as err:  # the next process builds it again: slower, never wrong
-            print(f"task {task} ({label(solution)}): could not publish the build as {_shown(published)}: {err}")
+        if published:  # still under the lock: no other process's build (another arch) relinks it meanwhile
+            try:
+                _publish(folder / f"{name}.so", published)
+            except OSError as err:  # the next process builds it again: slower, never wrong
+                print(f"task {task} ({label(solution)}): could not publish the build as {_shown(published)}: {err}")
     if not quiet:
         print(f"task {task} ({label(solution)}): built in {_shown(folder)} "
               f"({time.perf_counter() - started:.1f} s, arch {os.environ['TORCH_CUDA_ARCH_LIST']})")

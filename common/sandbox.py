@@ -12,6 +12,9 @@ With bubblewrap (`bwrap`) installed, the worker runs inside it:
 - its own PID namespace: it cannot see or signal the checks, and every process it starts
   dies with it (--die-with-parent);
 - no network, and no capabilities when run as root.
+A worker that has more than MAX_PROCESSES processes at once (a fork bomb) is ended, and the case
+says why; without bubblewrap, a process that leaves both the worker's process group and its tree
+escapes that count.
 Without bubblewrap it is a plain process in the view: the split between checks and student
 code still holds (separate memory, validated replies, records written by the checks), but
 the files of the machine are not hidden and a detached process may outlive the task.
@@ -42,6 +45,11 @@ MAX_STUDENT_FILE_BYTES = 2 * 1024 * 1024
 START_TIMEOUT_S = 300  # importing torch, and building a CUDA task's extension
 CALL_TIMEOUT_S = 300
 MAX_RESTARTS = 3  # a crashing case costs that case; after this many crashes the rest fail at once
+# The worker's processes at once (compilers included; threads do not count). More is a fork bomb: the
+# worker is ended before it fills the machine's process table under the other gradings on the node.
+MAX_PROCESSES = 256
+WATCH_S = 0.05
+COUNT_S = 1.0
 
 
 def sandbox_status() -> str:
@@ -74,11 +82,22 @@ def remove_tree(path: Path, wait_s: float = 10.0) -> None:
     after the other), so a single rmtree can meet a file created after it listed the folder.
     """
     deadline = time.monotonic() + wait_s
+    handler = "onexc" if sys.version_info >= (3, 12) else "onerror"
     while True:
-        shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(path, **{handler: _unlock})
         if not os.path.lexists(path) or time.monotonic() > deadline:
             return
         time.sleep(0.1)
+
+
+def _unlock(_function, path, _error) -> None:
+    """rmtree met a folder the student's code made read-only (chmod): open it, and the next pass removes it."""
+    for folder in (os.path.dirname(path), path):
+        try:
+            if os.path.isdir(folder) and not os.path.islink(folder):
+                os.chmod(folder, 0o700)
+        except OSError:
+            pass
 
 
 class WorkerError(Exception):
@@ -219,6 +238,7 @@ class Worker:
         self.attention_ops: set[str] = set()
         self.notes: list[str] = []
         self.restarts = MAX_RESTARTS if sanitize else 0  # under a sanitizer, one process makes one report
+        self.too_many_processes = 0  # the worker's processes when the watch ended it (0: it did not)
         self.file_notes = make_view(task, self.student_dir, self.view, solution)
 
     # -- process ---------------------------------------------------------------------------
@@ -246,6 +266,8 @@ class Worker:
             cmd = self._sanitized(cmd, env, fds, writable)
         if sandbox_status() == "bubblewrap":
             hide = [self.student_dir, *self.hide, self.scratch]
+            if os.environ.get("KIT_BUILD_ROOT"):  # the checks' builds, the published reference among them
+                hide.append(Path(os.environ["KIT_BUILD_ROOT"]))
             cmd = bwrap_command(self.view, writable, hide) + cmd
         if self.memory_limit:  # few threads and malloc arenas: each reserves address space the limit counts
             env |= {"OMP_NUM_THREADS": "2", "MALLOC_ARENA_MAX": "2"}
@@ -257,6 +279,30 @@ class Worker:
         for fd in fds[1:]:
             os.close(fd)  # the sanitizer's end of its log: only the worker's side holds it now
         self.sock = parent
+        self.too_many_processes = 0
+        threading.Thread(target=self._watch_processes, args=(self.proc,), daemon=True).start()
+
+    def _watch_processes(self, proc: subprocess.Popen) -> None:
+        """End the worker once it has more than MAX_PROCESSES processes (RLIMIT_NPROC does not bind root).
+
+        Cheap while nothing happens: the machine's count of threads and processes (/proc/loadavg) is
+        read every WATCH_S, and the worker's own processes are counted when that count has grown by
+        MAX_PROCESSES since its lowest point, and every COUNT_S in any case.
+        """
+        low, counted = _machine_tasks(), time.monotonic()
+        while proc.poll() is None:
+            time.sleep(WATCH_S)
+            now = _machine_tasks()
+            low = min(low, now)  # other processes that ended give this worker no allowance
+            if now - low <= MAX_PROCESSES and time.monotonic() - counted < COUNT_S:
+                continue
+            low, counted = now, time.monotonic()
+            mine = descendants(proc.pid)
+            if len(mine) > MAX_PROCESSES and proc.poll() is None:
+                if self.proc is proc:
+                    self.too_many_processes = len(mine)
+                _kill_all(proc.pid, mine)
+                return
 
     def handshake(self) -> None:
         """Import the task's entry points in the spawned worker (any thread may wait for this)."""
@@ -321,6 +367,9 @@ class Worker:
         code = self.proc.poll()
         if code is None:
             return "the worker stopped answering"
+        if self.too_many_processes:
+            return (f"the process running your code was stopped: it had {self.too_many_processes} processes at once, "
+                    f"more than the {MAX_PROCESSES} allowed (a fork bomb?)")
         if code > 128 and sandbox_status() == "bubblewrap":
             code = 128 - code  # bubblewrap reports a signal that ended its child as 128 + the signal
         if code < 0:
@@ -404,24 +453,61 @@ class Worker:
         if self.proc is None:
             return 0.0
         tick = os.sysconf("SC_CLK_TCK")
-        children: dict[int, list[int]] = {}
-        stats: dict[int, list[str]] = {}
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                except OSError:
-                    continue
-                pid = int(entry.name)
-                stats[pid] = fields
-                children.setdefault(int(fields[1]), []).append(pid)
-        total, todo = 0.0, [self.proc.pid]
-        while todo:
-            pid = todo.pop()
-            if pid in stats:
-                total += (int(stats[pid][11]) + int(stats[pid][12])) / tick
-            todo += children.get(pid, [])
-        return total
+        stats = descendants(self.proc.pid, include_root=True)
+        return sum(int(fields[11]) + int(fields[12]) for fields in stats.values()) / tick
+
+
+def descendants(root: int, include_root: bool = False) -> dict[int, list[str]]:
+    """The processes under `root` (its children, theirs, ...), each with the fields of /proc/PID/stat after the name.
+
+    Under bubblewrap an orphan is adopted by the sandbox's own init, so none escapes the count.
+    """
+    children: dict[int, list[int]] = {}
+    stats: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            pid = int(entry.name)
+            stats[pid] = fields
+            children.setdefault(int(fields[1]), []).append(pid)
+    found, todo, seen = {}, [root], set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:  # /proc is not read at one instant: a reused pid can make a cycle
+            continue
+        seen.add(pid)
+        if pid in stats and (include_root or pid != root):
+            found[pid] = stats[pid]
+        todo += children.get(pid, [])
+    return found
+
+
+def _kill_all(leader: int, found: dict[int, list[str]]) -> None:
+    """SIGKILL the worker's process group (no fork escapes a group's kill; under bubblewrap this ends its
+    PID namespace, and every process in it), then each process counted that had left the group."""
+    try:
+        os.killpg(leader, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for pid, fields in found.items():
+        try:  # the same process still: its start time (stat field 22) unchanged, so the pid was not reused
+            if (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19] == fields[19]:
+                os.kill(pid, signal.SIGKILL)
+        except (OSError, IndexError):
+            pass
+
+
+def _machine_tasks() -> int:
+    """The number of threads and processes on the machine (the fourth field of /proc/loadavg: running/total);
+    0 where it cannot be read (the count every COUNT_S still watches)."""
+    try:
+        with open("/proc/loadavg") as f:
+            return int(f.read().split()[3].split("/")[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def scratch_dir() -> Path:

@@ -294,6 +294,13 @@ def default_out(args) -> Path:
     return REPO
 
 
+def _stopped(signum, _frame):
+    """SIGTERM: leave through the cleanup. Once only: Slurm signals every process of a job and grader.batch
+    sends its own, and a second exit raised inside the cleanup would cut it short."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(128 + signum)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grader", description=__doc__.splitlines()[0])
     parser.add_argument("--solution", action="store_true", help="grade the reference solution")
@@ -325,7 +332,7 @@ def main(argv=None) -> int:
         parser.error(f"--out: {out_dir} is a link; give a real folder")
     out_dir.mkdir(parents=True, exist_ok=True)
     # stopped (Slurm's time limit, scancel, grader.batch's timeout): clean up as on any other exit
-    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    signal.signal(signal.SIGTERM, _stopped)
     scratch = Path(tempfile.mkdtemp(prefix="grade-"))
     try:
         student_dir, graded, notes = REPO, f"{label(args.solution)} in this checkout", []

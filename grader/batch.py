@@ -297,20 +297,22 @@ def _grade(folder: Path, klass: dict, sid: str, source: Path, out: Path) -> dict
     cmd += ["--no-sandbox"] if klass["no_sandbox"] else []
     (folder / "command.txt").write_text(" ".join(cmd) + "\n")
     timeout_s = klass["timeout_s"]
-    # the grader's scratch copy lives here, removed once the grader is dead: a grader killed before its own
-    # cleanup (SIGKILL after Slurm's KillWait) leaves nothing in the node's /tmp
+    # the grader's scratch copy lives here, removed once the grader is dead, even a grader killed before its
+    # own cleanup (grader.batch's timeout)
     temp = Path(tempfile.mkdtemp(prefix="grading-"))
     started = time.perf_counter()
-    with open(folder / "grade.log", "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
-                                env=dict(os.environ, TMPDIR=str(temp)), preexec_fn=die_with_parent)
-        try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            code = None
-        finally:
-            _stop(proc)
-            remove_tree(temp)
+    try:
+        with open(folder / "grade.log", "w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                                    env=dict(os.environ, TMPDIR=str(temp)), preexec_fn=die_with_parent)
+            try:
+                code = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                code = None
+            finally:
+                _stop(proc)
+    finally:
+        remove_tree(temp)
     about |= {"ended": _now(), "seconds": round(time.perf_counter() - started, 1)}
     _write_json(folder / "grading.json", about)
     results = folder / "results.json"
@@ -324,7 +326,8 @@ def _grade(folder: Path, klass: dict, sid: str, source: Path, out: Path) -> dict
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    """End the grader: SIGTERM first (it removes its scratch copy), then SIGKILL to its whole process group."""
+    """End a child (the grader, a prebuild): SIGTERM first (the grader removes its scratch copy), then SIGKILL
+    to its whole process group."""
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -427,13 +430,16 @@ def prebuild(out: Path) -> int:
     """
     for task in reference_builds(load_class(out)["tasks"]):
         started = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", f"task{task}.compile", "--solution"], cwd=REPO, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=die_with_parent)
         try:
-            proc = subprocess.run([sys.executable, "-m", f"task{task}.compile", "--solution"], cwd=REPO,
-                                  capture_output=True, text=True, timeout=PREBUILD_TIMEOUT_S)
-            said = (proc.stdout + proc.stderr).strip().splitlines() or [f"exit code {proc.returncode}"]
-            ok = proc.returncode == 0
+            said = proc.communicate(timeout=PREBUILD_TIMEOUT_S)[0].strip().splitlines()
+            said, ok = said or [f"exit code {proc.returncode}"], proc.returncode == 0
         except subprocess.TimeoutExpired:
             said, ok = [f"still building after {PREBUILD_TIMEOUT_S} s"], False
+        finally:
+            _stop(proc)  # and its nvcc and ninja, which would go on writing in the build folder
         if ok:
             print(f"task {task}'s reference: {said[-1]} ({time.perf_counter() - started:.0f} s)", flush=True)
         else:

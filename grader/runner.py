@@ -84,8 +84,8 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
                 print(f"  | {line}", end="", flush=True)
 
     reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
     try:
+        reader.start()
         proc.wait(timeout=timeout_s)
         timed_out = False
     except subprocess.TimeoutExpired:

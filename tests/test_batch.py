@@ -290,6 +290,18 @@ def test_the_jobs_are_chained_prebuild_array_gather(tmp_path, monkeypatch, capsy
     assert "submitted prebuild job 101 (the reference kernels), array job 102 (2 elements) and gather job 103" in (
         capsys.readouterr().out)
 
+    def refused(*args):  # a partition that refuses the prebuild job: the class goes on without it
+        if args == (str(out / "slurm/prebuild.sh"),):
+            raise SystemExit("sbatch: error: Batch job submission failed")
+        return sbatch(*args)
+
+    submitted.clear()
+    monkeypatch.setattr(slurm, "sbatch", refused)
+    assert batch.main([str(tmp_path / "subs"), "--out", str(out), "--tasks", "6", "--slurm", "--regrade"]) == 0
+    assert submitted == [("--array=0-1", str(out / "slurm/grade.sh")),
+                         ("--dependency=afterany:101", str(out / "slurm/gather.sh"), "--requeue")]
+    assert "each builds the reference kernels itself" in capsys.readouterr().out
+
 
 def test_the_references_a_class_needs(monkeypatch):
     assert batch.reference_builds("1,3") == []

@@ -88,6 +88,11 @@ SUBMISSIONS = {
     "segfault": ("    scores = attention_scores(q, k)\n",
                  "    import os, signal\n    os.kill(os.getpid(), signal.SIGSEGV)\n    scores = attention_scores(q, k)\n"),
     "hang": ("    scores = attention_scores(q, k)\n", "    import time\n    time.sleep(600)\n    scores = attention_scores(q, k)\n"),
+    # bounded, so that a test machine outlives a watch that fails; the name lets the test find leftovers
+    "fork_bomb": ("    scores = attention_scores(q, k)\n",
+                  "    import ctypes, os, time\n    for _ in range(1000):\n        if os.fork() == 0:\n"
+                  "            ctypes.CDLL(None).prctl(15, b'kit_fork_bomb', 0, 0, 0)\n"
+                  "            time.sleep(120)\n            os._exit(0)\n    scores = attention_scores(q, k)\n"),
     # keeps writing in the one folder its worker may write in, the grader's scratch copy, until it is killed
     "hang_writing": ("    scores = attention_scores(q, k)\n",
                      "    import itertools, os\n    for i in itertools.count():\n"
@@ -139,7 +144,8 @@ def submission_text(name):
     return bad_variant(1, "attention.py", *variant)
 
 
-def grade(tmp_path, name, timeout=120, tasks="1", files=None):
+def grade(tmp_path, name, timeout=120, tasks="1", files=None, plain=False):
+    """Grade a task 1 submission (plain: without bubblewrap, as on a machine that lacks it)."""
     sub = tmp_path / name
     sub.mkdir()
     for rel, text in (files if files is not None else {"task1/attention.py": submission_text(name)}).items():
@@ -148,8 +154,9 @@ def grade(tmp_path, name, timeout=120, tasks="1", files=None):
     temp = tmp_path / "tmp"  # the grader's scratch copy: its own, so no other test's leftovers count here
     temp.mkdir()
     proc = subprocess.run([sys.executable, "-m", "grader", "--submission", str(sub), "--tasks", tasks,
-                           "--timeout", str(timeout)], cwd=REPO, capture_output=True, text=True, timeout=900,
-                          env=dict(os.environ, TMPDIR=str(temp)))
+                           "--timeout", str(timeout), *(["--no-sandbox"] if plain else [])], cwd=REPO,
+                          capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, TMPDIR=str(temp), KIT_NO_SANDBOX="1" if plain else "0"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert not list(temp.iterdir()), "a scratch copy was left behind"
     out = tmp_path / "grading" / name
@@ -167,6 +174,7 @@ needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bu
     ("correct", "passed", 2, "checks passed"),
     ("wrong_scale", "failed", None, "checks passed"),
     ("segfault", "failed", None, "segmentation fault"),  # in attention(): steps 1-3, checked before it, still earn
+    ("fork_bomb", "failed", None, "a fork bomb?"),
     ("pytorch_attention", "failed", 0, "PyTorch's own attention"),
     ("sdpa_by_built_name_in_a_thread", "failed", 0, "PyTorch's own attention"),
     ("raises", "failed", None, "checks passed"),
@@ -201,6 +209,7 @@ def test_verdicts_on_known_submissions(tmp_path, name, status, points, words):
     assert results["score"] == test["score"]
     assert f"| 1. {RUBRIC[1].title} | {status} |" in md
     assert str(SECRET_SEED) not in json.dumps(results) + md and hex(SECRET_SEED) not in json.dumps(results) + md
+    assert not fork_bomb_leftovers(), "processes of the fork bomb outlived the grading"
     written = [p for root in (REPO, tmp_path) for p in root.rglob(CANARY)]
     for p in written:
         p.unlink()
@@ -325,6 +334,46 @@ def test_a_hang_costs_only_its_task(tmp_path):
     results, _ = grade(tmp_path, "hang", timeout=15)
     (test,) = results["tests"]
     assert test["score"] == 0 and "timed out after 15 s" in test["output"]
+
+
+def fork_bomb_leftovers(wait_s: float = 10) -> list[int]:
+    """Live processes of the fork_bomb submission (they name themselves), after they had wait_s to die."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                text = stat.read_text()
+            except OSError:
+                continue
+            if "(kit_fork_bomb)" in text and text.rsplit(")", 1)[1].split()[0] != "Z":  # a zombie is dead
+                found.append(int(stat.parent.name))
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+@needs_solution(1)
+def test_a_fork_bomb_is_stopped_without_bubblewrap_too(tmp_path):
+    """The watch counts the worker's processes itself, root or not; without bubblewrap's PID namespace
+    only those that stay in the worker's process group or under it are sure to be found and ended."""
+    results, _ = grade(tmp_path, "fork_bomb", plain=True)
+    (test,) = results["tests"]
+    assert test["output"].startswith("failed") and "a fork bomb?" in test["output"], test["output"]
+    assert 0 < test["score"] < 2
+    assert not fork_bomb_leftovers()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores a folder's permissions")
+def test_a_scratch_copy_is_removed_even_where_the_student_took_away_write_permission(tmp_path):
+    from common.sandbox import remove_tree
+
+    locked = tmp_path / "scratch" / "worker-builds" / "locked"
+    locked.mkdir(parents=True)
+    (locked / "file").write_text("x")
+    locked.chmod(0o500)
+    remove_tree(tmp_path / "scratch", wait_s=5)
+    assert not (tmp_path / "scratch").exists()
 
 
 @needs_solution(1)
