@@ -23,6 +23,7 @@ Known traps handled here:
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 import re
@@ -222,6 +223,7 @@ def reference_build(task: int, arch: str, flags: list[str]) -> Path:
     return BUILD_ROOT / "reference" / f"task{task}_solution-{digest.hexdigest()[:20]}.so"
 
 
+@functools.cache  # one `nvcc --version` per process, however many extensions it loads
 def _nvcc_version() -> str:
     nvcc = find_nvcc()
     if nvcc is None:

@@ -20,6 +20,8 @@ from task5.test import DECODE_BENCHMARKS, TimedDecode, check_decode, describe_de
 CONFIGS = [{"DECODE_WARPS": w, "UNROLL": u} for w, u in ((4, 1), (8, 1), (8, 2), (16, 2), (4, 4), (8, 4), (16, 4),
                                                           (8, 8))]
 CHECKS = [((2, 3, 100, 33, 128), 1), ((1, 2, 200, 65, 64), 1), ((1, 3, 150, 129, 17), 1), ((2, 2, 300, 300, 80), 1)]
+
+
 @functools.cache
 def copy_gbs() -> float:
     """Measured once, at the first configuration, with no worker busy on the GPU."""
@@ -27,7 +29,7 @@ def copy_gbs() -> float:
 
 
 def measure(worker) -> tune.Measured:
-    copy_gbs()
+    copy_gbs()  # now, before this configuration's worker runs anything on the GPU
     for n, (shape, splits) in enumerate(CHECKS):
         result = check_decode(worker, shape, 700 + 10 * n, splits)
         if not result.passed:
