@@ -251,6 +251,7 @@ def _publish(built: Path, published: Path) -> None:
     os.close(fd)
     try:
         shutil.copyfile(built, part)
+        shutil.copymode(built, part)  # mkstemp's file is private; the gradings may run as other users
         os.replace(part, published)
     finally:
         if os.path.exists(part):

@@ -6,8 +6,8 @@ and the given code the worker needs (common/tasks.py lists both), starts
 
 With bubblewrap (`bwrap`) installed, the worker runs inside it:
 - the file system is read-only, and everything but the operating system's own folders
-  (/usr, /etc, /opt, ...) is hidden behind empty folders: home folders, /tmp, /work, /srv and
-  the like, this checkout, the submission and the results folder (only Python's own folders and
+  (/usr, /etc, /opt, ...) is hidden behind empty folders: home folders, /tmp, /run, /work, /srv
+  and the like, this checkout, the submission and the results folder (only Python's own folders and
   the view are put back), so neither the reference solutions nor the hidden cases are there;
 - its own PID namespace: it cannot see or signal the checks, and every process it starts
   dies with it (--die-with-parent);
@@ -159,8 +159,9 @@ def make_view(task: int, student_dir: Path, view: Path, solution: bool) -> list[
 
 # Top-level folders of the operating system, kept (read-only): Python, compilers, CUDA and its driver
 # live there. Every other top-level folder (/home, /root, /tmp, /work, /srv, /mnt, /data, ...) is
-# hidden, since a copy of the course with its solutions may sit in any of them.
-SYSTEM_FOLDERS = {"bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "opt", "proc", "run", "sbin",
+# hidden, since a copy of the course with its solutions may sit in any of them. /run is hidden too: a
+# read-only view of a Unix socket still lets a process connect to it (munge, Docker, D-Bus live there).
+SYSTEM_FOLDERS = {"bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "opt", "proc", "sbin",
                   "sys", "usr", "var"}
 
 

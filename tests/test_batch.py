@@ -3,6 +3,7 @@
 import csv
 import io
 import json
+import os
 import tarfile
 import tempfile
 import zipfile
@@ -280,6 +281,11 @@ def test_the_jobs_are_chained_prebuild_array_gather(tmp_path, monkeypatch, capsy
         return str(100 + len(submitted))
 
     monkeypatch.setattr(slurm, "sbatch", sbatch)
+    fake = tmp_path / "bin" / "sbatch"  # never run (sbatch() is replaced): only found, as on a login node
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
     (tmp_path / "subs" / "ann").mkdir(parents=True)
     (tmp_path / "subs" / "bob").mkdir()
     out = tmp_path / "out"

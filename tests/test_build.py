@@ -82,6 +82,17 @@ def test_the_published_reference_build_is_named_by_every_input(tmp_path, monkeyp
     assert len(others) == 6 and name not in others
 
 
+def test_a_published_build_is_whole_and_readable_by_the_class(tmp_path):
+    built = tmp_path / "task4-solution" / "task4_solution.so"
+    built.parent.mkdir()
+    built.write_bytes(b"\x7fELF" + bytes(1000))
+    built.chmod(0o755)
+    published = tmp_path / "reference" / "task4_solution-0123.so"
+    build._publish(built, published)
+    assert published.read_bytes() == built.read_bytes() and published.stat().st_mode & 0o777 == 0o755
+    assert [p.name for p in published.parent.iterdir()] == [published.name]  # no temp file left
+
+
 @needs_cuda
 @needs_solution(4)
 def test_the_reference_is_built_once_then_imported(tmp_path):

@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -81,6 +82,20 @@ for folder in found + ["/proc/1/cwd"]:
     except OSError:
         pass
 """
+CONNECT_SOCKETS = """
+import os, socket, stat
+for top in ["/run", "/var", "/tmp", "/dev"]:
+    for root, _, names in os.walk(top):
+        for name in names:
+            try:
+                if stat.S_ISSOCK(os.stat(os.path.join(root, name)).st_mode):
+                    with socket.socket(socket.AF_UNIX) as s:
+                        s.settimeout(1)
+                        s.connect(os.path.join(root, name))
+                        s.sendall(b"kit_canary")
+            except OSError:
+                pass
+"""
 # Task 1 student files: the reference with one change, or the skeleton with an attack added.
 SUBMISSIONS = {
     "correct": None,
@@ -124,6 +139,7 @@ SUBMISSIONS = {
                                        "except ImportError:\n    pass\n"),
     "reads_the_hidden_cases": ("solution", LEAK_HIDDEN),
     "writes_outside_its_view": ("skeleton", WRITE_EVERYWHERE),
+    "connects_to_sockets": ("skeleton", CONNECT_SOCKETS),
     "empties_the_watch_list": ("    return torch.softmax(scores, dim=-1) @ v\n",
         "    import common.impl as impl, torch.nn.functional as F\n"
         "    getattr(impl, 'PYTORCH_ATTENTION', set()).clear()\n"
@@ -334,6 +350,29 @@ def test_a_hang_costs_only_its_task(tmp_path):
     results, _ = grade(tmp_path, "hang", timeout=15)
     (test,) = results["tests"]
     assert test["score"] == 0 and "timed out after 15 s" in test["output"]
+
+
+@needs_bwrap
+@needs_solution(1)
+def test_a_sandboxed_submission_cannot_connect_to_the_machines_unix_sockets(tmp_path):
+    """A read-only bind still lets connect() through: munge's, Docker's or D-Bus's socket in /run would be
+    a way out of the sandbox. This test listens where they do and checks that nobody knocked."""
+    path = Path("/run") / f"kit-test-{os.getpid()}.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    try:
+        listener.bind(str(path))
+    except OSError as e:
+        pytest.skip(f"cannot make a socket in /run to listen on ({e})")
+    try:
+        listener.listen()
+        listener.setblocking(False)
+        results, _ = grade(tmp_path, "connects_to_sockets")
+        assert results["tests"][0]["output"].startswith("not implemented yet") and results["score"] == 0
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    finally:
+        listener.close()
+        path.unlink()
 
 
 def fork_bomb_leftovers(wait_s: float = 10) -> list[int]:
