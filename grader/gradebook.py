@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import statistics
 from pathlib import Path
 
 from common.bench import VS_REFERENCE
 from common.sanitize import PASS_NAME
-from grader.rubric import RUBRIC, TOTAL_POINTS
+from grader.rubric import RUBRIC, parse_tasks
 
 FLAGS = ("not_built", "timed_out", "sanitizer", "own_work", "tampering")
 SPEEDUPS = (4, 5)  # the tasks with performance points: their speed against the reference, per student
@@ -155,6 +156,8 @@ def report(out: Path, klass: dict) -> Path:
     from grader.__main__ import hidden_fingerprint, kit_fingerprint
 
     book = rows(out, klass)
+    tasks = _graded_tasks(klass)
+    possible = sum(RUBRIC[t].points for t in tasks)  # out of what the class was graded on, not the course
     graded = [r for r in book if _number(r["total"]) is not None]
     totals = [float(r["total"]) for r in graded]
     abouts = [_json(out / "students" / r["student"] / "grading.json") for r in book]
@@ -170,16 +173,18 @@ def report(out: Path, klass: dict) -> Path:
         lines.append(f"- Time per grading: median {statistics.median(seconds) / 60:.1f} min, longest "
                      f"{max(seconds) / 60:.1f} min, {sum(seconds) / 3600:.2f} h in all")
     if totals:
-        lines += ["", f"## Totals (out of {TOTAL_POINTS:g})", "",
+        lines += ["", f"## Totals (out of {possible:g})", "",
                   f"Mean {statistics.mean(totals):.2f}, median {statistics.median(totals):.2f}, "
                   f"lowest {min(totals):g}, highest {max(totals):g}.", "", "| points | students |", "|---|---|"]
-        step = 2
-        for low in range(0, int(TOTAL_POINTS), step):
-            last = low + step >= TOTAL_POINTS  # the last bin holds full marks too
-            n = sum(low <= t < low + step or (last and t == TOTAL_POINTS) for t in totals)
-            lines.append(f"| [{low}, {low + step}{']' if last else ')'} | {'█' * n} {n} |")
+        step = 2 if possible > 10 else 1
+        for low in range(0, math.ceil(possible), step):
+            high = min(low + step, possible)
+            last = high == possible  # the last bin holds full marks too
+            n = sum(low <= t < high or (last and t == possible) for t in totals)
+            lines.append(f"| [{low}, {high:g}{']' if last else ')'} | {'█' * n} {n} |")
     lines += ["", "## Points per task", "", "| task | points | mean | full marks | zero |", "|---|---|---|---|---|"]
-    for task, rubric in RUBRIC.items():
+    for task in tasks:
+        rubric = RUBRIC[task]
         scored = [float(r[f"task{task}"]) for r in graded if r[f"task{task}"] != ""]
         if scored:
             lines.append(f"| {task}. {rubric.title} | {rubric.points:g} | {statistics.mean(scored):.2f} | "
@@ -197,7 +202,7 @@ def report(out: Path, klass: dict) -> Path:
             lines += ["", f"Task {task}, speed against the reference timed in the same run: median "
                       f"{statistics.median(ratios):.2f}x, {min(ratios):.2f}x to {max(ratios):.2f}x "
                       f"({len(ratios)} students)."]
-    pictures = plots(out / "plots", book)
+    pictures = plots(out / "plots", book, tasks)
     lines += ["", "## Plots", ""]
     lines += ([f"![{p.stem}](plots/{p.name})" for p in pictures] if pictures is not None else
               ["No plots: matplotlib is not installed (`pip install matplotlib`, then `python -m grader.batch gather "
@@ -225,7 +230,14 @@ def _fingerprints(abouts: list[dict], hidden_now: str, kit_now: str) -> list[str
     return lines
 
 
-def plots(folder: Path, book: list[dict]) -> list[Path] | None:
+def _graded_tasks(klass: dict) -> list[int]:
+    try:
+        return parse_tasks(str(klass.get("tasks")))
+    except ValueError:  # an older or edited class.json: the whole course
+        return list(RUBRIC)
+
+
+def plots(folder: Path, book: list[dict], tasks: list[int]) -> list[Path] | None:
     """PNG plots of the class, when matplotlib is installed; None otherwise."""
     try:
         import matplotlib
@@ -243,15 +255,16 @@ def plots(folder: Path, book: list[dict]) -> list[Path] | None:
         plt.close(fig)
         made.append(folder / name)
 
+    possible = sum(RUBRIC[t].points for t in tasks)
     totals = [float(r["total"]) for r in book if _number(r["total"]) is not None]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.hist(totals, bins=range(0, int(TOTAL_POINTS) + 2))
-    ax.set(xlabel=f"total points (of {TOTAL_POINTS:g})", ylabel="students", title="Totals")
+    ax.hist(totals, bins=range(0, math.ceil(possible) + 2))
+    ax.set(xlabel=f"total points (of {possible:g})", ylabel="students", title="Totals")
     save(fig, "totals.png")
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    means = [statistics.mean([float(r[f"task{t}"]) for r in book if r[f"task{t}"] != ""] or [0]) for t in RUBRIC]
-    ax.bar([str(t) for t in RUBRIC], [r.points for r in RUBRIC.values()], color="0.85", label="points")
-    ax.bar([str(t) for t in RUBRIC], means, label="class mean")
+    means = [statistics.mean([float(r[f"task{t}"]) for r in book if r[f"task{t}"] != ""] or [0]) for t in tasks]
+    ax.bar([str(t) for t in tasks], [RUBRIC[t].points for t in tasks], color="0.85", label="points")
+    ax.bar([str(t) for t in tasks], means, label="class mean")
     ax.set(xlabel="task", ylabel="points", title="Points per task")
     ax.legend()
     save(fig, "tasks.png")

@@ -102,6 +102,9 @@ def test_a_class_is_graded_resumed_and_booked(tmp_path, capsys, monkeypatch):
     assert [a["outcome"] for a in batch.attempts(out, "good")] == ["graded"]
     report = (out / "report.md").read_text()
     assert f"Hidden cases (grader/hidden.py, sha256): {about['hidden']}" in report and "Students: 3; with a total: 3" in report
+    # out of the 2 points of the task graded, not the course's 20
+    assert "## Totals (out of 2)" in report and "| [0, 1) | ██ 2 |" in report and "| [1, 2] | █ 1 |" in report
+    assert "| 1. " in report and "| 3. " not in report
     capsys.readouterr()
     batch.main([str(subs), "--out", str(out), "--tasks", "1", "--no-sandbox"])  # resumes: only the failed one again
     assert "3 submissions, 1 to grade (2 graded already, for tasks 1)" in capsys.readouterr().out
