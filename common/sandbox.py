@@ -12,8 +12,8 @@ With bubblewrap (`bwrap`) installed, the worker runs inside it:
 - its own PID namespace: it cannot see or signal the checks, and every process it starts
   dies with it (--die-with-parent);
 - no network, and no capabilities when run as root.
-A worker that has more than MAX_PROCESSES processes at once (a fork bomb) is ended, and the case
-says why; without bubblewrap, a process that leaves both the worker's process group and its tree
+A worker that has more than MAX_PROCESSES processes or MAX_THREADS threads at once (a fork or
+thread bomb) is ended, and the case says why; without bubblewrap, a process that leaves both the worker's process group and its tree
 escapes that count.
 Without bubblewrap it is a plain process in the view: the split between checks and student
 code still holds (separate memory, validated replies, records written by the checks), but
@@ -45,9 +45,11 @@ MAX_STUDENT_FILE_BYTES = 2 * 1024 * 1024
 START_TIMEOUT_S = 300  # importing torch, and building a CUDA task's extension
 CALL_TIMEOUT_S = 300
 MAX_RESTARTS = 3  # a crashing case costs that case; after this many crashes the rest fail at once
-# The worker's processes at once (compilers included; threads do not count). More is a fork bomb: the
-# worker is ended before it fills the machine's process table under the other gradings on the node.
+# The worker's processes at once (compilers included), and their threads together. More is a fork or
+# thread bomb: the worker is ended before it fills the machine's process table (threads take pids too)
+# under the other gradings on the node. PyTorch's thread pools have a thread per core: 4096 leaves room.
 MAX_PROCESSES = 256
+MAX_THREADS = 4096
 WATCH_S = 0.05
 COUNT_S = 1.0
 
@@ -239,7 +241,7 @@ class Worker:
         self.attention_ops: set[str] = set()
         self.notes: list[str] = []
         self.restarts = MAX_RESTARTS if sanitize else 0  # under a sanitizer, one process makes one report
-        self.too_many_processes = 0  # the worker's processes when the watch ended it (0: it did not)
+        self.stopped_why = ""  # what the watch of its processes ended the worker for ("": it did not)
         self.file_notes = make_view(task, self.student_dir, self.view, solution)
 
     # -- process ---------------------------------------------------------------------------
@@ -280,15 +282,16 @@ class Worker:
         for fd in fds[1:]:
             os.close(fd)  # the sanitizer's end of its log: only the worker's side holds it now
         self.sock = parent
-        self.too_many_processes = 0
+        self.stopped_why = ""
         threading.Thread(target=self._watch_processes, args=(self.proc,), daemon=True).start()
 
     def _watch_processes(self, proc: subprocess.Popen) -> None:
-        """End the worker once it has more than MAX_PROCESSES processes (RLIMIT_NPROC does not bind root).
+        """End the worker once it has more than MAX_PROCESSES processes or MAX_THREADS threads (RLIMIT_NPROC
+        does not bind root).
 
         Cheap while nothing happens: the machine's count of threads and processes (/proc/loadavg) is
-        read every WATCH_S, and the worker's own processes are counted when that count has grown by
-        MAX_PROCESSES since its lowest point, and every COUNT_S in any case.
+        read every WATCH_S, and the worker's own processes and threads are counted when that count has
+        grown by MAX_PROCESSES since its lowest point, and every COUNT_S in any case.
         """
         low, counted = _machine_tasks(), time.monotonic()
         while proc.poll() is None:
@@ -298,10 +301,15 @@ class Worker:
             if now - low <= MAX_PROCESSES and time.monotonic() - counted < COUNT_S:
                 continue
             low, counted = now, time.monotonic()
-            mine = descendants(proc.pid)
-            if len(mine) > MAX_PROCESSES and proc.poll() is None:
+            mine = descendants(proc.pid, include_root=True)
+            processes, threads = len(mine) - 1, sum(int(fields[17]) for fields in mine.values())  # num_threads
+            why = (f"{processes} processes at once, more than the {MAX_PROCESSES} allowed (a fork bomb?)"
+                   if processes > MAX_PROCESSES else
+                   f"{threads} threads at once, more than the {MAX_THREADS} allowed (a thread bomb?)"
+                   if threads > MAX_THREADS else "")
+            if why and proc.poll() is None:
                 if self.proc is proc:
-                    self.too_many_processes = len(mine)
+                    self.stopped_why = why
                 _kill_all(proc.pid, mine)
                 return
 
@@ -368,9 +376,8 @@ class Worker:
         code = self.proc.poll()
         if code is None:
             return "the worker stopped answering"
-        if self.too_many_processes:
-            return (f"the process running your code was stopped: it had {self.too_many_processes} processes at once, "
-                    f"more than the {MAX_PROCESSES} allowed (a fork bomb?)")
+        if self.stopped_why:
+            return f"the process running your code was stopped: it had {self.stopped_why}"
         if code > 128 and sandbox_status() == "bubblewrap":
             code = 128 - code  # bubblewrap reports a signal that ended its child as 128 + the signal
         if code < 0:

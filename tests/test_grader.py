@@ -108,6 +108,10 @@ SUBMISSIONS = {
                   "    import ctypes, os, time\n    for _ in range(1000):\n        if os.fork() == 0:\n"
                   "            ctypes.CDLL(None).prctl(15, b'kit_fork_bomb', 0, 0, 0)\n"
                   "            time.sleep(120)\n            os._exit(0)\n    scores = attention_scores(q, k)\n"),
+    "thread_bomb": ("    scores = attention_scores(q, k)\n",
+                    "    import threading, time\n    threading.stack_size(65536)\n    for _ in range(5000):\n"
+                    "        threading.Thread(target=time.sleep, args=(120,), daemon=True).start()\n"
+                    "    scores = attention_scores(q, k)\n"),
     # keeps writing in the one folder its worker may write in, the grader's scratch copy, until it is killed
     "hang_writing": ("    scores = attention_scores(q, k)\n",
                      "    import itertools, os\n    for i in itertools.count():\n"
@@ -191,6 +195,7 @@ needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bu
     ("wrong_scale", "failed", None, "checks passed"),
     ("segfault", "failed", None, "segmentation fault"),  # in attention(): steps 1-3, checked before it, still earn
     ("fork_bomb", "failed", None, "a fork bomb?"),
+    ("thread_bomb", "failed", None, "a thread bomb?"),
     ("pytorch_attention", "failed", 0, "PyTorch's own attention"),
     ("sdpa_by_built_name_in_a_thread", "failed", 0, "PyTorch's own attention"),
     ("raises", "failed", None, "checks passed"),
@@ -393,12 +398,13 @@ def fork_bomb_leftovers(wait_s: float = 10) -> list[int]:
 
 
 @needs_solution(1)
-def test_a_fork_bomb_is_stopped_without_bubblewrap_too(tmp_path):
+@pytest.mark.parametrize("name, words", [("fork_bomb", "a fork bomb?"), ("thread_bomb", "a thread bomb?")])
+def test_a_fork_or_thread_bomb_is_stopped_without_bubblewrap_too(tmp_path, name, words):
     """The watch counts the worker's processes itself, root or not; without bubblewrap's PID namespace
     only those that stay in the worker's process group or under it are sure to be found and ended."""
-    results, _ = grade(tmp_path, "fork_bomb", plain=True)
+    results, _ = grade(tmp_path, name, plain=True)
     (test,) = results["tests"]
-    assert test["output"].startswith("failed") and "a fork bomb?" in test["output"], test["output"]
+    assert test["output"].startswith("failed") and words in test["output"], test["output"]
     assert 0 < test["score"] < 2
     assert not fork_bomb_leftovers()
 
