@@ -6,15 +6,15 @@ and the given code the worker needs (common/tasks.py lists both), starts
 
 With bubblewrap (`bwrap`) installed, the worker runs inside it:
 - the file system is read-only, and everything but the operating system's own folders
-  (/usr, /etc, /opt, ...) is hidden behind empty folders: home folders, /tmp, /run, /work, /srv
-  and the like, this checkout, the submission and the results folder (only Python's own folders and
+  (/usr, /etc, /opt, ...) is hidden behind empty folders: home folders, /tmp, /run, /var, /work,
+  /srv and the like, this checkout, the submission and the results folder (only Python's own folders and
   the view are put back), so neither the reference solutions nor the hidden cases are there;
 - its own PID namespace: it cannot see or signal the checks, and every process it starts
   dies with it (--die-with-parent);
 - no network, and no capabilities when run as root.
 A worker that has more than MAX_PROCESSES processes or MAX_THREADS threads at once (a fork or
-thread bomb) is ended, and the case says why; without bubblewrap, a process that leaves both the worker's process group and its tree
-escapes that count.
+thread bomb) is ended, and the case says why; without bubblewrap, a process that leaves both the
+worker's process group and its tree escapes that count.
 Without bubblewrap it is a plain process in the view: the split between checks and student
 code still holds (separate memory, validated replies, records written by the checks), but
 the files of the machine are not hidden and a detached process may outlive the task.
@@ -47,9 +47,9 @@ CALL_TIMEOUT_S = 300
 MAX_RESTARTS = 3  # a crashing case costs that case; after this many crashes the rest fail at once
 # The worker's processes at once (compilers included), and their threads together. More is a fork or
 # thread bomb: the worker is ended before it fills the machine's process table (threads take pids too)
-# under the other gradings on the node. PyTorch's thread pools have a thread per core: 4096 leaves room.
+# under the other gradings on the node. PyTorch's pools take 2 to 4 threads per core.
 MAX_PROCESSES = 256
-MAX_THREADS = 4096
+MAX_THREADS = max(1024, 8 * (os.cpu_count() or 1))
 WATCH_S = 0.05
 COUNT_S = 1.0
 
@@ -161,10 +161,12 @@ def make_view(task: int, student_dir: Path, view: Path, solution: bool) -> list[
 
 # Top-level folders of the operating system, kept (read-only): Python, compilers, CUDA and its driver
 # live there. Every other top-level folder (/home, /root, /tmp, /work, /srv, /mnt, /data, ...) is
-# hidden, since a copy of the course with its solutions may sit in any of them. /run is hidden too: a
-# read-only view of a Unix socket still lets a process connect to it (munge, Docker, D-Bus live there).
+# hidden, since a copy of the course with its solutions may sit in any of them. So are /run and /var: a
+# read-only view of a Unix socket still lets a process connect to it (munge, Docker, D-Bus, and
+# slurmstepd's sockets in /var/spool/slurmd, which obey the job's user). /dev/shm stays: PyTorch's CUDA
+# tensor sharing between the checks and the worker keeps its reference counts in a file there.
 SYSTEM_FOLDERS = {"bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "opt", "proc", "sbin",
-                  "sys", "usr", "var"}
+                  "sys", "usr"}
 
 
 def _hidden_roots(extra: list[Path]) -> list[Path]:
@@ -241,7 +243,7 @@ class Worker:
         self.attention_ops: set[str] = set()
         self.notes: list[str] = []
         self.restarts = MAX_RESTARTS if sanitize else 0  # under a sanitizer, one process makes one report
-        self.stopped_why = ""  # what the watch of its processes ended the worker for ("": it did not)
+        self.stopped_for = ""  # what the watch of its processes ended the worker for ("": it did not)
         self.file_notes = make_view(task, self.student_dir, self.view, solution)
 
     # -- process ---------------------------------------------------------------------------
@@ -268,6 +270,8 @@ class Worker:
         if self.sanitize:
             cmd = self._sanitized(cmd, env, fds, writable)
         if sandbox_status() == "bubblewrap":
+            if not self.sanitize:  # a TMPDIR in a hidden folder is not there (nvcc writes its temporary files there)
+                env["TMPDIR"] = "/tmp"  # the sandbox's own, empty
             hide = [self.student_dir, *self.hide, self.scratch]
             if os.environ.get("KIT_BUILD_ROOT"):  # the checks' builds, the published reference among them
                 hide.append(Path(os.environ["KIT_BUILD_ROOT"]))
@@ -282,7 +286,7 @@ class Worker:
         for fd in fds[1:]:
             os.close(fd)  # the sanitizer's end of its log: only the worker's side holds it now
         self.sock = parent
-        self.stopped_why = ""
+        self.stopped_for = ""
         threading.Thread(target=self._watch_processes, args=(self.proc,), daemon=True).start()
 
     def _watch_processes(self, proc: subprocess.Popen) -> None:
@@ -303,13 +307,13 @@ class Worker:
             low, counted = now, time.monotonic()
             mine = descendants(proc.pid, include_root=True)
             processes, threads = len(mine) - 1, sum(int(fields[17]) for fields in mine.values())  # num_threads
-            why = (f"{processes} processes at once, more than the {MAX_PROCESSES} allowed (a fork bomb?)"
+            too_many = (f"{processes} processes at once, more than the {MAX_PROCESSES} allowed (a fork bomb?)"
                    if processes > MAX_PROCESSES else
                    f"{threads} threads at once, more than the {MAX_THREADS} allowed (a thread bomb?)"
                    if threads > MAX_THREADS else "")
-            if why and proc.poll() is None:
+            if too_many and proc.poll() is None:
                 if self.proc is proc:
-                    self.stopped_why = why
+                    self.stopped_for = too_many
                 _kill_all(proc.pid, mine)
                 return
 
@@ -376,8 +380,8 @@ class Worker:
         code = self.proc.poll()
         if code is None:
             return "the worker stopped answering"
-        if self.stopped_why:
-            return f"the process running your code was stopped: it had {self.stopped_why}"
+        if self.stopped_for:
+            return f"the process running your code was stopped for having {self.stopped_for}"
         if code > 128 and sandbox_status() == "bubblewrap":
             code = 128 - code  # bubblewrap reports a signal that ended its child as 128 + the signal
         if code < 0:

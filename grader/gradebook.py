@@ -176,12 +176,14 @@ def report(out: Path, klass: dict) -> Path:
         lines += ["", f"## Totals (out of {possible:g})", "",
                   f"Mean {statistics.mean(totals):.2f}, median {statistics.median(totals):.2f}, "
                   f"lowest {min(totals):g}, highest {max(totals):g}.", "", "| points | students |", "|---|---|"]
-        step = 2 if possible > 10 else 1
-        for low in range(0, math.ceil(possible), step):
-            high = min(low + step, possible)
+        step = 2 if possible > 10 else 1 if possible > 4 else 0.5
+        for i in range(math.ceil(possible / step)):
+            low, high = i * step, min((i + 1) * step, possible)
             last = high == possible  # the last bin holds full marks too
             n = sum(low <= t < high or (last and t == possible) for t in totals)
-            lines.append(f"| [{low}, {high:g}{']' if last else ')'} | {'█' * n} {n} |")
+            lines.append(f"| [{low:g}, {high:g}{']' if last else ')'} | {'█' * n} {n} |")
+        if above := sum(t > possible for t in totals):  # an earlier grade, kept, from other tasks
+            lines.append(f"| more: graded on other tasks | {'█' * above} {above} |")
     lines += ["", "## Points per task", "", "| task | points | mean | full marks | zero |", "|---|---|---|---|---|"]
     for task in tasks:
         rubric = RUBRIC[task]

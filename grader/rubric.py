@@ -52,6 +52,8 @@ def parse_tasks(text: str) -> list[int]:
         tasks = sorted({int(t) for t in text.split(",") if t.strip()})
     except ValueError:
         raise ValueError(f"--tasks takes numbers separated by commas, got {text!r}") from None
+    if not tasks:
+        raise ValueError(f"--tasks: no task given; tasks are {', '.join(map(str, RUBRIC))}")
     if unknown := [t for t in tasks if t not in RUBRIC]:
         raise ValueError(f"--tasks: no task {unknown[0]}; tasks are {', '.join(map(str, RUBRIC))}")
     return tasks

@@ -13,6 +13,7 @@ import torch
 
 from common.sanitize import PASS_NAME
 from grader import batch, gradebook, slurm
+from grader.rubric import TOTAL_POINTS
 from tests.conftest import REPO, needs_solution
 
 
@@ -103,7 +104,7 @@ def test_a_class_is_graded_resumed_and_booked(tmp_path, capsys, monkeypatch):
     report = (out / "report.md").read_text()
     assert f"Hidden cases (grader/hidden.py, sha256): {about['hidden']}" in report and "Students: 3; with a total: 3" in report
     # out of the 2 points of the task graded, not the course's 20
-    assert "## Totals (out of 2)" in report and "| [0, 1) | ██ 2 |" in report and "| [1, 2] | █ 1 |" in report
+    assert "## Totals (out of 2)" in report and "| [0, 0.5) | ██ 2 |" in report and "| [1.5, 2] | █ 1 |" in report
     assert "| 1. " in report and "| 3. " not in report
     capsys.readouterr()
     batch.main([str(subs), "--out", str(out), "--tasks", "1", "--no-sandbox"])  # resumes: only the failed one again
@@ -128,6 +129,19 @@ def test_the_report_draws_the_class_when_matplotlib_is_installed(tmp_path):
     for name in ("totals", "tasks", "task4_speedup"):
         assert f"![{name}](plots/{name}.png)" in report
         assert (tmp_path / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_report_counts_totals_out_of_the_tasks_graded(tmp_path):
+    students = {"ann": 0, "bob": 0.5, "cy": 1, "dee": 3}  # dee's grade is an earlier one, on other tasks
+    for sid, total in students.items():
+        _record_folder(tmp_path / "students" / sid, score=total)
+    klass = {"students": [{"id": sid} for sid in students], "round": "r1", "tasks": "7"}
+    report = gradebook.report(tmp_path, klass).read_text()
+    assert "## Totals (out of 1)" in report
+    assert "| [0, 0.5) | █ 1 |" in report and "| [0.5, 1] | ██ 2 |" in report
+    assert "| more: graded on other tasks | █ 1 |" in report
+    del klass["tasks"]  # a class.json that does not say: the whole course
+    assert f"## Totals (out of {TOTAL_POINTS:g})" in gradebook.report(tmp_path, klass).read_text()
 
 
 def _record_folder(folder, score=None, error=None, entries=()):

@@ -14,6 +14,7 @@ import pytest
 
 from grader import __main__ as grader
 from grader.hidden import SECRET_SEED
+from common.sandbox import MAX_THREADS
 from grader.rubric import RUBRIC, TOTAL_POINTS, score
 from tests.conftest import REPO, bad_variant, needs_solution
 
@@ -109,7 +110,8 @@ SUBMISSIONS = {
                   "            ctypes.CDLL(None).prctl(15, b'kit_fork_bomb', 0, 0, 0)\n"
                   "            time.sleep(120)\n            os._exit(0)\n    scores = attention_scores(q, k)\n"),
     "thread_bomb": ("    scores = attention_scores(q, k)\n",
-                    "    import threading, time\n    threading.stack_size(65536)\n    for _ in range(5000):\n"
+                    "    import threading, time\n    threading.stack_size(65536)\n"
+                    f"    for _ in range({MAX_THREADS + 256}):\n"
                     "        threading.Thread(target=time.sleep, args=(120,), daemon=True).start()\n"
                     "    scores = attention_scores(q, k)\n"),
     # keeps writing in the one folder its worker may write in, the grader's scratch copy, until it is killed
@@ -215,6 +217,8 @@ needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bu
     ("missing", "not implemented yet", 0, "see README, Task 1, step 1"),
 ])
 def test_verdicts_on_known_submissions(tmp_path, name, status, points, words):
+    if name == "thread_bomb":
+        skip_unless_a_thread_bomb_fits()
     results, md = grade(tmp_path, name, files={} if name == "missing" else None)
     if name == "detached_process":
         time.sleep(3)  # a process that outlived its task would rewrite the results now
@@ -360,24 +364,57 @@ def test_a_hang_costs_only_its_task(tmp_path):
 @needs_bwrap
 @needs_solution(1)
 def test_a_sandboxed_submission_cannot_connect_to_the_machines_unix_sockets(tmp_path):
-    """A read-only bind still lets connect() through: munge's, Docker's or D-Bus's socket in /run would be
-    a way out of the sandbox. This test listens where they do and checks that nobody knocked."""
-    path = Path("/run") / f"kit-test-{os.getpid()}.sock"
-    listener = socket.socket(socket.AF_UNIX)
+    """A read-only bind still lets connect() through: munge's, Docker's, D-Bus's or slurmstepd's socket
+    would be a way out of the sandbox. This test listens where they live and checks that nobody knocked."""
+    folders = [Path("/var/tmp"), Path("/run") if os.geteuid() == 0 else Path(os.environ.get("XDG_RUNTIME_DIR", "/run"))]
+    listeners = []
     try:
-        listener.bind(str(path))
-    except OSError as e:
-        pytest.skip(f"cannot make a socket in /run to listen on ({e})")
-    try:
-        listener.listen()
-        listener.setblocking(False)
+        for folder in folders:
+            path = folder / f"kit-test-{os.getpid()}.sock"
+            listener = socket.socket(socket.AF_UNIX)
+            try:
+                listener.bind(str(path))
+            except OSError:
+                listener.close()
+                continue
+            listener.listen()
+            listener.setblocking(False)
+            listeners.append((listener, path))
+        if not listeners:
+            pytest.skip(f"cannot make a socket to listen on in {' or '.join(map(str, folders))}")
         results, _ = grade(tmp_path, "connects_to_sockets")
         assert results["tests"][0]["output"].startswith("not implemented yet") and results["score"] == 0
-        with pytest.raises(BlockingIOError):
-            listener.accept()
+        for listener, path in listeners:
+            with pytest.raises(BlockingIOError):
+                listener.accept()
     finally:
-        listener.close()
-        path.unlink()
+        for listener, path in listeners:
+            listener.close()
+            path.unlink()
+
+
+@needs_bwrap
+@needs_solution(1)
+def test_the_worker_has_a_temp_folder_where_tmpdir_names_a_hidden_one(tmp_path):
+    """TMPDIR=/tmp/$USER or /scratch/... is hidden in the sandbox: nvcc would fail to write its temporary files."""
+    (tmp_path / "sub" / "task1").mkdir(parents=True)
+    (tmp_path / "sub" / "task1" / "attention.py").write_text(
+        SOLUTION_1 + "\nimport os\nopen(os.path.join(os.environ['TMPDIR'], 'probe'), 'w').close()\n")
+    (tmp_path / "elsewhere").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "task1.test", "--student-dir", str(tmp_path / "sub")], cwd=REPO,
+                          env=dict(os.environ, TMPDIR=str(tmp_path / "elsewhere")), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0 and "PASSED" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert not list((tmp_path / "elsewhere").iterdir())  # the worker wrote into its own, not into this one
+
+
+def skip_unless_a_thread_bomb_fits():
+    """A user's process limit (4096 on some distributions) counts threads too: the bomb must fit under it."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    if os.geteuid() != 0 and soft != resource.RLIM_INFINITY and soft < MAX_THREADS + 2048:
+        pytest.skip(f"this user may have {soft} processes and threads, too few for a thread bomb of {MAX_THREADS + 256}")
 
 
 def fork_bomb_leftovers(wait_s: float = 10) -> list[int]:
@@ -402,6 +439,8 @@ def fork_bomb_leftovers(wait_s: float = 10) -> list[int]:
 def test_a_fork_or_thread_bomb_is_stopped_without_bubblewrap_too(tmp_path, name, words):
     """The watch counts the worker's processes itself, root or not; without bubblewrap's PID namespace
     only those that stay in the worker's process group or under it are sure to be found and ended."""
+    if name == "thread_bomb":
+        skip_unless_a_thread_bomb_fits()
     results, _ = grade(tmp_path, name, plain=True)
     (test,) = results["tests"]
     assert test["output"].startswith("failed") and words in test["output"], test["output"]
