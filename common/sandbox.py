@@ -7,8 +7,8 @@ and the given code the worker needs (common/tasks.py lists both), starts
 With bubblewrap (`bwrap`) installed, the worker runs inside it:
 - the file system is read-only, and everything but the operating system's own folders
   (/usr, /etc, /opt, ...) is hidden behind empty folders: home folders, /tmp, /run, /var, /work,
-  /srv and the like, this checkout, the submission and the results folder (only Python's own folders and
-  the view are put back), so neither the reference solutions nor the hidden cases are there;
+  /srv and the like, this checkout, the submission and the results folder (only Python's own
+  folders and the view are put back), so neither the reference solutions nor the hidden cases are there;
 - its own PID namespace: it cannot see or signal the checks, and every process it starts
   dies with it (--die-with-parent);
 - no network, and no capabilities when run as root.
@@ -47,7 +47,7 @@ CALL_TIMEOUT_S = 300
 MAX_RESTARTS = 3  # a crashing case costs that case; after this many crashes the rest fail at once
 # The worker's processes at once (compilers included), and their threads together. More is a fork or
 # thread bomb: the worker is ended before it fills the machine's process table (threads take pids too)
-# under the other gradings on the node. PyTorch's pools take 2 to 4 threads per core.
+# under the other gradings on the node. PyTorch's pools take 2 to 4 threads per core: 8 leaves room.
 MAX_PROCESSES = 256
 MAX_THREADS = max(1024, 8 * (os.cpu_count() or 1))
 WATCH_S = 0.05
@@ -308,9 +308,9 @@ class Worker:
             mine = descendants(proc.pid, include_root=True)
             processes, threads = len(mine) - 1, sum(int(fields[17]) for fields in mine.values())  # num_threads
             too_many = (f"{processes} processes at once, more than the {MAX_PROCESSES} allowed (a fork bomb?)"
-                   if processes > MAX_PROCESSES else
-                   f"{threads} threads at once, more than the {MAX_THREADS} allowed (a thread bomb?)"
-                   if threads > MAX_THREADS else "")
+                        if processes > MAX_PROCESSES else
+                        f"{threads} threads at once, more than the {MAX_THREADS} allowed (a thread bomb?)"
+                        if threads > MAX_THREADS else "")
             if too_many and proc.poll() is None:
                 if self.proc is proc:
                     self.stopped_for = too_many
