@@ -47,7 +47,8 @@ CALL_TIMEOUT_S = 300
 MAX_RESTARTS = 3  # a crashing case costs that case; after this many crashes the rest fail at once
 # The worker's processes at once (compilers included), and their threads together. More is a fork or
 # thread bomb: the worker is ended before it fills the machine's process table (threads take pids too)
-# under the other gradings on the node. PyTorch's pools take 2 to 4 threads per core: 8 leaves room.
+# under the other gradings on the node. PyTorch's pools have a thread per core (a CPU worker measured 3
+# threads on 2 cores); 8 per core leaves room for CUDA's, the sanitizer's and the compilers'.
 MAX_PROCESSES = 256
 MAX_THREADS = max(1024, 8 * (os.cpu_count() or 1))
 WATCH_S = 0.05

@@ -83,6 +83,7 @@ for folder in found + ["/proc/1/cwd"]:
     except OSError:
         pass
 """
+THREAD_BOMB = MAX_THREADS + 256  # threads the known-bad thread_bomb starts
 CONNECT_SOCKETS = """
 import os, socket, stat
 for top in ["/run", "/var", "/tmp", "/dev"]:
@@ -111,7 +112,7 @@ SUBMISSIONS = {
                   "            time.sleep(120)\n            os._exit(0)\n    scores = attention_scores(q, k)\n"),
     "thread_bomb": ("    scores = attention_scores(q, k)\n",
                     "    import threading, time\n    threading.stack_size(65536)\n"
-                    f"    for _ in range({MAX_THREADS + 256}):\n"
+                    f"    for _ in range({THREAD_BOMB}):\n"
                     "        threading.Thread(target=time.sleep, args=(120,), daemon=True).start()\n"
                     "    scores = attention_scores(q, k)\n"),
     # keeps writing in the one folder its worker may write in, the grader's scratch copy, until it is killed
@@ -413,8 +414,8 @@ def skip_unless_a_thread_bomb_fits():
     import resource
 
     soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
-    if os.geteuid() != 0 and soft != resource.RLIM_INFINITY and soft < MAX_THREADS + 2048:
-        pytest.skip(f"this user may have {soft} processes and threads, too few for a thread bomb of {MAX_THREADS + 256}")
+    if os.geteuid() != 0 and soft != resource.RLIM_INFINITY and soft < THREAD_BOMB + 2048:
+        pytest.skip(f"this user may have {soft} processes and threads, too few for a thread bomb of {THREAD_BOMB}")
 
 
 def fork_bomb_leftovers(wait_s: float = 10) -> list[int]:
