@@ -53,13 +53,19 @@ class KernelRuleError(BuildError):
     """A kernel file breaks common/kernel_rules.py: a rule of the task, not a build problem."""
 
 
-def build_dir(task: int, solution: bool) -> Path:
-    return BUILD_ROOT / f"task{task}-{'solution' if solution else 'student'}"
+def build_dir(task: int, solution: bool, variant: str | None = None) -> Path:
+    return BUILD_ROOT / f"task{task}-{'solution' if solution else 'student'}{f'-{variant}' if variant else ''}"
 
 
-def kernel_sources(task: int, solution: bool) -> list[Path]:
-    folder = REPO / f"task{task}" / ("solution/kernels" if solution else "kernels")
-    return sorted(folder.glob("*.cu"))
+def kernel_folder(task: int, solution: bool, variant: str | None = None) -> Path:
+    """taskN/kernels, taskN/solution/kernels, or a variant of the reference: taskN/solution/<variant>."""
+    if variant and not solution:
+        raise ValueError("only the reference has variants")
+    return REPO / f"task{task}" / ("kernels" if not solution else f"solution/{variant or 'kernels'}")
+
+
+def kernel_sources(task: int, solution: bool, variant: str | None = None) -> list[Path]:
+    return sorted(kernel_folder(task, solution, variant).glob("*.cu"))
 
 
 def find_cuda_tool(name: str) -> str | None:
@@ -202,7 +208,7 @@ def resource_report(objects: list[Path], arch: str) -> list[str]:
     return lines
 
 
-def reference_build(task: int, arch: str, flags: list[str]) -> Path:
+def reference_build(task: int, arch: str, flags: list[str], variant: str | None = None) -> Path:
     """Where the reference's extension is published once built: a name that changes with every input.
 
     A class's gradings (grader.batch) each import this file, read-only, instead of taking the build
@@ -216,11 +222,11 @@ def reference_build(task: int, arch: str, flags: list[str]) -> Path:
                             f"{torch.__version__}|{torch.version.cuda}|{sys.version}".encode())
     inputs = [REPO / "common" / "build.py", REPO / f"task{task}" / "binding.cpp",
               *sorted((REPO / "common" / "csrc").glob("*")),
-              *sorted((REPO / f"task{task}" / "solution" / "kernels").glob("*"))]
+              *sorted(kernel_folder(task, True, variant).glob("*"))]
     for path in inputs:
         if path.is_file():
             digest.update(path.relative_to(REPO).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return BUILD_ROOT / "reference" / f"task{task}_solution-{digest.hexdigest()[:20]}.so"
+    return BUILD_ROOT / "reference" / f"task{task}_solution{f'_{variant}' if variant else ''}-{digest.hexdigest()[:20]}.so"
 
 
 @functools.cache  # one `nvcc --version` per process, however many extensions it loads
@@ -263,23 +269,25 @@ def _shown(path: Path) -> str:
 
 
 def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda_flags: list[str] | None = None,
-                   verbose: bool = False):
+                   verbose: bool = False, variant: str | None = None):
     """Build (if needed) and import the task's extension; raises BuildError with a clear message.
-    verbose: also print each kernel's registers, spills and shared memory."""
+    verbose: also print each kernel's registers, spills and shared memory. variant: a folder of the
+    reference's other kernel files with the same launcher (taskN/solution/<variant>), built with the same binding."""
     from torch.utils.cpp_extension import load
 
-    sources = [REPO / f"task{task}" / "binding.cpp", *kernel_sources(task, solution)]
+    sources = [REPO / f"task{task}" / "binding.cpp", *kernel_sources(task, solution, variant)]
     missing = [str(s.relative_to(REPO)) for s in sources if not s.exists()]
     if missing or len(sources) < 2:
-        folder = f"task{task}/{'solution/kernels' if solution else 'kernels'}"
+        folder = _shown(kernel_folder(task, solution, variant))
         raise BuildError(f"task {task}: source files missing: {', '.join(missing) or f'no {folder}/*.cu'}")
     check_plain_cuda(sources[1:])
     check_toolchain()
     arch = cuda_arch()
-    name = f"task{task}_{'solution' if solution else 'student'}"
+    name = f"task{task}_{'solution' if solution else 'student'}{f'_{variant}' if variant else ''}"
+    what = label(solution) + (f", {variant.replace('_', ' ')}" if variant else "")
     started = time.perf_counter()
     flags = CUDA_FLAGS + (extra_cuda_flags or [])
-    published = reference_build(task, arch, flags) if solution else None
+    published = reference_build(task, arch, flags, variant) if solution else None
     if published and published.exists() and not verbose:  # verbose: the objects' ptxas reports
         try:
             module = _import_built(name, published)
@@ -287,9 +295,9 @@ def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda
             pass
         else:
             if not quiet:
-                print(f"task {task} ({label(solution)}): the prebuilt {_shown(published)}")
+                print(f"task {task} ({what}): the prebuilt {_shown(published)}")
             return module
-    folder = build_dir(task, solution)
+    folder = build_dir(task, solution, variant)
     folder.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MAX_JOBS", str(max(1, min(4, (os.cpu_count() or 2) // 2))))
     with open(folder / "build.flock", "w") as guard:
@@ -313,16 +321,16 @@ def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda
             log = folder / "build.log"
             log.write_text(str(err))
             raise BuildError(
-                f"building task {task} ({label(solution)}) failed:\n{_compiler_errors(str(err))}\n"
+                f"building task {task} ({what}) failed:\n{_compiler_errors(str(err))}\n"
                 f"(full log: {_shown(log)})"
             ) from None
         if published:  # still under the lock: no other process's build (another arch) relinks it meanwhile
             try:
                 _publish(folder / f"{name}.so", published)
             except OSError as err:  # the next process builds it again: slower, never wrong
-                print(f"task {task} ({label(solution)}): could not publish the build as {_shown(published)}: {err}")
+                print(f"task {task} ({what}): could not publish the build as {_shown(published)}: {err}")
     if not quiet:
-        print(f"task {task} ({label(solution)}): built in {_shown(folder)} "
+        print(f"task {task} ({what}): built in {_shown(folder)} "
               f"({time.perf_counter() - started:.1f} s, arch {os.environ['TORCH_CUDA_ARCH_LIST']})")
     if verbose:
         print("\n".join(resource_report(objects, arch)))

@@ -33,7 +33,8 @@ from common.checks import (GUARD_ELEMENTS, Guarded, compare, exact_float32, expe
                            guard_damage, guarded_input, guarded_output, random_tensor)
 from common.layer import mha_weights
 from common.records import Report
-from common.reference import attention_flops, attention_reference, causal_mask, fp32_peak_tflops, naive_attention
+from common.reference import (attention_flops, attention_reference, causal_mask, fp32_peak_tflops,
+                              fp32_tensor_core_bound_tflops, naive_attention)
 
 # (batch, heads, seq_q, seq_k, head_dim)
 CASES = [
@@ -228,8 +229,9 @@ def benchmark_cases():
     return cases
 
 
-def run_benchmarks(report, worker, cases, layer_cases):
-    """Time your kernel in the worker for every case, end the worker, then time everything else here."""
+def run_benchmarks(report, worker, cases, layer_cases, tensor_cores=None):
+    """Time your kernel in the worker for every case, end the worker, then time everything else here.
+    tensor_cores: the reference's tensor-core kernel, timed beside SDPA too (when the reference is tested)."""
     student = {}
     for name, b, h, s, d, causal, _ in cases:
         student[name] = time_student(worker, b, h, s, d, causal)
@@ -243,12 +245,27 @@ def run_benchmarks(report, worker, cases, layer_cases):
     for name, b, h, s, d, causal, scored in cases:
         timing, count = student[name]
         report.run(name, lambda: attention_result(timing, count, reference if scored else None, b, h, s, d, causal,
-                                                  estimate_for=name if scored and estimate else None),
+                                                  estimate_for=name if scored and estimate else None,
+                                                  tensor_cores=tensor_cores),
                    kind="benchmark")
     report.run("causal runs skip the tiles past the diagonal", lambda: causal_skip(cases, student), kind="benchmark")
     for (batch, seq, causal), timing in layers.items():
         report.run(f"layer batch {batch} seq {seq} hidden 4096 heads 32{' causal' if causal else ''}",
                    lambda: layer_result(timing, batch, seq, causal), kind="benchmark")
+
+
+def tensor_core_reference(report, solution):
+    """The reference's tensor-core kernel when the reference is what is tested (and it is there); else None."""
+    from common import build
+    from task4 import attention
+
+    if not solution or not build.kernel_sources(4, True, attention.TENSOR_CORES):
+        return None
+    try:
+        return attention.extension(solution=True, variant=attention.TENSOR_CORES)
+    except build.BuildError as err:
+        report.note(f"the reference's tensor-core kernel could not be built: {err}")
+        return None
 
 
 CAUSAL_MOST = 0.8  # of the full run's time; skipping the tiles past the diagonal gives about 0.5
@@ -271,7 +288,8 @@ def causal_skip(cases, student):
     return True, message, {"causal_fraction": fraction}
 
 
-def attention_result(timing, count, reference, batch, heads, seq, head_dim, causal, estimate_for=None):
+def attention_result(timing, count, reference, batch, heads, seq, head_dim, causal, estimate_for=None,
+                     tensor_cores=None):
     if count is None:
         return False, timing, {}
     scale = 1.0 / math.sqrt(head_dim)
@@ -295,14 +313,22 @@ def attention_result(timing, count, reference, batch, heads, seq, head_dim, caus
     for key, label in (("naive", "naive"), ("sdpa", "SDPA")):
         if metrics[f"speedup_vs_{key}"]:
             message += f"; {metrics[f'speedup_vs_{key}']:.2f}x {label}"
-    bound = fp32_peak_tflops()
-    metrics["fp32_peak_percent"] = 100 * tflops / bound
+    metrics["fp32_peak_percent"] = 100 * tflops / fp32_peak_tflops()
     message += f"; {metrics['fp32_peak_percent']:.0f}% of the float32 FFMA peak"
+    if tensor_cores is not None:  # SDPA's own arithmetic (3xTF32), for comparison
+        t_tc = time_here(lambda q, k, v, o: tensor_cores.forward(q, k, v, o, causal, scale), batch, heads, seq,
+                         head_dim, count)
+        metrics["tensor_core_reference_ms"] = getattr(t_tc, "median_ms", None)
+        message += f"; the reference on the tensor cores (3xTF32) {bench.describe(t_tc)}"
+        if ratio := bench.ratio(t_sdpa, t_tc):
+            message += f", {ratio:.2f}x SDPA"
     if estimate_for:
         metrics[calibration.ESTIMATE], words = calibration.estimate(4, estimate_for, metrics,
                                                                     torch.cuda.get_device_name())
         message += f"; {words}"
-    if tflops > bound:
+    # A kernel may use the tensor cores (at float32's accuracy, or the checks fail it), so the bound that
+    # only skipped work can pass is theirs.
+    if tflops > (bound := fp32_tensor_core_bound_tflops()):
         return False, message + f": faster than the GPU's float32 peak ({bound:.0f} TFLOP/s), so work was skipped", metrics
     return True, message, metrics
 
@@ -378,10 +404,11 @@ def main(argv=None) -> int:
         elif args.sweep:
             from task4.sweep import sweep
 
-            sweep(report, worker)
+            sweep(report, worker, tensor_cores=tensor_core_reference(report, args.solution))
         else:
             layer_cases = [(batch, seq, causal) for batch, seq in HANDOUT_CASES for causal in (False, True)]
-            run_benchmarks(report, worker, benchmark_cases(), layer_cases)
+            run_benchmarks(report, worker, benchmark_cases(), layer_cases,
+                           tensor_cores=tensor_core_reference(report, args.solution))
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(4, args.solution, args.student_dir, report.attention_ops), kind="rule")
     return report.finish(args.json)

@@ -38,6 +38,22 @@ def test_student_and_reference_build_in_separate_folders():
     assert build.build_dir(4, False).name == "task4-student"
 
 
+def test_a_variant_of_the_reference_builds_apart_from_it(tmp_path, monkeypatch):
+    assert build.build_dir(4, True, "tensor_cores").name == "task4-solution-tensor_cores"
+    assert build.kernel_folder(4, True, "tensor_cores") == build.REPO / "task4/solution/tensor_cores"
+    with pytest.raises(ValueError, match="only the reference"):
+        build.kernel_folder(4, False, "tensor_cores")
+    for rel in ["task4/solution/kernels/attention.cu", "task4/solution/tensor_cores/attention.cu"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(f"// {rel}\n")
+    monkeypatch.setattr(build, "REPO", tmp_path)
+    plain, variant = build.reference_build(4, "90", ["-O3"]), build.reference_build(4, "90", ["-O3"], "tensor_cores")
+    assert variant.name.startswith("task4_solution_tensor_cores-") and plain.name.startswith("task4_solution-")
+    (tmp_path / "task4/solution/tensor_cores/attention.cu").write_text("// changed\n")
+    assert build.reference_build(4, "90", ["-O3"], "tensor_cores") != variant  # named by its own sources
+    assert build.reference_build(4, "90", ["-O3"]) == plain
+
+
 def test_kernels_that_include_torch_are_refused(tmp_path, monkeypatch):
     cu = tmp_path / "attention.cu"
     cu.write_text('#include <torch/extension.h>\n__global__ void k() {}\n')

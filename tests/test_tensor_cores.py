@@ -1,0 +1,74 @@
+"""The reference's tensor-core kernel (task4/solution/tensor_cores/attention.cu), held to task 4's checks (GPU only).
+
+It is not graded and not in the handout, but `python -m task4.test --solution` times it beside
+SDPA, so it must be as correct as the reference: the same cases against float64 with poisoned
+outputs and guard bands, and clean under compute-sanitizer's memcheck and racecheck.
+"""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from common import sanitize
+from tests.conftest import REPO, needs_cuda, needs_solution
+
+pytestmark = [needs_cuda, needs_solution(4)]
+
+SMALL_CASES = [((1, 2, 5, 133, 17), False), ((1, 2, 70, 70, 64), True), ((1, 1, 129, 129, 128), True),
+               ((1, 2, 65, 200, 80), False), ((2, 1, 1, 64, 88), False)]
+
+
+class Here:
+    """Calls the kernel in this process the way task4.test calls a worker."""
+
+    def __init__(self, ext):
+        self.ext = ext
+
+    def call(self, name, *args):
+        assert name == "forward"
+        self.ext.forward(*args)
+        torch.cuda.synchronize()
+
+
+@pytest.fixture(scope="module")
+def tensor_cores():
+    from task4 import attention
+
+    return attention.extension(solution=True, variant=attention.TENSOR_CORES)
+
+
+def test_it_passes_task4s_checks(tensor_cores):
+    from task4.test import CASES, check_case
+
+    here = Here(tensor_cores)
+    for n, shape in enumerate(CASES):
+        for causal in (False, True) if shape[2] <= shape[3] else (False,):
+            result = check_case(here, shape, causal, seed=3000 + 10 * n)
+            assert result.passed, f"{shape} causal={causal}: {result.message}"
+    result = check_case(here, (2, 2, 150, 150, 64), True, seed=7, scale=0.3, magnitude=4.0)
+    assert result.passed, f"large scores: {result.message}"
+
+
+SCRIPT = f"""
+import sys, torch
+sys.path.insert(0, {str(REPO)!r})
+from task4 import attention
+from task4.test import check_case
+from tests.test_tensor_cores import Here, SMALL_CASES
+here = Here(attention.extension(solution=True, variant=attention.TENSOR_CORES))
+for n, (shape, causal) in enumerate(SMALL_CASES):
+    assert check_case(here, shape, causal, seed=n).passed, shape
+"""
+
+
+@pytest.mark.skipif(sanitize.find_sanitizer() is None, reason="needs compute-sanitizer (CUDA_HOME/bin or PATH)")
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+def test_it_is_memory_safe_and_race_free(tensor_cores, tool):
+    # The fixture built it: the sanitized process imports the build instead of compiling under the sanitizer.
+    proc = subprocess.run([*sanitize.command(sanitize.find_sanitizer(), tool), sys.executable, "-c", SCRIPT],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    report = sanitize.parse(proc.stdout + proc.stderr)
+    assert proc.returncode == 0 and report.complete and report.errors == 0 and not report.findings, \
+        (proc.stdout + proc.stderr)[-4000:]
