@@ -217,11 +217,18 @@ def time_here(fn, batch, heads, seq, head_dim, count):
     return result
 
 
-def benchmark_cases():
+# Timed too when the reference itself is tested: the other head sizes it is compiled for.
+HEAD_DIM_CASES = [(4, 32, 2048, 64), (32, 32, 512, 80)]  # (batch, heads, seq, head_dim)
+
+
+def benchmark_cases(solution=False):
     """(name, batch, heads, seq, head_dim, causal, scored) of every timed attention case."""
     b, h, s, d = PERF_CASE
     cases = [(f"attention batch {b} heads {h} seq {s} head_dim {d}{' causal' if c else ''}", b, h, s, d, c, True)
              for c in (False, True)]
+    for b, h, s, d in HEAD_DIM_CASES if solution else []:
+        cases += [(f"attention batch {b} heads {h} seq {s} head_dim {d}{' causal' if c else ''}", b, h, s, d, c, False)
+                  for c in (False, True)]
     for batch, seq in HANDOUT_CASES:
         for c in (False, True):
             cases.append((f"attention alone batch {batch} seq {seq} hidden 4096 heads 32{' causal' if c else ''}",
@@ -407,7 +414,7 @@ def main(argv=None) -> int:
             sweep(report, worker, tensor_cores=tensor_core_reference(report, args.solution))
         else:
             layer_cases = [(batch, seq, causal) for batch, seq in HANDOUT_CASES for causal in (False, True)]
-            run_benchmarks(report, worker, benchmark_cases(), layer_cases,
+            run_benchmarks(report, worker, benchmark_cases(args.solution), layer_cases,
                            tensor_cores=tensor_core_reference(report, args.solution))
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(4, args.solution, args.student_dir, report.attention_ops), kind="rule")
