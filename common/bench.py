@@ -3,8 +3,9 @@
 The vocabulary every task's benchmarks use: `host_clock` times requests, `ratio` compares
 two timings of one run, `VS_REFERENCE` is the ratio the rubric scores, `or_out_of_memory`
 lets a baseline that does not fit say so, and the physical limits are the float32 FFMA
-peak (common/reference.fp32_peak_tflops, for compute-bound kernels) and `copy_bandwidth_gbs`
-(for memory-bound ones).
+peak (common/reference.fp32_peak_tflops, for compute-bound kernels; float32 on the tensor cores,
+fp32_tensor_core_bound_tflops, is the rate past which work must have been skipped) and
+`copy_bandwidth_gbs` (for memory-bound ones).
 
 The student's code runs in another process, so CUDA events of the checks cannot see its
 kernels. Instead the checks time whole requests: the worker runs the function over `sets`
@@ -108,14 +109,18 @@ def or_out_of_memory(measure):
         return "out of memory"
 
 
-def load_reference(report, task: int):
-    """The task's reference kernels, built and run here (never in the worker); None in the student's handout."""
+def load_reference(report, task: int, kernels: str | None = None):
+    """The task's reference kernels, built and run here (never in the worker); None in the student's handout.
+    kernels: another folder of the reference's kernels (taskN/solution/<kernels>), None where it is missing."""
+    from common.build import kernel_sources
     from common.impl import has_solution
 
-    if not has_solution(task):
+    if not has_solution(task) or (kernels and not kernel_sources(task, True, kernels)):
         return None
     try:
-        return importlib.import_module(f"task{task}.attention").extension(solution=True)
+        return importlib.import_module(f"task{task}.attention").extension(solution=True, kernels=kernels)
     except Exception as err:  # noqa: BLE001  the instructor's build: say so, keep the student's numbers
-        report.note(f"the reference kernels could not be built, so performance is not scored: {err}")
+        what = f"the reference's {kernels.replace('_', ' ')} kernels" if kernels else "the reference kernels"
+        report.note(f"{what} could not be built, so {'they are not timed' if kernels else 'performance is not scored'}"
+                    f": {err}")
         return None

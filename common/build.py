@@ -53,19 +53,19 @@ class KernelRuleError(BuildError):
     """A kernel file breaks common/kernel_rules.py: a rule of the task, not a build problem."""
 
 
-def build_dir(task: int, solution: bool, variant: str | None = None) -> Path:
-    return BUILD_ROOT / f"task{task}-{'solution' if solution else 'student'}{f'-{variant}' if variant else ''}"
+def build_dir(task: int, solution: bool, kernels: str | None = None) -> Path:
+    return BUILD_ROOT / f"task{task}-{'solution' if solution else 'student'}{f'-{kernels}' if kernels else ''}"
 
 
-def kernel_folder(task: int, solution: bool, variant: str | None = None) -> Path:
-    """taskN/kernels, taskN/solution/kernels, or a variant of the reference: taskN/solution/<variant>."""
-    if variant and not solution:
-        raise ValueError("only the reference has variants")
-    return REPO / f"task{task}" / ("kernels" if not solution else f"solution/{variant or 'kernels'}")
+def kernel_folder(task: int, solution: bool, kernels: str | None = None) -> Path:
+    """taskN/kernels, taskN/solution/kernels, or another kernels folder of the reference: taskN/solution/<kernels>."""
+    if kernels and not solution:
+        raise ValueError("only the reference has other kernels folders")
+    return REPO / f"task{task}" / ("kernels" if not solution else f"solution/{kernels or 'kernels'}")
 
 
-def kernel_sources(task: int, solution: bool, variant: str | None = None) -> list[Path]:
-    return sorted(kernel_folder(task, solution, variant).glob("*.cu"))
+def kernel_sources(task: int, solution: bool, kernels: str | None = None) -> list[Path]:
+    return sorted(kernel_folder(task, solution, kernels).glob("*.cu"))
 
 
 def find_cuda_tool(name: str) -> str | None:
@@ -208,7 +208,7 @@ def resource_report(objects: list[Path], arch: str) -> list[str]:
     return lines
 
 
-def reference_build(task: int, arch: str, flags: list[str], variant: str | None = None) -> Path:
+def reference_build(task: int, arch: str, flags: list[str], kernels: str | None = None) -> Path:
     """Where the reference's extension is published once built: a name that changes with every input.
 
     A class's gradings (grader.batch) each import this file, read-only, instead of taking the build
@@ -222,11 +222,12 @@ def reference_build(task: int, arch: str, flags: list[str], variant: str | None 
                             f"{torch.__version__}|{torch.version.cuda}|{sys.version}".encode())
     inputs = [REPO / "common" / "build.py", REPO / f"task{task}" / "binding.cpp",
               *sorted((REPO / "common" / "csrc").glob("*")),
-              *sorted(kernel_folder(task, True, variant).glob("*"))]
+              *sorted(kernel_folder(task, True, kernels).glob("*"))]
     for path in inputs:
         if path.is_file():
             digest.update(path.relative_to(REPO).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return BUILD_ROOT / "reference" / f"task{task}_solution{f'_{variant}' if variant else ''}-{digest.hexdigest()[:20]}.so"
+    name = f"task{task}_solution{f'_{kernels}' if kernels else ''}"
+    return BUILD_ROOT / "reference" / f"{name}-{digest.hexdigest()[:20]}.so"
 
 
 @functools.cache  # one `nvcc --version` per process, however many extensions it loads
@@ -269,25 +270,25 @@ def _shown(path: Path) -> str:
 
 
 def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda_flags: list[str] | None = None,
-                   verbose: bool = False, variant: str | None = None):
+                   verbose: bool = False, kernels: str | None = None):
     """Build (if needed) and import the task's extension; raises BuildError with a clear message.
-    verbose: also print each kernel's registers, spills and shared memory. variant: a folder of the
-    reference's other kernel files with the same launcher (taskN/solution/<variant>), built with the same binding."""
+    verbose: also print each kernel's registers, spills and shared memory. kernels: a folder of the
+    reference's other kernel files with the same launcher (taskN/solution/<kernels>), built with the same binding."""
     from torch.utils.cpp_extension import load
 
-    sources = [REPO / f"task{task}" / "binding.cpp", *kernel_sources(task, solution, variant)]
+    sources = [REPO / f"task{task}" / "binding.cpp", *kernel_sources(task, solution, kernels)]
     missing = [str(s.relative_to(REPO)) for s in sources if not s.exists()]
     if missing or len(sources) < 2:
-        folder = _shown(kernel_folder(task, solution, variant))
+        folder = _shown(kernel_folder(task, solution, kernels))
         raise BuildError(f"task {task}: source files missing: {', '.join(missing) or f'no {folder}/*.cu'}")
     check_plain_cuda(sources[1:])
     check_toolchain()
     arch = cuda_arch()
-    name = f"task{task}_{'solution' if solution else 'student'}{f'_{variant}' if variant else ''}"
-    what = label(solution) + (f", {variant.replace('_', ' ')}" if variant else "")
+    name = f"task{task}_{'solution' if solution else 'student'}{f'_{kernels}' if kernels else ''}"
+    what = label(solution) + (f", {kernels.replace('_', ' ')}" if kernels else "")
     started = time.perf_counter()
     flags = CUDA_FLAGS + (extra_cuda_flags or [])
-    published = reference_build(task, arch, flags, variant) if solution else None
+    published = reference_build(task, arch, flags, kernels) if solution else None
     if published and published.exists() and not verbose:  # verbose: the objects' ptxas reports
         try:
             module = _import_built(name, published)
@@ -297,7 +298,7 @@ def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda
             if not quiet:
                 print(f"task {task} ({what}): the prebuilt {_shown(published)}")
             return module
-    folder = build_dir(task, solution, variant)
+    folder = build_dir(task, solution, kernels)
     folder.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MAX_JOBS", str(max(1, min(4, (os.cpu_count() or 2) // 2))))
     with open(folder / "build.flock", "w") as guard:

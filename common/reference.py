@@ -50,9 +50,10 @@ def attention_flops(batch: int, heads: int, seq_q: int, seq_k: int, head_dim: in
 
 
 def fp32_peak_tflops(device=None) -> float:
-    """An upper bound on the GPU's float32 (non-tensor-core) rate: 128 lanes per SM, 2 flops per FMA, 2 GHz.
+    """An upper bound on the GPU's float32 FFMA (non-tensor-core) rate: 128 lanes per SM, 2 flops per FMA, 2 GHz.
 
-    Real chips run at most at this; a measurement above it means skipped work, not a fast kernel.
+    Real chips run at most at this: the share of it a kernel reaches says how close to the arithmetic's
+    limit it is. (A kernel on the tensor cores can pass it: fp32_tensor_core_bound_tflops.)
     """
     props = torch.cuda.get_device_properties(device)
     return props.multi_processor_count * 128 * 2 * 2.0e9 / 1e12

@@ -38,7 +38,7 @@ def test_student_and_reference_build_in_separate_folders():
     assert build.build_dir(4, False).name == "task4-student"
 
 
-def test_a_variant_of_the_reference_builds_apart_from_it(tmp_path, monkeypatch):
+def test_another_kernels_folder_of_the_reference_builds_apart_from_it(tmp_path, monkeypatch):
     assert build.build_dir(4, True, "tensor_cores").name == "task4-solution-tensor_cores"
     assert build.kernel_folder(4, True, "tensor_cores") == build.REPO / "task4/solution/tensor_cores"
     with pytest.raises(ValueError, match="only the reference"):
@@ -47,10 +47,10 @@ def test_a_variant_of_the_reference_builds_apart_from_it(tmp_path, monkeypatch):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(f"// {rel}\n")
     monkeypatch.setattr(build, "REPO", tmp_path)
-    plain, variant = build.reference_build(4, "90", ["-O3"]), build.reference_build(4, "90", ["-O3"], "tensor_cores")
-    assert variant.name.startswith("task4_solution_tensor_cores-") and plain.name.startswith("task4_solution-")
+    plain, other = build.reference_build(4, "90", ["-O3"]), build.reference_build(4, "90", ["-O3"], "tensor_cores")
+    assert other.name.startswith("task4_solution_tensor_cores-") and plain.name.startswith("task4_solution-")
     (tmp_path / "task4/solution/tensor_cores/attention.cu").write_text("// changed\n")
-    assert build.reference_build(4, "90", ["-O3"], "tensor_cores") != variant  # named by its own sources
+    assert build.reference_build(4, "90", ["-O3"], "tensor_cores") != other  # named by its own sources
     assert build.reference_build(4, "90", ["-O3"]) == plain
 
 
@@ -134,3 +134,41 @@ def test_the_reference_is_built_once_then_imported(tmp_path):
     assert float(second.stdout.split()[-1]) < 1e-4
     assert not (tmp_path / "task4-solution").exists(), "the second process built the reference again"
     assert sorted((tmp_path / "reference").iterdir()) == [published]
+
+
+class Notes:
+    def __init__(self):
+        self.notes = []
+
+    def note(self, text):
+        self.notes.append(text)
+
+
+def test_a_missing_kernels_folder_of_the_reference_is_not_timed_and_not_an_error():
+    from common import bench
+
+    report = Notes()
+    assert bench.load_reference(report, 4, "no_such_folder") is None and not report.notes
+
+
+def test_the_tensor_core_timing_says_what_failed_instead_of_failing_the_case():
+    from task4.test import time_tensor_cores
+
+    class Broken:
+        def forward(self, *args):
+            raise RuntimeError("launch failed")
+
+    metrics = {}
+    words = time_tensor_cores(Broken(), metrics, None, 1, 1, 8, 8, False, 1)
+    assert words.startswith("not timed (") and "tensor_core_reference_ms" not in metrics
+
+
+def test_the_skipped_work_bound_lets_float32_on_the_tensor_cores_pass(monkeypatch):
+    from types import SimpleNamespace
+
+    from common import reference
+
+    h200 = SimpleNamespace(multi_processor_count=132)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: h200)
+    assert round(reference.fp32_peak_tflops()) == 68  # an H100 or H200's FFMA: 132 SMs x 128 lanes x 2 flops x 2 GHz
+    assert round(reference.fp32_tensor_core_bound_tflops()) == 180  # 3xTF32 at 2048 TF32 flops per clock per SM

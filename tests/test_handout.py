@@ -36,6 +36,10 @@ def test_handout_has_no_solutions_and_blank_results(tmp_path):
     for words in ("For instructors", "instructors -->", "--solution", "BEGIN SOLUTION", "notes/", "hidden.py"):
         assert words not in readme, f"{words!r} in the students' README"
     assert "## Submitting" in readme and all(rel in readme for task in TASKS.values() for rel in task.student_files)
+    # nothing handed out points students at the notes they do not have (the exporter says it leaves them out)
+    pointing = [f for f in files if f.endswith((".py", ".cu", ".cpp", ".h", ".md", ".sh")) and f != "grader/handout.py"
+                and "notes/" in (dest / f).read_text()]
+    assert not pointing, f"handed-out files refer to notes/: {pointing}"
     # tests/ holds no line of the reference: the known-bad variants stay in the instructors' copy
     solution = solution_lines()
     for path in (dest / "tests").rglob("*.py"):

@@ -17,7 +17,7 @@ from tests.conftest import REPO, needs_cuda, needs_solution
 pytestmark = [needs_cuda, needs_solution(4)]
 
 SMALL_CASES = [((1, 2, 5, 133, 17), False), ((1, 2, 70, 70, 64), True), ((1, 1, 129, 129, 128), True),
-               ((1, 2, 65, 200, 80), False), ((2, 1, 1, 64, 88), False)]
+               ((1, 2, 65, 200, 80), False), ((2, 1, 1, 64, 88), False), ((1, 1, 150, 260, 32), True)]
 
 
 class Here:
@@ -35,29 +35,32 @@ class Here:
 @pytest.fixture(scope="module")
 def tensor_cores():
     from task4 import attention
+    from task4.test import TENSOR_CORES
 
-    return attention.extension(solution=True, variant=attention.TENSOR_CORES)
+    return attention.extension(solution=True, kernels=TENSOR_CORES)
 
 
 def test_it_passes_task4s_checks(tensor_cores):
-    from task4.test import CASES, check_case
+    from common import cli
+    from task4.test import CASES, check_case, describe
 
     here = Here(tensor_cores)
-    for n, shape in enumerate(CASES):
-        for causal in (False, True) if shape[2] <= shape[3] else (False,):
-            result = check_case(here, shape, causal, seed=3000 + 10 * n)
-            assert result.passed, f"{shape} causal={causal}: {result.message}"
+    failed = []
+    for case in cli.cases(4, "attention", CASES, True, describe, causal_ok=lambda s: s[2] <= s[3]):  # hidden too
+        result = check_case(here, case.shape, case.causal, case.seed)
+        failed += [] if result.passed else [f"{case.name}: {result.message}"]
     result = check_case(here, (2, 2, 150, 150, 64), True, seed=7, scale=0.3, magnitude=4.0)
-    assert result.passed, f"large scores: {result.message}"
+    failed += [] if result.passed else [f"large scores: {result.message}"]
+    assert not failed, "\n".join(failed)
 
 
 SCRIPT = f"""
 import sys, torch
 sys.path.insert(0, {str(REPO)!r})
 from task4 import attention
-from task4.test import check_case
+from task4.test import TENSOR_CORES, check_case
 from tests.test_tensor_cores import Here, SMALL_CASES
-here = Here(attention.extension(solution=True, variant=attention.TENSOR_CORES))
+here = Here(attention.extension(solution=True, kernels=TENSOR_CORES))
 for n, (shape, causal) in enumerate(SMALL_CASES):
     assert check_case(here, shape, causal, seed=n).passed, shape
 """

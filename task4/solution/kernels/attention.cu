@@ -38,8 +38,8 @@
 // 0.85x SDPA and 60% of the GPU's ~67 TFLOP/s of FP32 FFMA; 1.05x SDPA at head_dim 64
 // (batch 4, seq 2048) and 1.10x at head_dim 80 (batch 32, seq 512). SDPA's float32 kernel
 // does its products on the tensor cores, three TF32 products per float32 one ("3xTF32",
-// float32's accuracy, whatever PyTorch's TF32 switches say); this kernel does FFMA only
-// (notes/task4-performance.md). The skeleton starts
+// close to float32's accuracy, also with TF32 off in PyTorch); this kernel does FFMA only
+// (README, Task 4). The skeleton starts
 // from untuned tile sizes: correct once the steps are written, and slower. Tuning them is
 // README, Task 4, step 7 (`python -m task4.tune`).
 
