@@ -30,12 +30,12 @@
 // rows are read in that same order.
 //
 // Measured on an H200 (fp32, TF32 off; notes/task4-performance.md), time and SDPA's time / ours:
-//   B8 H32 S4096 D128   43.6 ms (50.4 TFLOP/s, 1.07x)   causal 22.4 ms (1.08x)
-//   B16 H32 S1024 D128   5.66 ms (1.09x)                 causal 3.14 ms (1.11x)
-//   B4 H32 S2048 D64     3.03 ms (1.32x)                 causal 1.58 ms (1.40x)
-//   B32 H32 S512 D80     1.89 ms (1.51x)                 causal 1.18 ms (1.51x)
-// where the FFMA reference is at 0.85x, 0.87x, 1.06x and 1.10x (causal 0.87x, 0.88x, 1.12x,
-// 1.09x); 1.01x to 1.10x over `python -m task4.test --solution --sweep` (seq 128 to 8192;
+//   B8 H32 S4096 D128   42.8 ms (51.3 TFLOP/s, 1.09x)   causal 22.2 ms (1.09x)
+//   B16 H32 S1024 D128   5.60 ms (1.08x)                 causal 3.15 ms (1.10x)
+//   B4 H32 S2048 D64     3.03 ms (1.32x)                 causal 1.59 ms (1.38x)
+//   B32 H32 S512 D80     1.90 ms (1.52x)                 causal 1.19 ms (1.53x)
+// where the FFMA reference is at 0.85x, 0.86x, 1.07x and 1.11x (causal 0.87x, 0.88x, 1.11x,
+// 1.11x); 1.01x to 1.10x over `python -m task4.test --solution --sweep` (seq 128 to 8192;
 // one run each, and runs differ by 1-2%).
 
 #include <cuda_pipeline.h>
