@@ -17,21 +17,21 @@ from task4.test import run_benchmarks
 SEQS = (128, 256, 512, 1024, 2048, 4096, 8192)
 
 
-def sweep(report, worker, path="task4-sweep.csv", tensor_cores=False):
+def sweep(report, worker, path="task4-sweep.csv", with_tensor_cores=False):
     cases = []
     for seq in SEQS:
         batch = max(1, 16384 // seq)
         for causal in (False, True):
             cases.append((f"sweep seq {seq} batch {batch}{' causal' if causal else ''}", batch, 32, seq, 128, causal,
                           False))
-    run_benchmarks(report, worker, cases, [], tensor_cores=tensor_cores)
+    run_benchmarks(report, worker, cases, [], with_tensor_cores=with_tensor_cores)
     rows = []
     for (name, batch, heads, seq, d, causal, _), case in zip(cases, [c for c in report.cases if c.name.startswith("sweep")]):
         m = case.metrics
         rows.append({"seq": seq, "batch": batch, "heads": heads, "head_dim": d, "causal": causal,
                      "kernel_correct": case.passed, "kernel_ms": m.get("kernel_ms"), "naive_ms": m.get("naive_ms"),
                      "sdpa_ms": m.get("sdpa_ms"), "kernel_tflops": m.get("tflops")})
-        if tensor_cores:
+        if with_tensor_cores:
             rows[-1]["tensor_core_reference_ms"] = m.get("tensor_core_reference_ms")
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))

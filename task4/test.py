@@ -241,9 +241,9 @@ def benchmark_cases(solution=False):
     return cases
 
 
-def run_benchmarks(report, worker, cases, layer_cases, tensor_cores=False):
+def run_benchmarks(report, worker, cases, layer_cases, with_tensor_cores=False):
     """Time your kernel in the worker for every case, end the worker, then time everything else here.
-    tensor_cores: time the reference's tensor-core kernels too, beside SDPA (when the reference is tested)."""
+    with_tensor_cores: time the reference's tensor-core kernels too, beside SDPA (when the reference is tested)."""
     student = {}
     for name, b, h, s, d, causal, _ in cases:
         student[name] = time_student(worker, b, h, s, d, causal)
@@ -253,7 +253,7 @@ def run_benchmarks(report, worker, cases, layer_cases, tensor_cores=False):
     worker.stop()  # its context is gone, and any work it had queued with it: the GPU is ours alone now
 
     reference = bench.load_reference(report, 4) if any(scored for *_, scored in cases) else None
-    tensor_cores = bench.load_reference(report, 4, TENSOR_CORES) if tensor_cores else None
+    tensor_cores = bench.load_reference(report, 4, TENSOR_CORES) if with_tensor_cores else None
     estimate = not impl.has_solution(4)  # the handout: the points are estimated (common/calibration.py)
     for name, b, h, s, d, causal, scored in cases:
         timing, count = student[name]
@@ -413,10 +413,11 @@ def main(argv=None) -> int:
         elif args.sweep:
             from task4.sweep import sweep
 
-            sweep(report, worker, tensor_cores=args.solution)
+            sweep(report, worker, with_tensor_cores=args.solution)
         else:
             layer_cases = [(batch, seq, causal) for batch, seq in HANDOUT_CASES for causal in (False, True)]
-            run_benchmarks(report, worker, benchmark_cases(args.solution), layer_cases, tensor_cores=args.solution)
+            run_benchmarks(report, worker, benchmark_cases(args.solution), layer_cases,
+                           with_tensor_cores=args.solution)
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(4, args.solution, args.student_dir, report.attention_ops), kind="rule")
     return report.finish(args.json)
