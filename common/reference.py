@@ -63,7 +63,7 @@ def fp32_tensor_core_bound_tflops(device=None) -> float:
     """An upper bound on float32-accurate products on the tensor cores (3xTF32: three TF32 products each).
 
     Hopper's TF32 rate, 2048 flops per clock per SM (Ampere's is half), at 2 GHz, divided by three: a
-    kernel that uses the tensor cores at float32's accuracy stays under it; one above it skipped work.
+    kernel that uses the tensor cores close to float32's accuracy stays under it; one above it skipped work.
     """
     props = torch.cuda.get_device_properties(device)
     return props.multi_processor_count * 2048 * 2.0e9 / 3 / 1e12

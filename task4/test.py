@@ -228,12 +228,11 @@ HEAD_DIM_CASES = [(4, 32, 2048, 64), (32, 32, 512, 80)]  # (batch, heads, seq, h
 
 def benchmark_cases(solution=False):
     """(name, batch, heads, seq, head_dim, causal, scored) of every timed attention case."""
-    b, h, s, d = PERF_CASE
-    cases = [(f"attention batch {b} heads {h} seq {s} head_dim {d}{' causal' if c else ''}", b, h, s, d, c, True)
-             for c in (False, True)]
-    for b, h, s, d in HEAD_DIM_CASES if solution else []:
-        cases += [(f"attention batch {b} heads {h} seq {s} head_dim {d}{' causal' if c else ''}", b, h, s, d, c, False)
-                  for c in (False, True)]
+    cases = []
+    for shape in [PERF_CASE] + (HEAD_DIM_CASES if solution else []):
+        b, h, s, d = shape
+        cases += [(f"attention batch {b} heads {h} seq {s} head_dim {d}{' causal' if c else ''}", b, h, s, d, c,
+                   shape == PERF_CASE) for c in (False, True)]
     for batch, seq in HANDOUT_CASES:
         for c in (False, True):
             cases.append((f"attention alone batch {batch} seq {seq} hidden 4096 heads 32{' causal' if c else ''}",

@@ -172,3 +172,12 @@ def test_the_skipped_work_bound_lets_float32_on_the_tensor_cores_pass(monkeypatc
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: h200)
     assert round(reference.fp32_peak_tflops()) == 68  # an H100 or H200's FFMA: 132 SMs x 128 lanes x 2 flops x 2 GHz
     assert round(reference.fp32_tensor_core_bound_tflops()) == 180  # 3xTF32 at 2048 TF32 flops per clock per SM
+
+
+def test_only_the_perf_case_is_scored_and_the_other_head_sizes_only_time_the_reference():
+    from task4.test import PERF_CASE, benchmark_cases
+
+    scored = [name for name, *_, is_scored in benchmark_cases(True) if is_scored]
+    assert scored == ["attention batch {} heads {} seq {} head_dim {}".format(*PERF_CASE),
+                      "attention batch {} heads {} seq {} head_dim {} causal".format(*PERF_CASE)]  # calibration's keys
+    assert {c[4] for c in benchmark_cases(False)} == {128} and {c[4] for c in benchmark_cases(True)} == {64, 80, 128}
