@@ -338,6 +338,25 @@ def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda
     return module
 
 
+class TaskExtension:
+    """A CUDA task's `extension(solution=False, kernels=None)`: its compiled kernel module, built on first use.
+
+    Every CUDA task's attention.py makes its `extension` from this one class, so the trusted side
+    loads any task's reference the same way (common/bench.py's load_reference): yours, the
+    reference with solution=True, or another folder of the reference's kernels with
+    kernels=NAME (taskN/solution/NAME; a task without one simply has none, and says so).
+    """
+
+    def __init__(self, task: int):
+        self.task = task
+        self.built: dict[tuple[bool, str | None], object] = {}
+
+    def __call__(self, solution: bool = False, kernels: str | None = None):
+        if (solution, kernels) not in self.built:
+            self.built[(solution, kernels)] = load_extension(self.task, solution, quiet=True, kernels=kernels)
+        return self.built[(solution, kernels)]
+
+
 def compile_main(task: int, argv: list[str] | None = None) -> int:
     """`python -m taskN.compile [--solution]`."""
     import argparse

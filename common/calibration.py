@@ -24,20 +24,20 @@ from pathlib import Path
 
 from common.impl import REPO
 
-PATH = REPO / "grader" / "calibration.json"
+PATH = REPO / "grader" / "calibration.json"  # the file each function reads unless given another
 BASELINE = {4: "sdpa_ms", 5: "copy_ms"}  # the metric each task's reference is calibrated against
 ESTIMATE = "vs_reference_estimate"  # metric: estimated reference time / student time
 
 
-def load(path: Path = PATH) -> dict:
+def load(path: Path | None = None) -> dict:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads((path or PATH).read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
 
 
-def ratios(task: int, gpu: str, path: Path = PATH) -> dict[str, float]:
+def ratios(task: int, gpu: str, path: Path | None = None) -> dict[str, float]:
     """{case name: reference time / baseline time} recorded for this GPU model; {} when there is none."""
     def part(d, key):  # a hand-edited file: anything but the expected shape is no calibration
         value = d.get(key) if isinstance(d, dict) else None
@@ -49,7 +49,7 @@ def ratios(task: int, gpu: str, path: Path = PATH) -> dict[str, float]:
     return {str(k): float(v) for k, v in cases.items() if isinstance(v, (int, float)) and v > 0}
 
 
-def estimate(task: int, case: str, metrics: dict, gpu: str, path: Path = PATH) -> tuple[float | None, str]:
+def estimate(task: int, case: str, metrics: dict, gpu: str, path: Path | None = None) -> tuple[float | None, str]:
     """(estimated reference time / student time, or None, and the words that go with it in the report)."""
     recorded = ratios(task, gpu, path)
     if not recorded:
@@ -63,11 +63,11 @@ def estimate(task: int, case: str, metrics: dict, gpu: str, path: Path = PATH) -
                    "instructor's grader times the reference itself)")
 
 
-def record(task: int, gpu: str, cases: dict[str, float], about: dict, path: Path = PATH) -> None:
+def record(task: int, gpu: str, cases: dict[str, float], about: dict, path: Path | None = None) -> None:
     """Store this GPU's ratios for `task`, keeping every other GPU's and task's."""
     data = load(path)
     data.setdefault("about", "reference time / baseline time per timed case, by GPU model: common/calibration.py")
     entry = data.setdefault("gpus", {}).setdefault(gpu, {})
     entry.update(about)
     entry.setdefault("tasks", {})[str(task)] = {name: round(value, 4) for name, value in sorted(cases.items())}
-    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    (path or PATH).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")

@@ -24,8 +24,14 @@ BLANK_RESULTS = "# Results\n\nNot graded yet: run `python -m grader` to fill thi
 INSTRUCTORS = re.compile(r"^<!-- instructors\b.*?^<!-- /instructors -->\n", re.S | re.M)
 
 
+# Test helpers that only tests built on the reference use: the CPU stand-ins of the CUDA tasks' grading flow.
+INSTRUCTOR_TEST_HELPERS = {Path("tests/stand_in.py")}
+
+
 def instructor_only(rel: Path) -> bool:
     """Reference solutions, hidden cases, notes on how the reference was tuned, and tests built on the reference."""
+    if rel in INSTRUCTOR_TEST_HELPERS:
+        return True
     if rel.parts[0] == "tests" and rel.suffix == ".py" and rel.name != "conftest.py":
         text = (REPO / rel).read_text()
         return "needs_solution(" in text or "bad_variant(" in text

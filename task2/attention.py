@@ -13,15 +13,10 @@ import math
 
 import torch
 
-from common.build import load_extension
+from common.build import TaskExtension
 
-_extensions: dict[bool, object] = {}
-
-
-def extension(solution: bool = False):
-    if solution not in _extensions:
-        _extensions[solution] = load_extension(2, solution, quiet=True)
-    return _extensions[solution]
+# The compiled kernel module: extension() is yours, extension(solution=True) the reference.
+extension = TaskExtension(2)
 
 
 def softmax(x, out=None, solution=False):

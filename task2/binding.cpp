@@ -30,13 +30,12 @@ cudaError_t attention_forward(const float* q, const float* k, const float* v, fl
 
 namespace {
 
-constexpr int64_t MAX_GRID_Z = 65535;  // the GEMMs give each matrix of a batch one grid z index
 constexpr int64_t MAX_HEAD_DIM = 128;  // the limit of the fused kernels in the later tasks
 
-// What every GEMM launch needs: one grid z index per matrix, int offsets inside a matrix.
+// What every GEMM launch needs: a batch the launchers' int holds (they launch it in slices of at
+// most 65535 matrices, one grid z index each), int offsets inside a matrix.
 void check_gemm_sizes(int64_t batch, int64_t m, int64_t n, int64_t k) {
-  TORCH_CHECK(batch <= MAX_GRID_Z, "batch is ", num(batch), ", more than ", num(MAX_GRID_Z),
-              " (the GEMMs launch one grid z index per matrix)");
+  check_fits_int(batch, "batch");
   check_fits_int(m * k, "the number of elements of one (m, k) matrix");
   check_fits_int(n * k, "the number of elements of one (n, k) matrix");
   check_fits_int(m * n, "the number of elements of one (m, n) matrix");
@@ -131,8 +130,7 @@ void attention_op(const torch::Tensor& q, const torch::Tensor& k, const torch::T
   TORCH_CHECK(!causal || seq_q <= seq_k, "causal attention needs seq_q <= seq_k, got seq_q = ",
               num(seq_q), " and seq_k = ", num(seq_k), " (the first queries would see no key at all)");
   TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", std::to_string(scale));
-  TORCH_CHECK(batch_heads <= MAX_GRID_Z, "batch * heads is ", num(batch_heads), ", more than ",
-              num(MAX_GRID_Z), " (the GEMMs launch one grid z index per head)");
+  check_fits_int(batch_heads, "batch * heads");
   check_fits_int(batch_heads * seq_q, "batch * heads * seq_q (the softmax's rows)");
   check_fits_int(seq_q * seq_k, "seq_q * seq_k (one head's scores)");
   check_fits_int(seq_k * head_dim, "seq_k * head_dim (one head of k)");

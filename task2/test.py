@@ -24,9 +24,10 @@ from common.records import Report
 from common.reference import attention_reference, naive_attention
 
 SOFTMAX_CASES = [(1, 1), (3, 7), (5, 1000), (2, 4097), (64, 128)]  # (rows, cols)
-GEMM_CASES = [(1, 1, 1, 1), (2, 17, 33, 5), (3, 127, 129, 64), (1, 300, 200, 129), (2, 64, 64, 64)]  # (batch, m, n, k)
+# (batch, m, n, k); a batch over 65535 is launched in slices (a grid holds 65535 blocks along z)
+GEMM_CASES = [(1, 1, 1, 1), (2, 17, 33, 5), (3, 127, 129, 64), (1, 300, 200, 129), (2, 64, 64, 64), (70000, 2, 3, 5)]
 ATTENTION_CASES = [(1, 1, 1, 1, 16), (2, 2, 65, 65, 64), (1, 2, 100, 300, 80), (1, 2, 200, 200, 128),
-                   (1, 2, 1, 257, 17)]  # (batch, heads, seq_q, seq_k, head_dim)
+                   (1, 2, 1, 257, 17), (1000, 70, 2, 3, 8)]  # (batch, heads, seq_q, seq_k, head_dim)
 ATOL, RTOL = 2e-5, 1e-4
 PARTS = {  # name: README steps
     "softmax": (1, 2),

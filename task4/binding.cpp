@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -58,6 +59,7 @@ void forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
   TORCH_CHECK(!causal || seq_q <= seq_k, "causal attention needs seq_q <= seq_k (the queries ",
               "are the last seq_q positions of the keys), got seq_q = ", num(seq_q),
               " and seq_k = ", num(seq_k));
+  TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", std::to_string(scale));
   TORCH_CHECK(fits_int(batch * heads), "batch * heads must fit in int, got ", num(batch * heads));
   TORCH_CHECK(fits_int(seq_q * head_dim) && fits_int(seq_k * head_dim),
               "one head's q, k and v must each have fewer than 2^31 elements, got seq_q = ",

@@ -58,7 +58,8 @@ CASES = [
     (1, 2, 1000, 1000, 32),
 ]
 ATOL, RTOL = 2e-5, 1e-4
-HANDOUT_CASES = [(4, 128), (64, 4096)]  # (batch, seq) at hidden 4096, 32 heads
+HANDOUT_CASES = [(4, 128), (64, 4096)]  # (batch, seq) of the handout's layer
+HANDOUT_LAYER = (4096, 32)  # (hidden, heads)
 PERF_CASE = (8, 32, 4096, 128)  # (batch, heads, seq, head_dim)
 # The reference's other kernels folder (task4/solution/tensor_cores, not in the handout): the same
 # attention with both products on the tensor cores (3xTF32), timed when the reference is tested.
@@ -114,8 +115,10 @@ def check_errors(worker):
         "out is q": ((q, q.clone(), q.clone(), q), "must not share memory"),
         "causal with seq_q > seq_k": ((q, q[:, :, :4], q[:, :, :4], q.clone()), "seq_q <= seq_k"),
     }
-    return expect_errors(lambda *args: worker.call("forward", *args), [
-        (what, (*args, what.startswith("causal"), 0.125), words) for what, (args, words) in bad.items()])
+    calls = [(what, (*args, what.startswith("causal"), 0.125), words) for what, (args, words) in bad.items()]
+    calls += [(f"scale {scale}", (q, q.clone(), q.clone(), torch.empty_like(q), False, scale), "scale must be finite")
+              for scale in (math.nan, math.inf)]
+    return expect_errors(lambda *args: worker.call("forward", *args), calls)
 
 
 def sanitizer_calls(hidden: bool) -> list[sanitize.Call]:
@@ -233,10 +236,11 @@ def benchmark_cases(solution=False):
         b, h, s, d = shape
         cases += [(f"attention batch {b} heads {h} seq {s} head_dim {d}{' causal' if c else ''}", b, h, s, d, c,
                    shape == PERF_CASE) for c in (False, True)]
+    hidden, heads = HANDOUT_LAYER
     for batch, seq in HANDOUT_CASES:
         for c in (False, True):
-            cases.append((f"attention alone batch {batch} seq {seq} hidden 4096 heads 32{' causal' if c else ''}",
-                          batch, 32, seq, 128, c, False))
+            name = f"attention alone batch {batch} seq {seq} hidden {hidden} heads {heads}{' causal' if c else ''}"
+            cases.append((name, batch, heads, seq, hidden // heads, c, False))
     return cases
 
 
@@ -261,8 +265,9 @@ def run_benchmarks(report, worker, cases, layer_cases, with_tensor_cores=False):
                                                   tensor_cores=tensor_cores),
                    kind="benchmark")
     report.run("causal runs skip the tiles past the diagonal", lambda: causal_skip(cases, student), kind="benchmark")
+    hidden, heads = HANDOUT_LAYER
     for (batch, seq, causal), timing in layers.items():
-        report.run(f"layer batch {batch} seq {seq} hidden 4096 heads 32{' causal' if causal else ''}",
+        report.run(f"layer batch {batch} seq {seq} hidden {hidden} heads {heads}{' causal' if causal else ''}",
                    lambda: layer_result(timing, batch, seq, causal), kind="benchmark")
 
 
@@ -324,8 +329,11 @@ def attention_result(timing, count, reference, batch, heads, seq, head_dim, caus
     for key, label in (("naive", "naive"), ("sdpa", "SDPA")):
         if metrics[f"speedup_vs_{key}"]:
             message += f"; {metrics[f'speedup_vs_{key}']:.2f}x {label}"
+    # A kernel may run on the CUDA cores (FFMA) or on the tensor cores (3xTF32): its share of each peak.
     metrics["fp32_peak_percent"] = 100 * tflops / fp32_peak_tflops()
-    message += f"; {metrics['fp32_peak_percent']:.0f}% of the float32 FFMA peak"
+    metrics["fp32_tensor_core_percent"] = 100 * tflops / fp32_tensor_core_bound_tflops()
+    message += (f"; {metrics['fp32_peak_percent']:.0f}% of the float32 peak on the CUDA cores (FFMA), "
+                f"{metrics['fp32_tensor_core_percent']:.0f}% of float32's on the tensor cores (3xTF32)")
     if tensor_cores is not None:  # SDPA's own arithmetic (3xTF32), for comparison
         message += "; the reference on the tensor cores (3xTF32) " + time_tensor_cores(
             tensor_cores, metrics, t_sdpa, batch, heads, seq, head_dim, causal, count)
@@ -341,7 +349,8 @@ def attention_result(timing, count, reference, batch, heads, seq, head_dim, caus
     return True, message, metrics
 
 
-def time_student_layer(worker, batch, seq, causal, hidden=4096, heads=32):
+def time_student_layer(worker, batch, seq, causal):
+    hidden, heads = HANDOUT_LAYER
     torch.manual_seed(0)
     mha = nn.MultiheadAttention(hidden, heads, bias=False, batch_first=True)
     worker.call("make_layer", hidden, heads, [w.cuda() for w in mha_weights(mha)])
@@ -359,7 +368,8 @@ def time_student_layer(worker, batch, seq, causal, hidden=4096, heads=32):
         torch.cuda.empty_cache()
 
 
-def layer_result(timing_count, batch, seq, causal, hidden=4096, heads=32):
+def layer_result(timing_count, batch, seq, causal):
+    hidden, heads = HANDOUT_LAYER
     timing, count = timing_count
     torch.manual_seed(0)
     mha = nn.MultiheadAttention(hidden, heads, bias=False, batch_first=True, device="cuda")

@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "../common/csrc/checks.h"
@@ -103,6 +104,7 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
   const int64_t max_splits = decode_max_splits();
   TORCH_CHECK(splits >= 0 && splits <= max_splits, "splits must be between 0 (let the launcher choose) and ",
               num(max_splits), ", got ", num(splits));
+  TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", std::to_string(scale));
   check_no_overlap(out, "out", q, "q");
   check_no_overlap(out, "out", k_cache, "k_cache");
   check_no_overlap(out, "out", v_cache, "v_cache");

@@ -190,6 +190,7 @@ def check_errors(worker):
         ("head_dim 256", decode(torch.zeros(1, 1, 1, 256, device="cuda"), torch.zeros(1, 1, 4, 256, device="cuda"),
                                 2, 0, torch.zeros(1, 1, 1, 256, device="cuda")), "at most 128"),
         ("out is q", decode(q, cache, 4, 0, q), "must not share memory"),
+        ("scale NaN", ("decode", q, cache, cache.clone(), out, 4, math.nan, 0), "scale must be finite"),
     ]
     ok, message, metrics = expect_errors(lambda *call: worker.call(*call), bad)
     if not ok:

@@ -1,0 +1,504 @@
+"""The CUDA tasks' whole grading flow on the CPU, with PyTorch standing in for the kernels and the GPU.
+
+For the kit's own tests only. CI has no GPU, so a CUDA task's test stops at "needs a CUDA GPU"
+and everything after its checks (the benchmarks, loading the reference, the estimate from the
+calibration, the record's speed fields) would run for the first time on a grader's GPU. Here
+that flow runs in the pytest process: `taskN.test.main([...])` as the grader calls it, then the
+record validated and scored as the grader does. Every stand-in is a monkeypatch made by
+`stand_in()`, undone when the test ends: no flag, file or environment variable of a student's or
+a grader's run leads here, and nothing the real run checks is changed.
+
+What stands in for what:
+- the GPU: `CudaOnTheCpu` makes every tensor asked for on "cuda" on the CPU, and gives `.cpu()`
+  as a copy marked as the host's, so the bindings' "must be a CUDA tensor" still refuses it;
+  torch.cuda's availability, synchronize, events (a host clock), name and properties are those of
+  a stand-in GPU with one SM (its float32 peaks are far above what a CPU reaches);
+- the kernels: `Task2Kernels`, `Task4Kernels` and `Task5Kernels` make the bindings' checks with
+  the bindings' messages, then compute in PyTorch; `common.build.load_extension` returns them,
+  called as the real one is called (a call it would refuse is refused), so each task's
+  `extension()` and `common.bench.load_reference` run as they are;
+- the worker: `InProcessWorker` runs taskN/entry.py in this process on the checks' own tensors
+  (as a worker writes the checks' shared GPU memory), and its replies cross common/wire.py as a
+  real worker's do;
+- compute-sanitizer: a clean report for each tool (the pass's parsing is tested on real reports
+  in tests/test_sanitize.py);
+- sizes: the benchmarks' shapes are small, and the requests are sized for a CPU (the numbers
+  are not the point; the flow that turns them into points is).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import inspect
+import math
+import time
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from common import bench, build, calibration, impl, sanitize, wire
+from common.reference import attention_flops
+from common.sandbox import WorkerDied, WorkerError
+from common.worker import _resolve
+
+REPO = Path(__file__).resolve().parent.parent
+GPU_NAME = "stand-in GPU (PyTorch on the CPU)"
+GPU = types.SimpleNamespace(name=GPU_NAME, multi_processor_count=1, total_memory=8 << 30, major=9, minor=0)
+# The stand-in GPU's speed. A stand-in kernel's call lasts as long as its work takes at these rates (the CPU
+# computes it well within that at the sizes below), so a timing is the same from run to run on a busy CI
+# machine, and a kernel twice as slow is measured twice as slow.
+FLOPS_PER_S = 5e9  # attention: 4 * batch * heads * (query, key) pairs * head_dim
+BYTES_PER_S = 1e9  # the cache: bytes read or written
+CUDA_TASKS = (2, 4, 5)
+
+
+# -- the GPU --------------------------------------------------------------------------------
+
+def _on_cuda(device) -> bool:
+    return isinstance(device, (str, torch.device)) and torch.device(device).type == "cuda"
+
+
+class CudaOnTheCpu(TorchFunctionMode):
+    """Tensors asked for on "cuda" are made on the CPU; `.cpu()` gives a copy marked `on_host`."""
+
+    def __torch_function__(self, func, types_, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.cpu:
+            host = args[0].clone()
+            host.on_host = True  # what a real .cpu() gives: a tensor the bindings refuse
+            return host
+        if _on_cuda(kwargs.get("device")):
+            kwargs["device"] = "cpu"
+        if func is torch.Tensor.to:
+            args = tuple("cpu" if _on_cuda(a) else a for a in args)
+        return func(*args, **kwargs)
+
+
+class HostEvent:
+    """torch.cuda.Event on a host clock (the stand-in GPU's work is done when its call returns)."""
+
+    def __init__(self, enable_timing: bool = False):
+        self.at = None
+
+    def record(self, stream=None):
+        self.at = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end: "HostEvent") -> float:
+        return (end.at - self.at) * 1e3
+
+
+_REAL_GENERATOR = torch.Generator
+
+
+def _generator(device=None):
+    return _REAL_GENERATOR()  # a generator asked for on "cuda" is the CPU's, like the tensors
+
+
+# -- the kernels: the bindings' checks, then PyTorch ------------------------------------------
+
+def _check_cuda_float32(t, name):
+    if getattr(t, "on_host", False):
+        raise RuntimeError(f"{name} must be a CUDA tensor, got one on cpu (move it with .cuda())")
+    if t.dtype != torch.float32:
+        raise RuntimeError(f"{name} must be float32, got {t.dtype} (this course's kernels work in float32)")
+    if not t.is_contiguous():
+        raise RuntimeError(f"{name} must be contiguous (call .contiguous() first)")
+
+
+def _check_dim(t, name, dim):
+    if t.dim() != dim:
+        raise RuntimeError(f"{name} must have {dim} dimensions, got shape {list(t.shape)}")
+
+
+def _overlaps(a, b) -> bool:
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
+
+
+def _check_no_overlap(out, out_name, t, name):
+    if _overlaps(out, t):
+        raise RuntimeError(f"{out_name} must not share memory with {name} (pass a separate output tensor)")
+
+
+def _check_finite(scale):
+    if not math.isfinite(scale):
+        raise RuntimeError(f"scale must be finite, got {scale}")
+
+
+@dataclass
+class Behaviour:
+    """How a stand-in kernel module behaves: as the reference, or as a known-bad student's build.
+
+    slow: each call takes twice the stand-in GPU's time for its work;
+    wrong_head_dim: outputs of this head_dim (the timed cases') come out 1% too large.
+    """
+
+    slow: bool = False
+    wrong_head_dim: int | None = None
+
+
+class StandInKernels:
+    """What the stand-in modules share: the behaviour, and an output written the way it says."""
+
+    def __init__(self, behaviour: Behaviour | None = None):
+        self.behaviour = behaviour or Behaviour()
+        self.__file__ = str(REPO / "build" / "stand-in.so")  # a module's attribute (tune asks for it)
+
+    @contextlib.contextmanager
+    def work(self, seconds: float):
+        """The call lasts `seconds` (the stand-in GPU's time for its work; twice that when slow), or the CPU's time."""
+        started = time.perf_counter()
+        yield
+        seconds *= 2 if self.behaviour.slow else 1
+        time.sleep(max(0.0, started + seconds - time.perf_counter()))
+
+    def write(self, out, result):
+        if self.behaviour.wrong_head_dim == out.shape[-1]:
+            result = result * 1.01
+        out.copy_(result)
+
+
+def _attention(q, k, v, causal, scale, block_rows=128):
+    """softmax(scale q k^T + mask) v, a block of query rows at a time; a causal block reads only the keys it sees."""
+    seq_q, seq_k = q.shape[-2], k.shape[-2]
+    rows = []
+    for r0 in range(0, seq_q, block_rows):
+        r1 = min(seq_q, r0 + block_rows)
+        keys = r1 + seq_k - seq_q if causal else seq_k  # the block's last query sees this many keys
+        scores = (q[..., r0:r1, :] @ k[..., :keys, :].transpose(-2, -1)) * scale
+        if causal:  # its last r1 - r0 keys are the diagonal: query r0 + i sees the first i + 1 of them
+            n = r1 - r0
+            scores[..., keys - n:].masked_fill_(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
+        rows.append(torch.softmax(scores, dim=-1) @ v[..., :keys, :])
+    return torch.cat(rows, dim=-2)
+
+
+def _attention_seconds(q, k, causal):
+    batch, heads, seq_q, head_dim = q.shape
+    return attention_flops(batch, heads, seq_q, k.shape[2], head_dim, causal) / FLOPS_PER_S
+
+
+class Task4Kernels(StandInKernels):
+    """task4/binding.cpp's `forward`, computed in PyTorch."""
+
+    def forward(self, q, k, v, out, causal, scale):
+        _check_cuda_float32(q, "q")
+        for t, name in ((q, "q"), (k, "k"), (v, "v"), (out, "out")):
+            _check_dim(t, name, 4)
+        batch, heads, seq_q, head_dim = q.shape
+        if k.shape[0] != batch or k.shape[1] != heads or k.shape[3] != head_dim:
+            raise RuntimeError(f"k must be (batch, heads, seq_k, head_dim) with q's batch, heads and head_dim "
+                               f"(q is {list(q.shape)}), got {list(k.shape)}")
+        if v.shape != k.shape:
+            raise RuntimeError(f"v must have k's shape {list(k.shape)}, got {list(v.shape)}")
+        if out.shape != q.shape:
+            raise RuntimeError(f"out must have q's shape {list(q.shape)}, got {list(out.shape)}")
+        if not 1 <= head_dim <= self.max_head_dim():
+            raise RuntimeError(f"head_dim must be at most {self.max_head_dim()}, got {head_dim}")
+        if causal and seq_q > k.shape[2]:
+            raise RuntimeError(f"causal attention needs seq_q <= seq_k, got seq_q = {seq_q} and seq_k = {k.shape[2]}")
+        _check_finite(scale)
+        for t, name in ((k, "k"), (v, "v"), (out, "out")):
+            _check_cuda_float32(t, name)
+        for t, name in ((q, "q"), (k, "k"), (v, "v")):
+            _check_no_overlap(out, "out", t, name)
+        with self.work(_attention_seconds(q, k, causal)):
+            self.write(out, _attention(q, k, v, causal, scale))
+
+    def max_head_dim(self):
+        return 128
+
+    def tile_sizes(self):
+        return 64, 64
+
+
+class Task5Kernels(StandInKernels):
+    """task5/binding.cpp's `update_cache`, `decode` and `splits_for`, computed in PyTorch."""
+
+    MAX_SPLITS = 256
+
+    def _check_cache(self, k_cache, v_cache):
+        _check_cuda_float32(k_cache, "k_cache")
+        _check_dim(k_cache, "k_cache", 4)
+        _check_cuda_float32(v_cache, "v_cache")
+        if v_cache.shape != k_cache.shape:
+            raise RuntimeError(f"v_cache must have k_cache's shape {list(k_cache.shape)} (batch, heads, max_seq, "
+                               f"head_dim), got {list(v_cache.shape)}")
+        if _overlaps(k_cache, v_cache):
+            raise RuntimeError("k_cache and v_cache must not share memory")
+        if k_cache.shape[3] > self.max_head_dim():
+            raise RuntimeError(f"head_dim (k_cache.size(3)) must be at most {self.max_head_dim()}, "
+                               f"got {k_cache.shape[3]}")
+
+    @staticmethod
+    def _check_matches(t, name, k_cache, what):
+        _check_cuda_float32(t, name)
+        _check_dim(t, name, 4)
+        if (t.shape[0], t.shape[1], t.shape[3]) != (k_cache.shape[0], k_cache.shape[1], k_cache.shape[3]):
+            raise RuntimeError(f"{name} must be {what} with the cache's batch, heads and head_dim (k_cache is "
+                               f"{list(k_cache.shape)}), got {list(t.shape)}")
+
+    def update_cache(self, k_new, v_new, k_cache, v_cache, pos):
+        self._check_cache(k_cache, v_cache)
+        self._check_matches(k_new, "k_new", k_cache, "(batch, heads, n_new, head_dim)")
+        if v_new.shape != k_new.shape:
+            raise RuntimeError(f"v_new must have k_new's shape {list(k_new.shape)}, got {list(v_new.shape)}")
+        n_new, max_seq = k_new.shape[2], k_cache.shape[2]
+        if pos < 0:
+            raise RuntimeError(f"pos must be at least 0, got {pos}")
+        if pos + n_new > max_seq:
+            raise RuntimeError(f"pos + n_new must be at most max_seq: the cache holds {max_seq} positions, and "
+                               f"writing {n_new} at pos {pos} would end at {pos + n_new}")
+        with self.work(2 * k_new.nbytes / BYTES_PER_S):
+            k_cache[:, :, pos:pos + n_new] = k_new
+            v_cache[:, :, pos:pos + n_new] = v_new
+
+    def decode(self, q, k_cache, v_cache, out, length, scale, splits=0):
+        self._check_cache(k_cache, v_cache)
+        self._check_matches(q, "q", k_cache, "(batch, heads, 1, head_dim)")
+        if q.shape[2] != 1:
+            raise RuntimeError(f"q must hold one query per (batch, head) (q.size(2) == 1), got shape {list(q.shape)}")
+        _check_cuda_float32(out, "out")
+        if out.shape != q.shape:
+            raise RuntimeError(f"out must have q's shape {list(q.shape)}, got {list(out.shape)}")
+        if not 1 <= length <= k_cache.shape[2]:
+            raise RuntimeError(f"length must be between 1 and max_seq = {k_cache.shape[2]} (the positions of the "
+                               f"cache written so far), got {length}")
+        if not 0 <= splits <= self.MAX_SPLITS:
+            raise RuntimeError(f"splits must be between 0 (let the launcher choose) and {self.MAX_SPLITS}, "
+                               f"got {splits}")
+        _check_finite(scale)
+        for t, name in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")):
+            _check_no_overlap(out, "out", t, name)
+        with self.work(2 * k_cache[:, :, :length].nbytes / BYTES_PER_S):  # K and V read once
+            self.write(out, _attention(q, k_cache[:, :, :length], v_cache[:, :, :length], False, scale))
+
+    def splits_for(self, batch_heads, length, head_dim):
+        return max(1, min(self.MAX_SPLITS, length // 512))
+
+    def max_head_dim(self):
+        return 128
+
+    def max_splits(self):
+        return self.MAX_SPLITS
+
+
+class Task2Kernels(StandInKernels):
+    """task2/binding.cpp's `softmax`, `gemm_nt`, `gemm_nn` and `attention`, computed in PyTorch."""
+
+    def softmax(self, x, out):
+        _check_cuda_float32(x, "x")
+        _check_cuda_float32(out, "out")
+        _check_dim(x, "x", 2)
+        _check_dim(out, "out", 2)
+        if out.shape != x.shape:
+            raise RuntimeError(f"out must have the same shape as x: got {list(out.shape)} and {list(x.shape)}")
+        if out.data_ptr() != x.data_ptr() and _overlaps(out, x):
+            raise RuntimeError("out must be x itself or not share memory with it")
+        with self.work(2 * x.nbytes / BYTES_PER_S):
+            self.write(out, torch.softmax(x, dim=-1))
+
+    def _gemm(self, a, b, c, nt):
+        for t, name in ((a, "a"), (b, "b"), (c, "c")):
+            _check_cuda_float32(t, name)
+            _check_dim(t, name, 3)
+        b_k, b_n = (2, 1) if nt else (1, 2)
+        for x, x_name, x_dim, y, y_name, y_dim, what in ((a, "a", 0, b, "b", 0, "batch"), (a, "a", 2, b, "b", b_k, "k"),
+                                                         (c, "c", 0, a, "a", 0, "batch"), (c, "c", 1, a, "a", 1, "m"),
+                                                         (c, "c", 2, b, "b", b_n, "n")):
+            if x.shape[x_dim] != y.shape[y_dim]:
+                raise RuntimeError(f"{x_name} and {y_name} disagree on {what}: {x_name}.size({x_dim}) = "
+                                   f"{x.shape[x_dim]} but {y_name}.size({y_dim}) = {y.shape[y_dim]}")
+        _check_no_overlap(c, "c", a, "a")
+        _check_no_overlap(c, "c", b, "b")
+        with self.work(2 * a.numel() * c.shape[2] / FLOPS_PER_S):
+            self.write(c, a @ (b.transpose(1, 2) if nt else b))
+
+    def gemm_nt(self, a, b, c):
+        self._gemm(a, b, c, True)
+
+    def gemm_nn(self, a, b, c):
+        self._gemm(a, b, c, False)
+
+    def attention(self, q, k, v, out, causal, scale):
+        for t, name in ((q, "q"), (k, "k"), (v, "v"), (out, "out")):
+            _check_cuda_float32(t, name)
+            _check_dim(t, name, 4)
+        if v.shape != k.shape or out.shape != q.shape or k.shape[:2] != q.shape[:2] or k.shape[3] != q.shape[3]:
+            raise RuntimeError(f"q, k, v, out: shapes {[list(t.shape) for t in (q, k, v, out)]} disagree")
+        for t, name in ((q, "q"), (k, "k"), (v, "v")):
+            _check_no_overlap(out, "out", t, name)
+        if q.shape[3] > 128:
+            raise RuntimeError(f"head_dim must be at most 128, got {q.shape[3]}")
+        if causal and q.shape[2] > k.shape[2]:
+            raise RuntimeError(f"causal attention needs seq_q <= seq_k, got seq_q = {q.shape[2]} and "
+                               f"seq_k = {k.shape[2]}")
+        _check_finite(scale)
+        with self.work(_attention_seconds(q, k, causal)):
+            self.write(out, _attention(q, k, v, causal, scale))
+
+
+KERNELS = {2: Task2Kernels, 4: Task4Kernels, 5: Task5Kernels}
+
+
+# -- the worker -----------------------------------------------------------------------------
+
+class InProcessWorker:
+    """common.sandbox.Worker's interface, running taskN/entry.py in this process on the checks' own tensors."""
+
+    def __init__(self, task, student_dir, *, solution=False, scratch=None, sanitize=None, harness=None, **options):
+        self.task, self.solution, self.sanitize, self.harness = task, solution, sanitize, harness
+        self.file_notes, self.notes, self.attention_ops = [], [], set()
+        self.last_ranges, self.sanitizer_log, self.exit_code = [], bytearray(), None
+        self.entry, self.kept = None, {}
+
+    def start(self):
+        self.harness.worker_started(self.task, self.solution)
+        path = REPO / f"task{self.task}" / "entry.py"
+        spec = importlib.util.spec_from_file_location(f"task{self.task}.entry", path)
+        entry = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(entry)  # a fresh module each start, as in a new worker process
+        except Exception as err:  # noqa: BLE001  as the worker reports it
+            raise WorkerError(type(err).__name__, str(err), "") from None
+        self.entry = entry
+
+    def call(self, name, *args, timeout=None, **kwargs):
+        if self.entry is None:
+            raise WorkerDied("the worker is not running")
+        try:
+            value = getattr(self.entry, name)(*_resolve(args, self.kept), **_resolve(kwargs, self.kept))
+        except Exception as err:  # noqa: BLE001  a student's exception is an answer
+            raise WorkerError(type(err).__name__, str(err), "") from None
+        reply = wire.decode_reply(wire.encode_reply(value))  # what a real worker's reply becomes
+        return _made_on_cuda(reply)
+
+    def call_on_gpu(self, name, *args, timeout=None):
+        args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # each its own allocation
+        self.last_ranges = [(a.data_ptr(), a.nbytes) for a in args if isinstance(a, torch.Tensor)]
+        return self.call(name, *args)
+
+    def keep(self, name, value):
+        self.kept[name] = value
+        return wire.Kept(name)
+
+    def drop(self, name):
+        self.kept.pop(name, None)
+
+    def stop(self):
+        if self.sanitize and self.entry is not None:  # what a clean pass of that tool prints last
+            tool = self.sanitize[self.sanitize.index("--tool") + 1]
+            self.sanitizer_log += (b"========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n"
+                                   if tool == "racecheck" else b"========= ERROR SUMMARY: 0 errors\n")
+            self.exit_code = 0
+        self.entry, self.kept = None, {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def _made_on_cuda(value):
+    """A reply's tensors, marked as made where every tensor of the stand-in worker is: on the GPU."""
+    if isinstance(value, torch.Tensor):
+        value.worker_device = "cuda"
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _made_on_cuda(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _made_on_cuda(v)
+    return value
+
+
+# -- the harness ----------------------------------------------------------------------------
+
+SMALL = {  # module: {name: the small value the stand-in uses}
+    "task2.test": {"TIMING_SHAPE": (2, 3, 96, 32)},
+    "task4.test": {"PERF_CASE": (1, 2, 1024, 24), "HEAD_DIM_CASES": [(1, 2, 256, 64), (1, 2, 200, 80)],
+                   "HANDOUT_CASES": [(2, 64)], "HANDOUT_LAYER": (64, 4), "ESTIMATE_TFLOPS": FLOPS_PER_S / 1e12},
+    "task5.test": {"DECODE_BENCHMARKS": [(1, 2, 2048, 48), (1, 1, 4096, 48)],
+                   "HANDOUT": dict(batch=2, prompt=40, max_seq=64, hidden=64, heads=4, steps=8)},
+}
+
+
+class Harness:
+    """The stand-ins of one test: which kernels the worker and the reference get, and the patches."""
+
+    def __init__(self, monkeypatch, tmp_path):
+        self.monkeypatch, self.tmp_path = monkeypatch, tmp_path
+        self.student = {task: Behaviour() for task in CUDA_TASKS}  # the student's build, by task
+        self.worker_kernels: dict[int, StandInKernels] = {}
+        self.loads: list[tuple[int, bool, str | None]] = []  # every load_extension call
+
+    def worker_started(self, task, solution):
+        """A new worker builds the kernels of its view: the reference's under --solution, else the student's."""
+        for number in (task, *(4,) * (task == 5)):
+            self.worker_kernels[number] = KERNELS[number](Behaviour() if solution else self.student[number])
+            module = importlib.import_module(f"task{number}.attention")
+            for key in [key for key in module.extension.built if not key[0]]:
+                del module.extension.built[key]
+
+    def load_extension(self, task, solution, **options):
+        inspect.signature(_REAL_LOAD).bind(task, solution, **options)  # called as the real one must be
+        kernels = options.get("kernels")
+        self.loads.append((task, solution, kernels))
+        if kernels and not build.kernel_sources(task, solution, kernels):
+            raise build.BuildError(f"task {task}: source files missing: no task{task}/solution/{kernels}/*.cu")
+        if solution:
+            return KERNELS[task]()  # the reference, built and run by the trusted side
+        return self.worker_kernels[task]
+
+    def run(self, task: int, *args: str) -> dict:
+        """`python -m taskN.test ARGS --json PATH`, in this process; the record, validated as the grader does."""
+        import json
+
+        from grader.runner import valid_record
+
+        path = self.tmp_path / f"task{task}-{len(list(self.tmp_path.glob('*.json')))}.json"
+        test = importlib.import_module(f"task{task}.test")
+        with CudaOnTheCpu():
+            test.main([*args, "--json", str(path)])
+        return valid_record(json.loads(path.read_text()), task)
+
+    def as_handout(self, calibration_file: Path):
+        """The student's handout: no reference solutions; the estimate comes from `calibration_file`."""
+        self.monkeypatch.setattr(impl, "has_solution", lambda task: False)
+        self.monkeypatch.setattr(calibration, "PATH", calibration_file)
+
+
+_REAL_LOAD = build.load_extension
+
+
+@pytest.fixture
+def stand_in(monkeypatch, tmp_path):
+    """A Harness with every stand-in in place (see the module's docstring)."""
+    harness = Harness(monkeypatch, tmp_path)
+    for name, value in (("is_available", lambda: True), ("synchronize", lambda device=None: None),
+                        ("get_device_name", lambda device=None: GPU_NAME),
+                        ("get_device_properties", lambda device=None: GPU), ("Event", HostEvent)):
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(torch, "Generator", _generator)
+    monkeypatch.setattr(build, "load_extension", harness.load_extension)
+    for task in CUDA_TASKS:  # fresh caches: no build of another test is reused
+        monkeypatch.setattr(importlib.import_module(f"task{task}.attention"), "extension", build.TaskExtension(task))
+    monkeypatch.setattr("common.sandbox.Worker", lambda *a, **kw: InProcessWorker(*a, harness=harness, **kw))
+    monkeypatch.setattr(sanitize, "find_sanitizer", lambda: "compute-sanitizer (stand-in)")
+    monkeypatch.setattr(bench, "COPY_BYTES", 16 << 20)
+    for module, values in SMALL.items():
+        for name, value in values.items():
+            monkeypatch.setattr(f"{module}.{name}", value)
+    return harness

@@ -1,0 +1,106 @@
+"""Tasks 2, 4 and 5 graded on the CPU from end to end, with PyTorch standing in for the kernels (tests/stand_in.py).
+
+The part of a CUDA task's test that runs after its checks (the benchmarks, loading the reference,
+the estimate from the calibration, the record's speed fields) is never reached on a machine
+without a GPU. Task 5's performance point was lost for every student when a shared loader
+changed, and nothing here noticed: these tests run that part with stand-in kernels and score the
+record as the grader does.
+"""
+
+import pytest
+
+from common import bench, calibration
+from common.records import Report
+from grader.calibrate import ratios_of
+from grader.rubric import ESTIMATED, RUBRIC, score
+from tests.conftest import REPO, needs_solution
+from tests.stand_in import GPU_NAME, Behaviour, Task2Kernels, Task4Kernels, Task5Kernels, stand_in  # noqa: F401
+
+pytestmark = [needs_solution(2), needs_solution(4), needs_solution(5)]
+TIMED_HEAD_DIM = {4: 24, 5: 48}  # the head_dim of the scored benchmarks at the stand-in's sizes, and of no check
+
+
+def failed(record):
+    return [f"{c['name']}: {c['message'][:300]}" for c in record["cases"] if not c["passed"]]
+
+
+def scored_ratios(record, metric=bench.VS_REFERENCE):
+    return [c["metrics"][metric] for c in record["cases"] if c["kind"] == "benchmark" and metric in c["metrics"]]
+
+
+def test_every_cuda_task_loads_its_reference_through_one_interface(stand_in):
+    for task, kernels in ((2, Task2Kernels), (4, Task4Kernels), (5, Task5Kernels)):
+        report = Report(task, True, "reference loading")
+        assert isinstance(bench.load_reference(report, task), kernels), report.notes
+        assert report.notes == []
+        assert stand_in.loads[-1] == (task, True, None)
+    # task 4's other kernels folder; a task without one simply has none, and says nothing
+    report = Report(4, True, "reference loading")
+    assert isinstance(bench.load_reference(report, 4, "tensor_cores"), Task4Kernels) and report.notes == []
+    report = Report(5, True, "reference loading")
+    assert bench.load_reference(report, 5, "tensor_cores") is None and report.notes == []
+
+
+@pytest.mark.parametrize("task", [2, 4, 5])
+def test_the_reference_earns_every_point_through_the_whole_flow(stand_in, task):
+    record = stand_in.run(task, "--solution", "--hidden")
+    points, why = score(task, record)
+    assert record["status"] == "passed", failed(record)
+    assert points == RUBRIC[task].points, why
+    kinds = {c["kind"] for c in record["cases"]}
+    assert {"check", "benchmark", "rule", "given"} <= kinds
+    assert any(c["name"].startswith("memory-safe") and c["passed"] for c in record["cases"])
+    if RUBRIC[task].performance_points:
+        ratios = scored_ratios(record)
+        assert ratios and "speed" in why and "of the performance points" in why
+        assert not any("could not be built" in note for note in record["notes"]), record["notes"]
+
+
+@pytest.mark.parametrize("task", [4, 5])
+def test_a_kernel_twice_as_slow_as_the_reference_loses_performance_points(stand_in, task):
+    stand_in.student[task] = Behaviour(slow=True)
+    record = stand_in.run(task, "--hidden")
+    points, why = score(task, record)
+    assert record["status"] == "passed", failed(record)
+    ratios = scored_ratios(record)
+    assert ratios and all(0.3 < r < 0.75 for r in ratios), ratios
+    correctness = RUBRIC[task].points - RUBRIC[task].performance_points
+    assert correctness < points < RUBRIC[task].points - 0.1, why
+
+
+@pytest.mark.parametrize("task", [4, 5])
+def test_a_kernel_whose_timed_outputs_are_wrong_gets_no_performance_points(stand_in, task):
+    stand_in.student[task] = Behaviour(wrong_head_dim=TIMED_HEAD_DIM[task])
+    record = stand_in.run(task, "--hidden")
+    points, why = score(task, record)
+    assert all(c["passed"] for c in record["cases"] if c["kind"] == "check"), failed(record)
+    wrong = [c for c in record["cases"] if c["kind"] == "benchmark" and not c["passed"]]
+    assert wrong and all("timed" in c["message"] for c in wrong), failed(record)
+    assert points == RUBRIC[task].points - RUBRIC[task].performance_points, why
+    assert "no performance points" in why
+
+
+@pytest.mark.parametrize("task", [4, 5])
+def test_the_handout_estimates_the_points_from_the_calibration(stand_in, task, tmp_path):
+    reference = stand_in.run(task, "--solution")
+    found = ratios_of(task, reference)  # what python -m grader.calibrate records
+    assert found and all(value > 0 for value in found.values())
+    path = tmp_path / "calibration.json"
+    calibration.record(task, GPU_NAME, found, {"measured": "in this test"}, path)
+    stand_in.as_handout(path)
+    loaded = len(stand_in.loads)
+
+    record = stand_in.run(task)
+    points, why = score(task, record)
+    assert record["status"] == "passed", failed(record)
+    assert scored_ratios(record) == [] and len(scored_ratios(record, calibration.ESTIMATE)) == len(found)
+    assert ESTIMATED in why and points > RUBRIC[task].points - RUBRIC[task].performance_points, why
+    assert all(not solution for _, solution, _ in stand_in.loads[loaded:]), "the handout has no reference to load"
+
+
+def test_no_real_run_can_reach_the_stand_ins():
+    """The stand-ins are monkeypatches made by this test suite's fixture: no code outside tests/ imports them."""
+    names = ("tests.stand_in", "import stand_in", "CudaOnTheCpu", "InProcessWorker")
+    found = [f"{path.relative_to(REPO)}" for folder in ("common", "grader", *(f"task{n}" for n in range(1, 8)))
+             for path in (REPO / folder).rglob("*.py") if any(name in path.read_text() for name in names)]
+    assert found == []
