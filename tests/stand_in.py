@@ -493,8 +493,8 @@ def stand_in(monkeypatch, tmp_path):
         monkeypatch.setattr(torch.cuda, name, value)
     monkeypatch.setattr(torch, "Generator", _generator)
     monkeypatch.setattr(build, "load_extension", harness.load_extension)
-    for task in CUDA_TASKS:  # fresh caches: no build of another test is reused
-        monkeypatch.setattr(importlib.import_module(f"task{task}.attention"), "extension", build.TaskExtension(task))
+    for task in CUDA_TASKS:  # each task's own extension(), with an empty cache: no build of another test is reused
+        monkeypatch.setattr(importlib.import_module(f"task{task}.attention").extension, "built", {})
     monkeypatch.setattr("common.sandbox.Worker", lambda *a, **kw: InProcessWorker(*a, harness=harness, **kw))
     monkeypatch.setattr(sanitize, "find_sanitizer", lambda: "compute-sanitizer (stand-in)")
     monkeypatch.setattr(bench, "COPY_BYTES", 16 << 20)
