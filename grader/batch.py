@@ -13,14 +13,22 @@ The reference kernels a CUDA task is timed against are built once, before the gr
 `python -m taskN.compile --solution`, a job of its own on Slurm), and every grading imports that
 build read-only (common/build.py); only the student's own code is built per submission.
 
-SUBMISSIONS is a folder as a learning-management system exports it: one folder, `.zip`, `.tar.gz`
-or `.tgz` per student, whose name (without the extension) is the student's id. Each submission
-is graded exactly as `python -m grader --submission` grades it (its own process, the trusted
-harness, the hidden cases).
+SUBMISSIONS is a folder as a learning-management system exports it: one folder or archive (`.zip`,
+`.tar`, `.tar.gz`, `.tgz`, `.tar.bz2`, `.tar.xz`) per student, whose name (without the extension) is
+the student's id. Every entry is a student: one the kit cannot read (a `.rar`, a lone file, a link)
+is graded 0 with the reason in the gradebook, never left out. Each submission is graded exactly as
+`python -m grader --submission` grades it (its own process, the trusted harness, the hidden cases).
 
 Nothing is lost or mixed up:
-- archives are unpacked safely into DIR/unpacked/<id> (no path out of that folder, no links or
-  devices, at most MAX_FILES files and MAX_BYTES bytes); a broken one is that student's error;
+- the student's checkout is found where students put it: the folder holding the files students
+  write at their places (task1/attention.py, ...), at any depth, in the submission or in the one
+  archive it holds (an LMS keeps the uploaded zip in the student's folder); two such folders, or
+  none, is a problem the gradebook states;
+- archives are unpacked safely into DIR/unpacked/<id>, and only what can be graded is taken out: the
+  files students write and archives that may hold them, never what lies in SKIPPED folders (`.venv`,
+  `.git`, ...); no path out of that folder, no link or device where a graded file goes, at most
+  MAX_ENTRIES entries listed, MAX_FILES files and MAX_BYTES bytes taken out; a broken one is that
+  student's error;
 - a grading runs in DIR/work/<id> and only then replaces DIR/students/<id>: a grading that
   fails, times out or is stopped never replaces an earlier grade (it is noted beside it);
 - every attempt is logged in DIR/attempts/<id>.json (where, when, how it ended), so a grading that
@@ -48,7 +56,7 @@ import tempfile
 import time
 import uuid
 import zipfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from common.impl import REPO
 from common.sandbox import die_with_parent, remove_tree
@@ -56,44 +64,60 @@ from common.tasks import TASKS
 from grader import gradebook
 from grader.rubric import RUBRIC, parse_tasks
 
-MAX_FILES = 2000
-MAX_BYTES = 200 * 1024 * 1024
-ARCHIVES = (".tar.gz", ".tgz", ".zip")
-TASKS_FOLDERS = {f"task{n}" for n in TASKS}
+MAX_ENTRIES = 200_000  # entries an archive may list: a repository with its .venv has thousands; more is a bomb
+MAX_FILES = 2000  # files taken out of one archive
+MAX_BYTES = 200 * 1024 * 1024  # bytes taken out of one archive
+ARCHIVES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar", ".zip")
+# Folders whose contents are never graded: not taken out of archives, not searched for the student's files.
+SKIPPED = {".venv", "venv", "env", ".git", "__pycache__", "__MACOSX", "node_modules", "build", "site-packages",
+           ".ipynb_checkpoints", ".pytest_cache", ".mypy_cache", ".idea", ".vscode", "grader-work", "graded"}
+STUDENT_FILES = sorted({rel for task in TASKS.values() for rel in task.student_files})
+MAX_DEPTH = 8  # folders down to the student's checkout inside a submission
 TRIES = 2  # a grading stopped from outside (Slurm's time limit, a node failure, scancel) is tried once more
 SLACK_S = 600  # a grading's time beyond its tasks' own limits: starting up, building, writing results
 PREBUILD_TIMEOUT_S = 900  # one reference extension: nvcc and the binding against PyTorch's headers
 
 
-class BadArchive(Exception):
-    """A submission that cannot be unpacked safely; the message is the student's error."""
+class NotGradable(Exception):
+    """A submission that cannot be graded; the message is the student's error, as the gradebook states it."""
+
+    kind = "submission"
 
     def __init__(self, message: str, tampering: bool = False):
         super().__init__(message)
         self.tampering = tampering  # a path out of the folder or a link: not an accident of zipping
 
 
+class BadArchive(NotGradable):
+    """An archive that cannot be unpacked safely."""
+
+    kind = "archive"
+
+
+def archive_suffix(name: str) -> str | None:
+    return next((suffix for suffix in ARCHIVES if name.lower().endswith(suffix)), None)
+
+
 def student_id(path: Path) -> str:
+    """The entry's name without its extension (an archive's, or any other file's last one)."""
     name = path.name
-    for suffix in ARCHIVES:
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
+    suffix = archive_suffix(name)
+    if suffix:
+        return name[: -len(suffix)]
+    if not path.is_dir() and not path.is_symlink() and "." in name.strip("."):
+        return name.rsplit(".", 1)[0]
     return name
 
 
-def ignored(submissions: Path) -> list[str]:
-    """Entries of the submissions folder that are not a submission, to be named (never dropped silently)."""
-    return sorted(p.name for p in submissions.iterdir() if not p.name.startswith(".") and (
-        p.is_symlink() or not (p.is_dir() or (p.is_file() and p.name.endswith(ARCHIVES)))))
-
-
 def discover(submissions: Path) -> list[tuple[str, Path]]:
-    """(student id, folder or archive) for every submission, sorted by id; ids must be unique."""
+    """(student id, entry) for every entry of the submissions folder but dot files, sorted by id; ids are unique.
+
+    Every entry is a student, also one that is not a folder or archive the kit can read: its grading then
+    says why (NotGradable), so nobody disappears from the gradebook.
+    """
     found: dict[str, Path] = {}
     for path in sorted(submissions.iterdir()):
-        if path.name.startswith(".") or path.is_symlink():
-            continue
-        if not (path.is_dir() or (path.is_file() and path.name.endswith(ARCHIVES))):
+        if path.name.startswith("."):
             continue
         sid = student_id(path)
         if sid in found:
@@ -103,15 +127,15 @@ def discover(submissions: Path) -> list[tuple[str, Path]]:
 
 
 def _safe_target(dest: Path, name: str) -> Path:
-    parts = Path(name).parts
-    if not parts or Path(name).is_absolute() or ".." in parts:
+    parts = PurePosixPath(name).parts
+    if not parts or PurePosixPath(name).is_absolute() or ".." in parts:
         raise BadArchive(f"the archive holds a path outside its folder: {name!r}", tampering=True)
     return dest.joinpath(*parts)
 
 
 def _members(archive: Path):
     """(name, "file" | "folder" | "other", bytes, a function that opens its data) for each entry."""
-    if archive.name.endswith(".zip"):
+    if archive.name.lower().endswith(".zip"):
         with zipfile.ZipFile(archive) as zf:
             for info in zf.infolist():
                 mode = stat.S_IFMT(info.external_attr >> 16)  # 0 when the archiver did not record it
@@ -119,47 +143,125 @@ def _members(archive: Path):
                         "folder" if info.is_dir() else "file")
                 yield info.filename, kind, info.file_size, lambda info=info: zf.open(info)
     else:
-        with tarfile.open(archive, "r:gz") as tf:
+        with tarfile.open(archive, "r:*") as tf:  # plain, gzip, bzip2 or xz
             for member in tf:
                 kind = "folder" if member.isdir() else "file" if member.isfile() else "other"
                 yield member.name, kind, member.size, lambda member=member: tf.extractfile(member)
 
 
-def unpack(archive: Path, dest: Path) -> Path:
-    """Unpack into `dest` (created); returns the submission's root (the single top folder, if there is one)."""
+def graded_place(parts: tuple[str, ...]) -> str:
+    """"file" where a path ends with a file students write (task1/attention.py), "way" where it ends with a
+    folder on the way to one (task1, task2/kernels), else ""."""
+    for rel in STUDENT_FILES:
+        rel_parts = PurePosixPath(rel).parts
+        if parts[-len(rel_parts):] == rel_parts:
+            return "file"
+        if any(parts[-n:] == rel_parts[:n] for n in range(1, len(rel_parts))):
+            return "way"
+    return ""
+
+
+def unpack(archive: Path, dest: Path) -> None:
+    """Take out of `archive`, into `dest` (created), what can be graded: the files students write, and archives
+    that may hold them, outside SKIPPED folders. The rest is only listed, so a repository zipped with its
+    .venv is fine; a link or device where a graded file goes is refused as tampering."""
     dest.mkdir(parents=True)
-    count, size = 0, 0
-
-    def admit(name: str, nbytes: int) -> Path:
-        nonlocal count, size
-        count, size = count + 1, size + nbytes
-        if count > MAX_FILES:
-            raise BadArchive(f"more than {MAX_FILES} files in the archive")
-        if size > MAX_BYTES:
-            raise BadArchive(f"more than {MAX_BYTES // 1024 // 1024} MiB unpacked")
-        return _safe_target(dest, name)
-
+    entries, files, size = 0, 0, 0
     try:
         for name, kind, nbytes, read in _members(archive):
-            if kind == "folder" and not Path(name).parts:  # "." or "./": `tar czf s.tgz -C dir .` writes it
+            entries += 1
+            if entries > MAX_ENTRIES:
+                raise BadArchive(f"more than {MAX_ENTRIES} entries in the archive")
+            target = _safe_target(dest, name) if PurePosixPath(name).parts else dest  # "./": `tar -C dir .`
+            parts = tuple(p for p in PurePosixPath(name).parts if p != ".")
+            if not parts or any(p in SKIPPED or p.startswith("._") for p in parts):
                 continue
-            if kind not in ("file", "folder"):
-                raise BadArchive(f"the archive holds a link or device: {name!r}", tampering=True)
-            target = admit(name, nbytes)
-            if kind == "folder":
-                target.mkdir(parents=True, exist_ok=True)
+            place = graded_place(parts)
+            if kind == "other":
+                if place:
+                    raise BadArchive(f"the archive holds a link or device where a graded file goes: {name!r}",
+                                     tampering=True)
                 continue
+            if kind == "folder" or not (place == "file" or archive_suffix(parts[-1])):
+                continue
+            files += 1
+            if files > MAX_FILES:
+                raise BadArchive(f"more than {MAX_FILES} files to take out of the archive")
+            if size + nbytes > MAX_BYTES:
+                raise BadArchive(f"more than {MAX_BYTES // 1024 // 1024} MiB unpacked")
             target.parent.mkdir(parents=True, exist_ok=True)
             with read() as src, open(target, "wb") as out:
-                shutil.copyfileobj(src, out)
-    except BadArchive:
+                size = _copy_within(src, out, size)
+    except NotGradable:
         raise
-    except Exception as err:  # noqa: BLE001  bad zips raise many kinds (zlib.error, NotImplementedError, ...)
+    except Exception as err:  # noqa: BLE001  bad archives raise many kinds (zlib.error, NotImplementedError, ...)
         raise BadArchive(f"not a readable archive: {type(err).__name__}: {err}") from None
-    entries = [p for p in dest.iterdir() if not p.name.startswith(("__MACOSX", "."))]
-    if any(p.name in TASKS_FOLDERS for p in entries):
-        return dest  # the checkout itself was archived (task1/ at the top)
-    return entries[0] if len(entries) == 1 and entries[0].is_dir() else dest  # or the folder holding it
+
+
+def _copy_within(src, out, size: int) -> int:
+    """Copy, counting the bytes an entry really holds (a zip may state fewer), up to MAX_BYTES in all."""
+    while chunk := src.read(1 << 20):
+        size += len(chunk)
+        if size > MAX_BYTES:
+            raise BadArchive(f"more than {MAX_BYTES // 1024 // 1024} MiB unpacked")
+        out.write(chunk)
+    return size
+
+
+def checkouts(folder: Path) -> tuple[dict[Path, list[str]], list[Path]]:
+    """The folders under `folder` that hold files students write at their places, with those files, and the
+    archives found on the way. SKIPPED folders are not searched, links not followed."""
+    found: dict[Path, list[str]] = {}
+    archives = []
+    for here, dirs, files in os.walk(folder):
+        depth = len(Path(here).relative_to(folder).parts)
+        dirs[:] = sorted(d for d in dirs if d not in SKIPPED and depth < MAX_DEPTH)
+        for name in sorted(files):
+            parts = (Path(here) / name).relative_to(folder).parts
+            if archive_suffix(name):
+                archives.append(Path(here) / name)
+            for rel in STUDENT_FILES:
+                rel_parts = PurePosixPath(rel).parts
+                if parts[-len(rel_parts):] == rel_parts:
+                    found.setdefault(folder.joinpath(*parts[:-len(rel_parts)]), []).append(rel)
+    return found, archives
+
+
+def locate(source: Path, unpacked: Path) -> Path:
+    """The student's checkout in the submission `source` (a folder or an archive, unpacked under `unpacked`):
+    the one folder that holds files students write at their places, in the submission or in the one archive
+    it holds (an LMS keeps the uploaded zip in the student's folder). NotGradable says why there is none."""
+    if source.is_symlink():
+        raise NotGradable("a link, not a folder or archive of the student's own", tampering=True)
+    if source.is_dir():
+        folder = source
+    elif source.is_file() and archive_suffix(source.name):
+        unpack(source, unpacked / "outer")
+        folder = unpacked / "outer"
+    elif source.is_file():
+        raise NotGradable(f"{source.name}: a file the kit cannot read as a submission (a folder or an archive: "
+                          f"{', '.join(ARCHIVES)})")
+    else:
+        raise NotGradable(f"{source.name}: neither a folder nor a file")
+    for inner in (False, True):
+        found, archives = checkouts(folder)
+        if len(found) == 1:
+            return next(iter(found))
+        if found:
+            places = "; ".join(f"{_shown(place, folder)} ({', '.join(files)})" for place, files in found.items())
+            raise NotGradable(f"the files students write are in {len(found)} places: {places}; which one counts?")
+        if inner or len(archives) != 1:
+            break
+        unpack(archives[0], unpacked / "inner")  # the upload inside the student's folder or archive
+        folder = unpacked / "inner"
+    also = f"; it holds {len(archives)} archives ({', '.join(a.name for a in archives[:5])})" if archives else ""
+    raise NotGradable(f"none of the files students write ({', '.join(STUDENT_FILES[:3])}, ...) is in it at its "
+                      f"place{also}: an empty or unrelated submission")
+
+
+def _shown(place: Path, folder: Path) -> str:
+    rel = place.relative_to(folder)
+    return f"{rel}/" if rel.parts else "the top folder"
 
 
 def linked_files(root: Path) -> list[str]:
@@ -281,18 +383,21 @@ def _grade(folder: Path, klass: dict, sid: str, source: Path, out: Path) -> dict
 
     about = {"student": sid, "source": str(source), "job": _job(), "host": socket.gethostname(), "started": _now(),
              "tasks": klass["tasks"], "kit": kit_fingerprint()[:16], "hidden": hidden_fingerprint(), "tampering": []}
+    unpacked = out / "unpacked" / sid
+    shutil.rmtree(unpacked, ignore_errors=True)
     try:
-        if source.is_dir():
-            root = source
-        else:
-            unpacked = out / "unpacked" / sid
-            shutil.rmtree(unpacked, ignore_errors=True)
-            root = unpack(source, unpacked)
-    except BadArchive as err:
+        root = locate(source, unpacked)
+    except NotGradable as err:
         about["tampering"] = [str(err)] if err.tampering else []
         _write_json(folder / "grading.json", about)
-        return _failed(folder, f"archive: {err}")
+        return _failed(folder, f"{err.kind}: {err}")
+    about["root"] = str(root)
     about["tampering"] = [f"{rel} is a link or not a regular file" for rel in linked_files(root)]
+    # the graded tasks' files (and those of the tasks they run) the submission does not hold: graded all the same
+    # (the grade says "missing"), and the gradebook states it
+    wanted = sorted({rel for t in parse_tasks(klass["tasks"]) for u in (t, *TASKS[t].uses)
+                     for rel in TASKS[u].student_files})
+    about["missing"] = [rel for rel in wanted if not (root / rel).is_file()]
     cmd = [sys.executable, "-m", "grader", "--submission", str(root), "--out", str(folder), "--tasks", klass["tasks"]]
     cmd += ["--no-sandbox"] if klass["no_sandbox"] else []
     (folder / "command.txt").write_text(" ".join(cmd) + "\n")
@@ -499,8 +604,6 @@ def main(argv=None) -> int:
     only = {s.strip() for s in (args.only or "").split(",") if s.strip()}
     if unknown := sorted(only - {sid for sid, _ in students}):
         parser.error(f"--only: no submission for {', '.join(unknown)} in {args.submissions}")
-    for name in ignored(args.submissions):
-        print(f"not a submission, left out: {name} (a submission is a folder, .zip, .tar.gz or .tgz, not a link)")
     args.out.mkdir(parents=True, exist_ok=True)
     klass = write_class(args.out, students, ",".join(map(str, tasks)), args.timeout, args.no_sandbox)
     todo = [n for n, (sid, _) in enumerate(students) if sid in only or not only and (

@@ -123,6 +123,8 @@ def student_row(out: Path, sid: str, klass: dict) -> dict:
             flags["timed_out"].add("all")
     elif not row["total"]:
         row["problem"] = "not graded yet"
+    if isinstance(about, dict) and about.get("missing") and not row["problem"]:
+        row["problem"] = f"missing from the submission: {', '.join(map(str, about['missing']))}"
     for flag, where in flags.items():
         row[flag] = "all" if "all" in where else " ".join(sorted(where, key=int))
     return row

@@ -4,6 +4,7 @@ import csv
 import io
 import json
 import os
+import re
 import tarfile
 import tempfile
 import zipfile
@@ -28,17 +29,18 @@ def _zip(path, files, links=()):
     return path
 
 
-def test_a_good_archive_unpacks_to_its_single_top_folder(tmp_path):
+def test_a_good_archive_unpacks_to_its_checkout(tmp_path):
     archive = _zip(tmp_path / "s1.zip", {"repo/task1/attention.py": "x = 1\n", "__MACOSX/._x": ""})
-    root = batch.unpack(archive, tmp_path / "out")
-    assert root == tmp_path / "out" / "repo" and (root / "task1/attention.py").read_text() == "x = 1\n"
+    root = batch.locate(archive, tmp_path / "out")
+    assert root == tmp_path / "out" / "outer" / "repo" and (root / "task1/attention.py").read_text() == "x = 1\n"
 
 
 @pytest.mark.parametrize("files, links, words", [
     ({"../evil.py": "x"}, (), "outside its folder"),
     ({"/abs.py": "x"}, (), "outside its folder"),
     ({"a.py": "x"}, ("task1/attention.py",), "link or device"),
-    ({f"f{i}.py": "" for i in range(12)}, (), "more than 10 files"),
+    ({"a.py": "x"}, ("repo/task2/kernels",), "link or device"),  # a folder on the way to a graded file
+    ({f"copy{i}/task1/attention.py": "" for i in range(12)}, (), "more than 10 files"),
 ])
 def test_an_unsafe_archive_is_refused_with_its_reason(tmp_path, monkeypatch, files, links, words):
     monkeypatch.setattr(batch, "MAX_FILES", 10)
@@ -50,14 +52,14 @@ def test_an_unsafe_archive_is_refused_with_its_reason(tmp_path, monkeypatch, fil
 def test_a_tar_with_a_link_or_too_many_bytes_is_refused(tmp_path, monkeypatch):
     path = tmp_path / "s.tar.gz"
     with tarfile.open(path, "w:gz") as tf:
-        link = tarfile.TarInfo("task1/attention.py")
+        link = tarfile.TarInfo("task1/attention.py")  # a link where a graded file goes
         link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
         tf.addfile(link)
     with pytest.raises(batch.BadArchive, match="link or device"):
         batch.unpack(path, tmp_path / "a")
     with tarfile.open(path, "w:gz") as tf:
         data = b"x" * 100
-        info = tarfile.TarInfo("big.py")
+        info = tarfile.TarInfo("task1/attention.py")
         info.size = len(data)
         tf.addfile(info, io.BytesIO(data))
     monkeypatch.setattr(batch, "MAX_BYTES", 50)
@@ -68,12 +70,13 @@ def test_a_tar_with_a_link_or_too_many_bytes_is_refused(tmp_path, monkeypatch):
         batch.unpack(tmp_path / "junk.tar.gz", tmp_path / "c")
 
 
-def test_each_submission_is_a_student_and_ids_are_unique(tmp_path):
+def test_each_entry_is_a_student_and_ids_are_unique(tmp_path):
     (tmp_path / "alice").mkdir()
     _zip(tmp_path / "bob.zip", {"a": ""})
     (tmp_path / "carol.tar.gz").write_bytes(b"")
-    (tmp_path / "notes.txt").write_text("not a submission")
-    assert [sid for sid, _ in batch.discover(tmp_path)] == ["alice", "bob", "carol"]
+    (tmp_path / "dave.rar").write_text("an archive the kit cannot read: a student all the same")
+    (tmp_path / ".DS_Store").write_text("")
+    assert [sid for sid, _ in batch.discover(tmp_path)] == ["alice", "bob", "carol", "dave"]
     (tmp_path / "bob").mkdir()
     with pytest.raises(SystemExit, match="two submissions for student 'bob'"):
         batch.discover(tmp_path)
@@ -246,7 +249,7 @@ def test_odd_archives_are_that_students_error_and_dot_entries_are_fine(tmp_path)
         info = tarfile.TarInfo("./task1/attention.py")
         info.size = 6
         tf.addfile(info, io.BytesIO(b"x = 1\n"))
-    root = batch.unpack(path, tmp_path / "out")
+    root = batch.locate(path, tmp_path / "out")
     assert (root / "task1/attention.py").read_text() == "x = 1\n"
     zipped = _zip(tmp_path / "z.zip", {"task1/attention.py": "x = 1\n" * 100})
     data = bytearray(zipped.read_bytes())
@@ -347,3 +350,102 @@ def test_a_prebuild_that_cannot_build_says_the_gradings_will(tmp_path, capsys):
     else:
         assert said.startswith("task 4's reference was not prebuilt, so each grading builds it: task 4: ")
         assert "CPU-only build" in said or "no CUDA GPU" in said
+
+
+def _tar(path, files, mode="w", links=()):
+    with tarfile.open(path, mode) as tf:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data.encode())
+            tf.addfile(info, io.BytesIO(data.encode()))
+        for name in links:
+            link = tarfile.TarInfo(name)
+            link.type, link.linkname = tarfile.SYMTYPE, "/usr/bin/python3"
+            tf.addfile(link)
+    return path
+
+
+def _venv(prefix, files=2500):
+    """What `python -m venv .venv` and a few packages leave in a repository: many files, none graded."""
+    return {f"{prefix}.venv/lib/python3.11/site-packages/pkg{i // 100}/m{i}.py": "" for i in range(files)}
+
+
+CODE = "x = 1\n"
+
+
+@pytest.mark.parametrize("layout", ["deep zip", "folder holding the upload", "zip in a zip", "plain tar",
+                                    "tar.bz2 with its .venv", "zip with its .venv and .git"])
+def test_the_checkout_is_found_where_students_put_it(tmp_path, layout):
+    """LMS exports and students' own zips: the graded files, two folders deep, in an uploaded zip, beside a .venv."""
+    src = tmp_path / "submission"
+    if layout == "deep zip":
+        source = _zip(tmp_path / "s.zip", {"x-submission/attention-course/task1/attention.py": CODE,
+                                           "x-submission/attention-course/README.md": "# notes"})
+    elif layout == "folder holding the upload":
+        src.mkdir()
+        _zip(src / "attention-course-main.zip", {"attention-course-main/task1/attention.py": CODE})
+        (src / "comments.txt").write_text("see the zip")
+        source = src
+    elif layout == "zip in a zip":
+        inner = _zip(tmp_path / "inner.zip", {"task1/attention.py": CODE})
+        source = _zip(tmp_path / "s.zip", {"student 12/upload.zip": "", "readme.txt": "hi"})
+        with zipfile.ZipFile(source, "w") as zf:
+            zf.write(inner, "student 12/upload.zip")
+    elif layout == "plain tar":
+        source = _tar(tmp_path / "s.tar", {"repo/task1/attention.py": CODE})
+    elif layout == "tar.bz2 with its .venv":
+        source = _tar(tmp_path / "s.tar.bz2", {"repo/task1/attention.py": CODE, **_venv("repo/")}, "w:bz2",
+                      links=("repo/.venv/bin/python",))  # a venv's links are not graded, so not refused
+    else:
+        source = _zip(tmp_path / "s.zip", {"task1/attention.py": CODE, **_venv(""), ".git/HEAD": "ref",
+                                           "task1/__pycache__/attention.cpython-311.pyc": "\0"})
+    root = batch.locate(source, tmp_path / "unpacked")
+    assert (root / "task1/attention.py").read_text() == CODE
+    assert len(list((tmp_path / "unpacked").rglob("*.py"))) <= 1  # only what is graded was taken out
+
+
+@pytest.mark.parametrize("name, make, words", [
+    ("dave.rar", lambda p: p.write_bytes(b"Rar!\x1a\x07"), "dave.rar: a file the kit cannot read as a submission"),
+    ("erin.py", lambda p: p.write_text(CODE), "erin.py: a file the kit cannot read"),
+    ("empty.zip", lambda p: _zip(p, {}), "none of the files students write"),
+    ("notes.zip", lambda p: _zip(p, {"essay/answer.md": "I did task 1"}), "an empty or unrelated submission"),
+    ("twice.zip", lambda p: _zip(p, {"old/task1/attention.py": CODE, "new/task1/attention.py": CODE}),
+     re.escape("in 2 places: new/ (task1/attention.py); old/ (task1/attention.py); which one counts?")),
+    ("bomb.zip", lambda p: _zip(p, {f"d{i}/x": "" for i in range(30)}), "more than 20 entries"),
+])
+def test_a_submission_that_cannot_be_graded_says_why(tmp_path, monkeypatch, name, make, words):
+    monkeypatch.setattr(batch, "MAX_ENTRIES", 20)
+    make(tmp_path / name)
+    with pytest.raises(batch.NotGradable, match=words):
+        batch.locate(tmp_path / name, tmp_path / "unpacked")
+
+
+def test_a_folder_with_two_uploads_and_no_checkout_names_them(tmp_path):
+    (tmp_path / "s").mkdir()
+    _zip(tmp_path / "s" / "a.zip", {"task1/attention.py": CODE})
+    _zip(tmp_path / "s" / "b.zip", {"task1/attention.py": CODE})
+    with pytest.raises(batch.NotGradable, match=r"it holds 2 archives \(a.zip, b.zip\)"):
+        batch.locate(tmp_path / "s", tmp_path / "unpacked")
+
+
+@needs_solution(1)
+def test_every_entry_of_a_class_is_a_row_and_says_what_went_wrong(tmp_path):
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    solution = (REPO / "task1/solution/attention.py").read_text()
+    _zip(subs / "deep.zip", {"x-submission/attention-course/task1/attention.py": solution, **_venv("x-submission/")})
+    (subs / "dave.rar").write_bytes(b"Rar!\x1a\x07")
+    _zip(subs / "empty.zip", {})
+    (subs / "task3only" / "repo" / "task3").mkdir(parents=True)
+    (subs / "task3only" / "repo" / "task3" / "attention.py").write_text("x = 1\n")
+    out = tmp_path / "out"
+    assert batch.main([str(subs), "--out", str(out), "--tasks", "1", "--no-sandbox"]) == 0
+    rows = {r["student"]: r for r in csv.DictReader(open(out / "gradebook.csv"))}
+    assert sorted(rows) == ["dave", "deep", "empty", "task3only"]
+    assert rows["deep"]["total"] == "2" and rows["deep"]["problem"] == ""
+    assert rows["dave"]["total"] == "0" and rows["dave"]["problem"].startswith(
+        "submission: dave.rar: a file the kit cannot read as a submission")
+    assert rows["empty"]["total"] == "0" and "none of the files students write" in rows["empty"]["problem"]
+    assert rows["task3only"]["total"] == "0"
+    assert rows["task3only"]["problem"] == "missing from the submission: task1/attention.py"
+    assert "Students: 4; with a total: 4" in (out / "report.md").read_text()
