@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -31,11 +32,13 @@ cudaError_t attention_forward(const float* q, const float* k, const float* v, fl
 namespace {
 
 constexpr int64_t MAX_HEAD_DIM = 128;  // the limit of the fused kernels in the later tasks
+// The GEMMs give each matrix of a batch one grid z index, and a grid has at most 65535 along z: a
+// larger batch (batch * heads) is handed to the launchers in slices of that many matrices, each
+// slice's pointers moved to its first matrix, so the kernels never see the difference.
+constexpr int64_t MAX_GRID_Z = 65535;
 
-// What every GEMM launch needs: a batch the launchers' int holds (they launch it in slices of at
-// most 65535 matrices, one grid z index each), int offsets inside a matrix.
+// What every GEMM launch needs: int offsets inside a matrix.
 void check_gemm_sizes(int64_t batch, int64_t m, int64_t n, int64_t k) {
-  check_fits_int(batch, "batch");
   check_fits_int(m * k, "the number of elements of one (m, k) matrix");
   check_fits_int(n * k, "the number of elements of one (n, k) matrix");
   check_fits_int(m * n, "the number of elements of one (m, n) matrix");
@@ -92,9 +95,13 @@ void gemm_op(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor
 
   const c10::cuda::CUDAGuard guard(a.device());
   const auto launcher = nt ? gemm_nt : gemm_nn;
-  check_launch(launcher(a.data_ptr<float>(), b.data_ptr<float>(), c.data_ptr<float>(), (int)batch,
-                        (int)m, (int)n, (int)k, at::cuda::getCurrentCUDAStream()),
-               nt ? "gemm_nt" : "gemm_nn");
+  for (int64_t first = 0; first < batch; first += MAX_GRID_Z) {
+    const int64_t count = std::min(batch - first, MAX_GRID_Z);
+    check_launch(launcher(a.data_ptr<float>() + first * m * k, b.data_ptr<float>() + first * n * k,
+                          c.data_ptr<float>() + first * m * n, (int)count, (int)m, (int)n, (int)k,
+                          at::cuda::getCurrentCUDAStream()),
+                 nt ? "gemm_nt" : "gemm_nn");
+  }
 }
 
 // q: (batch, heads, seq_q, head_dim), k and v: (batch, heads, seq_k, head_dim), out like q.
@@ -130,8 +137,8 @@ void attention_op(const torch::Tensor& q, const torch::Tensor& k, const torch::T
   TORCH_CHECK(!causal || seq_q <= seq_k, "causal attention needs seq_q <= seq_k, got seq_q = ",
               num(seq_q), " and seq_k = ", num(seq_k), " (the first queries would see no key at all)");
   TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", std::to_string(scale));
-  check_fits_int(batch_heads, "batch * heads");
-  check_fits_int(batch_heads * seq_q, "batch * heads * seq_q (the softmax's rows)");
+  check_fits_int(std::min(batch_heads, MAX_GRID_Z) * seq_q,
+                 "heads * seq_q in one slice of at most 65535 heads (the softmax's rows)");
   check_fits_int(seq_q * seq_k, "seq_q * seq_k (one head's scores)");
   check_fits_int(seq_k * head_dim, "seq_k * head_dim (one head of k)");
   check_fits_int(seq_q * head_dim, "seq_q * head_dim (one head of q)");
@@ -139,11 +146,17 @@ void attention_op(const torch::Tensor& q, const torch::Tensor& k, const torch::T
   const c10::cuda::CUDAGuard guard(q.device());
   // (batch_heads, seq_q, seq_k): the attention matrix of every head, in global memory.
   torch::Tensor scores = torch::empty({batch_heads, seq_q, seq_k}, q.options());
-  check_launch(attention_forward(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
-                                 scores.data_ptr<float>(), out.data_ptr<float>(), (int)batch_heads,
-                                 (int)seq_q, (int)seq_k, (int)head_dim, (float)scale, causal,
-                                 at::cuda::getCurrentCUDAStream()),
-               "attention_forward");
+  for (int64_t first = 0; first < batch_heads; first += MAX_GRID_Z) {  // slices of heads: see MAX_GRID_Z
+    const int64_t count = std::min(batch_heads - first, MAX_GRID_Z);
+    check_launch(attention_forward(q.data_ptr<float>() + first * seq_q * head_dim,
+                                   k.data_ptr<float>() + first * seq_k * head_dim,
+                                   v.data_ptr<float>() + first * seq_k * head_dim,
+                                   scores.data_ptr<float>() + first * seq_q * seq_k,
+                                   out.data_ptr<float>() + first * seq_q * head_dim, (int)count, (int)seq_q,
+                                   (int)seq_k, (int)head_dim, (float)scale, causal,
+                                   at::cuda::getCurrentCUDAStream()),
+                 "attention_forward");
+  }
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -9,17 +9,21 @@ record validated and scored as the grader does. Every stand-in is a monkeypatch 
 a grader's run leads here, and nothing the real run checks is changed.
 
 What stands in for what:
-- the GPU: `CudaOnTheCpu` makes every tensor asked for on "cuda" on the CPU, and gives `.cpu()`
-  as a copy marked as the host's, so the bindings' "must be a CUDA tensor" still refuses it;
-  torch.cuda's availability, synchronize, events (a host clock), name and properties are those of
-  a stand-in GPU with one SM (its float32 peaks are far above what a CPU reaches);
+- the GPU: `CudaOnTheCpu` makes every tensor asked for on "cuda" on the CPU; a tensor made for the
+  host (`.cpu()`, or a factory without a CUDA device) is marked `on_host`, so the bindings' "must be
+  a CUDA tensor" still refuses it, and `.cuda()` copies it; torch.cuda's availability, synchronize,
+  events (a host clock), name and properties are those of a stand-in GPU with one SM;
+- its speed: a stand-in kernel's call lasts exactly the time its work takes at FLOPS_PER_S or
+  BYTES_PER_S on common/bench.py's clock (`StandInClock`, the host's clock moved on by what the CPU
+  did not take), so its timings do not depend on how busy the machine is;
 - the kernels: `Task2Kernels`, `Task4Kernels` and `Task5Kernels` make the bindings' checks with
   the bindings' messages, then compute in PyTorch; `common.build.load_extension` returns them,
   called as the real one is called (a call it would refuse is refused), so each task's
   `extension()` and `common.bench.load_reference` run as they are;
 - the worker: `InProcessWorker` runs taskN/entry.py in this process on the checks' own tensors
   (as a worker writes the checks' shared GPU memory), and its replies cross common/wire.py as a
-  real worker's do;
+  real worker's do; requests do not (no CUDA IPC handles here: tests/test_grader.py and the GPU
+  tests cover the real worker);
 - compute-sanitizer: a clean report for each tool (the pass's parsing is tested on real reports
   in tests/test_sanitize.py);
 - sizes: the benchmarks' shapes are small, and the requests are sized for a CPU (the numbers
@@ -50,11 +54,10 @@ from common.worker import _resolve
 REPO = Path(__file__).resolve().parent.parent
 GPU_NAME = "stand-in GPU (PyTorch on the CPU)"
 GPU = types.SimpleNamespace(name=GPU_NAME, multi_processor_count=1, total_memory=8 << 30, major=9, minor=0)
-# The stand-in GPU's speed. A stand-in kernel's call lasts as long as its work takes at these rates (the CPU
-# computes it well within that at the sizes below), so a timing is the same from run to run on a busy CI
-# machine, and a kernel twice as slow is measured twice as slow.
-FLOPS_PER_S = 5e9  # attention: 4 * batch * heads * (query, key) pairs * head_dim
-BYTES_PER_S = 1e9  # the cache: bytes read or written
+# The stand-in GPU's speed: slow enough that the CPU's own time for a call (and for what a request does
+# around its calls) is under 1% of it at the sizes below, so a kernel twice as slow is timed twice as slow.
+FLOPS_PER_S = 1e8  # attention: 4 * batch * heads * (query, key) pairs * head_dim
+BYTES_PER_S = 1e7  # the cache: bytes read or written
 CUDA_TASKS = (2, 4, 5)
 
 
@@ -64,22 +67,48 @@ def _on_cuda(device) -> bool:
     return isinstance(device, (str, torch.device)) and torch.device(device).type == "cuda"
 
 
+FACTORIES = {torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch.randn, torch.randint, torch.arange,
+             torch.tensor, torch.eye}
+
+
 class CudaOnTheCpu(TorchFunctionMode):
-    """Tensors asked for on "cuda" are made on the CPU; `.cpu()` gives a copy marked `on_host`."""
+    """Tensors asked for on "cuda" are made on the CPU; those made for the host are marked `on_host`."""
 
     def __torch_function__(self, func, types_, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
-        if func is torch.Tensor.cuda:
-            return args[0]
         if func is torch.Tensor.cpu:
-            host = args[0].clone()
-            host.on_host = True  # what a real .cpu() gives: a tensor the bindings refuse
-            return host
-        if _on_cuda(kwargs.get("device")):
+            return _host(args[0].clone())
+        device = kwargs.get("device")
+        if _on_cuda(device):
             kwargs["device"] = "cpu"
-        if func is torch.Tensor.to:
-            args = tuple("cpu" if _on_cuda(a) else a for a in args)
-        return func(*args, **kwargs)
+        to_gpu = func is torch.Tensor.cuda or (func is torch.Tensor.to and (_on_cuda(device) or
+                                                                             any(_on_cuda(a) for a in args[1:])))
+        if to_gpu:  # a host tensor is copied to the GPU, a GPU tensor is itself (in the dtype asked for)
+            t, args = args[0], tuple("cpu" if _on_cuda(a) else a for a in args)
+            result = t if func is torch.Tensor.cuda else func(*args, **kwargs)
+            return t.clone() if result is t and getattr(t, "on_host", False) else result
+        result = func(*args, **kwargs)
+        # made for the host: no device, or "cpu" in words (a torch.device is another tensor's `.device`, which
+        # here is the GPU's as often as not, so it is not marked)
+        return _host(result) if func in FACTORIES and (device is None or device == "cpu") else result
+
+
+def _host(t):
+    t.on_host = True  # a tensor in host memory: the bindings refuse it, as they refuse a CPU tensor
+    return t
+
+
+class StandInClock:
+    """common/bench.py's clock: the host's, moved on by what a stand-in kernel's modelled time exceeds the CPU's."""
+
+    def __init__(self):
+        self.ahead = 0.0
+
+    def perf_counter(self) -> float:
+        return time.perf_counter() + self.ahead
+
+
+CLOCK = StandInClock()  # the fixture gives each test its own
 
 
 class HostEvent:
@@ -157,11 +186,11 @@ class StandInKernels:
 
     @contextlib.contextmanager
     def work(self, seconds: float):
-        """The call lasts `seconds` (the stand-in GPU's time for its work; twice that when slow), or the CPU's time."""
+        """On bench's clock the call lasts `seconds` (the stand-in GPU's time for its work; twice that when slow)."""
         started = time.perf_counter()
         yield
         seconds *= 2 if self.behaviour.slow else 1
-        time.sleep(max(0.0, started + seconds - time.perf_counter()))
+        CLOCK.ahead += max(0.0, seconds - (time.perf_counter() - started))
 
     def write(self, out, result):
         if self.behaviour.wrong_head_dim == out.shape[-1]:
@@ -382,7 +411,9 @@ class InProcessWorker:
         except Exception as err:  # noqa: BLE001  a student's exception is an answer
             raise WorkerError(type(err).__name__, str(err), "") from None
         reply = wire.decode_reply(wire.encode_reply(value))  # what a real worker's reply becomes
-        return _made_on_cuda(reply)
+        for sent, received in zip(_tensors(value), _tensors(reply)):  # where each was made, as wire says
+            received.worker_device = "cpu" if getattr(sent, "on_host", False) else "cuda"
+        return reply
 
     def call_on_gpu(self, name, *args, timeout=None):
         args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # each its own allocation
@@ -411,17 +442,16 @@ class InProcessWorker:
         self.stop()
 
 
-def _made_on_cuda(value):
-    """A reply's tensors, marked as made where every tensor of the stand-in worker is: on the GPU."""
+def _tensors(value):
+    """The tensors of a reply, in the order common/wire.py encodes them."""
     if isinstance(value, torch.Tensor):
-        value.worker_device = "cuda"
+        yield value
     elif isinstance(value, (list, tuple)):
         for v in value:
-            _made_on_cuda(v)
+            yield from _tensors(v)
     elif isinstance(value, dict):
         for v in value.values():
-            _made_on_cuda(v)
-    return value
+            yield from _tensors(v)
 
 
 # -- the harness ----------------------------------------------------------------------------
@@ -493,6 +523,9 @@ def stand_in(monkeypatch, tmp_path):
         monkeypatch.setattr(torch.cuda, name, value)
     monkeypatch.setattr(torch, "Generator", _generator)
     monkeypatch.setattr(build, "load_extension", harness.load_extension)
+    clock = StandInClock()
+    monkeypatch.setattr(f"{__name__}.CLOCK", clock)
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
     for task in CUDA_TASKS:  # each task's own extension(), with an empty cache: no build of another test is reused
         monkeypatch.setattr(importlib.import_module(f"task{task}.attention").extension, "built", {})
     monkeypatch.setattr("common.sandbox.Worker", lambda *a, **kw: InProcessWorker(*a, harness=harness, **kw))

@@ -117,11 +117,6 @@ cudaError_t softmax_forward(const float* in, float* out, int rows, int cols, cud
   return cudaGetLastError();
 }
 
-// A grid has at most 65535 blocks along z, one per matrix of the batch: a larger batch (batch *
-// heads in attention_forward) is launched in slices of that many matrices, each slice's pointers
-// moved to its first matrix, so the kernels never see the difference.
-constexpr int MAX_GRID_Z = 65535;
-
 static dim3 gemm_grid(int batch, int m, int n) {
   return dim3((n + TILE_N - 1) / TILE_N, (m + TILE_M - 1) / TILE_M, batch);
 }
@@ -129,27 +124,15 @@ static dim3 gemm_grid(int batch, int m, int n) {
 cudaError_t gemm_nt(const float* a, const float* b, float* c, int batch, int m, int n, int k,
                     cudaStream_t stream) {
   const dim3 block(GEMM_THREADS_X, GEMM_THREADS_Y);
-  for (int first = 0; first < batch; first += MAX_GRID_Z) {
-    const int count = std::min(batch - first, MAX_GRID_Z);
-    gemm_nt_kernel<<<gemm_grid(count, m, n), block, 0, stream>>>(
-        a + (size_t)first * m * k, b + (size_t)first * n * k, c + (size_t)first * m * n, m, n, k);
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
+  gemm_nt_kernel<<<gemm_grid(batch, m, n), block, 0, stream>>>(a, b, c, m, n, k);
+  return cudaGetLastError();
 }
 
 cudaError_t gemm_nn(const float* a, const float* b, float* c, int batch, int m, int n, int k,
                     cudaStream_t stream) {
   const dim3 block(GEMM_THREADS_X, GEMM_THREADS_Y);
-  for (int first = 0; first < batch; first += MAX_GRID_Z) {
-    const int count = std::min(batch - first, MAX_GRID_Z);
-    gemm_nn_kernel<<<gemm_grid(count, m, n), block, 0, stream>>>(
-        a + (size_t)first * m * k, b + (size_t)first * k * n, c + (size_t)first * m * n, m, n, k);
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
+  gemm_nn_kernel<<<gemm_grid(batch, m, n), block, 0, stream>>>(a, b, c, m, n, k);
+  return cudaGetLastError();
 }
 
 cudaError_t scale_and_mask(float* scores, int batch, int m, int n, float scale, bool causal,
