@@ -96,7 +96,8 @@ def test_the_handout_estimates_the_points_from_the_calibration(stand_in, task, t
     assert scored_ratios(record) == [] and len(scored_ratios(record, calibration.ESTIMATE)) == len(found)
     assert ESTIMATED in why and points > RUBRIC[task].points - RUBRIC[task].performance_points, why
     # the stand-in student is the reference: only SDPA's and the copy's CPU times differ between the two runs
-    assert all(0.25 < e < 4 for e in scored_ratios(record, calibration.ESTIMATE)), scored_ratios(record, calibration.ESTIMATE)
+    estimates = scored_ratios(record, calibration.ESTIMATE)
+    assert all(0.25 < e < 4 for e in estimates), estimates
     assert all(not solution for _, solution, _ in stand_in.loads[loaded:]), "the handout has no reference to load"
 
 
