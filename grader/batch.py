@@ -34,8 +34,11 @@ Nothing is lost or mixed up:
 - every attempt is logged in DIR/attempts/<id>.json (where, when, how it ended), so a grading that
   Slurm stopped (time limit, node failure, preemption, scancel) is tried once more and then
   recorded with the reason;
-- a rerun grades only the students without a grade (all of them with --regrade), so an
-  interrupted class resumes where it stopped;
+- a grade remembers what it graded (the tasks, a fingerprint of the submission's gradable files,
+  the --regrade it belongs to): a rerun grades the students without a grade for the class's tasks,
+  those whose files changed since (it says who), and, after an interrupted --regrade, those that
+  regrade had not reached yet; a rerun with other --tasks than the class's is refused without
+  --regrade, so a forgotten --tasks never starts the whole class again;
 - the gradebook and report are rebuilt from the students' folders each time (grader/gradebook.py).
 """
 
@@ -46,6 +49,7 @@ import datetime
 import json
 import os
 import shutil
+import hashlib
 import signal
 import socket
 import stat
@@ -276,13 +280,16 @@ def linked_files(root: Path) -> list[str]:
 
 # -- the class (DIR/class.json) ----------------------------------------------------------------
 
-def write_class(out: Path, students: list[tuple[str, Path]], tasks: str, timeout_s: int, no_sandbox: bool) -> dict:
+def write_class(out: Path, students: list[tuple[str, Path]], tasks: str, timeout_s: int, no_sandbox: bool,
+                regrade: str | None = None) -> dict:
     """What every element and gather reads: the students in array order and how they are graded.
 
     `round` names this submission of the class: an attempt counts against TRIES only in its own round.
+    `regrade` names the last --regrade: a grade from before it is not done until it is graded again.
     """
     klass = {"students": [{"id": sid, "source": str(path.resolve())} for sid, path in students],
-             "tasks": tasks, "timeout_s": timeout_s, "no_sandbox": no_sandbox, "round": uuid.uuid4().hex[:12]}
+             "tasks": tasks, "timeout_s": timeout_s, "no_sandbox": no_sandbox, "round": uuid.uuid4().hex[:12],
+             "regrade": regrade}
     _write_json(out / "class.json", klass)
     return klass
 
@@ -382,7 +389,8 @@ def _grade(folder: Path, klass: dict, sid: str, source: Path, out: Path) -> dict
     from grader.__main__ import hidden_fingerprint, kit_fingerprint
 
     about = {"student": sid, "source": str(source), "job": _job(), "host": socket.gethostname(), "started": _now(),
-             "tasks": klass["tasks"], "kit": kit_fingerprint()[:16], "hidden": hidden_fingerprint(), "tampering": []}
+             "tasks": klass["tasks"], "kit": kit_fingerprint()[:16], "hidden": hidden_fingerprint(), "tampering": [],
+             "source_sha256": fingerprint(source), "regrade": klass.get("regrade")}
     unpacked = out / "unpacked" / sid
     shutil.rmtree(unpacked, ignore_errors=True)
     try:
@@ -456,11 +464,44 @@ def _failed(folder: Path, reason: str) -> dict:
     return record
 
 
-def graded(out: Path, sid: str, tasks: str) -> bool:
-    """A grade on disk for these tasks (one for other tasks is graded again)."""
+def fingerprint(source: Path) -> str:
+    """What a grade of this submission graded: the archive's bytes, or a folder's gradable files (the files
+    students write and the archives that may hold them, with their paths; SKIPPED folders left out)."""
+    digest = hashlib.sha256()
+    if source.is_symlink() or not source.is_dir():
+        try:
+            with open(source, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+        except OSError as err:
+            digest.update(f"unreadable: {err}".encode())
+        return digest.hexdigest()[:16]
+    for here, dirs, files in os.walk(source):
+        dirs[:] = sorted(d for d in dirs if d not in SKIPPED)
+        for name in sorted(files):
+            path = Path(here) / name
+            parts = path.relative_to(source).parts
+            if graded_place(parts) != "file" and not archive_suffix(name):
+                continue
+            digest.update("/".join(parts).encode() + b"\0")
+            digest.update(f"link to {os.readlink(path)}".encode() if path.is_symlink() else
+                          path.read_bytes() if path.is_file() else b"not a file")
+    return digest.hexdigest()[:16]
+
+
+def grade_state(out: Path, sid: str, source: Path, klass: dict) -> str:
+    """"graded", or why this student is graded (again): "missing", "tasks", "changed" or "regrade"."""
     folder = out / "students" / sid
     about = _json_or_none(folder / "grading.json")
-    return (folder / "results.json").exists() and isinstance(about, dict) and about.get("tasks") == tasks
+    if not (folder / "results.json").exists() or not isinstance(about, dict):
+        return "missing"
+    if about.get("tasks") != klass["tasks"]:
+        return "tasks"
+    if about.get("source_sha256") != fingerprint(source):
+        return "changed"
+    if klass.get("regrade") and about.get("regrade") != klass["regrade"]:
+        return "regrade"
+    return "graded"
 
 
 def _json_or_none(path: Path):
@@ -582,9 +623,12 @@ def main(argv=None) -> int:
                                      epilog="python -m grader.batch gather DIR: the gradebook and report again")
     parser.add_argument("submissions", type=Path, help="a folder with one folder or archive per student")
     parser.add_argument("--out", type=Path, required=True, help="where every student's results and the gradebook go")
-    parser.add_argument("--tasks", default=",".join(map(str, RUBRIC)), help="tasks to grade, e.g. 1,3")
-    parser.add_argument("--regrade", action="store_true", help="grade every student again, not only the missing")
-    parser.add_argument("--only", metavar="ID,ID", help="grade these students (again), and no one else")
+    parser.add_argument("--tasks", help="tasks to grade, e.g. 1,3 (default: the class's, as --out's class.json "
+                                         "has them; for a new class, all)")
+    parser.add_argument("--regrade", action="store_true",
+                        help="grade every student again (a rerun after a stopped --regrade goes on with it)")
+    parser.add_argument("--only", metavar="ID[,ID]", action="append",
+                        help="grade these students (again), and no one else; repeat it for an id that holds a comma")
     parser.add_argument("--timeout", type=int,
                         help=f"seconds for one student's whole grading (default: the graded tasks' limits in "
                              f"grader/rubric.py summed, and {SLACK_S} s)")
@@ -593,23 +637,37 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not args.submissions.is_dir():
         parser.error(f"{args.submissions}: not a folder")
+    before = _json_or_none(args.out / "class.json")
+    before = before if isinstance(before, dict) else {}
     try:
-        tasks = parse_tasks(args.tasks)
+        tasks = parse_tasks(args.tasks or before.get("tasks") or ",".join(map(str, RUBRIC)))
     except ValueError as err:
         parser.error(str(err))
+    tasks_text = ",".join(map(str, tasks))
     args.timeout = args.timeout or sum(RUBRIC[t].timeout_s for t in tasks) + SLACK_S
     if args.slurm:
         slurm.check_options(parser, args)
+    if before.get("tasks") and tasks_text != before["tasks"] and not args.regrade:
+        parser.error(f"this class ({args.out}) is graded on tasks {before['tasks']}, not {tasks_text}: leave --tasks "
+                     f"out to go on with it, or add --regrade to grade every student on tasks {tasks_text}")
     students = discover(args.submissions)
-    only = {s.strip() for s in (args.only or "").split(",") if s.strip()}
-    if unknown := sorted(only - {sid for sid, _ in students}):
+    ids = {sid for sid, _ in students}
+    only = {part.strip() for value in args.only or [] for part in ([value] if value in ids else value.split(","))
+            if part.strip()}
+    if unknown := sorted(only - ids):
         parser.error(f"--only: no submission for {', '.join(unknown)} in {args.submissions}")
     args.out.mkdir(parents=True, exist_ok=True)
-    klass = write_class(args.out, students, ",".join(map(str, tasks)), args.timeout, args.no_sandbox)
-    todo = [n for n, (sid, _) in enumerate(students) if sid in only or not only and (
-            args.regrade or not graded(args.out, sid, klass["tasks"]))]
+    regrade = uuid.uuid4().hex[:12] if args.regrade and not only else before.get("regrade")
+    klass = write_class(args.out, students, tasks_text, args.timeout, args.no_sandbox, regrade)
+    states = {sid: grade_state(args.out, sid, source, klass) for sid, source in students}
+    todo = [n for n, (sid, _) in enumerate(students) if sid in only or not only and states[sid] != "graded"]
     print(f"{len(students)} submissions, {len(todo)} to grade"
           + ("" if only else f" ({len(students) - len(todo)} graded already, for tasks {klass['tasks']})"))
+    for state, words in (("changed", "files changed since their grade"), ("tasks", "graded on other tasks before"),
+                         ("regrade", "not yet graded again by the --regrade")):
+        who = [sid for sid, _ in students if states[sid] == state and (not only or sid in only)]
+        if who:
+            print(f"  {words}: {', '.join(who[:20])}{' ...' if len(who) > 20 else ''}")
     if args.slurm:
         return slurm.submit(args, args.out, todo)
     if todo:

@@ -18,6 +18,7 @@ import csv
 import json
 import math
 import statistics
+from collections import Counter
 from pathlib import Path
 
 from common.bench import VS_REFERENCE
@@ -169,6 +170,7 @@ def report(out: Path, klass: dict) -> Path:
              f"- Students: {len(book)}; with a total: {len(graded)} (a grading that failed counts 0); "
              f"without one yet: {len(book) - len(graded)}",
              f"- Tasks graded: {klass.get('tasks')}",
+             *_task_sets(abouts),
              *_fingerprints(abouts, hidden_fingerprint(), kit_fingerprint()[:16])]
     seconds = [float(a["seconds"]) for a in abouts if isinstance(a.get("seconds"), (int, float))]
     if seconds:
@@ -216,6 +218,15 @@ def report(out: Path, klass: dict) -> Path:
     part.write_text("\n".join(lines) + "\n", errors="backslashreplace")
     part.replace(path)
     return path
+
+
+def _task_sets(abouts: list[dict]) -> list[str]:
+    """A line when the students were not all graded on the same tasks (a grade kept from another --tasks)."""
+    sets = Counter(str(a["tasks"]) for a in abouts if a.get("tasks"))
+    if len(sets) < 2:
+        return []
+    return ["- **Graded on mixed task sets**: " + ", ".join(f"tasks {t} ({n} students)" for t, n in sets.most_common())
+            + ": the totals do not compare; grade the class again on one set (`--regrade`)"]
 
 
 def _fingerprints(abouts: list[dict], hidden_now: str, kit_now: str) -> list[str]:

@@ -284,7 +284,8 @@ def test_the_job_scripts_follow_the_options_and_the_template(tmp_path, capsys):
     assert "--requeue" not in prebuild
     assert f"sbatch {out / 'slurm/prebuild.sh'}\n" in said
     assert "sbatch --array=0%8 --dependency=afterany:<the prebuild's job id>" in said
-    assert batch.main(argv[:4] + ["1"] + argv[5:]) == 0  # task 1 alone: no reference to build
+    # task 1 alone: no reference to build (another task set than the class's: an explicit --regrade)
+    assert batch.main(argv[:4] + ["1"] + argv[5:] + ["--regrade"]) == 0
     assert not (out / "slurm/prebuild.sh").exists() and "sbatch --array=0%8 " in capsys.readouterr().out
     bad = tmp_path / "bad.sh"
     bad.write_text("#!/bin/bash\n@SBATCH@\n")
@@ -449,3 +450,71 @@ def test_every_entry_of_a_class_is_a_row_and_says_what_went_wrong(tmp_path):
     assert rows["task3only"]["total"] == "0"
     assert rows["task3only"]["problem"] == "missing from the submission: task1/attention.py"
     assert "Students: 4; with a total: 4" in (out / "report.md").read_text()
+
+
+@needs_solution(1)
+def test_a_rerun_regrades_what_changed_resumes_a_regrade_and_keeps_the_class_tasks(tmp_path, capsys, monkeypatch):
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    solution = (REPO / "task1/solution/attention.py").read_text()
+    for sid, text in (("alice", solution), ("bob", (REPO / "task1/attention.py").read_text())):
+        (subs / sid / "task1").mkdir(parents=True)
+        (subs / sid / "task1" / "attention.py").write_text(text)
+    (subs / "bob" / "notes.txt").write_text("not graded: changing it changes nothing")
+    run = lambda *extra: batch.main([str(subs), "--out", str(out), "--no-sandbox", *extra])  # noqa: E731
+    assert run("--tasks", "1") == 0
+    totals = lambda: {r["student"]: r["total"] for r in csv.DictReader(open(out / "gradebook.csv"))}  # noqa: E731
+    assert totals() == {"alice": "2", "bob": "0"}
+    capsys.readouterr()
+
+    (subs / "bob" / "notes.txt").write_text("edited")
+    run()  # no --tasks: the class's
+    assert "2 submissions, 0 to grade (2 graded already, for tasks 1)" in capsys.readouterr().out
+    (subs / "bob" / "task1" / "attention.py").write_text(solution)  # bob resubmits
+    run()
+    said = capsys.readouterr().out
+    assert "2 submissions, 1 to grade" in said and "files changed since their grade: bob" in said
+    assert totals() == {"alice": "2", "bob": "2"}
+
+    with pytest.raises(SystemExit):  # the default (all tasks) or any other set would regrade everyone
+        run("--tasks", "1,3")
+    assert "is graded on tasks 1, not 1,3: leave --tasks out" in capsys.readouterr().err
+
+    real, graded_now = batch.grade_one, []
+
+    def stopped_after_one(*args):
+        if graded_now:
+            raise KeyboardInterrupt  # the instructor's ^C in the middle of the regrade
+        graded_now.append(args[2])
+        return real(*args)
+
+    monkeypatch.setattr(batch, "grade_one", stopped_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        run("--regrade")
+    monkeypatch.setattr(batch, "grade_one", real)
+    capsys.readouterr()
+    run()  # goes on with the regrade: bob, whom it had not reached
+    said = capsys.readouterr().out
+    assert graded_now == ["alice"] and "1 to grade" in said and "not yet graded again by the --regrade: bob" in said
+    run()
+    assert "0 to grade" in capsys.readouterr().out
+
+
+def test_only_takes_an_id_that_holds_a_comma(tmp_path, capsys, monkeypatch):
+    subs = tmp_path / "subs"
+    for sid in ("Doe, Jane", "Roe", "Poe"):
+        (subs / sid).mkdir(parents=True)
+    chosen = []
+    monkeypatch.setattr(batch, "grade_locally", lambda out, klass, todo: chosen.extend(todo))
+    monkeypatch.setattr(batch, "prebuild", lambda out: 0)
+    batch.main([str(subs), "--out", str(tmp_path / "out"), "--tasks", "1", "--only", "Doe, Jane", "--only", "Roe,Poe"])
+    assert sorted(batch.load_class(tmp_path / "out")["students"][n]["id"] for n in chosen) == ["Doe, Jane", "Poe", "Roe"]
+
+
+def test_the_report_flags_a_class_graded_on_mixed_task_sets(tmp_path):
+    out = tmp_path / "out"
+    klass = batch.write_class(out, [("a", tmp_path / "a"), ("b", tmp_path / "b")], "1", 60, False)
+    for sid, tasks in (("a", "1"), ("b", "1,3")):
+        (out / "students" / sid).mkdir(parents=True)
+        (out / "students" / sid / "grading.json").write_text(json.dumps({"tasks": tasks}))
+    report = gradebook.report(out, klass).read_text()
+    assert "Graded on mixed task sets**: tasks 1 (1 students), tasks 1,3 (1 students)" in report

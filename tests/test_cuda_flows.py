@@ -95,9 +95,10 @@ def test_the_handout_estimates_the_points_from_the_calibration(stand_in, task, t
     assert record["status"] == "passed", failed(record)
     assert scored_ratios(record) == [] and len(scored_ratios(record, calibration.ESTIMATE)) == len(found)
     assert ESTIMATED in why and points > RUBRIC[task].points - RUBRIC[task].performance_points, why
-    # the stand-in student is the reference: only SDPA's and the copy's CPU times differ between the two runs
+    # The stand-in student is the reference, so the estimate is 1 up to the baseline (SDPA, a copy), which is
+    # the CPU's own, timed in two runs on a machine that may be busy: a bound that catches a wrong formula.
     estimates = scored_ratios(record, calibration.ESTIMATE)
-    assert all(0.25 < e < 4 for e in estimates), estimates
+    assert all(0.1 < e < 10 for e in estimates), estimates
     assert all(not solution for _, solution, _ in stand_in.loads[loaded:]), "the handout has no reference to load"
 
 
