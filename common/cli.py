@@ -30,6 +30,8 @@ def parser(task: int, description: str) -> argparse.ArgumentParser:
                    help="take the student's files from this checkout (default: this one)")
     p.add_argument("--scratch", type=Path, metavar="DIR", help=argparse.SUPPRESS)  # the grader's scratch folder
     p.add_argument("--hidden", action="store_true", help=argparse.SUPPRESS)  # the grader's extra cases
+    # the grader's: tasks whose code this task would load but which hung at import when they were graded
+    p.add_argument("--hung", type=int, action="append", default=[], metavar="TASK", help=argparse.SUPPRESS)
     from common.tasks import TASKS
 
     if TASKS[task].cuda:

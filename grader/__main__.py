@@ -86,8 +86,17 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def hung_at_import(entry: dict) -> bool:
+    """The task's code never finished importing: the whole test ran out of time, or the worker did not start."""
+    if entry.get("status") == "crashed" and str(entry.get("summary", "")).startswith("timed out"):
+        return True
+    cases = (entry.get("record") or {}).get("cases", [])
+    return any(c.get("name") == "import" and not c.get("passed") and "did not answer within" in c.get("message", "")
+               for c in cases)
+
+
 def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidden: bool, timeout: int | None,
-               has_cuda: bool) -> dict:
+               has_cuda: bool, hung: tuple[int, ...] = ()) -> dict:
     rubric = RUBRIC[task]
     entry = {"task": task, "title": rubric.title, "max_points": rubric.points, "points": 0.0, "record": None}
     if not (REPO / f"task{task}" / "test.py").exists():
@@ -97,7 +106,7 @@ def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidd
                         "summary": "not graded here: run the grader on a machine with a CUDA GPU"}
     print(f"\n== Task {task}: {rubric.title}")
     run = run_task(task, student_dir, scratch, solution=solution, hidden=hidden,
-                   timeout_s=timeout or rubric.timeout_s)
+                   timeout_s=timeout or rubric.timeout_s, hung=tuple(t for t in hung if t in TASKS[task].uses))
     if run.record is None:
         return entry | {"status": "crashed", "summary": run.reason, "seconds": run.seconds}
     points, why = score(task, run.record)
@@ -349,7 +358,8 @@ def main(argv=None) -> int:
                "device": env["device"], "torch": env["torch"]}
         entries = []
         for task in tasks:
-            entries.append(grade_task(task, student_dir, scratch, args.solution, hidden, args.timeout, has_cuda))
+            hung = tuple(e["task"] for e in entries if hung_at_import(e))
+            entries.append(grade_task(task, student_dir, scratch, args.solution, hidden, args.timeout, has_cuda, hung))
             save_entry(out_dir, entries[-1], key)
         if args.keep:
             kept = kept_entries(out_dir, key, tasks)

@@ -59,8 +59,8 @@ def task_flags(task: int, entry: dict) -> set[str]:
         flags.add("tampering")
     for case in failed:
         name, message = case.get("name"), str(case.get("message", ""))
-        if name in ("build", "import"):
-            flags.add("not_built")
+        if name in ("build", "import") and "did not answer within" not in message:
+            flags.add("not_built")  # (code that hangs while it is imported is timed_out, below)
         elif name == PASS_NAME:
             flags.add("sanitizer")
         elif case.get("kind") == "rule":

@@ -362,6 +362,20 @@ def test_a_hang_costs_only_its_task(tmp_path):
     assert test["score"] == 0 and "timed out after 15 s" in test["output"]
 
 
+@needs_solution(1)
+@needs_solution(3)
+def test_code_that_hangs_at_import_costs_one_time_limit_not_two(tmp_path):
+    """Task 3 loads task 1's code to time itself against it: after task 1 hung at import, it is not loaded again."""
+    files = {"task1/attention.py": (REPO / "task1/solution/attention.py").read_text() + "\nimport time\ntime.sleep(600)\n",
+             "task3/attention.py": (REPO / "task3/solution/attention.py").read_text()}
+    started = time.monotonic()
+    results, md = grade(tmp_path, "hang_at_import", timeout=45, tasks="1,3", files=files, plain=True)
+    task1, task3 = results["tests"]
+    assert task1["score"] == 0 and "timed out after 45 s" in task1["output"]
+    assert task3["score"] == 3 and "timing against task 1 skipped: task 1's code did not finish importing" in md
+    assert time.monotonic() - started < 2 * 45
+
+
 @needs_bwrap
 @needs_solution(1)
 def test_a_sandboxed_submission_cannot_connect_to_the_machines_unix_sockets(tmp_path):
