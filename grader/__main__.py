@@ -314,6 +314,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grader", description=__doc__.splitlines()[0])
     parser.add_argument("--solution", action="store_true", help="grade the reference solution")
     parser.add_argument("--submission", type=Path, metavar="DIR", help="grade a student's checkout")
+    parser.add_argument("--name", help="the submission's name in Results.md (default: DIR's folder name); "
+                                       "grader.batch gives the student's id")
     parser.add_argument("--tasks", default=",".join(map(str, RUBRIC)), help="tasks to grade, e.g. 1,3")
     parser.add_argument("--timeout", type=int, help="seconds per task (default: the rubric's)")
     parser.add_argument("--out", type=Path, help="where to write Results.md and results.json (default: this "
@@ -348,7 +350,7 @@ def main(argv=None) -> int:
         if args.submission:
             student_dir = scratch / "submission"
             notes = prepare_submission(args.submission, student_dir)
-            graded = f"submission {args.submission.resolve().name}"
+            graded = f"submission {args.name or args.submission.resolve().name}"
             for note in notes:
                 print(f"note: {note}")
         hidden = (REPO / "grader" / "hidden.py").exists()

@@ -361,9 +361,9 @@ def grade_one(out: Path, klass: dict, sid: str, source: Path) -> dict:
     attempt = {"round": klass["round"], "job": _job(), "host": socket.gethostname(), "started": _now()}
     save_attempts(out, sid, tried + [attempt])
 
-    def stopped(signum, _frame):  # Slurm's time limit, scancel or preemption: say so, then go
-        attempt.update(ended=_now(), outcome=f"stopped by {signal.Signals(signum).name} (Slurm's time limit, "
-                                             "a cancel or a preemption)")
+    def stopped(signum, _frame):  # Slurm's time limit, scancel or preemption, or a kill here: say so, then go
+        why = "Slurm's time limit, a cancel or a preemption" if _job() != "local" else "the grading was stopped"
+        attempt.update(ended=_now(), outcome=f"stopped by {signal.Signals(signum).name} ({why})")
         save_attempts(out, sid, tried + [attempt])
         raise SystemExit(128 + signum)
 
@@ -406,13 +406,18 @@ def _grade(folder: Path, klass: dict, sid: str, source: Path, out: Path) -> dict
     wanted = sorted({rel for t in parse_tasks(klass["tasks"]) for u in (t, *TASKS[t].uses)
                      for rel in TASKS[u].student_files})
     about["missing"] = [rel for rel in wanted if not (root / rel).is_file()]
-    cmd = [sys.executable, "-m", "grader", "--submission", str(root), "--out", str(folder), "--tasks", klass["tasks"]]
+    cmd = [sys.executable, "-m", "grader", "--submission", str(root), "--name", sid, "--out", str(folder),
+           "--tasks", klass["tasks"]]
     cmd += ["--no-sandbox"] if klass["no_sandbox"] else []
     (folder / "command.txt").write_text(" ".join(cmd) + "\n")
     timeout_s = klass["timeout_s"]
     # the grader's scratch copy lives here, removed once the grader is dead, even a grader killed before its
-    # own cleanup (grader.batch's timeout)
-    temp = Path(tempfile.mkdtemp(prefix="grading-"))
+    # own cleanup (grader.batch's timeout); its name is the student's in this class, so one left by a grading
+    # killed with grader.batch (SIGKILL) goes at the student's next grading
+    name = hashlib.sha256(f"{out.resolve()}\0{sid}".encode()).hexdigest()[:16]
+    temp = Path(tempfile.gettempdir()) / f"grading-{name}"
+    remove_tree(temp)
+    temp.mkdir(mode=0o700)
     started = time.perf_counter()
     try:
         with open(folder / "grade.log", "w") as log:
@@ -620,7 +625,9 @@ def main(argv=None) -> int:
     from grader import slurm
 
     parser = argparse.ArgumentParser(prog="python -m grader.batch", description="Grade a whole class.",
-                                     epilog="python -m grader.batch gather DIR: the gradebook and report again")
+                                     epilog="python -m grader.batch gather DIR: the gradebook and report again; "
+                                            "python -m grader.batch prebuild DIR: the reference kernels the class "
+                                            "needs, built once (a grading runs it first when a CUDA task is graded)")
     parser.add_argument("submissions", type=Path, help="a folder with one folder or archive per student")
     parser.add_argument("--out", type=Path, required=True, help="where every student's results and the gradebook go")
     parser.add_argument("--tasks", help="tasks to grade, e.g. 1,3 (default: the class's, as --out's class.json "

@@ -191,7 +191,7 @@ def report(out: Path, klass: dict) -> Path:
     lines += ["", "## Points per task", "", "| task | points | mean | full marks | zero |", "|---|---|---|---|---|"]
     for task in tasks:
         rubric = RUBRIC[task]
-        scored = [float(r[f"task{task}"]) for r in graded if r[f"task{task}"] != ""]
+        scored = [p for r in graded if (p := task_points(r, task)) is not None]
         if scored:
             lines.append(f"| {task}. {rubric.title} | {rubric.points:g} | {statistics.mean(scored):.2f} | "
                          f"{sum(s == rubric.points for s in scored)} | {sum(s == 0 for s in scored)} |")
@@ -218,6 +218,14 @@ def report(out: Path, klass: dict) -> Path:
     part.write_text("\n".join(lines) + "\n", errors="backslashreplace")
     part.replace(path)
     return path
+
+
+def task_points(row: dict, task: int) -> float | None:
+    """A task's points in a gradebook row: 0 where the whole grading failed (a refused archive), None where
+    the task was not graded."""
+    if row[f"task{task}"] != "":
+        return float(row[f"task{task}"])
+    return 0.0 if row["total"] == "0" and row["problem"] else None
 
 
 def _task_sets(abouts: list[dict]) -> list[str]:
@@ -273,11 +281,11 @@ def plots(folder: Path, book: list[dict], tasks: list[int]) -> list[Path] | None
     possible = sum(RUBRIC[t].points for t in tasks)
     totals = [float(r["total"]) for r in book if _number(r["total"]) is not None]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.hist(totals, bins=range(0, math.ceil(possible) + 2))
-    ax.set(xlabel=f"total points (of {possible:g})", ylabel="students", title="Totals")
+    ax.hist(totals, bins=[*range(0, math.ceil(possible)), possible])  # the last bin holds full marks
+    ax.set(xlabel=f"total points (of {possible:g})", ylabel="students", title="Totals", xlim=(0, possible))
     save(fig, "totals.png")
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    means = [statistics.mean([float(r[f"task{t}"]) for r in book if r[f"task{t}"] != ""] or [0]) for t in tasks]
+    means = [statistics.mean([p for r in book if (p := task_points(r, t)) is not None] or [0]) for t in tasks]
     ax.bar([str(t) for t in tasks], [RUBRIC[t].points for t in tasks], color="0.85", label="points")
     ax.bar([str(t) for t in tasks], means, label="class mean")
     ax.set(xlabel="task", ylabel="points", title="Points per task")

@@ -449,7 +449,10 @@ def test_every_entry_of_a_class_is_a_row_and_says_what_went_wrong(tmp_path):
     assert rows["empty"]["total"] == "0" and "none of the files students write" in rows["empty"]["problem"]
     assert rows["task3only"]["total"] == "0"
     assert rows["task3only"]["problem"] == "missing from the submission: task1/attention.py"
-    assert "Students: 4; with a total: 4" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "Students: 4; with a total: 4" in report
+    assert "| 1. naive multi-head attention (PyTorch) | 2 | 0.50 | 1 | 3 |" in report  # a refused one counts 0
+    assert "- Graded: submission deep\n" in (out / "students/deep/Results.md").read_text()  # its id, not its folder
 
 
 @needs_solution(1)
