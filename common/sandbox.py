@@ -93,8 +93,13 @@ def remove_tree(path: Path, wait_s: float = 10.0) -> None:
         time.sleep(0.1)
 
 
-def _unlock(_function, path, _error) -> None:
-    """rmtree met a folder the student's code made read-only (chmod): open it, and the next pass removes it."""
+def _unlock(_function, path, error) -> None:
+    """rmtree met a folder the student's code made read-only (chmod): open it, and the next pass removes it.
+
+    Only for a refusal: a path that is not there (the folder to remove included) leaves its parent as it is
+    (chmod 700 of the parent of a missing folder in /tmp would close /tmp to every other user)."""
+    if not isinstance(error[1] if isinstance(error, tuple) else error, PermissionError):
+        return
     for folder in (os.path.dirname(path), path):
         try:
             if os.path.isdir(folder) and not os.path.islink(folder):

@@ -416,7 +416,8 @@ def _grade(folder: Path, klass: dict, sid: str, source: Path, out: Path) -> dict
     # killed with grader.batch (SIGKILL) goes at the student's next grading
     name = hashlib.sha256(f"{out.resolve()}\0{sid}".encode()).hexdigest()[:16]
     temp = Path(tempfile.gettempdir()) / f"grading-{name}"
-    remove_tree(temp)
+    if os.path.lexists(temp):
+        remove_tree(temp)
     temp.mkdir(mode=0o700)
     started = time.perf_counter()
     try:

@@ -475,6 +475,14 @@ def test_a_scratch_copy_is_removed_even_where_the_student_took_away_write_permis
     assert not (tmp_path / "scratch").exists()
 
 
+def test_removing_a_folder_that_is_not_there_leaves_its_parent_alone(tmp_path):
+    from common.sandbox import remove_tree
+
+    tmp_path.chmod(0o1777)  # as /tmp is: a chmod 700 of it would lock every other user out
+    remove_tree(tmp_path / "not-there", wait_s=0)
+    assert tmp_path.stat().st_mode & 0o7777 == 0o1777
+
+
 @needs_solution(1)
 def test_a_stopped_grader_kills_its_task_then_removes_its_scratch_copy(tmp_path):
     """SIGTERM (Slurm's time limit, scancel, grader.batch's timeout) mid-task, the student still writing."""
