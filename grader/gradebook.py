@@ -112,7 +112,11 @@ def student_row(out: Path, sid: str, klass: dict) -> dict:
             flags["timed_out"].add("all")
     mine = batch.this_round(out, sid, klass)
     stopped = [a for a in mine if str(a.get("outcome", "")).startswith("stopped")]
-    if mine and mine[-1] in stopped:  # the last grading was stopped from outside (Slurm, a kill)
+    if mine and mine[-1].get("never_started"):
+        row["problem"] = f"{mine[-1]['outcome']}; not graded (run grader.batch again to grade it)"
+        if isinstance(results, dict):
+            row["problem"] += "; this is the earlier grade"
+    elif mine and mine[-1] in stopped:  # the last grading was stopped from outside (Slurm, a kill)
         last = mine[-1]["outcome"]
         if isinstance(results, dict):
             row["problem"] = f"a regrade was {last}; this is the earlier grade"

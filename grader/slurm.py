@@ -33,6 +33,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from common.impl import REPO
@@ -57,7 +58,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--time", type=int, metavar="MIN",
                        help="minutes per element (default: --timeout rounded up, and 5)")
     group.add_argument("--gres", help="#SBATCH --gres (default gpu:1 when a graded task needs a GPU)")
-    group.add_argument("--cpus", type=int, default=4, help="#SBATCH --cpus-per-task (default 4)")
+    group.add_argument("--cpus", type=int, help="#SBATCH --cpus-per-task (default 4, or the most a node of the "
+                                                "partition has, if fewer)")
     group.add_argument("--mem", help="#SBATCH --mem, e.g. 64G (default: the partition's)")
     group.add_argument("--max-running", type=int, metavar="K", help="at most K elements at once (--array=...%%K)")
     group.add_argument("--sbatch", action="append", default=[], metavar="LINE",
@@ -81,12 +83,68 @@ def check_options(parser: argparse.ArgumentParser, args) -> None:
             parser.error(f"--sbatch takes one sbatch option such as --qos=short, got {line!r}")
     if args.time is not None and args.time < 1:
         parser.error("--time: minutes, at least 1 (Slurm's time limits are whole minutes)")
+    if args.cpus is not None and args.cpus < 1:
+        parser.error("--cpus: at least 1")
+    nodes = None if args.dry_run else node_sizes(args.partition)
+    if args.cpus is None:
+        args.cpus = min(4, max((n[0] for n in nodes), default=4)) if nodes else 4
+    for problem in partition_problems(args, nodes):
+        parser.error(problem)
+
+
+def node_sizes(partition: str | None) -> list[tuple[int, int, str]] | None:
+    """(CPUs, memory in MB, GRES) of each kind of node in the partition (the default one when None), as sinfo
+    says; None when sinfo cannot say (no cluster reachable)."""
+    try:
+        proc = subprocess.run(["sinfo", "-h", "-o", "%P|%c|%m|%G"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode != 0:
+        return None
+    sizes = []
+    for line in proc.stdout.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 4:
+            continue
+        name, cpus, mem, gres = fields
+        chosen = name.rstrip("*") == partition if partition else name.endswith("*")
+        cpus, mem = re.match(r"\d+", cpus), re.match(r"\d+", mem)
+        if chosen and cpus and mem:
+            sizes.append((int(cpus[0]), int(mem[0]), gres))
+    return sizes or None
+
+
+def megabytes(text: str) -> int | None:
+    """--mem's value in MB (Slurm's units: K, M, G, T; M when none), or None when it is not one."""
+    found = re.fullmatch(r"(\d+)([KMGT]?)B?", text.strip().upper())
+    if not found:
+        return None
+    return int(found[1]) * {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 ** 2}[found[2]]
+
+
+def partition_problems(args, nodes: list[tuple[int, int, str]] | None) -> list[str]:
+    """What no node of the partition can give, so the jobs would pend forever (Slurm's reason: PartitionConfig)."""
+    if not nodes:
+        return []
+    where = f"partition {args.partition}" if args.partition else "the default partition"
+    most_cpus, most_mem = max(n[0] for n in nodes), max(n[1] for n in nodes)
+    problems = []
+    if args.cpus > most_cpus:
+        problems.append(f"--cpus {args.cpus}: the nodes of {where} have at most {most_cpus} CPUs (sinfo), so the "
+                        f"jobs would never start; ask for {most_cpus} or fewer")
+    wanted = megabytes(args.mem) if args.mem else None
+    if wanted is not None and wanted > most_mem:
+        problems.append(f"--mem {args.mem}: the nodes of {where} have at most {most_mem} MB (sinfo), so the jobs "
+                        "would never start")
+    if args.gres and "gpu" in args.gres and not any("gpu" in n[2] for n in nodes):
+        problems.append(f"--gres {args.gres}: no node of {where} has a GPU (sinfo)")
+    return problems
 
 
 def sbatch_lines(args, out: Path, kind: str) -> list[str]:
     """The #SBATCH options of one of the scripts: "grade" (the array), "prebuild" or "gather"."""
     tasks = {int(t) for t in batch.load_class(out)["tasks"].split(",")}
-    gres = args.gres if args.gres is not None else ("gpu:1" if any(RUBRIC[t].needs_cuda for t in tasks) else "")
+    gres = gres_of(args, out)
     grading = args.time or math.ceil(args.timeout / 60) + 5
     builds = len(batch.reference_builds(",".join(map(str, tasks))))
     # the prebuild asks for no more time than a grading, which the partition admits (a grading builds them too)
@@ -103,6 +161,12 @@ def sbatch_lines(args, out: Path, kind: str) -> list[str]:
     options += [f"--account={args.account}"] if args.account else []
     options += args.sbatch  # a --qos or --reservation the cluster requires holds for every job
     return [f"#SBATCH {o}" for o in options]
+
+
+def gres_of(args, out: Path) -> str:
+    """--gres, or gpu:1 when a graded task needs a GPU."""
+    tasks = {int(t) for t in batch.load_class(out)["tasks"].split(",")}
+    return args.gres if args.gres is not None else ("gpu:1" if any(RUBRIC[t].needs_cuda for t in tasks) else "")
 
 
 SCRIPTS = {"grade": "element", "prebuild": "prebuild", "gather": "gather"}  # script -> grader.batch's command
@@ -154,6 +218,9 @@ def submit_array(out: Path, todo: list[int], max_running: int | None, requeue: b
     grade, gather = out / "slurm" / "grade.sh", out / "slurm" / "gather.sh"
     wait = [f"--dependency=afterany:{after}"] if after else []
     array = sbatch(f"--array={array_spec(todo, max_running)}", *wait, str(grade))
+    klass = batch.load_class(out)  # which array each student's element is in: the gather asks Slurm about it
+    klass.setdefault("array_of", {}).update({str(index): array for index in todo})
+    batch._write_json(out / "class.json", klass)
     try:
         gathered = sbatch(f"--dependency=afterany:{array}", str(gather), *(["--requeue"] if requeue else []))
     except SystemExit as err:
@@ -179,6 +246,10 @@ def submit(args, out: Path, todo: list[int]) -> int:
               f"  sbatch --array={array_spec(todo, args.max_running)}{after} {scripts['grade']}\n"
               f"  sbatch --dependency=afterany:<the array's job id> {scripts['gather']} --requeue")
         return 0
+    nodes = node_sizes(args.partition)
+    if nodes and "gpu" in gres_of(args, out) and not any("gpu" in n[2] for n in nodes):
+        raise SystemExit(f"--gres {gres_of(args, out)}: no node of {args.partition or 'the default partition'} has a "
+                         "GPU (sinfo), and the graded tasks need one: name a GPU partition with --partition")
     built = None
     if prebuild:
         try:
@@ -191,7 +262,31 @@ def submit(args, out: Path, todo: list[int]) -> int:
           f"have all ended and writes {out / 'gradebook.csv'}.\n"
           f"Watch: squeue -j {','.join(filter(None, [built, array, after]))}; logs in {out / 'slurm' / 'logs'}; "
           f"the gradebook so far, at any time: python -m grader.batch gather {out}")
+    time.sleep(PENDING_CHECK_S)  # Slurm gives a pending job its reason at its next scheduling pass
+    for reason in sorted(pending_reasons(array) & NEVER_CLEARS.keys()):
+        print(f"warning: array job {array} is pending for {reason}: {NEVER_CLEARS[reason]}, which does not clear "
+              f"by itself. scancel {array} {after}, and submit again with other options")
     return 0
+
+
+PENDING_CHECK_S = 3
+# squeue's reasons for a pending job that waiting never clears (squeue(1), JOB REASON CODES)
+NEVER_CLEARS = {"PartitionConfig": "it asks for more than the partition's nodes have (CPUs, memory, GPUs, time)",
+                "BadConstraints": "its constraints match no node", "PartitionNodeLimit": "it asks for more nodes than "
+                "the partition allows", "PartitionTimeLimit": "its time limit is above the partition's",
+                "InvalidAccount": "its account is not valid", "InvalidQOS": "its QOS is not valid",
+                "QOSMaxCpuPerJobLimit": "it asks for more CPUs than its QOS allows a job",
+                "AssocMaxCpuPerJobLimit": "it asks for more CPUs than its account allows a job"}
+
+
+def pending_reasons(job: str) -> set[str]:
+    """squeue's reasons for the job's pending elements; empty when Slurm cannot be asked."""
+    try:
+        proc = subprocess.run(["squeue", "-h", "-j", job, "-t", "PD", "-o", "%r"], capture_output=True, text=True,
+                              timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    return {line.strip() for line in proc.stdout.splitlines() if line.strip()} if proc.returncode == 0 else set()
 
 
 # -- the gather job ------------------------------------------------------------------------------
@@ -236,6 +331,19 @@ def settle(out: Path, sid: str) -> bool:
     return True
 
 
+def never_started(out: Path, klass: dict, index: int) -> None:
+    """Record why an element that never ran ended (an array cancelled while it waited), once Slurm says it ended."""
+    sid, array = klass["students"][index]["id"], klass.get("array_of", {}).get(str(index))
+    state = job_state(f"{array}_{index}") if array else None
+    if state is None or state in ACTIVE:
+        return  # still waiting to run, or Slurm cannot be asked: a later gather will see it
+    why = ("Slurm no longer knows it (cancelled before it ran?)" if state == FORGOTTEN else
+           f"Slurm ended it as {state} ({ENDS.get(state, 'its end state')}) before it ran")
+    batch.save_attempts(out, sid, batch.attempts(out, sid) + [
+        {"round": klass["round"], "job": f"{array}_{index}", "state": state, "never_started": True,
+         "outcome": f"never started: {why}", "ended": batch._now()}])
+
+
 def gather_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m grader.batch gather",
                                      description="The gradebook and class report from what is on disk; run it any time.")
@@ -250,8 +358,10 @@ def gather_main(argv: list[str]) -> int:
         if not settle(args.out, sid):
             continue  # still running: a later gather will see it
         mine = batch.this_round(args.out, sid, klass)
-        stopped = not mine or mine[-1].get("outcome", "").startswith("stopped")
-        if stopped and batch.tries_left(args.out, sid, klass) > 0:
+        if not mine:
+            never_started(args.out, klass, index)  # not sent again: the instructor cancelled it, or Slurm refused it
+            continue
+        if mine[-1].get("outcome", "").startswith("stopped") and batch.tries_left(args.out, sid, klass) > 0:
             again.append(index)
     if args.requeue and again:
         options = json.loads((args.out / "slurm" / "options.json").read_text())

@@ -521,3 +521,66 @@ def test_the_report_flags_a_class_graded_on_mixed_task_sets(tmp_path):
         (out / "students" / sid / "grading.json").write_text(json.dumps({"tasks": tasks}))
     report = gradebook.report(out, klass).read_text()
     assert "Graded on mixed task sets**: tasks 1 (1 students), tasks 1,3 (1 students)" in report
+
+
+def _fake_slurm(tmp_path, monkeypatch, sinfo="", squeue=""):
+    """sbatch (never run: slurm.sbatch is replaced), sinfo and squeue saying what a cluster would."""
+    folder = tmp_path / "bin"
+    folder.mkdir(exist_ok=True)
+    for name, says in (("sbatch", ""), ("sinfo", sinfo), ("squeue", squeue)):
+        (folder / name).write_text(f"#!/bin/sh\nprintf '{says}'\n")
+        (folder / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
+    submitted = []
+    monkeypatch.setattr(slurm, "sbatch", lambda *args: submitted.append(args) or str(100 + len(submitted)))
+    monkeypatch.setattr(slurm, "PENDING_CHECK_S", 0)
+    return submitted
+
+
+def test_options_no_node_of_the_partition_can_satisfy_are_refused_at_submission(tmp_path, monkeypatch, capsys):
+    submitted = _fake_slurm(tmp_path, monkeypatch, sinfo="debug*|2|1000|(null)\\ngpu|16|64000|gpu:4\\n")
+    (tmp_path / "subs" / "ann").mkdir(parents=True)
+    argv = [str(tmp_path / "subs"), "--out", str(tmp_path / "out"), "--tasks", "1", "--slurm"]
+    for extra, words in ((["--cpus", "4"], "--cpus 4: the nodes of the default partition have at most 2 CPUs"),
+                         (["--mem", "4G"], "--mem 4G: the nodes of the default partition have at most 1000 MB"),
+                         (["--gres", "gpu:1"], "--gres gpu:1: no node of the default partition has a GPU")):
+        with pytest.raises(SystemExit):
+            batch.main(argv + extra)
+        assert words in capsys.readouterr().err
+    assert submitted == []
+    assert batch.main(argv) == 0  # the default --cpus fits the node: 2, not 4
+    assert "#SBATCH --cpus-per-task=2" in (tmp_path / "out/slurm/grade.sh").read_text()
+    with pytest.raises(SystemExit, match="no node of the default partition has a GPU"):  # task 4 needs one
+        batch.main(argv[:4] + ["4", "--slurm", "--regrade"])
+    assert batch.main(argv[:4] + ["4", "--slurm", "--regrade", "--partition", "gpu", "--cpus", "8"]) == 0
+
+
+def test_a_pending_reason_that_never_clears_is_told(tmp_path, monkeypatch, capsys):
+    _fake_slurm(tmp_path, monkeypatch, sinfo="debug*|2|1000|gpu:1\\n", squeue="PartitionConfig\\nPartitionConfig\\n")
+    (tmp_path / "subs" / "ann").mkdir(parents=True)
+    assert batch.main([str(tmp_path / "subs"), "--out", str(tmp_path / "out"), "--tasks", "1", "--slurm"]) == 0
+    said = capsys.readouterr().out
+    assert "warning: array job 101 is pending for PartitionConfig: it asks for more than the partition's" in said
+    assert said.count("warning") == 1
+
+
+def test_an_array_cancelled_before_it_ran_is_not_sent_again_and_says_so(tmp_path, monkeypatch):
+    submitted = _fake_slurm(tmp_path, monkeypatch)
+    for sid in ("ann", "bob"):
+        (tmp_path / "subs" / sid).mkdir(parents=True)
+    out = tmp_path / "out"
+    assert batch.main([str(tmp_path / "subs"), "--out", str(out), "--tasks", "1", "--slurm"]) == 0
+    klass = batch.load_class(out)
+    assert klass["array_of"] == {"0": "101", "1": "101"}
+    # ann's element ran and was cancelled mid-grading (sent once more); bob's never ran: the array was cancelled
+    batch.save_attempts(out, "ann", [{"round": klass["round"], "job": "101_0", "started": "t", "ended": "t",
+                                      "outcome": "stopped by Slurm: CANCELLED (scancel)", "state": "CANCELLED"}])
+    monkeypatch.setattr(slurm, "job_state", lambda job: {"101_1": "CANCELLED"}.get(job, slurm.FORGOTTEN))
+    submitted.clear()
+    assert slurm.gather_main([str(out), "--requeue"]) == 0
+    assert submitted[0][0] == "--array=0"  # ann only
+    rows = {r["student"]: r for r in csv.DictReader(open(out / "gradebook.csv"))}
+    assert rows["bob"]["problem"] == ("never started: Slurm ended it as CANCELLED (scancel) before it ran; not graded "
+                                      "(run grader.batch again to grade it)")
+    slurm.gather_main([str(out)])  # a second gather records nothing twice
+    assert len(batch.attempts(out, "bob")) == 1
