@@ -70,6 +70,11 @@ def test_a_class_on_slurm_gets_the_local_backends_gradebook(tmp_path):
         temp.mkdir()
         env["TMPDIR"] = str(temp)
         out = tmp_path / "slurm"
+        refused = subprocess.run(  # more CPUs than the node has: it would pend forever (PartitionConfig)
+            [sys.executable, "-m", "grader.batch", str(subs), "--out", str(out), "--tasks", "1", "--slurm",
+             "--cpus", "999", *sandbox], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 2 and "--cpus 999: the nodes of the default partition have at most" in (
+            refused.stderr), refused.stdout + refused.stderr
         submitted = subprocess.run(
             [sys.executable, "-m", "grader.batch", str(subs), "--out", str(out), "--tasks", "1", "--slurm",
              "--time", "1", "--timeout", "600", "--cpus", "1", *sandbox],
