@@ -86,21 +86,25 @@ def remove_tree(path: Path, wait_s: float = 10.0) -> None:
     """
     deadline = time.monotonic() + wait_s
     handler = "onexc" if sys.version_info >= (3, 12) else "onerror"
+    root = os.path.abspath(path)
     while True:
-        shutil.rmtree(path, **{handler: _unlock})
+        shutil.rmtree(path, **{handler: lambda function, failed, error: _unlock(root, failed, error)})
         if not os.path.lexists(path) or time.monotonic() > deadline:
             return
         time.sleep(0.1)
 
 
-def _unlock(_function, path, error) -> None:
+def _unlock(root: str, path, error) -> None:
     """rmtree met a folder the student's code made read-only (chmod): open it, and the next pass removes it.
 
-    Only for a refusal: a path that is not there (the folder to remove included) leaves its parent as it is
-    (chmod 700 of the parent of a missing folder in /tmp would close /tmp to every other user)."""
+    Only for a refusal, and only inside the tree being removed: its parent (/tmp, say) is never touched, since
+    a chmod 700 of /tmp would close it to every other user."""
     if not isinstance(error[1] if isinstance(error, tuple) else error, PermissionError):
         return
     for folder in (os.path.dirname(path), path):
+        folder = os.path.abspath(folder)
+        if folder != root and not folder.startswith(root + os.sep):
+            continue
         try:
             if os.path.isdir(folder) and not os.path.islink(folder):
                 os.chmod(folder, 0o700)

@@ -46,10 +46,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import shutil
-import hashlib
 import signal
 import socket
 import stat
@@ -71,6 +71,9 @@ from grader.rubric import RUBRIC, parse_tasks
 MAX_ENTRIES = 200_000  # entries an archive may list: a repository with its .venv has thousands; more is a bomb
 MAX_FILES = 2000  # files taken out of one archive
 MAX_BYTES = 200 * 1024 * 1024  # bytes taken out of one archive
+# what an archive may hold in all, skipped content included: a tar is read through to skip it (a .venv with
+# PyTorch's CUDA wheels is about 6 GiB; decompressing 16 GiB takes about a minute)
+MAX_LISTED_BYTES = 16 << 30
 ARCHIVES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar", ".zip")
 # Folders whose contents are never graded: not taken out of archives, not searched for the student's files.
 SKIPPED = {".venv", "venv", "env", ".git", "__pycache__", "__MACOSX", "node_modules", "build", "site-packages",
@@ -170,12 +173,14 @@ def unpack(archive: Path, dest: Path) -> None:
     that may hold them, outside SKIPPED folders. The rest is only listed, so a repository zipped with its
     .venv is fine; a link or device where a graded file goes is refused as tampering."""
     dest.mkdir(parents=True)
-    entries, files, size = 0, 0, 0
+    entries, files, size, listed = 0, 0, 0, 0
     try:
         for name, kind, nbytes, read in _members(archive):
-            entries += 1
+            entries, listed = entries + 1, listed + max(nbytes, 0)
             if entries > MAX_ENTRIES:
                 raise BadArchive(f"more than {MAX_ENTRIES} entries in the archive")
+            if listed > MAX_LISTED_BYTES:
+                raise BadArchive(f"more than {MAX_LISTED_BYTES >> 30} GiB in the archive, counting what is not graded")
             target = _safe_target(dest, name) if PurePosixPath(name).parts else dest  # "./": `tar -C dir .`
             parts = tuple(p for p in PurePosixPath(name).parts if p != ".")
             if not parts or any(p in SKIPPED or p.startswith("._") for p in parts):
@@ -358,7 +363,15 @@ def _job() -> str:
 def grade_one(out: Path, klass: dict, sid: str, source: Path) -> dict:
     """Grade one student in DIR/work/<id>, then commit it to DIR/students/<id>; returns what it recorded."""
     tried = close_open_attempts(out, sid)
-    attempt = {"round": klass["round"], "job": _job(), "host": socket.gethostname(), "started": _now()}
+    for earlier in tried:  # a scratch copy a grading killed with grader.batch (SIGKILL) left behind, on this host
+        left = Path(earlier.get("scratch") or "/nonexistent")
+        if earlier.get("host") == socket.gethostname() and left.name.startswith("grading-") and left.is_dir():
+            remove_tree(left)
+    # the grader's scratch copy of the student's files: removed once the grader is dead, even a grader killed
+    # before its own cleanup (grader.batch's timeout); named in the attempt, so one left by a SIGKILL goes later
+    temp = Path(tempfile.mkdtemp(prefix="grading-"))
+    attempt = {"round": klass["round"], "job": _job(), "host": socket.gethostname(), "started": _now(),
+               "scratch": str(temp)}
     save_attempts(out, sid, tried + [attempt])
 
     def stopped(signum, _frame):  # Slurm's time limit, scancel or preemption, or a kill here: say so, then go
@@ -369,11 +382,12 @@ def grade_one(out: Path, klass: dict, sid: str, source: Path) -> dict:
 
     previous = signal.signal(signal.SIGTERM, stopped)
     try:
-        record = _grade(out / "work" / sid, klass, sid, source, out)
+        record = _grade(out / "work" / sid, klass, sid, source, out, temp)
     except Exception as err:  # noqa: BLE001  a fault of this kit: that student's error, not the class's end
         record = _failed(out / "work" / sid, f"internal error of the grading: {type(err).__name__}: {err}")
     finally:
         signal.signal(signal.SIGTERM, previous)
+        remove_tree(temp)
     kept = commit(out, sid, out / "work" / sid)
     attempt |= {"ended": _now(), "outcome": "graded" if "error" not in record else f"failed: {record['error']}",
                 "seconds": record.get("seconds")}
@@ -383,7 +397,7 @@ def grade_one(out: Path, klass: dict, sid: str, source: Path) -> dict:
     return record
 
 
-def _grade(folder: Path, klass: dict, sid: str, source: Path, out: Path) -> dict:
+def _grade(folder: Path, klass: dict, sid: str, source: Path, out: Path, temp: Path) -> dict:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     from grader.__main__ import hidden_fingerprint, kit_fingerprint
@@ -411,14 +425,6 @@ def _grade(folder: Path, klass: dict, sid: str, source: Path, out: Path) -> dict
     cmd += ["--no-sandbox"] if klass["no_sandbox"] else []
     (folder / "command.txt").write_text(" ".join(cmd) + "\n")
     timeout_s = klass["timeout_s"]
-    # the grader's scratch copy lives here, removed once the grader is dead, even a grader killed before its
-    # own cleanup (grader.batch's timeout); its name is the student's in this class, so one left by a grading
-    # killed with grader.batch (SIGKILL) goes at the student's next grading
-    name = hashlib.sha256(f"{out.resolve()}\0{sid}".encode()).hexdigest()[:16]
-    temp = Path(tempfile.gettempdir()) / f"grading-{name}"
-    if os.path.lexists(temp):
-        remove_tree(temp)
-    temp.mkdir(mode=0o700)
     started = time.perf_counter()
     try:
         with open(folder / "grade.log", "w") as log:
@@ -474,7 +480,13 @@ def fingerprint(source: Path) -> str:
     """What a grade of this submission graded: the archive's bytes, or a folder's gradable files (the files
     students write and the archives that may hold them, with their paths; SKIPPED folders left out)."""
     digest = hashlib.sha256()
-    if source.is_symlink() or not source.is_dir():
+    mode = os.lstat(source).st_mode
+    if stat.S_ISLNK(mode):  # never followed or opened: a link to /dev/zero or a FIFO would never end
+        digest.update(f"link to {os.readlink(source)}".encode())
+        return digest.hexdigest()[:16]
+    if not stat.S_ISDIR(mode):
+        if not stat.S_ISREG(mode):
+            return hashlib.sha256(f"not a file: {stat.S_IFMT(mode)}".encode()).hexdigest()[:16]
         try:
             with open(source, "rb") as f:
                 while chunk := f.read(1 << 20):
@@ -490,8 +502,9 @@ def fingerprint(source: Path) -> str:
             if graded_place(parts) != "file" and not archive_suffix(name):
                 continue
             digest.update("/".join(parts).encode() + b"\0")
-            digest.update(f"link to {os.readlink(path)}".encode() if path.is_symlink() else
-                          path.read_bytes() if path.is_file() else b"not a file")
+            mode = os.lstat(path).st_mode
+            digest.update(f"link to {os.readlink(path)}".encode() if stat.S_ISLNK(mode) else
+                          path.read_bytes() if stat.S_ISREG(mode) else b"not a file")
     return digest.hexdigest()[:16]
 
 
@@ -501,11 +514,15 @@ def grade_state(out: Path, sid: str, source: Path, klass: dict) -> str:
     about = _json_or_none(folder / "grading.json")
     if not (folder / "results.json").exists() or not isinstance(about, dict):
         return "missing"
-    if about.get("tasks") != klass["tasks"]:
+    now = {"tasks": klass["tasks"], "source_sha256": fingerprint(source), "regrade": klass.get("regrade")}
+    failed = _json_or_none(folder / "regrade-failed.json")
+    if isinstance(failed, dict) and all(failed.get(k) == v for k, v in now.items()):
+        return "graded"  # this very regrade was tried and failed; the gradebook says so beside the earlier grade
+    if about.get("tasks") != now["tasks"]:
         return "tasks"
-    if about.get("source_sha256") != fingerprint(source):
+    if about.get("source_sha256", now["source_sha256"]) != now["source_sha256"]:  # (none: graded before this kit)
         return "changed"
-    if klass.get("regrade") and about.get("regrade") != klass["regrade"]:
+    if now["regrade"] and about.get("regrade") != now["regrade"]:
         return "regrade"
     return "graded"
 
@@ -525,7 +542,9 @@ def commit(out: Path, sid: str, new: Path) -> bool:
         old.rename(final)  # an earlier commit was killed between its two renames
     if (final / "results.json").exists() and not (new / "results.json").exists():
         failure = json.loads((new / "error.json").read_text())
-        _write_json(final / "regrade-failed.json", failure | {"when": _now()})
+        about = _json_or_none(new / "grading.json") or {}  # what was tried: a rerun does not try it again
+        tried = {k: about.get(k) for k in ("tasks", "source_sha256", "regrade")}
+        _write_json(final / "regrade-failed.json", failure | tried | {"when": _now()})
         shutil.rmtree(new)
         return True
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -655,6 +674,9 @@ def main(argv=None) -> int:
     args.timeout = args.timeout or sum(RUBRIC[t].timeout_s for t in tasks) + SLACK_S
     if args.slurm:
         slurm.check_options(parser, args)
+    if before.get("tasks") and tasks_text != before["tasks"] and args.only:
+        parser.error(f"this class ({args.out}) is graded on tasks {before['tasks']}: --only with --tasks {tasks_text} "
+                     "would grade some students on other tasks than the rest; leave --tasks out")
     if before.get("tasks") and tasks_text != before["tasks"] and not args.regrade:
         parser.error(f"this class ({args.out}) is graded on tasks {before['tasks']}, not {tasks_text}: leave --tasks "
                      f"out to go on with it, or add --regrade to grade every student on tasks {tasks_text}")

@@ -31,6 +31,7 @@ import math
 import re
 import shlex
 import shutil
+import os
 import subprocess
 import sys
 import time
@@ -85,18 +86,36 @@ def check_options(parser: argparse.ArgumentParser, args) -> None:
         parser.error("--time: minutes, at least 1 (Slurm's time limits are whole minutes)")
     if args.cpus is not None and args.cpus < 1:
         parser.error("--cpus: at least 1")
-    nodes = None if args.dry_run else node_sizes(args.partition)
+    nodes = None if args.dry_run else node_sizes(partition_of(args))
     if args.cpus is None:
         args.cpus = min(4, max((n[0] for n in nodes), default=4)) if nodes else 4
     for problem in partition_problems(args, nodes):
         parser.error(problem)
 
 
-def node_sizes(partition: str | None) -> list[tuple[int, int, str]] | None:
-    """(CPUs, memory in MB, GRES) of each kind of node in the partition (the default one when None), as sinfo
-    says; None when sinfo cannot say (no cluster reachable)."""
+UNKNOWN = "?"  # a partition chosen where this cannot read it (the template, or several): nothing is checked
+
+
+def partition_of(args) -> str | None:
+    """The partition the jobs go to: --partition, --sbatch=--partition=P, $SBATCH_PARTITION, or None (the
+    cluster's default); UNKNOWN when the template chooses one, or several are named."""
+    chosen = args.partition
+    for line in args.sbatch:
+        if line.startswith(("--partition=", "-p=")):
+            chosen = line.split("=", 1)[1]
+    chosen = chosen or os.environ.get("SBATCH_PARTITION")
+    if re.search(r"^#SBATCH\s+(--partition|-p)\b", args.template.read_text(), re.M) or (chosen and "," in chosen):
+        return UNKNOWN
+    return chosen
+
+
+def node_sizes(partition: str | None) -> list[tuple[int, int, str, int | None]] | None:
+    """(CPUs, memory in MB, GRES, time limit in minutes or None) of each kind of node in the partition (the
+    default one when None), as sinfo says; None when it cannot say (no cluster reachable, UNKNOWN)."""
+    if partition == UNKNOWN:
+        return None
     try:
-        proc = subprocess.run(["sinfo", "-h", "-o", "%P|%c|%m|%G"], capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(["sinfo", "-h", "-o", "%P|%c|%m|%G|%l"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
     if proc.returncode != 0:
@@ -104,14 +123,29 @@ def node_sizes(partition: str | None) -> list[tuple[int, int, str]] | None:
     sizes = []
     for line in proc.stdout.splitlines():
         fields = line.strip().split("|")
-        if len(fields) != 4:
+        if len(fields) != 5:
             continue
-        name, cpus, mem, gres = fields
+        name, cpus, mem, gres, limit = fields
         chosen = name.rstrip("*") == partition if partition else name.endswith("*")
         cpus, mem = re.match(r"\d+", cpus), re.match(r"\d+", mem)
         if chosen and cpus and mem:
-            sizes.append((int(cpus[0]), int(mem[0]), gres))
+            sizes.append((int(cpus[0]), int(mem[0]), gres, minutes_of(limit)))
     return sizes or None
+
+
+def minutes_of(limit: str) -> int | None:
+    """sinfo's time limit ("2:00:00", "1-00:00:00", "30:00" as minutes:seconds) in whole minutes; None when
+    there is none ("infinite") or it cannot be read."""
+    days, _, text = limit.strip().rpartition("-")
+    parts = text.split(":")
+    if not (days == "" or days.isdigit()) or not all(p.isdigit() for p in parts) or len(parts) > 3:
+        return None
+    numbers = [int(p) for p in parts]
+    if days:  # days-hours[:minutes[:seconds]]
+        hours, minutes, seconds = (numbers + [0, 0])[:3]
+    else:  # [hours:]minutes:seconds, or minutes
+        hours, minutes, seconds = ([0, 0] + numbers)[-3:] if len(numbers) > 1 else (0, numbers[0], 0)
+    return int(days or 0) * 1440 + hours * 60 + minutes + (seconds > 0)
 
 
 def megabytes(text: str) -> int | None:
@@ -126,7 +160,7 @@ def partition_problems(args, nodes: list[tuple[int, int, str]] | None) -> list[s
     """What no node of the partition can give, so the jobs would pend forever (Slurm's reason: PartitionConfig)."""
     if not nodes:
         return []
-    where = f"partition {args.partition}" if args.partition else "the default partition"
+    where = f"partition {partition_of(args)}" if partition_of(args) else "the default partition"
     most_cpus, most_mem = max(n[0] for n in nodes), max(n[1] for n in nodes)
     problems = []
     if args.cpus > most_cpus:
@@ -138,6 +172,12 @@ def partition_problems(args, nodes: list[tuple[int, int, str]] | None) -> list[s
                         "would never start")
     if args.gres and "gpu" in args.gres and not any("gpu" in n[2] for n in nodes):
         problems.append(f"--gres {args.gres}: no node of {where} has a GPU (sinfo)")
+    limits = [n[3] for n in nodes if n[3] is not None]
+    minutes = args.time or math.ceil(args.timeout / 60) + 5
+    if limits and len(limits) == len(nodes) and minutes > max(limits):
+        problems.append(f"--time {minutes} (minutes per element, by default the graded tasks' limits and 5): "
+                        f"{where} allows at most {max(limits)} minutes a job (sinfo), so the jobs would never start; "
+                        f"pass --time {max(limits)} (a grading still running then is stopped and recorded)")
     return problems
 
 
@@ -246,10 +286,11 @@ def submit(args, out: Path, todo: list[int]) -> int:
               f"  sbatch --array={array_spec(todo, args.max_running)}{after} {scripts['grade']}\n"
               f"  sbatch --dependency=afterany:<the array's job id> {scripts['gather']} --requeue")
         return 0
-    nodes = node_sizes(args.partition)
+    nodes = node_sizes(partition_of(args))
     if nodes and "gpu" in gres_of(args, out) and not any("gpu" in n[2] for n in nodes):
-        raise SystemExit(f"--gres {gres_of(args, out)}: no node of {args.partition or 'the default partition'} has a "
-                         "GPU (sinfo), and the graded tasks need one: name a GPU partition with --partition")
+        where = partition_of(args) or "the default partition"
+        raise SystemExit(f"--gres {gres_of(args, out)}: no node of {where} has a GPU (sinfo), and the graded tasks "
+                         "need one: name a GPU partition with --partition")
     built = None
     if prebuild:
         try:
@@ -263,9 +304,11 @@ def submit(args, out: Path, todo: list[int]) -> int:
           f"Watch: squeue -j {','.join(filter(None, [built, array, after]))}; logs in {out / 'slurm' / 'logs'}; "
           f"the gradebook so far, at any time: python -m grader.batch gather {out}")
     time.sleep(PENDING_CHECK_S)  # Slurm gives a pending job its reason at its next scheduling pass
-    for reason in sorted(pending_reasons(array) & NEVER_CLEARS.keys()):
-        print(f"warning: array job {array} is pending for {reason}: {NEVER_CLEARS[reason]}, which does not clear "
-              f"by itself. scancel {array} {after}, and submit again with other options")
+    for job, what in ((built, "prebuild job"), (array, "array job")):  # the array waits on the prebuild (Dependency)
+        for reason in sorted(pending_reasons(job) & NEVER_CLEARS.keys()) if job else []:
+            print(f"warning: {what} {job} is pending for {reason}: {NEVER_CLEARS[reason]}, which does not clear by "
+                  f"itself. scancel {' '.join(filter(None, [built, array, after]))}, and submit again with other "
+                  "options")
     return 0
 
 
@@ -331,17 +374,24 @@ def settle(out: Path, sid: str) -> bool:
     return True
 
 
-def never_started(out: Path, klass: dict, index: int) -> None:
-    """Record why an element that never ran ended (an array cancelled while it waited), once Slurm says it ended."""
+RETRIED = {"NODE_FAIL", "BOOT_FAIL", "PREEMPTED"}  # an element that never ran for these is sent once more
+
+
+def never_started(out: Path, klass: dict, index: int) -> str | None:
+    """Record why an element that never ran ended (an array cancelled while it waited, a job script that failed),
+    once Slurm says it ended; Slurm's state, or None while it may still run or Slurm cannot be asked."""
     sid, array = klass["students"][index]["id"], klass.get("array_of", {}).get(str(index))
     state = job_state(f"{array}_{index}") if array else None
     if state is None or state in ACTIVE:
-        return  # still waiting to run, or Slurm cannot be asked: a later gather will see it
+        return None  # still waiting to run, or Slurm cannot be asked: a later gather will see it
     why = ("Slurm no longer knows it (cancelled before it ran?)" if state == FORGOTTEN else
-           f"Slurm ended it as {state} ({ENDS.get(state, 'its end state')}) before it ran")
+           f"Slurm ended it as {state} ({ENDS.get(state, 'its end state')}) before the grading began")
+    if state == "FAILED":
+        why += f"; the job script failed: see {out / 'slurm' / 'logs'}"
     batch.save_attempts(out, sid, batch.attempts(out, sid) + [
-        {"round": klass["round"], "job": f"{array}_{index}", "state": state, "never_started": True,
-         "outcome": f"never started: {why}", "ended": batch._now()}])
+        {"round": klass["round"], "job": f"{array}_{index}", "state": state, "never_started": state not in RETRIED,
+         "outcome": f"{'stopped' if state in RETRIED else 'never started'}: {why}", "ended": batch._now()}])
+    return state
 
 
 def gather_main(argv: list[str]) -> int:
@@ -358,8 +408,9 @@ def gather_main(argv: list[str]) -> int:
         if not settle(args.out, sid):
             continue  # still running: a later gather will see it
         mine = batch.this_round(args.out, sid, klass)
-        if not mine:
-            never_started(args.out, klass, index)  # not sent again: the instructor cancelled it, or Slurm refused it
+        if not mine:  # the element never ran: sent again after a node's failure, never after a cancel or a failure
+            if never_started(args.out, klass, index) in RETRIED and batch.tries_left(args.out, sid, klass) > 0:
+                again.append(index)
             continue
         if mine[-1].get("outcome", "").startswith("stopped") and batch.tries_left(args.out, sid, klass) > 0:
             again.append(index)

@@ -538,12 +538,17 @@ def _fake_slurm(tmp_path, monkeypatch, sinfo="", squeue=""):
 
 
 def test_options_no_node_of_the_partition_can_satisfy_are_refused_at_submission(tmp_path, monkeypatch, capsys):
-    submitted = _fake_slurm(tmp_path, monkeypatch, sinfo="debug*|2|1000|(null)\\ngpu|16|64000|gpu:4\\n")
+    submitted = _fake_slurm(tmp_path, monkeypatch,
+                            sinfo="debug*|2|1000|(null)|2:00:00\\ngpu|16|64000|gpu:4|infinite\\n"
+                                  "short|2|1000|(null)|10:00\\n")
     (tmp_path / "subs" / "ann").mkdir(parents=True)
     argv = [str(tmp_path / "subs"), "--out", str(tmp_path / "out"), "--tasks", "1", "--slurm"]
     for extra, words in ((["--cpus", "4"], "--cpus 4: the nodes of the default partition have at most 2 CPUs"),
                          (["--mem", "4G"], "--mem 4G: the nodes of the default partition have at most 1000 MB"),
-                         (["--gres", "gpu:1"], "--gres gpu:1: no node of the default partition has a GPU")):
+                         (["--gres", "gpu:1"], "--gres gpu:1: no node of the default partition has a GPU"),
+                         (["--partition", "short"], "--time 25 (minutes per element, by default the graded tasks' "
+                                                    "limits and 5): partition short allows at most 10 minutes"),
+                         (["--sbatch=--partition=short"], "partition short allows at most 10 minutes")):
         with pytest.raises(SystemExit):
             batch.main(argv + extra)
         assert words in capsys.readouterr().err
@@ -553,10 +558,14 @@ def test_options_no_node_of_the_partition_can_satisfy_are_refused_at_submission(
     with pytest.raises(SystemExit, match="no node of the default partition has a GPU"):  # task 4 needs one
         batch.main(argv[:4] + ["4", "--slurm", "--regrade"])
     assert batch.main(argv[:4] + ["4", "--slurm", "--regrade", "--partition", "gpu", "--cpus", "8"]) == 0
+    template = tmp_path / "own.sh"  # a partition the template chooses is not read here: nothing is checked
+    template.write_text(slurm.TEMPLATE.read_text().replace("@SBATCH@", "#SBATCH --partition=short\n@SBATCH@"))
+    assert batch.main(argv + ["--template", str(template), "--regrade"]) == 0
 
 
 def test_a_pending_reason_that_never_clears_is_told(tmp_path, monkeypatch, capsys):
-    _fake_slurm(tmp_path, monkeypatch, sinfo="debug*|2|1000|gpu:1\\n", squeue="PartitionConfig\\nPartitionConfig\\n")
+    _fake_slurm(tmp_path, monkeypatch, sinfo="debug*|2|1000|gpu:1|infinite\\n",
+                squeue="PartitionConfig\\nPartitionConfig\\n")
     (tmp_path / "subs" / "ann").mkdir(parents=True)
     assert batch.main([str(tmp_path / "subs"), "--out", str(tmp_path / "out"), "--tasks", "1", "--slurm"]) == 0
     said = capsys.readouterr().out
@@ -580,7 +589,7 @@ def test_an_array_cancelled_before_it_ran_is_not_sent_again_and_says_so(tmp_path
     assert slurm.gather_main([str(out), "--requeue"]) == 0
     assert submitted[0][0] == "--array=0"  # ann only
     rows = {r["student"]: r for r in csv.DictReader(open(out / "gradebook.csv"))}
-    assert rows["bob"]["problem"] == ("never started: Slurm ended it as CANCELLED (scancel) before it ran; not graded "
+    assert rows["bob"]["problem"] == ("never started: Slurm ended it as CANCELLED (scancel) before the grading began; not graded "
                                       "(run grader.batch again to grade it)")
     slurm.gather_main([str(out)])  # a second gather records nothing twice
     assert len(batch.attempts(out, "bob")) == 1
