@@ -86,8 +86,8 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def hung_at_import(entry: dict) -> bool:
-    """The task's code never finished importing: the whole test ran out of time, or the worker did not start."""
+def hung(entry: dict) -> bool:
+    """The task's code hung: the whole test ran out of time, or its worker never finished importing it."""
     if entry.get("status") == "crashed" and str(entry.get("summary", "")).startswith("timed out"):
         return True
     cases = (entry.get("record") or {}).get("cases", [])
@@ -360,8 +360,9 @@ def main(argv=None) -> int:
                "device": env["device"], "torch": env["torch"]}
         entries = []
         for task in tasks:
-            hung = tuple(e["task"] for e in entries if hung_at_import(e))
-            entries.append(grade_task(task, student_dir, scratch, args.solution, hidden, args.timeout, has_cuda, hung))
+            hanging = tuple(e["task"] for e in entries if hung(e))
+            entries.append(grade_task(task, student_dir, scratch, args.solution, hidden, args.timeout, has_cuda,
+                                      hanging))
             save_entry(out_dir, entries[-1], key)
         if args.keep:
             kept = kept_entries(out_dir, key, tasks)

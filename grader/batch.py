@@ -156,13 +156,19 @@ def _members(archive: Path):
                 yield member.name, kind, member.size, lambda member=member: tf.extractfile(member)
 
 
+def graded_file(parts: tuple[str, ...]) -> str | None:
+    """The file students write that a path ends with (task1/attention.py), or None."""
+    return next((rel for rel in STUDENT_FILES if parts[-len(PurePosixPath(rel).parts):] == PurePosixPath(rel).parts),
+                None)
+
+
 def graded_place(parts: tuple[str, ...]) -> str:
     """"file" where a path ends with a file students write (task1/attention.py), "way" where it ends with a
     folder on the way to one (task1, task2/kernels), else ""."""
+    if graded_file(parts):
+        return "file"
     for rel in STUDENT_FILES:
         rel_parts = PurePosixPath(rel).parts
-        if parts[-len(rel_parts):] == rel_parts:
-            return "file"
         if any(parts[-n:] == rel_parts[:n] for n in range(1, len(rel_parts))):
             return "way"
     return ""
@@ -229,10 +235,8 @@ def checkouts(folder: Path) -> tuple[dict[Path, list[str]], list[Path]]:
             parts = (Path(here) / name).relative_to(folder).parts
             if archive_suffix(name):
                 archives.append(Path(here) / name)
-            for rel in STUDENT_FILES:
-                rel_parts = PurePosixPath(rel).parts
-                if parts[-len(rel_parts):] == rel_parts:
-                    found.setdefault(folder.joinpath(*parts[:-len(rel_parts)]), []).append(rel)
+            if rel := graded_file(parts):
+                found.setdefault(folder.joinpath(*parts[:-len(PurePosixPath(rel).parts)]), []).append(rel)
     return found, archives
 
 
@@ -404,7 +408,7 @@ def _grade(folder: Path, klass: dict, sid: str, source: Path, out: Path, temp: P
 
     about = {"student": sid, "source": str(source), "job": _job(), "host": socket.gethostname(), "started": _now(),
              "tasks": klass["tasks"], "kit": kit_fingerprint()[:16], "hidden": hidden_fingerprint(), "tampering": [],
-             "source_sha256": fingerprint(source), "regrade": klass.get("regrade")}
+             "source_sha256": source_fingerprint(source), "regrade": klass.get("regrade")}
     unpacked = out / "unpacked" / sid
     shutil.rmtree(unpacked, ignore_errors=True)
     try:
@@ -476,7 +480,7 @@ def _failed(folder: Path, reason: str) -> dict:
     return record
 
 
-def fingerprint(source: Path) -> str:
+def source_fingerprint(source: Path) -> str:
     """What a grade of this submission graded: the archive's bytes, or a folder's gradable files (the files
     students write and the archives that may hold them, with their paths; SKIPPED folders left out)."""
     digest = hashlib.sha256()
@@ -499,7 +503,7 @@ def fingerprint(source: Path) -> str:
         for name in sorted(files):
             path = Path(here) / name
             parts = path.relative_to(source).parts
-            if graded_place(parts) != "file" and not archive_suffix(name):
+            if not graded_file(parts) and not archive_suffix(name):
                 continue
             digest.update("/".join(parts).encode() + b"\0")
             mode = os.lstat(path).st_mode
@@ -514,7 +518,7 @@ def grade_state(out: Path, sid: str, source: Path, klass: dict) -> str:
     about = _json_or_none(folder / "grading.json")
     if not (folder / "results.json").exists() or not isinstance(about, dict):
         return "missing"
-    now = {"tasks": klass["tasks"], "source_sha256": fingerprint(source), "regrade": klass.get("regrade")}
+    now = {"tasks": klass["tasks"], "source_sha256": source_fingerprint(source), "regrade": klass.get("regrade")}
     failed = _json_or_none(folder / "regrade-failed.json")
     if isinstance(failed, dict) and all(failed.get(k) == v for k, v in now.items()):
         return "graded"  # this very regrade was tried and failed; the gradebook says so beside the earlier grade

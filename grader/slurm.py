@@ -173,7 +173,7 @@ def partition_problems(args, nodes: list[tuple[int, int, str]] | None) -> list[s
     if args.gres and "gpu" in args.gres and not any("gpu" in n[2] for n in nodes):
         problems.append(f"--gres {args.gres}: no node of {where} has a GPU (sinfo)")
     limits = [n[3] for n in nodes if n[3] is not None]
-    minutes = args.time or math.ceil(args.timeout / 60) + 5
+    minutes = element_minutes(args)
     if limits and len(limits) == len(nodes) and minutes > max(limits):
         problems.append(f"--time {minutes} (minutes per element, by default the graded tasks' limits and 5): "
                         f"{where} allows at most {max(limits)} minutes a job (sinfo), so the jobs would never start; "
@@ -185,7 +185,7 @@ def sbatch_lines(args, out: Path, kind: str) -> list[str]:
     """The #SBATCH options of one of the scripts: "grade" (the array), "prebuild" or "gather"."""
     tasks = {int(t) for t in batch.load_class(out)["tasks"].split(",")}
     gres = gres_of(args, out)
-    grading = args.time or math.ceil(args.timeout / 60) + 5
+    grading = element_minutes(args)
     builds = len(batch.reference_builds(",".join(map(str, tasks))))
     # the prebuild asks for no more time than a grading, which the partition admits (a grading builds them too)
     minutes = {"grade": grading, "gather": 10,
@@ -201,6 +201,11 @@ def sbatch_lines(args, out: Path, kind: str) -> list[str]:
     options += [f"--account={args.account}"] if args.account else []
     options += args.sbatch  # a --qos or --reservation the cluster requires holds for every job
     return [f"#SBATCH {o}" for o in options]
+
+
+def element_minutes(args) -> int:
+    """An element's time limit: --time, or --timeout in minutes and 5."""
+    return args.time or math.ceil(args.timeout / 60) + 5
 
 
 def gres_of(args, out: Path) -> str:
