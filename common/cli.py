@@ -133,7 +133,7 @@ def worker(report, task: int, args, **options):
             yield None
             return
         except WorkerDied as err:
-            report.add("import", False, f"could not start your code: {err}")
+            report.add("import", False, f"could not start your code: {err}", cause=err.cause)
             yield None
             return
         yield w

@@ -22,16 +22,16 @@ import torch
 
 from common.checks import CheckResult
 from common.impl import REPO, label
+from common.outcome import Cause, Kind, Status
 from common.sandbox import WorkerDied, WorkerError
 from common.skeleton import remaining_todos
 from common.tasks import student_files
 
-# Status of a whole task run, in the order the grader reports them.
-PASSED, FAILED, NOT_IMPLEMENTED, NEEDS_CUDA = "passed", "failed", "not_implemented", "needs_cuda"
 # the lines that are not checks, counted apart so the summary adds up to the lines shown
 TODO_HINT = "; delete a step's TODO line once you have written it"  # said once, when the run ends
-KIND_WORDS = {"rule": ("rule", "rules"), "benchmark": ("benchmark", "benchmarks"),
-              "given": ("check of given code", "checks of given code"), "optional": ("optional check", "optional checks")}
+KIND_WORDS = {Kind.RULE: ("rule", "rules"), Kind.BENCHMARK: ("benchmark", "benchmarks"),
+              Kind.GIVEN: ("check of given code", "checks of given code"),
+              Kind.OPTIONAL: ("optional check", "optional checks")}
 
 
 class NeedsCuda(Exception):
@@ -41,11 +41,11 @@ class NeedsCuda(Exception):
 @dataclass
 class Case:
     name: str
-    kind: str  # "check" (gates points), "optional" (an optional part: reported, not scored), "benchmark",
-    # "rule" (a broken one scores 0) or "given" (the given code's own checks)
+    kind: str  # common.outcome.Kind: check, optional, benchmark, rule or given
     passed: bool
     message: str
     metrics: dict = field(default_factory=dict)
+    cause: str | None = None  # common.outcome.Cause, where a failure is more than a wrong answer
 
 
 def environment() -> dict:
@@ -97,7 +97,7 @@ class Report:
         self.needs_cuda: str | None = None
         self.notes: list[str] = []
         self.part_steps: tuple[int, ...] | None = None  # README steps of the part under test, if any
-        self.part_kind = "check"  # what the cases of the part under test count as
+        self.part_kind = Kind.CHECK  # what the cases of the part under test count as
         self.parts = self.missing_parts = self.part_start = 0
         self.missing_message: str | None = None  # the first part's missing step
         self.missing_step: int | None = None  # the step of not_implemented
@@ -109,13 +109,15 @@ class Report:
         print(f"Task {task}: {title} — {label(solution)}")
 
     # -- recording -------------------------------------------------------------
-    def add(self, name: str, passed: bool, message: str, metrics: dict | None = None, kind: str = "check"):
-        self.cases.append(Case(name, kind, passed, message, metrics or {}))
+    def add(self, name: str, passed: bool, message: str, metrics: dict | None = None, kind: str = Kind.CHECK,
+            cause: str | None = None):
+        assert kind in Kind.ALL and cause in (None, *Cause.ALL), (kind, cause)
+        self.cases.append(Case(name, kind, passed, message, metrics or {}, cause))
         mark = "PASS" if passed else "FAIL"
-        if kind == "benchmark":
+        if kind == Kind.BENCHMARK:
             mark = "INFO" if passed else "FAIL"
         shown = message
-        if kind not in ("check", "optional"):
+        if kind not in (Kind.CHECK, Kind.OPTIONAL):
             self._same_failures()  # the checks are done: their summary comes before benchmarks and rules
         elif not passed:
             same = self.failures.setdefault(_signature(message), [])
@@ -127,7 +129,7 @@ class Report:
     def _same_failures(self) -> None:
         """Say once when many checks since the part began failed the same way (the same words,
         other numbers): it is one mistake, not many."""
-        checks = sum(c.kind in ("check", "optional") for c in self.cases[self.part_start:])
+        checks = sum(c.kind in (Kind.CHECK, Kind.OPTIONAL) for c in self.cases[self.part_start:])
         for same in self.failures.values():
             if len(same) >= 3:
                 first, message = same[0]
@@ -164,7 +166,7 @@ class Report:
             self.add(name, False, f"raised {err.kind}: {err.message}\n{trace}".rstrip(), kind=kind)
             return None
         except WorkerDied as err:
-            self.add(name, False, str(err), kind=kind)
+            self.add(name, False, str(err), kind=kind, cause=err.cause)
             return None
         except NeedsCuda as err:
             self.needs_cuda = str(err)
@@ -197,7 +199,7 @@ class Report:
         if carried:
             self.missing_step, self.not_implemented = carried
         self.carried = carried is not None
-        self.part_kind = "optional" if optional else "check"
+        self.part_kind = Kind.OPTIONAL if optional else Kind.CHECK
         self.parts += not optional
         print(f" {name}{' (optional)' if optional else ''}:")
 
@@ -211,7 +213,7 @@ class Report:
                     else f"not implemented yet: {self.not_implemented}{'' if self.hint_said else TODO_HINT}")
             self.hint_said = True
             self.add(name, False, said, kind=self.part_kind)
-            if self.part_kind == "check":
+            if self.part_kind == Kind.CHECK:
                 self.missing_parts += 1
                 self.missing_message = self.missing_message or self.not_implemented
             self.not_implemented = None
@@ -219,7 +221,7 @@ class Report:
         if passed and self.part_steps:
             self.passed_steps.update(self.part_steps)
         self.part_steps = None
-        self.part_kind = "check"
+        self.part_kind = Kind.CHECK
         return passed
 
     def _missing(self, name: str, kind: str, message: str):
@@ -235,7 +237,7 @@ class Report:
                           and number(step) not in self.passed_steps),  # a TODO line left on a step that works
             key=number,
         )
-        passed_before = any(c.passed and c.kind in ("check", "optional") for c in self.cases[self.part_start:])
+        passed_before = any(c.passed and c.kind in (Kind.CHECK, Kind.OPTIONAL) for c in self.cases[self.part_start:])
         if not todos or passed_before:
             self.add(name, False, message, kind=kind)
             return None
@@ -249,24 +251,24 @@ class Report:
         if self.parts and self.missing_parts == self.parts:  # every part is still a skeleton
             self.not_implemented = self.missing_message
         if self.not_implemented:
-            return NOT_IMPLEMENTED
+            return Status.NOT_IMPLEMENTED
         if not self.cases and self.needs_cuda:
-            return NEEDS_CUDA
-        required = [c for c in self.cases if c.kind != "optional"]
-        return PASSED if required and all(c.passed for c in required) else FAILED
+            return Status.NEEDS_CUDA
+        required = [c for c in self.cases if c.kind != Kind.OPTIONAL]
+        return Status.PASSED if required and all(c.passed for c in required) else Status.FAILED
 
     def finish(self, json_path: str | None) -> int:
         self._same_failures()
         status = self.status()
-        checks = [c for c in self.cases if c.kind == "check"]
+        checks = [c for c in self.cases if c.kind == Kind.CHECK]
         passed = sum(c.passed for c in checks)
-        missing = self.not_implemented + TODO_HINT if status == NOT_IMPLEMENTED else None
+        missing = self.not_implemented + TODO_HINT if status == Status.NOT_IMPLEMENTED else None
         if missing:
             print(f"Task {self.task}: not implemented yet: {self.not_implemented if self.hint_said else missing}")
-        elif status == NEEDS_CUDA:
+        elif status == Status.NEEDS_CUDA:
             print(f"Task {self.task}: needs a CUDA GPU ({self.needs_cuda})")
         else:
-            others = Counter(c.kind for c in self.cases if c.kind != "check")
+            others = Counter(c.kind for c in self.cases if c.kind != Kind.CHECK)
             also = "".join(f", {n} {KIND_WORDS[kind][n > 1]}" for kind, n in sorted(others.items()))
             print(f"Task {self.task}: {passed}/{len(checks)} checks passed{also} — {status.upper()} "
                   f"({label(self.solution)})")
@@ -285,7 +287,7 @@ class Report:
                 "cases": [asdict(c) for c in self.cases],
             }
             Path(json_path).write_text(json.dumps(_json_safe(record), indent=2))
-        return 0 if status in (PASSED, NEEDS_CUDA) else 1
+        return 0 if status in (Status.PASSED, Status.NEEDS_CUDA) else 1
 
 
 def _lead(message: str) -> str:

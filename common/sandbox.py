@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from common import wire
+from common.outcome import Cause
 from common.impl import REPO
 from common.tasks import TASKS, WORKER_COMMON
 
@@ -121,7 +122,12 @@ class WorkerError(Exception):
 
 
 class WorkerDied(Exception):
-    """The worker ended, hung, or answered with something that is not a message."""
+    """The worker ended, hung, or answered with something that is not a message; `cause` (common/outcome.py)
+    says which where the gradebook flags it."""
+
+    def __init__(self, message: str, cause: str | None = None):
+        super().__init__(message)
+        self.cause = cause
 
 
 def copy_regular_file(src: Path, dst: Path) -> str | None:
@@ -410,12 +416,16 @@ class Worker:
             payload = wire.recv_frame(self.sock, wire.MAX_REPLY_BYTES)
         except socket.timeout:
             self.stop()
-            raise WorkerDied(f"your code did not answer within {timeout:.0f} s (an endless loop, or a hang?)") from None
+            raise WorkerDied(f"your code did not answer within {timeout:.0f} s (an endless loop, or a hang?)",
+                             Cause.TIMED_OUT) from None
         except (EOFError, OSError, wire.ProtocolError) as err:
             time.sleep(0.2)  # let the exit status arrive
-            reason = self.exit_reason() if isinstance(err, (EOFError, OSError)) else f"a malformed reply: {err}"
+            if isinstance(err, (EOFError, OSError)):
+                reason, cause = self.exit_reason(), None
+            else:
+                reason, cause = f"a malformed reply: {err}", Cause.MALFORMED
             self.stop()
-            raise WorkerDied(reason) from None
+            raise WorkerDied(reason, cause) from None
         try:
             reply = wire.decode_reply(payload)
             ranges = reply.get("ranges", [])
@@ -425,15 +435,15 @@ class Worker:
             self.notes = [str(n)[:1000] for n in notes][:20]
         except (wire.ProtocolError, AttributeError, TypeError, ValueError) as err:
             self.stop()
-            raise WorkerDied(f"a malformed reply: {err}") from None
+            raise WorkerDied(f"a malformed reply: {err}", Cause.MALFORMED) from None
         if "error" in reply:
             e = reply["error"]
             if not isinstance(e, dict):
-                raise WorkerDied("a malformed error reply")
+                raise WorkerDied("a malformed error reply", Cause.MALFORMED)
             raise WorkerError(str(e.get("type", "Exception"))[:100], str(e.get("message", ""))[:wire.MAX_TEXT],
                               str(e.get("traceback", ""))[:wire.MAX_TEXT])
         if "ok" not in reply:
-            raise WorkerDied("a reply without a result")
+            raise WorkerDied("a malformed reply: no result", Cause.MALFORMED)
         return reply["ok"]
 
     def _ensure_running(self) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
 import os
 import signal
@@ -31,10 +30,12 @@ import traceback
 from pathlib import Path
 
 from common.impl import REPO, label
+from common.outcome import Cause, Kind, Status, cause_of
 from common.records import environment
 from common.sandbox import copy_regular_file, remove_tree, sandbox_status
 from common.tasks import TASKS
-from grader.rubric import ESTIMATED, RUBRIC, TOTAL_POINTS, parse_tasks, score
+from grader.fingerprints import fingerprint
+from grader.rubric import RUBRIC, TOTAL_POINTS, estimated, parse_tasks, score
 from grader.runner import run_task, valid_record
 
 SANDBOX_TEXT = {
@@ -43,12 +44,12 @@ SANDBOX_TEXT = {
                      "not hidden from it)",
 }
 STATUS_TEXT = {
-    "passed": "passed",
-    "failed": "failed",
-    "not_implemented": "not implemented yet",
-    "needs_cuda": "needs a CUDA GPU",
-    "unavailable": "not yet available",
-    "crashed": "crashed",
+    Status.PASSED: "passed",
+    Status.FAILED: "failed",
+    Status.NOT_IMPLEMENTED: "not implemented yet",
+    Status.NEEDS_CUDA: "needs a CUDA GPU",
+    Status.UNAVAILABLE: "not yet available",
+    Status.CRASHED: "crashed",
 }
 
 
@@ -88,11 +89,10 @@ def cuda_available() -> bool:
 
 def hung(entry: dict) -> bool:
     """The task's code hung: the whole test ran out of time, or its worker never finished importing it."""
-    if entry.get("status") == "crashed" and str(entry.get("summary", "")).startswith("timed out"):
+    if entry.get("status") == Status.CRASHED and entry.get("cause") == Cause.TIMED_OUT:
         return True
     cases = (entry.get("record") or {}).get("cases", [])
-    return any(c.get("name") == "import" and not c.get("passed") and "did not answer within" in c.get("message", "")
-               for c in cases)
+    return any(c.get("name") == "import" and not c.get("passed") and c.get("cause") == Cause.TIMED_OUT for c in cases)
 
 
 def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidden: bool, timeout: int | None,
@@ -100,52 +100,21 @@ def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidd
     rubric = RUBRIC[task]
     entry = {"task": task, "title": rubric.title, "max_points": rubric.points, "points": 0.0, "record": None}
     if not (REPO / f"task{task}" / "test.py").exists():
-        return entry | {"status": "unavailable", "summary": "this task is not in the kit yet"}
+        return entry | {"status": Status.UNAVAILABLE, "summary": "this task is not in the kit yet"}
     if rubric.needs_cuda and not has_cuda:
-        return entry | {"status": "needs_cuda",
+        return entry | {"status": Status.NEEDS_CUDA,
                         "summary": "not graded here: run the grader on a machine with a CUDA GPU"}
     print(f"\n== Task {task}: {rubric.title}")
     run = run_task(task, student_dir, scratch, solution=solution, hidden=hidden,
                    timeout_s=timeout or rubric.timeout_s, hung=tuple(t for t in hung if t in TASKS[task].uses))
     if run.record is None:
-        return entry | {"status": "crashed", "summary": run.reason, "seconds": run.seconds}
+        return entry | {"status": Status.CRASHED, "summary": run.reason, "cause": run.cause, "seconds": run.seconds}
     points, why = score(task, run.record)
     return entry | {"status": run.record["status"], "points": points, "summary": why,
-                    "record": run.record, "seconds": run.seconds}
+                    "estimated": estimated(task, run.record), "record": run.record, "seconds": run.seconds}
 
 
 # -- results kept between runs ------------------------------------------------------
-
-KIT_CODE = (".py", ".cu", ".cuh", ".cpp", ".h")
-
-
-def fingerprint(student_dir: Path) -> str:
-    """What a kept result must match: the student files as graded, and the kit's code (tests, hidden cases)."""
-    digest = hashlib.sha256()
-    for rel in sorted({rel for task in TASKS.values() for rel in task.student_files}):
-        path = student_dir / rel
-        digest.update(rel.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"(none)") + b"\0")
-    digest.update(kit_fingerprint().encode())
-    return digest.hexdigest()
-
-
-def kit_fingerprint() -> str:
-    """The kit's own code (tests, checks, grader, reference, hidden cases), without the files students write."""
-    student = {rel for task in TASKS.values() for rel in task.student_files}
-    digest = hashlib.sha256()
-    for folder in ["common", "grader", *sorted(p.name for p in REPO.glob("task[0-9]"))]:
-        for path in sorted((REPO / folder).rglob("*")):
-            rel = path.relative_to(REPO).as_posix()
-            if path.suffix in KIT_CODE and path.is_file() and rel not in student and "__pycache__" not in rel:
-                digest.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-def hidden_fingerprint() -> str:
-    """The hidden cases and secret seed (grader/hidden.py): the same value shows a regrade used the same cases."""
-    path = REPO / "grader" / "hidden.py"
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else "none"
-
 
 def save_entry(out_dir: Path, entry: dict, key: dict) -> None:
     """One task's result as soon as it is graded, for a later --keep (and for a run cut short)."""
@@ -172,9 +141,12 @@ def kept_entries(out_dir: Path, key: dict, graded_now: list[int]) -> list[dict]:
             if entry.get("record") is not None:  # status, points and summary all follow from the record
                 record = valid_record(entry["record"], task)
                 points, summary = score(task, record)
-                entry = {"record": record, "status": record["status"], "points": points, "summary": summary}
-            elif entry["status"] in ("crashed", "unavailable", "needs_cuda") and isinstance(entry["summary"], str):
-                entry = {"record": None, "status": entry["status"], "points": 0.0, "summary": entry["summary"]}
+                entry = {"record": record, "status": record["status"], "points": points, "summary": summary,
+                         "estimated": estimated(task, record)}
+            elif (entry["status"] in (Status.CRASHED, Status.UNAVAILABLE, Status.NEEDS_CUDA)
+                  and isinstance(entry["summary"], str)):
+                entry = {"record": None, "status": entry["status"], "points": 0.0, "summary": entry["summary"],
+                         "cause": cause_of(entry)}
             else:
                 continue
             kept.append(entry | {"task": task, "title": RUBRIC[task].title, "max_points": RUBRIC[task].points,
@@ -187,7 +159,7 @@ def kept_entries(out_dir: Path, key: dict, graded_now: list[int]) -> list[dict]:
 # -- writing the results -------------------------------------------------------------
 
 def _points(entry: dict) -> str:
-    if entry["status"] in ("unavailable", "needs_cuda"):
+    if entry["status"] in (Status.UNAVAILABLE, Status.NEEDS_CUDA):
         return f"– / {entry['max_points']:g}"
     return f"{entry['points']:g} / {entry['max_points']:g}"
 
@@ -211,7 +183,7 @@ def _details(entry: dict, limit: int = 10) -> list[str]:
     if len(failed) > limit:
         lines.append(f"- ... and {len(failed) - limit} more failures")
     for c in cases:
-        if c["kind"] == "benchmark" and c["passed"]:
+        if c["kind"] == Kind.BENCHMARK and c["passed"]:
             lines.append(f"- {c['name']}: {c['message']}")
     lines += [f"- note: {n}" for n in record.get("notes", [])]
     return lines
@@ -229,14 +201,14 @@ def write_new_file(path: Path, text: str) -> None:
 def score_text(entries: list[dict], bold: str = "") -> str:
     """"5 / 20 (5 of the 20 points graded: tasks 2, 4, 5, 6, 7 need a GPU)": what this run could not grade, and why."""
     earned = sum(e["points"] for e in entries)
-    graded = sum(e["max_points"] for e in entries if e["status"] not in ("unavailable", "needs_cuda"))
+    graded = sum(e["max_points"] for e in entries if e["status"] not in (Status.UNAVAILABLE, Status.NEEDS_CUDA))
     why = [f"task {tasks[0]} {one}" if len(tasks) == 1 else f"tasks {', '.join(map(str, tasks))} {many}"
            for tasks, one, many in (
-               ([e["task"] for e in entries if e["status"] == "needs_cuda"], "needs a GPU", "need a GPU"),
+               ([e["task"] for e in entries if e["status"] == Status.NEEDS_CUDA], "needs a GPU", "need a GPU"),
                ([t for t in RUBRIC if t not in {e["task"] for e in entries}], "not asked for", "not asked for"),
-               ([e["task"] for e in entries if e["status"] == "unavailable"], "is not in the kit yet",
+               ([e["task"] for e in entries if e["status"] == Status.UNAVAILABLE], "is not in the kit yet",
                 "are not in the kit yet"),
-               ([e["task"] for e in entries if ESTIMATED in e.get("summary", "")],
+               ([e["task"] for e in entries if e.get("estimated")],
                 "has its performance points estimated (grader/calibration.json)",
                 "have their performance points estimated (grader/calibration.json)"))
            if tasks]

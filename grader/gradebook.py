@@ -1,6 +1,6 @@
 """The class's gradebook (DIR/gradebook.csv) and report (DIR/report.md, DIR/plots/*.png).
 
-Both are made from the students' folders alone (grader/batch.py writes them), each time anew, so
+Both are made from the students' folders alone (write_books, after every run of grader.batch), each time anew, so
 they can be rebuilt at any time and never hold a grade that is not on disk.
 
 Flags name the tasks they concern ("2 4"), or "all" for the whole grading:
@@ -22,7 +22,10 @@ from collections import Counter
 from pathlib import Path
 
 from common.bench import VS_REFERENCE
+from common.outcome import LOADING_CASES, Cause, Kind, Status, cause_of
 from common.sanitize import PASS_NAME
+from grader import class_state
+from grader.fingerprints import hidden_fingerprint, kit_fingerprint
 from grader.rubric import RUBRIC, parse_tasks
 
 FLAGS = ("not_built", "timed_out", "sanitizer", "own_work", "tampering")
@@ -48,27 +51,26 @@ def _entries(folder: Path) -> dict[int, dict]:
     return found
 
 
+# the flag a cause of failure raises (common/outcome.py)
+CAUSE_FLAGS = {Cause.TIMED_OUT: "timed_out", Cause.MALFORMED: "tampering"}
+
+
 def task_flags(task: int, entry: dict) -> set[str]:
     record = entry.get("record") or {}
     failed = [c for c in record.get("cases", []) if isinstance(c, dict) and not c.get("passed")]
     flags = set()
-    summary = str(entry.get("summary", ""))
-    if entry.get("status") == "crashed" and summary.startswith("timed out"):
-        flags.add("timed_out")
-    if "malformed" in summary:
-        flags.add("tampering")
+    if entry.get("status") == Status.CRASHED and cause_of(entry):
+        flags.add(CAUSE_FLAGS[cause_of(entry)])
     for case in failed:
-        name, message = case.get("name"), str(case.get("message", ""))
-        if name in ("build", "import") and "did not answer within" not in message:
+        cause = cause_of(case)
+        if case.get("name") in LOADING_CASES and cause != Cause.TIMED_OUT:
             flags.add("not_built")  # (code that hangs while it is imported is timed_out, below)
-        elif name == PASS_NAME:
+        elif case.get("name") == PASS_NAME:
             flags.add("sanitizer")
-        elif case.get("kind") == "rule":
+        elif case.get("kind") == Kind.RULE:
             flags.add("own_work")
-        if "did not answer within" in message:
-            flags.add("timed_out")
-        if "a malformed reply" in message:
-            flags.add("tampering")
+        if cause:
+            flags.add(CAUSE_FLAGS[cause])
     return flags
 
 
@@ -79,9 +81,7 @@ def _speedup(entry: dict | None) -> float | None:
     return sum(ratios) / len(ratios) if ratios else None
 
 
-def student_row(out: Path, sid: str, klass: dict) -> dict:
-    from grader import batch
-
+def student_row(out: Path, sid: str) -> dict:
     folder = out / "students" / sid
     row = dict.fromkeys(COLUMNS, "") | {"student": sid}
     flags: dict[str, set] = {f: set() for f in FLAGS}
@@ -108,9 +108,9 @@ def student_row(out: Path, sid: str, klass: dict) -> dict:
             row["problem"] = f"a regrade failed ({failed_regrade.get('error')}); this is the earlier grade"
     elif isinstance(error, dict):
         row["total"], row["problem"] = "0", str(error.get("error", ""))
-        if row["problem"].startswith("timed out"):
+        if cause_of(error) == Cause.TIMED_OUT:
             flags["timed_out"].add("all")
-    mine = batch.this_round(out, sid, klass)
+    mine = class_state.last_round(out, sid)
     stopped = [a for a in mine if str(a.get("outcome", "")).startswith("stopped")]
     if mine and mine[-1].get("never_started"):
         row["problem"] = f"{mine[-1]['outcome']}; not graded (run grader.batch again to grade it)"
@@ -120,7 +120,7 @@ def student_row(out: Path, sid: str, klass: dict) -> dict:
         last = mine[-1]["outcome"]
         if isinstance(results, dict):
             row["problem"] = f"a regrade was {last}; this is the earlier grade"
-        elif len(stopped) >= batch.TRIES:
+        elif len(stopped) >= class_state.TRIES:
             row["total"], row["problem"] = "0", f"{last}, {len(stopped)} times; not graded"
         else:
             row["problem"] = f"{last}; not graded yet (the gather job sends it once more)"
@@ -136,7 +136,7 @@ def student_row(out: Path, sid: str, klass: dict) -> dict:
 
 
 def rows(out: Path, klass: dict) -> list[dict]:
-    return [student_row(out, s["id"], klass) for s in klass["students"]]
+    return [student_row(out, s["id"]) for s in klass["students"]]
 
 
 def write(out: Path, klass: dict) -> Path:
@@ -150,6 +150,12 @@ def write(out: Path, klass: dict) -> Path:
     return path
 
 
+def write_books(out: Path) -> None:
+    """DIR/gradebook.csv and DIR/report.md, from the students' folders as they are now."""
+    klass = class_state.load_class(out)
+    print(f"wrote {write(out, klass)} and {report(out, klass)}")
+
+
 # -- the report ---------------------------------------------------------------------------------
 
 def _number(text: str) -> float | None:
@@ -160,7 +166,6 @@ def _number(text: str) -> float | None:
 
 
 def report(out: Path, klass: dict) -> Path:
-    from grader.__main__ import hidden_fingerprint, kit_fingerprint
 
     book = rows(out, klass)
     tasks = _graded_tasks(klass)

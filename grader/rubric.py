@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from common.bench import VS_REFERENCE
 from common.calibration import ESTIMATE
+from common.outcome import Kind, Status
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,6 @@ RUBRIC = {
 TOTAL_POINTS = sum(r.points for r in RUBRIC.values())
 # Full performance points at this fraction of the reference's speed, linear below it.
 FULL_SPEED_FRACTION = 0.8
-ESTIMATED = "an ESTIMATE"  # in a summary whose performance points were estimated (grader/__main__.py looks for it)
 
 
 def parse_tasks(text: str) -> list[int]:
@@ -61,52 +61,68 @@ def parse_tasks(text: str) -> list[int]:
 
 def score(task: int, record: dict) -> tuple[float, str]:
     """(points earned, one-line explanation) for a finished test record."""
+    return _assess(task, record)[:2]
+
+
+def _assess(task: int, record: dict) -> tuple[float, str, bool]:
+    """score()'s points and explanation, and whether the performance points came from an estimate."""
     rubric = RUBRIC[task]
     status = record.get("status")
-    if status == "not_implemented":  # the status itself says "not implemented yet": the summary says where
-        return 0.0, str(record.get("not_implemented"))
-    if status == "needs_cuda":
-        return 0.0, f"not graded here ({record.get('needs_cuda')})"
+    if status == Status.NOT_IMPLEMENTED:  # the status itself says "not implemented yet": the summary says where
+        return 0.0, str(record.get("not_implemented")), False
+    if status == Status.NEEDS_CUDA:
+        return 0.0, f"not graded here ({record.get('needs_cuda')})", False
     cases = record.get("cases", [])
-    broken_rules = [c for c in cases if c["kind"] == "rule" and not c["passed"]]
+    broken_rules = [c for c in cases if c["kind"] == Kind.RULE and not c["passed"]]
     if broken_rules:  # e.g. calling PyTorch's own attention in a task that asks you to write it
-        return 0.0, "0 points: " + broken_rules[0]["message"]
-    checks = [c for c in cases if c["kind"] == "check"]
+        return 0.0, "0 points: " + broken_rules[0]["message"], False
+    checks = [c for c in cases if c["kind"] == Kind.CHECK]
     if not checks:
-        return 0.0, "no checks ran"
+        return 0.0, "no checks ran", False
     passed = sum(c["passed"] for c in checks)
     correctness_points = rubric.points - rubric.performance_points
     earned = correctness_points * passed / len(checks)
     why = f"{passed}/{len(checks)} checks passed"
-    optional = [c for c in cases if c["kind"] == "optional"]
+    is_estimate = False
+    optional = [c for c in cases if c["kind"] == Kind.OPTIONAL]
     if optional:
         why += f" (and {sum(c['passed'] for c in optional)}/{len(optional)} of the optional part, not scored)"
     if rubric.performance_points:
-        failed_benchmarks = [c for c in cases if c["kind"] == "benchmark" and not c["passed"]]
+        failed_benchmarks = [c for c in cases if c["kind"] == Kind.BENCHMARK and not c["passed"]]
         if passed < len(checks):
             why += "; performance not scored until every check passes"
         elif failed_benchmarks:
             why += f"; no performance points: {failed_benchmarks[0]['name']}: {failed_benchmarks[0]['message']}"
         else:
-            ratios = _ratios(cases, VS_REFERENCE)
-            estimated = not ratios and bool(_ratios(cases, ESTIMATE))
-            if estimated:  # the handout: the reference's time estimated from grader/calibration.json
-                ratios = _ratios(cases, ESTIMATE)
+            ratios, estimate = _speed_ratios(cases)
             if not ratios:
                 why += ("; performance not scored (no reference timing in this run, and no estimate: the benchmark "
                         "lines say why)")
             else:
                 fraction = sum(min(1.0, r / FULL_SPEED_FRACTION) for r in ratios) / len(ratios)
                 earned += rubric.performance_points * fraction
-                if estimated:
-                    why += (f"; speed about {sum(ratios) / len(ratios):.2f}x the reference on average, {ESTIMATED} "
+                is_estimate = estimate
+                if estimate:
+                    why += (f"; speed about {sum(ratios) / len(ratios):.2f}x the reference on average, an ESTIMATE "
                             f"from grader/calibration.json ({fraction:.0%} of the performance points, estimated; "
                             "the instructor's grader times the reference itself)")
                 else:
                     why += (f"; speed {sum(ratios) / len(ratios):.2f}x the reference on average "
                             f"({fraction:.0%} of the performance points)")
-    return round(earned, 3), why
+    return round(earned, 3), why, is_estimate
 
 
 def _ratios(cases: list[dict], metric: str) -> list[float]:
-    return [c["metrics"][metric] for c in cases if c["kind"] == "benchmark" and c["metrics"].get(metric) is not None]
+    return [c["metrics"][metric] for c in cases if c["kind"] == Kind.BENCHMARK and c["metrics"].get(metric) is not None]
+
+
+def _speed_ratios(cases: list[dict]) -> tuple[list[float], bool]:
+    """The benchmarks' speeds relative to the reference, and whether they are estimates: the handout has no
+    reference to time, so its speed is estimated from grader/calibration.json."""
+    measured = _ratios(cases, VS_REFERENCE)
+    return (measured, False) if measured else (_ratios(cases, ESTIMATE), bool(_ratios(cases, ESTIMATE)))
+
+
+def estimated(task: int, record: dict) -> bool:
+    """Whether score() gave this record's performance points from an estimate (grader/calibration.json)."""
+    return _assess(task, record)[2]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.impl import REPO
+from common.outcome import Cause, Kind, Status
 from common.sandbox import die_with_parent
 
 CRASH_HINTS = [
@@ -38,6 +39,7 @@ class TaskRun:
     reason: str | None  # why there is no usable record
     seconds: float
     log: str
+    cause: str | None = None  # common.outcome.Cause of having no record, where known
 
 
 def _signal_name(returncode: int) -> str:
@@ -104,32 +106,29 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
     (scratch / f"task{task}.log").write_text(log)
 
     if timed_out:
-        return TaskRun(task, None, f"timed out after {timeout_s} s (a hang or an endless loop?)", seconds, log)
+        return TaskRun(task, None, f"timed out after {timeout_s} s (a hang or an endless loop?)", seconds, log,
+                       Cause.TIMED_OUT)
     if not results.exists():
         return TaskRun(task, None, crash_reason(proc.returncode, log), seconds, log)
     try:
         record = valid_record(json.loads(results.read_text()), task)
     except (ValueError, TypeError, KeyError) as err:
-        return TaskRun(task, None, f"its record is malformed ({err}), so it could not be scored", seconds, log)
+        return TaskRun(task, None, f"its record is malformed ({err}), so it could not be scored", seconds, log,
+                       Cause.MALFORMED)
     return TaskRun(task, record, None, seconds, log)
-
-
-STATUSES = ("passed", "failed", "not_implemented", "needs_cuda")
-# given: a check of given code, reported, not scored; optional: a check of an optional part (task 5's split)
-KINDS = ("check", "benchmark", "rule", "given", "optional")
 
 
 def valid_record(record, task: int) -> dict:
     """The record as scoring expects it, or ValueError: a malformed record costs its task only."""
-    if not isinstance(record, dict) or record.get("task") != task or record.get("status") not in STATUSES:
+    if not isinstance(record, dict) or record.get("task") != task or record.get("status") not in Status.RECORDED:
         raise ValueError("not a record of this task")
     cases = record.get("cases")
     if not isinstance(cases, list):
         raise ValueError("no list of cases")
     for case in cases:
-        if (not isinstance(case, dict) or case.get("kind") not in KINDS or not isinstance(case.get("passed"), bool)
+        if (not isinstance(case, dict) or case.get("kind") not in Kind.ALL or not isinstance(case.get("passed"), bool)
                 or not isinstance(case.get("name"), str) or not isinstance(case.get("message"), str)
-                or not isinstance(case.get("metrics", {}), dict)):
+                or not isinstance(case.get("metrics", {}), dict) or case.get("cause") not in (None, *Cause.ALL)):
             raise ValueError(f"a case is malformed: {str(case)[:200]}")
         case.setdefault("metrics", {})
     if not all(isinstance(n, str) for n in record.setdefault("notes", [])):

@@ -14,7 +14,7 @@ Slurm does the scheduling, the waiting and the requeueing; nothing here polls:
   DIR/attempts) once more, as a new array with a gather job of its own, and writes the gradebook.
   The second gather records what was stopped twice, with Slurm's word for why (TIMEOUT,
   NODE_FAIL, PREEMPTED, CANCELLED, from `scontrol show job`).
-- An element counts its own tries, so a student is graded at most batch.TRIES times in a round,
+- An element counts its own tries, so a student is graded at most class_state.TRIES times in a round,
   however often Slurm requeues it.
 
 Why not submitit: it runs pickled Python functions and learns how a job ended from `sacct`, which
@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from common.impl import REPO
-from grader import batch
+from grader import class_state, gradebook, grading
 from grader.rubric import RUBRIC
 
 TEMPLATE = Path(__file__).with_name("slurm_job.sh")
@@ -183,13 +183,13 @@ def partition_problems(args, nodes: list[tuple[int, int, str]] | None) -> list[s
 
 def sbatch_lines(args, out: Path, kind: str) -> list[str]:
     """The #SBATCH options of one of the scripts: "grade" (the array), "prebuild" or "gather"."""
-    tasks = {int(t) for t in batch.load_class(out)["tasks"].split(",")}
+    tasks = {int(t) for t in class_state.load_class(out)["tasks"].split(",")}
     gres = gres_of(args, out)
-    grading = element_minutes(args)
-    builds = len(batch.reference_builds(",".join(map(str, tasks))))
+    per_grading = element_minutes(args)
+    builds = len(grading.reference_builds(",".join(map(str, tasks))))
     # the prebuild asks for no more time than a grading, which the partition admits (a grading builds them too)
-    minutes = {"grade": grading, "gather": 10,
-               "prebuild": min(grading, math.ceil(batch.PREBUILD_TIMEOUT_S * builds / 60) + 5)}[kind]
+    minutes = {"grade": per_grading, "gather": 10,
+               "prebuild": min(per_grading, math.ceil(grading.PREBUILD_TIMEOUT_S * builds / 60) + 5)}[kind]
     options = [f"--job-name={kind}-{out.resolve().name}",
                f"--output={out.resolve()}/slurm/logs/{'%x-%A_%a' if kind == 'grade' else '%x-%j'}.log",
                "--open-mode=append",  # a requeued element adds to its log instead of overwriting it
@@ -210,7 +210,7 @@ def element_minutes(args) -> int:
 
 def gres_of(args, out: Path) -> str:
     """--gres, or gpu:1 when a graded task needs a GPU."""
-    tasks = {int(t) for t in batch.load_class(out)["tasks"].split(",")}
+    tasks = {int(t) for t in class_state.load_class(out)["tasks"].split(",")}
     return args.gres if args.gres is not None else ("gpu:1" if any(RUBRIC[t].needs_cuda for t in tasks) else "")
 
 
@@ -222,7 +222,7 @@ def write_scripts(args, out: Path) -> dict[str, Path]:
     folder = out / "slurm"
     (folder / "logs").mkdir(parents=True, exist_ok=True)
     template = args.template.read_text()
-    kinds = [k for k in SCRIPTS if k != "prebuild" or batch.reference_builds(batch.load_class(out)["tasks"])]
+    kinds = [k for k in SCRIPTS if k != "prebuild" or grading.reference_builds(class_state.load_class(out)["tasks"])]
     scripts = {}
     for kind in kinds:
         command = [sys.executable, "-m", "grader.batch", SCRIPTS[kind], str(out.resolve())]
@@ -263,9 +263,9 @@ def submit_array(out: Path, todo: list[int], max_running: int | None, requeue: b
     grade, gather = out / "slurm" / "grade.sh", out / "slurm" / "gather.sh"
     wait = [f"--dependency=afterany:{after}"] if after else []
     array = sbatch(f"--array={array_spec(todo, max_running)}", *wait, str(grade))
-    klass = batch.load_class(out)  # which array each student's element is in: the gather asks Slurm about it
+    klass = class_state.load_class(out)  # which array each student's element is in: the gather asks Slurm about it
     klass.setdefault("array_of", {}).update({str(index): array for index in todo})
-    batch._write_json(out / "class.json", klass)
+    class_state.write_json(out / "class.json", klass)
     try:
         gathered = sbatch(f"--dependency=afterany:{array}", str(gather), *(["--requeue"] if requeue else []))
     except SystemExit as err:
@@ -275,13 +275,13 @@ def submit_array(out: Path, todo: list[int], max_running: int | None, requeue: b
 
 
 def submit(args, out: Path, todo: list[int]) -> int:
-    klass = batch.load_class(out)
+    klass = class_state.load_class(out)
     klass["todo"] = todo
-    batch._write_json(out / "class.json", klass)
+    class_state.write_json(out / "class.json", klass)
     scripts = write_scripts(args, out)
-    batch._write_json(out / "slurm" / "options.json", {"max_running": args.max_running})
+    class_state.write_json(out / "slurm" / "options.json", {"max_running": args.max_running})
     if not todo:
-        batch.write_books(out)
+        gradebook.write_books(out)
         return 0
     prebuild = scripts.get("prebuild")
     if args.dry_run:
@@ -358,7 +358,7 @@ def job_state(job: str) -> str | None:
 
 def settle(out: Path, sid: str) -> bool:
     """Add Slurm's word for how the student's last attempt ended; False while it may still run (or we cannot tell)."""
-    tried = batch.attempts(out, sid)
+    tried = class_state.attempts(out, sid)
     last = tried[-1] if tried else None
     if last is None or last.get("outcome", "").startswith(("graded", "failed")) or "state" in last:
         return True
@@ -374,8 +374,8 @@ def settle(out: Path, sid: str) -> bool:
         last["outcome"] = "stopped before it finished"
     else:
         return True
-    last.setdefault("ended", batch._now())
-    batch.save_attempts(out, sid, tried)
+    last.setdefault("ended", class_state.timestamp())
+    class_state.save_attempts(out, sid, tried)
     return True
 
 
@@ -393,9 +393,9 @@ def never_started(out: Path, klass: dict, index: int) -> str | None:
            f"Slurm ended it as {state} ({ENDS.get(state, 'its end state')}) before the grading began")
     if state == "FAILED":
         why += f"; the job script failed: see {out / 'slurm' / 'logs'}"
-    batch.save_attempts(out, sid, batch.attempts(out, sid) + [
+    class_state.save_attempts(out, sid, class_state.attempts(out, sid) + [
         {"round": klass["round"], "job": f"{array}_{index}", "state": state, "never_started": state not in RETRIED,
-         "outcome": f"{'stopped' if state in RETRIED else 'never started'}: {why}", "ended": batch._now()}])
+         "outcome": f"{'stopped' if state in RETRIED else 'never started'}: {why}", "ended": class_state.timestamp()}])
     return state
 
 
@@ -406,23 +406,23 @@ def gather_main(argv: list[str]) -> int:
     parser.add_argument("--requeue", action="store_true",
                         help="(the first gather job) grade once more what Slurm stopped, then gather again")
     args = parser.parse_args(argv)
-    klass = batch.load_class(args.out)
+    klass = class_state.load_class(args.out)
     again = []
     for index in klass.get("todo", []):
         sid = klass["students"][index]["id"]
         if not settle(args.out, sid):
             continue  # still running: a later gather will see it
-        mine = batch.this_round(args.out, sid, klass)
+        mine = class_state.this_round(args.out, sid, klass)
         if not mine:  # the element never ran: sent again after a node's failure, never after a cancel or a failure
-            if never_started(args.out, klass, index) in RETRIED and batch.tries_left(args.out, sid, klass) > 0:
+            if never_started(args.out, klass, index) in RETRIED and class_state.tries_left(args.out, sid, klass) > 0:
                 again.append(index)
             continue
-        if mine[-1].get("outcome", "").startswith("stopped") and batch.tries_left(args.out, sid, klass) > 0:
+        if mine[-1].get("outcome", "").startswith("stopped") and class_state.tries_left(args.out, sid, klass) > 0:
             again.append(index)
     if args.requeue and again:
         options = json.loads((args.out / "slurm" / "options.json").read_text())
         array, after = submit_array(args.out, again, options.get("max_running"), requeue=False)
         names = ", ".join(klass["students"][i]["id"] for i in again)
         print(f"graded once more: {names} (array job {array}; gather job {after} after it)")
-    batch.write_books(args.out)
+    gradebook.write_books(args.out)
     return 0

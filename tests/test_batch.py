@@ -12,8 +12,9 @@ import zipfile
 import pytest
 import torch
 
+from common.outcome import Cause, Status
 from common.sanitize import PASS_NAME
-from grader import batch, gradebook, slurm
+from grader import batch, class_state, gradebook, grading, slurm, submissions
 from grader.rubric import TOTAL_POINTS
 from tests.conftest import REPO, needs_solution
 
@@ -31,7 +32,7 @@ def _zip(path, files, links=()):
 
 def test_a_good_archive_unpacks_to_its_checkout(tmp_path):
     archive = _zip(tmp_path / "s1.zip", {"repo/task1/attention.py": "x = 1\n", "__MACOSX/._x": ""})
-    root = batch.locate(archive, tmp_path / "out")
+    root = submissions.locate(archive, tmp_path / "out")
     assert root == tmp_path / "out" / "outer" / "repo" and (root / "task1/attention.py").read_text() == "x = 1\n"
 
 
@@ -43,9 +44,9 @@ def test_a_good_archive_unpacks_to_its_checkout(tmp_path):
     ({f"copy{i}/task1/attention.py": "" for i in range(12)}, (), "more than 10 files"),
 ])
 def test_an_unsafe_archive_is_refused_with_its_reason(tmp_path, monkeypatch, files, links, words):
-    monkeypatch.setattr(batch, "MAX_FILES", 10)
-    with pytest.raises(batch.BadArchive, match=words):
-        batch.unpack(_zip(tmp_path / "s.zip", files, links), tmp_path / "out")
+    monkeypatch.setattr(submissions, "MAX_FILES", 10)
+    with pytest.raises(submissions.BadArchive, match=words):
+        submissions.unpack(_zip(tmp_path / "s.zip", files, links), tmp_path / "out")
     assert not (tmp_path / "evil.py").exists()
 
 
@@ -55,31 +56,37 @@ def test_a_tar_with_a_link_or_too_many_bytes_is_refused(tmp_path, monkeypatch):
         link = tarfile.TarInfo("task1/attention.py")  # a link where a graded file goes
         link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
         tf.addfile(link)
-    with pytest.raises(batch.BadArchive, match="link or device"):
-        batch.unpack(path, tmp_path / "a")
+    with pytest.raises(submissions.BadArchive, match="link or device"):
+        submissions.unpack(path, tmp_path / "a")
     with tarfile.open(path, "w:gz") as tf:
         data = b"x" * 100
         info = tarfile.TarInfo("task1/attention.py")
         info.size = len(data)
         tf.addfile(info, io.BytesIO(data))
-    monkeypatch.setattr(batch, "MAX_BYTES", 50)
-    with pytest.raises(batch.BadArchive, match="MiB unpacked"):
-        batch.unpack(path, tmp_path / "b")
+    monkeypatch.setattr(submissions, "MAX_BYTES", 50)
+    with pytest.raises(submissions.BadArchive, match="MiB unpacked"):
+        submissions.unpack(path, tmp_path / "b")
     (tmp_path / "junk.tar.gz").write_bytes(b"not gzip")
-    with pytest.raises(batch.BadArchive, match="not a readable archive"):
-        batch.unpack(tmp_path / "junk.tar.gz", tmp_path / "c")
+    with pytest.raises(submissions.BadArchive, match="not a readable archive"):
+        submissions.unpack(tmp_path / "junk.tar.gz", tmp_path / "c")
 
 
-def test_each_entry_is_a_student_and_ids_are_unique(tmp_path):
+def test_each_entry_is_a_student_and_two_entries_with_one_id_are_one_student_asked_about(tmp_path):
     (tmp_path / "alice").mkdir()
-    _zip(tmp_path / "bob.zip", {"a": ""})
+    _zip(tmp_path / "bob.zip", {"task1/attention.py": CODE})
     (tmp_path / "carol.tar.gz").write_bytes(b"")
     (tmp_path / "dave.rar").write_text("an archive the kit cannot read: a student all the same")
     (tmp_path / ".DS_Store").write_text("")
-    assert [sid for sid, _ in batch.discover(tmp_path)] == ["alice", "bob", "carol", "dave"]
-    (tmp_path / "bob").mkdir()
-    with pytest.raises(SystemExit, match="two submissions for student 'bob'"):
-        batch.discover(tmp_path)
+    assert [sid for sid, _ in submissions.discover(tmp_path)] == ["alice", "bob", "carol", "dave"]
+    before = submissions.source_fingerprint(tmp_path / "bob.zip")
+    (tmp_path / "bob" / "task1").mkdir(parents=True)  # bob uploaded twice, a folder and a zip
+    assert dict(submissions.discover(tmp_path))["bob"] == tmp_path / "bob"
+    with pytest.raises(submissions.NotGradable, match=re.escape("2 submissions with this id (bob/, bob.zip): which one")):
+        submissions.locate(tmp_path / "bob", tmp_path / "unpacked")
+    assert submissions.source_fingerprint(tmp_path / "bob.zip") != before  # removing one is a change: graded again
+    (tmp_path / "bob" / "task1").rmdir()
+    (tmp_path / "bob").rmdir()
+    assert submissions.source_fingerprint(tmp_path / "bob.zip") == before
 
 
 @needs_solution(1)
@@ -103,7 +110,7 @@ def test_a_class_is_graded_resumed_and_booked(tmp_path, capsys, monkeypatch):
     assert (out / "students/good/Results.md").exists() and (out / "students/good/grade.log").exists()
     about = json.loads((out / "students/good/grading.json").read_text())
     assert len(about["hidden"]) == 16 and about["tampering"] == [] and about["seconds"] > 0
-    assert [a["outcome"] for a in batch.attempts(out, "good")] == ["graded"]
+    assert [a["outcome"] for a in class_state.attempts(out, "good")] == ["graded"]
     report = (out / "report.md").read_text()
     assert f"Hidden cases (grader/hidden.py, sha256): {about['hidden']}" in report and "Students: 3; with a total: 3" in report
     # out of the 2 points of the task graded, not the course's 20
@@ -112,9 +119,9 @@ def test_a_class_is_graded_resumed_and_booked(tmp_path, capsys, monkeypatch):
     capsys.readouterr()
     batch.main([str(subs), "--out", str(out), "--tasks", "1", "--no-sandbox"])  # resumes: only the failed one again
     assert "3 submissions, 1 to grade (2 graded already, for tasks 1)" in capsys.readouterr().out
-    assert len(batch.attempts(out, "broken")) == 2 and len(batch.attempts(out, "good")) == 1
+    assert len(class_state.attempts(out, "broken")) == 2 and len(class_state.attempts(out, "good")) == 1
     batch.main([str(subs), "--out", str(out), "--tasks", "1", "--no-sandbox", "--only", "good"])
-    assert "3 submissions, 1 to grade" in capsys.readouterr().out and len(batch.attempts(out, "good")) == 2
+    assert "3 submissions, 1 to grade" in capsys.readouterr().out and len(class_state.attempts(out, "good")) == 2
     with pytest.raises(SystemExit):
         batch.main([str(subs), "--out", str(out), "--only", "nobody"])
     assert "--only: no submission for nobody" in capsys.readouterr().err
@@ -163,21 +170,21 @@ def _record_folder(folder, score=None, error=None, entries=()):
 def test_a_failed_regrade_never_replaces_an_earlier_grade(tmp_path):
     _record_folder(tmp_path / "students" / "ann", score=2)
     crashed = _record_folder(tmp_path / "work" / "ann", score=0)  # the grader's own failure record ...
-    batch._failed(crashed, "the grader exited with code 1 (see grade.log)")  # ... set aside as it fails
+    grading._failed(crashed, "the grader exited with code 1 (see grade.log)")  # ... set aside as it fails
     assert (crashed / "grader-failure.json").exists() and not (crashed / "results.json").exists()
-    assert batch.commit(tmp_path, "ann", crashed)
+    assert grading.commit(tmp_path, "ann", crashed)
     assert json.loads((tmp_path / "students/ann/results.json").read_text())["score"] == 2
-    kept = batch.commit(tmp_path, "ann", _record_folder(tmp_path / "work" / "ann", error="timed out: ..."))
+    kept = grading.commit(tmp_path, "ann", _record_folder(tmp_path / "work" / "ann", error="timed out: ..."))
     assert kept and json.loads((tmp_path / "students/ann/results.json").read_text())["score"] == 2
     assert json.loads((tmp_path / "students/ann/regrade-failed.json").read_text())["error"] == "timed out: ..."
     assert not (tmp_path / "work" / "ann").exists()
     # a regrade that finished replaces it, lower or not, and the note of the failure goes with the old folder
-    assert not batch.commit(tmp_path, "ann", _record_folder(tmp_path / "work" / "ann", score=1))
+    assert not grading.commit(tmp_path, "ann", _record_folder(tmp_path / "work" / "ann", score=1))
     assert json.loads((tmp_path / "students/ann/results.json").read_text())["score"] == 1
     assert not (tmp_path / "students/ann/regrade-failed.json").exists()
     # a commit killed between its two renames: the grade it had set aside is put back first
     (tmp_path / "students/ann").rename(tmp_path / "work/.ann.old")
-    assert batch.commit(tmp_path, "ann", _record_folder(tmp_path / "work" / "ann", error="killed"))
+    assert grading.commit(tmp_path, "ann", _record_folder(tmp_path / "work" / "ann", error="killed"))
     assert json.loads((tmp_path / "students/ann/results.json").read_text())["score"] == 1
 
 
@@ -186,6 +193,7 @@ def _case(name, passed, kind="check", message=""):
 
 
 def test_the_gradebook_flags_what_each_task_record_shows(tmp_path):
+    """Records as a kit before common/outcome.py wrote them (no causes): a class graded then keeps its flags."""
     klass = {"students": [{"id": s} for s in ("ann", "bob", "cy", "dee")], "round": "r1", "tasks": "1,2,4"}
     _record_folder(tmp_path / "students/ann", score=2, entries=[
         (2, {"status": "failed", "record": {"cases": [_case("build", False)]}}),
@@ -208,35 +216,51 @@ def test_the_gradebook_flags_what_each_task_record_shows(tmp_path):
     assert (dee["total"], dee["problem"]) == ("", "not graded yet")
 
 
+def test_the_gradebook_flags_follow_the_recorded_causes_not_the_words(tmp_path):
+    klass = {"students": [{"id": "ann"}, {"id": "bob"}], "round": "r1", "tasks": "1,2,3"}
+    _record_folder(tmp_path / "students/ann", score=0, entries=[
+        (1, {"status": "failed", "record": {"cases": [  # a hang while importing: timed_out, not not_built
+            {**_case("import", False, message="no answer"), "cause": Cause.TIMED_OUT}]}}),
+        (2, {"status": "failed", "record": {"cases": [{**_case("x", False, message="odd"), "cause": Cause.MALFORMED},
+                                                      {**_case("y", False, message="did not answer within"),
+                                                       "cause": None}]}}),
+        (3, {"status": Status.CRASHED, "summary": "ran out of its minutes", "cause": Cause.TIMED_OUT})])
+    _record_folder(tmp_path / "students/bob", score=0, entries=[
+        (1, {"status": Status.CRASHED, "summary": "timed out, a malformed record", "cause": None})])
+    rows = {r["student"]: r for r in gradebook.rows(tmp_path, klass)}
+    assert (rows["ann"]["timed_out"], rows["ann"]["tampering"], rows["ann"]["not_built"]) == ("1 3", "2", "")
+    assert (rows["bob"]["timed_out"], rows["bob"]["tampering"]) == ("", "")
+
+
 def test_a_grading_stopped_from_outside_is_tried_once_more_then_recorded(tmp_path):
     klass = {"students": [{"id": "ann"}], "round": "r1", "todo": [0]}
     stop = {"round": "r1", "job": "local", "started": "t", "ended": "t", "outcome": "stopped by SIGTERM (...)"}
-    batch.save_attempts(tmp_path, "ann", [{**stop, "round": "r0"}, stop])
-    assert batch.tries_left(tmp_path, "ann", klass) == 1  # an earlier round's attempt does not count
-    row = gradebook.student_row(tmp_path, "ann", klass)
+    class_state.save_attempts(tmp_path, "ann", [{**stop, "round": "r0"}, stop])
+    assert class_state.tries_left(tmp_path, "ann", klass) == 1  # an earlier round's attempt does not count
+    row = gradebook.student_row(tmp_path, "ann")
     assert row["total"] == "" and row["problem"].startswith("stopped by SIGTERM (...); not graded yet")
-    batch.save_attempts(tmp_path, "ann", [stop, {**stop, "state": "TIMEOUT"}])
-    row = gradebook.student_row(tmp_path, "ann", klass)
+    class_state.save_attempts(tmp_path, "ann", [stop, {**stop, "state": "TIMEOUT"}])
+    row = gradebook.student_row(tmp_path, "ann")
     assert (row["total"], row["timed_out"]) == ("0", "all") and row["problem"].endswith("2 times; not graded")
     _record_folder(tmp_path / "students/ann", score=2)  # an earlier grade: a stopped regrade leaves it standing
-    row = gradebook.student_row(tmp_path, "ann", klass)
+    row = gradebook.student_row(tmp_path, "ann")
     assert row["total"] == "2" and row["problem"].startswith("a regrade was stopped by SIGTERM")
 
 
 def test_an_unfinished_attempt_is_settled_as_stopped(tmp_path):
-    batch.save_attempts(tmp_path, "ann", [{"round": "r1", "job": "local", "started": "t"}])
+    class_state.save_attempts(tmp_path, "ann", [{"round": "r1", "job": "local", "started": "t"}])
     assert slurm.settle(tmp_path, "ann")
-    (last,) = batch.attempts(tmp_path, "ann")
+    (last,) = class_state.attempts(tmp_path, "ann")
     assert last["outcome"] == "stopped before it finished" and "ended" in last
 
 
 def test_a_link_in_place_of_a_student_file_or_folder_is_tampering(tmp_path):
     (tmp_path / "a" / "task1").mkdir(parents=True)
     (tmp_path / "a" / "task1" / "attention.py").symlink_to("/etc/passwd")
-    assert batch.linked_files(tmp_path / "a") == ["task1/attention.py"]
+    assert submissions.linked_files(tmp_path / "a") == ["task1/attention.py"]
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "task1").symlink_to(tmp_path / "a" / "task1")  # another student's folder
-    assert batch.linked_files(tmp_path / "b") == ["task1/attention.py"]
+    assert submissions.linked_files(tmp_path / "b") == ["task1/attention.py"]
 
 
 def test_odd_archives_are_that_students_error_and_dot_entries_are_fine(tmp_path):
@@ -249,14 +273,14 @@ def test_odd_archives_are_that_students_error_and_dot_entries_are_fine(tmp_path)
         info = tarfile.TarInfo("./task1/attention.py")
         info.size = 6
         tf.addfile(info, io.BytesIO(b"x = 1\n"))
-    root = batch.locate(path, tmp_path / "out")
+    root = submissions.locate(path, tmp_path / "out")
     assert (root / "task1/attention.py").read_text() == "x = 1\n"
     zipped = _zip(tmp_path / "z.zip", {"task1/attention.py": "x = 1\n" * 100})
     data = bytearray(zipped.read_bytes())
     data[data.index(b"PK\x01\x02") + 10] = 99  # a compression method zipfile does not know: NotImplementedError
     zipped.write_bytes(bytes(data))
-    with pytest.raises(batch.BadArchive, match="not a readable archive"):
-        batch.unpack(zipped, tmp_path / "out2")
+    with pytest.raises(submissions.BadArchive, match="not a readable archive"):
+        submissions.unpack(zipped, tmp_path / "out2")
 
 
 def test_array_ranges():
@@ -331,20 +355,20 @@ def test_the_jobs_are_chained_prebuild_array_gather(tmp_path, monkeypatch, capsy
 
 
 def test_the_references_a_class_needs(monkeypatch):
-    assert batch.reference_builds("1,3") == []
-    assert batch.reference_builds("4") == [4]
-    assert batch.reference_builds("6") == batch.reference_builds("7") == [4, 5]  # the model runs tasks 4 and 5
-    assert batch.reference_builds("2,5") == [2, 4, 5]
+    assert grading.reference_builds("1,3") == []
+    assert grading.reference_builds("4") == [4]
+    assert grading.reference_builds("6") == grading.reference_builds("7") == [4, 5]  # the model runs tasks 4 and 5
+    assert grading.reference_builds("2,5") == [2, 4, 5]
     import common.impl
 
     monkeypatch.setattr(common.impl, "has_solution", lambda task: False)  # the handout
-    assert batch.reference_builds("2,4,5") == []
+    assert grading.reference_builds("2,4,5") == []
 
 
 def test_a_prebuild_that_cannot_build_says_the_gradings_will(tmp_path, capsys):
     (tmp_path / "subs" / "ann").mkdir(parents=True)
-    batch.write_class(tmp_path / "out", batch.discover(tmp_path / "subs"), "4", 60, False)
-    assert batch.prebuild(tmp_path / "out") == 0
+    class_state.write_class(tmp_path / "out", submissions.discover(tmp_path / "subs"), "4", 60, False)
+    assert grading.prebuild(tmp_path / "out") == 0
     said = capsys.readouterr().out
     if torch.cuda.is_available():
         assert said.startswith("task 4's reference: task 4 (reference solution): ")
@@ -400,7 +424,7 @@ def test_the_checkout_is_found_where_students_put_it(tmp_path, layout):
     else:
         source = _zip(tmp_path / "s.zip", {"task1/attention.py": CODE, **_venv(""), ".git/HEAD": "ref",
                                            "task1/__pycache__/attention.cpython-311.pyc": "\0"})
-    root = batch.locate(source, tmp_path / "unpacked")
+    root = submissions.locate(source, tmp_path / "unpacked")
     assert (root / "task1/attention.py").read_text() == CODE
     assert len(list((tmp_path / "unpacked").rglob("*.py"))) <= 1  # only what is graded was taken out
 
@@ -413,20 +437,24 @@ def test_the_checkout_is_found_where_students_put_it(tmp_path, layout):
     ("twice.zip", lambda p: _zip(p, {"old/task1/attention.py": CODE, "new/task1/attention.py": CODE}),
      re.escape("in 2 places: new/ (task1/attention.py); old/ (task1/attention.py); which one counts?")),
     ("bomb.zip", lambda p: _zip(p, {f"d{i}/x": "" for i in range(30)}), "more than 20 entries"),
+    ("inbuild.zip", lambda p: _zip(p, {"repo/build/task1/attention.py": CODE}),
+     re.escape("only inside folders that are never graded (repo/build/task1/attention.py; build/ is never graded)")),
+    ("invenv", lambda p: (p / "venv" / "task1").mkdir(parents=True) or (p / "venv/task1/attention.py").write_text(CODE),
+     re.escape("never graded (venv/task1/attention.py; venv/ is never graded): move the checkout out of it")),
 ])
 def test_a_submission_that_cannot_be_graded_says_why(tmp_path, monkeypatch, name, make, words):
-    monkeypatch.setattr(batch, "MAX_ENTRIES", 20)
+    monkeypatch.setattr(submissions, "MAX_ENTRIES", 20)
     make(tmp_path / name)
-    with pytest.raises(batch.NotGradable, match=words):
-        batch.locate(tmp_path / name, tmp_path / "unpacked")
+    with pytest.raises(submissions.NotGradable, match=words):
+        submissions.locate(tmp_path / name, tmp_path / "unpacked")
 
 
 def test_a_folder_with_two_uploads_and_no_checkout_names_them(tmp_path):
     (tmp_path / "s").mkdir()
     _zip(tmp_path / "s" / "a.zip", {"task1/attention.py": CODE})
     _zip(tmp_path / "s" / "b.zip", {"task1/attention.py": CODE})
-    with pytest.raises(batch.NotGradable, match=r"it holds 2 archives \(a.zip, b.zip\)"):
-        batch.locate(tmp_path / "s", tmp_path / "unpacked")
+    with pytest.raises(submissions.NotGradable, match=r"it holds 2 archives \(a.zip, b.zip\)"):
+        submissions.locate(tmp_path / "s", tmp_path / "unpacked")
 
 
 @needs_solution(1)
@@ -482,7 +510,7 @@ def test_a_rerun_regrades_what_changed_resumes_a_regrade_and_keeps_the_class_tas
         run("--tasks", "1,3")
     assert "is graded on tasks 1, not 1,3: leave --tasks out" in capsys.readouterr().err
 
-    real, graded_now = batch.grade_one, []
+    real, graded_now = grading.grade_one, []
 
     def stopped_after_one(*args):
         if graded_now:
@@ -490,10 +518,10 @@ def test_a_rerun_regrades_what_changed_resumes_a_regrade_and_keeps_the_class_tas
         graded_now.append(args[2])
         return real(*args)
 
-    monkeypatch.setattr(batch, "grade_one", stopped_after_one)
+    monkeypatch.setattr(grading, "grade_one", stopped_after_one)
     with pytest.raises(KeyboardInterrupt):
         run("--regrade")
-    monkeypatch.setattr(batch, "grade_one", real)
+    monkeypatch.setattr(grading, "grade_one", real)
     capsys.readouterr()
     run()  # goes on with the regrade: bob, whom it had not reached
     said = capsys.readouterr().out
@@ -507,15 +535,15 @@ def test_only_takes_an_id_that_holds_a_comma(tmp_path, capsys, monkeypatch):
     for sid in ("Doe, Jane", "Roe", "Poe"):
         (subs / sid).mkdir(parents=True)
     chosen = []
-    monkeypatch.setattr(batch, "grade_locally", lambda out, klass, todo: chosen.extend(todo))
-    monkeypatch.setattr(batch, "prebuild", lambda out: 0)
+    monkeypatch.setattr(grading, "grade_locally", lambda out, klass, todo: chosen.extend(todo))
+    monkeypatch.setattr(grading, "prebuild", lambda out: 0)
     batch.main([str(subs), "--out", str(tmp_path / "out"), "--tasks", "1", "--only", "Doe, Jane", "--only", "Roe,Poe"])
-    assert sorted(batch.load_class(tmp_path / "out")["students"][n]["id"] for n in chosen) == ["Doe, Jane", "Poe", "Roe"]
+    assert sorted(class_state.load_class(tmp_path / "out")["students"][n]["id"] for n in chosen) == ["Doe, Jane", "Poe", "Roe"]
 
 
 def test_the_report_flags_a_class_graded_on_mixed_task_sets(tmp_path):
     out = tmp_path / "out"
-    klass = batch.write_class(out, [("a", tmp_path / "a"), ("b", tmp_path / "b")], "1", 60, False)
+    klass = class_state.write_class(out, [("a", tmp_path / "a"), ("b", tmp_path / "b")], "1", 60, False)
     for sid, tasks in (("a", "1"), ("b", "1,3")):
         (out / "students" / sid).mkdir(parents=True)
         (out / "students" / sid / "grading.json").write_text(json.dumps({"tasks": tasks}))
@@ -579,10 +607,10 @@ def test_an_array_cancelled_before_it_ran_is_not_sent_again_and_says_so(tmp_path
         (tmp_path / "subs" / sid).mkdir(parents=True)
     out = tmp_path / "out"
     assert batch.main([str(tmp_path / "subs"), "--out", str(out), "--tasks", "1", "--slurm"]) == 0
-    klass = batch.load_class(out)
+    klass = class_state.load_class(out)
     assert klass["array_of"] == {"0": "101", "1": "101"}
     # ann's element ran and was cancelled mid-grading (sent once more); bob's never ran: the array was cancelled
-    batch.save_attempts(out, "ann", [{"round": klass["round"], "job": "101_0", "started": "t", "ended": "t",
+    class_state.save_attempts(out, "ann", [{"round": klass["round"], "job": "101_0", "started": "t", "ended": "t",
                                       "outcome": "stopped by Slurm: CANCELLED (scancel)", "state": "CANCELLED"}])
     monkeypatch.setattr(slurm, "job_state", lambda job: {"101_1": "CANCELLED"}.get(job, slurm.FORGOTTEN))
     submitted.clear()
@@ -592,4 +620,4 @@ def test_an_array_cancelled_before_it_ran_is_not_sent_again_and_says_so(tmp_path
     assert rows["bob"]["problem"] == ("never started: Slurm ended it as CANCELLED (scancel) before the grading began; not graded "
                                       "(run grader.batch again to grade it)")
     slurm.gather_main([str(out)])  # a second gather records nothing twice
-    assert len(batch.attempts(out, "bob")) == 1
+    assert len(class_state.attempts(out, "bob")) == 1

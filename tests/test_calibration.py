@@ -6,7 +6,7 @@ from common import calibration
 from common.bench import VS_REFERENCE
 from grader.__main__ import score_text
 from grader.calibrate import ratios_of
-from grader.rubric import score
+from grader.rubric import estimated, score
 
 CASE = "attention batch 8 heads 32 seq 4096 head_dim 128"
 
@@ -54,8 +54,10 @@ def test_an_estimate_scores_points_labelled_as_an_estimate_and_a_real_ratio_wins
     assert points == 4 and "ESTIMATE" not in why
     points, why = score(4, _record({calibration.ESTIMATE: None}))
     assert points == 3 and "performance not scored" in why and "no estimate" in why
-    entry = {"task": 4, "points": 3.75, "max_points": 4, "status": "passed", "summary": why.replace("no", "an ESTIMATE")}
+    assert estimated(4, _record({calibration.ESTIMATE: 0.6})) and not estimated(4, _record({VS_REFERENCE: 0.6}))
+    entry = {"task": 4, "points": 3.75, "max_points": 4, "status": "passed", "summary": "", "estimated": True}
     assert "task 4 has its performance points estimated" in score_text([entry])
+    assert "estimated" not in score_text([entry | {"estimated": False, "summary": "an ESTIMATE in a message"}])
 
 
 def test_calibrate_takes_the_reference_over_the_baseline_of_passed_benchmarks():

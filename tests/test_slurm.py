@@ -4,7 +4,9 @@ A small class of task 1 submissions: correct ones (a folder, a zip), PyTorch's o
 link in place of the student's file, a broken archive, one that hangs past Slurm's one-minute
 time limit, and one that is cancelled while it runs. Slurm grades the class as an array job, a
 gather job sends the stopped ones once more, and the gradebook must equal the one the local
-backend writes for the same class (the problem column's wording and the times aside).
+backend writes for the same class (the problem column's wording and the times aside). Then two
+students are sent again and that array is cancelled while it waits: the gather records that they
+never started, keeps their earlier grades, and sends nothing again.
 """
 
 import contextlib
@@ -19,7 +21,7 @@ import zipfile
 
 import pytest
 
-from grader import batch
+from grader import class_state, gradebook
 from tests import slurm_cluster
 from tests.conftest import REPO, needs_solution
 from tests.test_grader import submission_text
@@ -83,7 +85,7 @@ def test_a_class_on_slurm_gets_the_local_backends_gradebook(tmp_path):
         assert "submitted array job" in submitted.stdout
 
         def running_slow():
-            tried = batch.attempts(out, "slow")
+            tried = class_state.attempts(out, "slow")
             return tried and "ended" not in tried[-1] and tried[-1]["job"]
 
         _wait("the slow submission's grading did not start", running_slow, 300, env)
@@ -92,7 +94,26 @@ def test_a_class_on_slurm_gets_the_local_backends_gradebook(tmp_path):
         _wait("the class was not graded",
               lambda: not subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True).stdout.strip(),
               WAIT_S, env)
-    on_slurm = book(out)
+        on_slurm = book(out)
+        gathers = len(list((out / "slurm" / "logs").glob("gather-*.log")))
+
+        # Two students sent again, and the array cancelled while it waits (held here, so it cannot start):
+        # the gather must record that they never started and send nothing again.
+        held = subprocess.run(
+            [sys.executable, "-m", "grader.batch", str(subs), "--out", str(out), "--slurm", "--time", "1",
+             "--timeout", "600", "--cpus", "1", "--only", "good,zipped", "--sbatch=--hold", *sandbox],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert held.returncode == 0, held.stdout + held.stderr
+        array = class_state.load_class(out)["array_of"][str(sorted(on_slurm).index("good"))]
+        jobs = subprocess.run(["squeue", "-h", "-o", "%A %j"], env=env, capture_output=True, text=True).stdout.split()
+        subprocess.run(["scancel", array], env=env, check=True, timeout=30)
+        assert array in jobs[::2] and len(jobs) == 4, jobs  # the array and its gather, both held
+        for job in set(jobs[::2]) - {array}:  # the gather job: let it run now
+            subprocess.run(["scontrol", "release", job], env=env, check=True, timeout=30)
+        _wait("the gather after the cancel did not end",
+              lambda: not subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True).stdout.strip(),
+              300, env)
+        after_cancel = book(out)
 
     local = tmp_path / "local"
     ran = subprocess.run([sys.executable, "-m", "grader.batch", str(subs), "--out", str(local), "--tasks", "1",
@@ -104,7 +125,7 @@ def test_a_class_on_slurm_gets_the_local_backends_gradebook(tmp_path):
 
     assert on_slurm.keys() == here.keys() == {"good", "zipped", "own_work", "hang", "slow", "linked", "broken"}
     for sid in here:
-        for column in batch.gradebook.COLUMNS:
+        for column in gradebook.COLUMNS:
             if column not in ("problem", "seconds"):
                 assert on_slurm[sid][column] == here[sid][column], (sid, column, on_slurm[sid], here[sid])
     assert [here[s]["total"] for s in ("good", "zipped", "slow")] == ["2", "2", "2"]
@@ -113,9 +134,16 @@ def test_a_class_on_slurm_gets_the_local_backends_gradebook(tmp_path):
     assert here["broken"]["problem"] == on_slurm["broken"]["problem"] != ""
     assert (here["hang"]["total"], here["hang"]["timed_out"]) == ("0", "all")
     assert on_slurm["hang"]["problem"].startswith("stopped by Slurm: TIMEOUT") and "2 times" in on_slurm["hang"]["problem"]
-    slow = [a.get("state") or a["outcome"] for a in batch.attempts(out, "slow")]
+    slow = [a.get("state") or a["outcome"] for a in class_state.attempts(out, "slow")]
     assert slow == ["CANCELLED", "graded"], slow
-    assert len(list((out / "slurm" / "logs").glob("gather-*.log"))) == 2  # the first gather, and the one it sent
+    assert gathers == 2  # the first gather, and the one it sent
     report = (out / "report.md").read_text()
     assert "Students: 7; with a total: 7" in report and "| timed_out | hang (all) |" in report
+
+    for sid in ("good", "zipped"):  # not sent again, and the gradebook says why, beside the earlier grade
+        assert after_cancel[sid]["total"] == "2"
+        assert after_cancel[sid]["problem"].startswith("never started: Slurm ended it as CANCELLED"), after_cancel[sid]
+        assert after_cancel[sid]["problem"].endswith("; this is the earlier grade")
+        assert [a.get("never_started", False) for a in class_state.attempts(out, sid)] == [False, True]
+    assert len(list((out / "slurm" / "logs").glob("gather-*.log"))) == 3  # the cancel's gather sent nothing
     assert json.loads((out / "students/good/grading.json").read_text())["job"] != "local"
