@@ -43,13 +43,14 @@ LOADING_CASES = ("build", "import")
 
 
 def cause_of(item: dict) -> str | None:
-    """The cause of a case, a grader's entry or a batch error; for one written before causes were
-    recorded (a class graded by an older kit), read from its words as those kits wrote them."""
+    """The cause of a case, a grader's entry or a batch error. One written before causes were recorded (a
+    class graded by an older kit) is read from the words those kits wrote, field by field as they did."""
     if "cause" in item:
         return item["cause"] if item["cause"] in Cause.ALL else None
-    words = str(item.get("message") or item.get("summary") or item.get("error") or "")
-    if "did not answer within" in words or words.startswith("timed out"):
-        return Cause.TIMED_OUT
-    if "malformed" in words:
-        return Cause.MALFORMED
-    return None
+    if "message" in item:  # a case
+        words = str(item["message"])
+        timed_out, malformed = "did not answer within" in words, "a malformed reply" in words
+    else:  # a crashed task's summary, or a grading's error
+        words = str(item.get("summary") or item.get("error") or "")
+        timed_out, malformed = words.startswith("timed out"), "summary" in item and "malformed" in words
+    return Cause.TIMED_OUT if timed_out else Cause.MALFORMED if malformed else None

@@ -147,7 +147,7 @@ class Report:
         return self.not_implemented is not None
 
     def run(self, name: str, fn, kind: str | None = None):
-        """Run one case. `fn` returns a CheckResult, or (passed, message, metrics).
+        """Run one case. `fn` returns a CheckResult, or (passed, message, metrics[, cause]).
 
         An exception fails this case only. A step that is not written yet (a
         NotImplementedError, or an output the kernel never touched) stops the run
@@ -179,9 +179,9 @@ class Report:
             if result.untouched:
                 return self._missing(name, kind, result.message)
             self.add(name, result.passed, result.message, result.metrics(), kind)
-        else:
-            passed, message, metrics = result
-            self.add(name, passed, message, metrics, kind)
+        else:  # (passed, message, metrics), or with a Cause after them
+            passed, message, metrics, *cause = result
+            self.add(name, passed, message, metrics, kind, cause=cause[0] if cause else None)
         return result
 
     def begin_part(self, name: str, steps: tuple[int, ...], optional: bool = False) -> None:

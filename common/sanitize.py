@@ -200,8 +200,9 @@ class Call:
     names: tuple[str, ...]  # one per tensor argument, as the messages call them
 
 
-def run_pass(start_worker, calls: list[Call], sources: dict[str, list[str]], step_of) -> tuple[bool, str, dict]:
-    """Every call under each tool; (clean, message, metrics) for the report.
+def run_pass(start_worker, calls: list[Call], sources: dict[str, list[str]], step_of) -> tuple:
+    """Every call under each tool; (clean, message, metrics) for the report, and the Cause of a failed call
+    where it hung or answered malformed (common/outcome.py).
 
     start_worker(cmd) returns a started Worker (a context manager) running under `cmd`.
     sources: the lines of each kernel file by name (attention.cu), to quote from.
@@ -212,7 +213,7 @@ def run_pass(start_worker, calls: list[Call], sources: dict[str, list[str]], ste
     sanitizer = find_sanitizer()
     if sanitizer is None:
         return False, MISSING, {}
-    problems, metrics, seen = [], {}, set()
+    problems, metrics, seen, died_of = [], {}, set(), None
     for tool in TOOLS:
         started = time.perf_counter()
         tensors_by_call, failed_calls = [], []
@@ -226,6 +227,7 @@ def run_pass(start_worker, calls: list[Call], sources: dict[str, list[str]], ste
                     failed_calls.append(f"{call.label}: {err.kind}: {err.message.splitlines()[0][:200]}")
                 except WorkerDied as err:
                     failed_calls.append(f"{call.label}: {err}")
+                    died_of = died_of or err.cause  # a hang under the sanitizer is flagged as one
                     break
                 finally:
                     shapes = [tuple(a.shape) for a in call.args if isinstance(a, torch.Tensor)]
@@ -260,7 +262,7 @@ def run_pass(start_worker, calls: list[Call], sources: dict[str, list[str]], ste
     metrics["findings"] = len(seen)
     if problems:
         shown = problems[:6] + ([f"... and {len(problems) - 6} more"] if len(problems) > 6 else [])
-        return False, "\n".join(shown), metrics
+        return False, "\n".join(shown), metrics, died_of
     return True, (f"memcheck and racecheck clean on {len(calls)} small cases "
                   f"({metrics['memcheck_s']:.0f} s + {metrics['racecheck_s']:.0f} s; {BLIND_SPOTS})"), metrics
 

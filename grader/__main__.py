@@ -34,7 +34,7 @@ from common.outcome import Cause, Kind, Status, cause_of
 from common.records import environment
 from common.sandbox import copy_regular_file, remove_tree, sandbox_status
 from common.tasks import TASKS
-from grader.fingerprints import fingerprint
+from grader.fingerprints import checkout_fingerprint
 from grader.rubric import RUBRIC, TOTAL_POINTS, estimated, parse_tasks, score
 from grader.runner import run_task, valid_record
 
@@ -328,7 +328,7 @@ def main(argv=None) -> int:
         hidden = (REPO / "grader" / "hidden.py").exists()
         has_cuda = cuda_available()
         env = environment()
-        key = {"graded": graded, "solution": args.solution, "hidden": hidden, "files": fingerprint(student_dir),
+        key = {"graded": graded, "solution": args.solution, "hidden": hidden, "files": checkout_fingerprint(student_dir),
                "device": env["device"], "torch": env["torch"]}
         entries = []
         for task in tasks:

@@ -46,8 +46,8 @@ Nothing is lost or mixed up:
 This file is the command line; each part has one job, and none imports the command line:
 grader/submissions.py (the entries, unpacked, and the checkout in them), grader/class_state.py
 (class.json, the attempts, whether a grade is done), grader/grading.py (grading one submission and
-committing it; the local loop, a Slurm element, the prebuild), grader/slurm.py (the jobs and the
-gather), grader/gradebook.py (the gradebook and the report).
+committing it; the local loop, a Slurm element, the prebuild), grader/slurm.py (the jobs),
+grader/gather.py (the gather job), grader/gradebook.py (the gradebook and the report).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from grader import class_state, gradebook, grading, slurm, submissions
+from grader import class_state, gather, gradebook, grading, slurm, submissions
 from grader.rubric import RUBRIC, parse_tasks
 
 SLACK_S = 600  # a grading's time beyond its tasks' own limits: starting up, building, writing results
@@ -66,7 +66,7 @@ SLACK_S = 600  # a grading's time beyond its tasks' own limits: starting up, bui
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["gather"]:
-        return slurm.gather_main(argv[1:])
+        return gather.main(argv[1:])
     if argv[:1] == ["prebuild"]:
         parser = argparse.ArgumentParser(prog="python -m grader.batch prebuild")
         parser.add_argument("out", type=Path)

@@ -19,6 +19,7 @@ import torch
 
 from common import calibration
 from common.impl import REPO, has_solution
+from common.outcome import Kind
 from common.records import environment
 from common.sandbox import scratch_dir
 from grader.rubric import RUBRIC
@@ -33,7 +34,7 @@ def ratios_of(task: int, record: dict) -> dict[str, float]:
     for case in record.get("cases", []):
         metrics = case.get("metrics", {})
         baseline, reference = metrics.get(calibration.BASELINE[task]), metrics.get("reference_ms")
-        if case.get("kind") == "benchmark" and case.get("passed") and baseline and reference:
+        if case.get("kind") == Kind.BENCHMARK and case.get("passed") and baseline and reference:
             found[case["name"]] = reference / baseline
     return found
 

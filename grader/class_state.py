@@ -20,8 +20,9 @@ def write_class(out: Path, students: list[tuple[str, Path]], tasks: str, timeout
 
     `round` names this submission of the class: an attempt counts against TRIES only in its own round.
     `regrade` names the last --regrade: a grade from before it is not done until it is graded again.
+    A source is kept as the entry's own path, never resolved: a link stays a link (locate refuses it).
     """
-    klass = {"students": [{"id": sid, "source": str(path.resolve())} for sid, path in students],
+    klass = {"students": [{"id": sid, "source": str(path.absolute())} for sid, path in students],
              "tasks": tasks, "timeout_s": timeout_s, "no_sandbox": no_sandbox, "round": uuid.uuid4().hex[:12],
              "regrade": regrade}
     write_json(out / "class.json", klass)
@@ -109,14 +110,26 @@ def grade_state(out: Path, sid: str, source: Path, klass: dict) -> str:
     now = {"tasks": klass["tasks"], "source_sha256": source_fingerprint(source), "regrade": klass.get("regrade"),
            "no_sandbox": klass["no_sandbox"]}
     failed = json_or_none(folder / "regrade-failed.json")
-    if isinstance(failed, dict) and all(failed.get(k) == v for k, v in now.items()):
-        return "graded"  # this very regrade was tried and failed; the gradebook says so beside the earlier grade
+    if isinstance(failed, dict):
+        if all(failed.get(k, False if k == "no_sandbox" else None) == v for k, v in now.items()):
+            return "graded"  # this very regrade was tried and failed; the gradebook says so beside the earlier grade
+        return "changed"  # what failed is no longer what is there: try again (its note goes with a new grade)
     if about.get("tasks") != now["tasks"]:
         return "tasks"
     if about.get("source_sha256", now["source_sha256"]) != now["source_sha256"]:  # (none: graded before this kit)
         return "changed"
-    if about.get("no_sandbox") and not klass["no_sandbox"]:  # its code could read the hidden cases then
+    if graded_without_sandbox(folder, about) and not klass["no_sandbox"]:  # it could read the hidden cases then
         return "sandbox"
     if now["regrade"] and about.get("regrade") != now["regrade"]:
         return "regrade"
     return "graded"
+
+
+def graded_without_sandbox(folder: Path, about: dict) -> bool:
+    """Whether this grade was made with --no-sandbox (a grade from before grading.json said so: its command)."""
+    if "no_sandbox" in about:
+        return bool(about["no_sandbox"])
+    try:
+        return "--no-sandbox" in (folder / "command.txt").read_text().split()
+    except OSError:
+        return False

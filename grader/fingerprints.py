@@ -1,7 +1,8 @@
 """Fingerprints of what a grade depends on: the student's files, the kit's own code, the hidden cases.
 
 A kept result (python -m grader --keep) must match the first two; a class's report shows the last
-two, so one value each says the whole class was graded alike.
+two, so one value each says the whole class was graded alike. (What a class's rerun compares is
+grader/submissions.py's source_fingerprint: a student's entry as handed in, archive or folder.)
 """
 
 from __future__ import annotations
@@ -10,15 +11,15 @@ import hashlib
 from pathlib import Path
 
 from common.impl import REPO
-from common.tasks import TASKS
+from common.tasks import all_student_files
 
 KIT_CODE = (".py", ".cu", ".cuh", ".cpp", ".h")
 
 
-def fingerprint(student_dir: Path) -> str:
+def checkout_fingerprint(student_dir: Path) -> str:
     """What a kept result must match: the student files as graded, and the kit's code (tests, hidden cases)."""
     digest = hashlib.sha256()
-    for rel in sorted({rel for task in TASKS.values() for rel in task.student_files}):
+    for rel in sorted(set(all_student_files())):
         path = student_dir / rel
         digest.update(rel.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"(none)") + b"\0")
     digest.update(kit_fingerprint().encode())
@@ -27,7 +28,7 @@ def fingerprint(student_dir: Path) -> str:
 
 def kit_fingerprint() -> str:
     """The kit's own code (tests, checks, grader, reference, hidden cases), without the files students write."""
-    student = {rel for task in TASKS.values() for rel in task.student_files}
+    student = set(all_student_files())
     digest = hashlib.sha256()
     for folder in ["common", "grader", *sorted(p.name for p in REPO.glob("task[0-9]"))]:
         for path in sorted((REPO / folder).rglob("*")):

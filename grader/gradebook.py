@@ -1,7 +1,7 @@
 """The class's gradebook (DIR/gradebook.csv) and report (DIR/report.md, DIR/plots/*.png).
 
-Both are made from the students' folders alone (write_books, after every run of grader.batch), each time anew, so
-they can be rebuilt at any time and never hold a grade that is not on disk.
+Both are made from the students' folders alone (write_books, after every run of grader.batch),
+each time anew, so they can be rebuilt at any time and never hold a grade that is not on disk.
 
 Flags name the tasks they concern ("2 4"), or "all" for the whole grading:
 - not_built: the student's code did not build or import;
@@ -76,7 +76,7 @@ def task_flags(task: int, entry: dict) -> set[str]:
 
 def _speedup(entry: dict | None) -> float | None:
     cases = ((entry or {}).get("record") or {}).get("cases", [])
-    ratios = [c["metrics"][VS_REFERENCE] for c in cases if isinstance(c, dict) and c.get("kind") == "benchmark"
+    ratios = [c["metrics"][VS_REFERENCE] for c in cases if isinstance(c, dict) and c.get("kind") == Kind.BENCHMARK
               and isinstance(c.get("metrics"), dict) and isinstance(c["metrics"].get(VS_REFERENCE), (int, float))]
     return sum(ratios) / len(ratios) if ratios else None
 
@@ -166,7 +166,6 @@ def _number(text: str) -> float | None:
 
 
 def report(out: Path, klass: dict) -> Path:
-
     book = rows(out, klass)
     tasks = _graded_tasks(klass)
     possible = sum(RUBRIC[t].points for t in tasks)  # out of what the class was graded on, not the course

@@ -67,10 +67,10 @@ def grade_one(out: Path, klass: dict, sid: str, source: Path) -> dict:
 def _grade(folder: Path, klass: dict, sid: str, source: Path, out: Path, temp: Path) -> dict:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    about = {"student": sid, "source": str(source), "job": current_job(), "host": socket.gethostname(), "started": timestamp(),
-             "tasks": klass["tasks"], "kit": kit_fingerprint()[:16], "hidden": hidden_fingerprint(), "tampering": [],
-             "source_sha256": source_fingerprint(source), "regrade": klass.get("regrade"),
-             "no_sandbox": klass["no_sandbox"]}
+    about = {"student": sid, "source": str(source), "job": current_job(), "host": socket.gethostname(),
+             "started": timestamp(), "tasks": klass["tasks"], "kit": kit_fingerprint()[:16],
+             "hidden": hidden_fingerprint(), "tampering": [], "source_sha256": source_fingerprint(source),
+             "regrade": klass.get("regrade"), "no_sandbox": klass["no_sandbox"]}
     unpacked = out / "unpacked" / sid
     shutil.rmtree(unpacked, ignore_errors=True)
     try:

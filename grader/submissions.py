@@ -16,33 +16,19 @@ import tarfile
 import zipfile
 from pathlib import Path, PurePosixPath
 
-from common.tasks import TASKS
+from common.tasks import all_student_files
 
 MAX_ENTRIES = 200_000  # entries an archive may list: a repository with its .venv has thousands; more is a bomb
-
-
 MAX_FILES = 2000  # files taken out of one archive
-
-
 MAX_BYTES = 200 * 1024 * 1024  # bytes taken out of one archive
-
-
 # what an archive may hold in all, skipped content included: a tar is read through to skip it (a .venv with
 # PyTorch's CUDA wheels is about 6 GiB; decompressing 16 GiB takes about a minute)
 MAX_LISTED_BYTES = 16 << 30
-
-
 ARCHIVES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar", ".zip")
-
-
 # Folders whose contents are never graded: not taken out of archives, not searched for the student's files.
 SKIPPED = {".venv", "venv", "env", ".git", "__pycache__", "__MACOSX", "node_modules", "build", "site-packages",
            ".ipynb_checkpoints", ".pytest_cache", ".mypy_cache", ".idea", ".vscode", "grader-work", "graded"}
-
-
-STUDENT_FILES = sorted({rel for task in TASKS.values() for rel in task.student_files})
-
-
+STUDENT_FILES = sorted(set(all_student_files()))
 MAX_DEPTH = 8  # folders down to the student's checkout inside a submission
 
 
@@ -283,7 +269,7 @@ def _shown(place: Path, folder: Path) -> str:
 def linked_files(root: Path) -> list[str]:
     """The files students write that this submission holds through links (the file or a folder on its way)."""
     odd = []
-    for rel in sorted({rel for task in TASKS.values() for rel in task.student_files}):
+    for rel in STUDENT_FILES:
         steps = [root.joinpath(*Path(rel).parts[:n]) for n in range(1, len(Path(rel).parts) + 1)]
         if any(step.is_symlink() for step in steps) or (steps[-1].exists() and not steps[-1].is_file()):
             odd.append(rel)

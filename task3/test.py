@@ -98,7 +98,8 @@ def check_no_full_matrix(report, args, seed):
         try:
             limited.start()
         except (WorkerError, WorkerDied) as err:
-            report.add(name, False, f"{what}: could not be judged, your code did not start: {err}")
+            report.add(name, False, f"{what}: could not be judged, your code did not start: {err}",
+                       cause=getattr(err, "cause", None))
             return
         try:
             shape = limited.call("flash_shapes", q, k, v, False, br, bc)
@@ -106,7 +107,7 @@ def check_no_full_matrix(report, args, seed):
             if isinstance(err, WorkerDied) or any(words in str(err) for words in OUT_OF_MEMORY):
                 report.add(name, False, f"{what} ran out of the {limit_gib:.1f} GiB of memory your code may use, where the full "
                            f"score matrix would need {full_gib:.0f} GiB: work tile by tile and never build it ({err})",
-                           kind="rule")
+                           kind="rule", cause=getattr(err, "cause", None))
             else:
                 report.add(name, False, f"{what}: could not be judged, your code raised {err}")
             return

@@ -300,7 +300,8 @@ def run_generation(report, worker, name: str, config: Config, run: Run, seed: in
     try:
         ttft, tbt, generations = time_student(worker, config, run, seed)
     except (WorkerError, WorkerDied, AssertionError) as err:
-        report.add(title, False, f"your model's generation run failed: {err}", kind="benchmark")
+        report.add(title, False, f"your model's generation run failed: {err}", kind="benchmark",
+                   cause=getattr(err, "cause", None))
         return
     worker.stop()  # its memory is free, and the GPU is ours alone now
 

@@ -14,7 +14,7 @@ import torch
 
 from common.outcome import Cause, Status
 from common.sanitize import PASS_NAME
-from grader import batch, class_state, gradebook, grading, slurm, submissions
+from grader import batch, class_state, gather, gradebook, grading, slurm, submissions
 from grader.rubric import TOTAL_POINTS
 from tests.conftest import REPO, needs_solution
 
@@ -247,9 +247,41 @@ def test_a_grading_stopped_from_outside_is_tried_once_more_then_recorded(tmp_pat
     assert row["total"] == "2" and row["problem"].startswith("a regrade was stopped by SIGTERM")
 
 
+def test_a_row_tells_the_students_last_round(tmp_path):
+    stop = {"job": "1_0", "started": "t", "ended": "t", "outcome": "stopped by Slurm: TIMEOUT", "state": "TIMEOUT"}
+    class_state.save_attempts(tmp_path, "ann", [{**stop, "round": "r1"}, {**stop, "round": "r1"}])
+    # the class was sent again since (round r2) with --only others: ann's row stays what r1 made it
+    row = gradebook.student_row(tmp_path, "ann")
+    assert (row["total"], row["timed_out"]) == ("0", "all") and row["problem"].endswith("2 times; not graded")
+    class_state.save_attempts(tmp_path, "ann", class_state.attempts(tmp_path, "ann") + [{**stop, "round": "r3"}])
+    row = gradebook.student_row(tmp_path, "ann")  # ann is in round r3, stopped once: sent once more
+    assert row["total"] == "" and row["problem"].endswith("not graded yet (the gather job sends it once more)")
+
+
+def test_what_a_grade_remembers_decides_a_rerun_also_for_grades_of_an_older_kit(tmp_path):
+    (tmp_path / "subs" / "ann").mkdir(parents=True)
+    source, folder = tmp_path / "subs" / "ann", tmp_path / "out" / "students" / "ann"
+    _record_folder(folder, score=2)
+    klass = {"tasks": "1", "regrade": None, "no_sandbox": False}
+    about = {"tasks": "1", "source_sha256": submissions.source_fingerprint(source)}
+    (folder / "grading.json").write_text(json.dumps(about))  # an older kit's: no "no_sandbox"
+    assert class_state.grade_state(tmp_path / "out", "ann", source, klass) == "graded"
+    (folder / "command.txt").write_text("python -m grader --submission X --no-sandbox\n")
+    assert class_state.grade_state(tmp_path / "out", "ann", source, klass) == "sandbox"
+    (folder / "command.txt").unlink()
+    # a regrade failed on files that are no longer there: try again, so its note does not stay forever
+    failed = {"error": "submission: 2 submissions with this id", "tasks": "1", "regrade": None,
+              "source_sha256": "something else"}
+    (folder / "regrade-failed.json").write_text(json.dumps(failed))
+    assert class_state.grade_state(tmp_path / "out", "ann", source, klass) == "changed"
+    failed["source_sha256"] = about["source_sha256"]  # the same files (an older kit's note): not tried again
+    (folder / "regrade-failed.json").write_text(json.dumps(failed))
+    assert class_state.grade_state(tmp_path / "out", "ann", source, klass) == "graded"
+
+
 def test_an_unfinished_attempt_is_settled_as_stopped(tmp_path):
     class_state.save_attempts(tmp_path, "ann", [{"round": "r1", "job": "local", "started": "t"}])
-    assert slurm.settle(tmp_path, "ann")
+    assert gather.settle(tmp_path, "ann")
     (last,) = class_state.attempts(tmp_path, "ann")
     assert last["outcome"] == "stopped before it finished" and "ended" in last
 
@@ -458,32 +490,6 @@ def test_a_folder_with_two_uploads_and_no_checkout_names_them(tmp_path):
 
 
 @needs_solution(1)
-def test_every_entry_of_a_class_is_a_row_and_says_what_went_wrong(tmp_path):
-    subs = tmp_path / "subs"
-    subs.mkdir()
-    solution = (REPO / "task1/solution/attention.py").read_text()
-    _zip(subs / "deep.zip", {"x-submission/attention-course/task1/attention.py": solution, **_venv("x-submission/")})
-    (subs / "dave.rar").write_bytes(b"Rar!\x1a\x07")
-    _zip(subs / "empty.zip", {})
-    (subs / "task3only" / "repo" / "task3").mkdir(parents=True)
-    (subs / "task3only" / "repo" / "task3" / "attention.py").write_text("x = 1\n")
-    out = tmp_path / "out"
-    assert batch.main([str(subs), "--out", str(out), "--tasks", "1", "--no-sandbox"]) == 0
-    rows = {r["student"]: r for r in csv.DictReader(open(out / "gradebook.csv"))}
-    assert sorted(rows) == ["dave", "deep", "empty", "task3only"]
-    assert rows["deep"]["total"] == "2" and rows["deep"]["problem"] == ""
-    assert rows["dave"]["total"] == "0" and rows["dave"]["problem"].startswith(
-        "submission: dave.rar: a file the kit cannot read as a submission")
-    assert rows["empty"]["total"] == "0" and "none of the files students write" in rows["empty"]["problem"]
-    assert rows["task3only"]["total"] == "0"
-    assert rows["task3only"]["problem"] == "missing from the submission: task1/attention.py"
-    report = (out / "report.md").read_text()
-    assert "Students: 4; with a total: 4" in report
-    assert "| 1. naive multi-head attention (PyTorch) | 2 | 0.50 | 1 | 3 |" in report  # a refused one counts 0
-    assert "- Graded: submission deep\n" in (out / "students/deep/Results.md").read_text()  # its id, not its folder
-
-
-@needs_solution(1)
 def test_a_rerun_regrades_what_changed_resumes_a_regrade_and_keeps_the_class_tasks(tmp_path, capsys, monkeypatch):
     subs, out = tmp_path / "subs", tmp_path / "out"
     solution = (REPO / "task1/solution/attention.py").read_text()
@@ -612,12 +618,12 @@ def test_an_array_cancelled_before_it_ran_is_not_sent_again_and_says_so(tmp_path
     # ann's element ran and was cancelled mid-grading (sent once more); bob's never ran: the array was cancelled
     class_state.save_attempts(out, "ann", [{"round": klass["round"], "job": "101_0", "started": "t", "ended": "t",
                                       "outcome": "stopped by Slurm: CANCELLED (scancel)", "state": "CANCELLED"}])
-    monkeypatch.setattr(slurm, "job_state", lambda job: {"101_1": "CANCELLED"}.get(job, slurm.FORGOTTEN))
+    monkeypatch.setattr(gather, "job_state", lambda job: {"101_1": "CANCELLED"}.get(job, gather.FORGOTTEN))
     submitted.clear()
-    assert slurm.gather_main([str(out), "--requeue"]) == 0
+    assert gather.main([str(out), "--requeue"]) == 0
     assert submitted[0][0] == "--array=0"  # ann only
     rows = {r["student"]: r for r in csv.DictReader(open(out / "gradebook.csv"))}
     assert rows["bob"]["problem"] == ("never started: Slurm ended it as CANCELLED (scancel) before the grading began; not graded "
                                       "(run grader.batch again to grade it)")
-    slurm.gather_main([str(out)])  # a second gather records nothing twice
+    gather.main([str(out)])  # a second gather records nothing twice
     assert len(class_state.attempts(out, "bob")) == 1

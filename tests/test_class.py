@@ -3,7 +3,8 @@
 One class holds every layout and every kind of entry an instructor meets: the checkout two folders
 deep in a zip beside its .venv, the upload inside the student's folder as a plain .tar, an id that
 holds a comma, an archive the kit cannot read, a lone file, an empty zip, a checkout left inside a
-folder that is never graded, and one student who uploaded twice. Every entry must be a row that says
+folder that is never graded, one student who uploaded twice, a link to a classmate's folder, and a
+submission missing a graded file. Every entry must be a row that says
 what went wrong, and reruns must regrade exactly the students whose files changed.
 
 Elsewhere: hostile archives and each layout alone (tests/test_batch.py), an interrupted --regrade and
@@ -71,6 +72,8 @@ def make_class(subs):
     _zip(subs / "fay.zip", _in("repo/build/", SOLUTIONS))  # only inside a folder that is never graded
     _zip(subs / "gus.zip", SOLUTIONS)  # uploaded twice: a zip and a folder
     _write(subs / "gus", SKELETONS)
+    (subs / "hal").symlink_to(subs / "lms")  # a link to a classmate's work
+    _write(subs / "ida", {"task3/attention.py": "x = 1\n"})  # task 1's file missing
 
 
 def rows(out):
@@ -90,24 +93,28 @@ def test_a_class_as_an_lms_exports_it_is_graded_whole_and_rerun_right(tmp_path, 
 
     assert run("--tasks", "1,3") == 0
     book = rows(out)
-    assert sorted(book) == ["Doe, Jane", "dave", "deep", "empty", "erin", "fay", "gus", "lms"]  # no one lost
+    assert sorted(book) == ["Doe, Jane", "dave", "deep", "empty", "erin", "fay", "gus", "hal", "ida", "lms"]
     for sid in ("deep", "lms"):  # found two folders deep beside a .venv, and inside the upload
         assert (book[sid]["task1"], book[sid]["task3"], book[sid]["total"], book[sid]["problem"]) == ("2", "3", "5", "")
     assert (book["Doe, Jane"]["total"], book["Doe, Jane"]["problem"]) == ("0", "")  # the skeleton: graded, 0
-    problems = {sid: book[sid]["problem"] for sid in ("dave", "erin", "empty", "fay", "gus")}
+    problems = {sid: book[sid]["problem"] for sid in ("dave", "erin", "empty", "fay", "gus", "hal", "ida")}
     assert all(book[sid]["total"] == "0" for sid in problems)
     assert problems["dave"].startswith("submission: dave.rar: a file the kit cannot read as a submission")
     assert problems["erin"].startswith("submission: erin.py: a file the kit cannot read as a submission")
     assert "none of the files students write" in problems["empty"]
-    assert "only inside folders that are never graded (repo/build/task1/attention.py, repo/build/task3/attention.py; build/ is never " in problems["fay"]
+    assert ("only inside folders that are never graded (repo/build/task1/attention.py, repo/build/task3/attention.py; "
+            "build/ is never graded)") in problems["fay"]
     assert "2 submissions with this id (gus/, gus.zip): which one counts?" in problems["gus"]
+    assert problems["hal"].startswith("submission: a link, not a folder or archive")
+    assert book["hal"]["tampering"] == "all"
+    assert problems["ida"] == "missing from the submission: task1/attention.py"  # graded all the same: 0
     results = (out / "students/deep/Results.md").read_text()
     assert "- Graded: submission deep\n" in results  # its id, not its top folder attention-course-main
     report = (out / "report.md").read_text()
-    assert "Students: 8; with a total: 8" in report
-    # per task: the mean over all 8, a submission that could not be graded counting 0
-    assert "| 1. naive multi-head attention (PyTorch) | 2 | 0.50 | 2 | 6 |" in report
-    assert "| 3. FlashAttention-2 (PyTorch) | 3 | 0.75 | 2 | 6 |" in report
+    assert "Students: 10; with a total: 10" in report
+    # per task: the mean over all 10, a submission that could not be graded counting 0
+    assert "| 1. naive multi-head attention (PyTorch) | 2 | 0.40 | 2 | 8 |" in report
+    assert "| 3. FlashAttention-2 (PyTorch) | 3 | 0.60 | 2 | 8 |" in report
     assert "| [4, 5] | ██ 2 |" in report  # full marks in the last bin, within the axis
     assert not list(temp.iterdir())
     capsys.readouterr()
@@ -118,7 +125,7 @@ def test_a_class_as_an_lms_exports_it_is_graded_whole_and_rerun_right(tmp_path, 
     assert run() == 0  # no --tasks: the class's
     said = capsys.readouterr().out
     # those without a grade (gus, and the ungradable ones: quick) and those whose graded files changed
-    assert "8 submissions, 6 to grade (2 graded already" in said and "changed since their grade: Doe, Jane\n" in said
+    assert "10 submissions, 7 to grade (3 graded already" in said and "changed since their grade: Doe, Jane\n" in said
     book = rows(out)
     assert (book["Doe, Jane"]["total"], book["gus"]["total"], book["gus"]["problem"]) == ("5", "5", "")
     assert len(class_state.attempts(out, "lms")) == len(class_state.attempts(out, "deep")) == 1
@@ -127,7 +134,7 @@ def test_a_class_as_an_lms_exports_it_is_graded_whole_and_rerun_right(tmp_path, 
         run("--tasks", "1,2,3,4,5,6,7")
     assert "is graded on tasks 1,3, not 1,2,3,4,5,6,7: leave --tasks out" in capsys.readouterr().err
     assert run("--only", "Doe, Jane") == 0  # an id with a comma, named whole
-    assert "8 submissions, 1 to grade" in capsys.readouterr().out
+    assert "10 submissions, 1 to grade" in capsys.readouterr().out
     assert len(class_state.attempts(out, "Doe, Jane")) == 3
 
     # a grade made without the sandbox is graded again once the class is graded in it

@@ -204,3 +204,27 @@ def test_a_todo_line_left_on_a_step_that_passed_is_not_the_missing_step():
     run_part(report, "steps 1-2", (1, 2), missing)
     assert "step 2" in report.cases[-1].message and "step 1" not in report.cases[-1].message
     assert "delete a step's TODO line" in report.cases[-1].message  # the hint, with the first step found missing
+
+
+def test_a_failure_carries_its_cause_into_the_record_the_grader_accepts(tmp_path):
+    """The gradebook's timed_out and tampering flags follow these fields, whatever the messages say."""
+    from common.outcome import Cause
+    from grader.runner import valid_record
+
+    report = Report(1, solution=False, title="t")
+
+    def hangs():
+        raise WorkerDied("no answer", Cause.TIMED_OUT)
+
+    report.run("hang", hangs)
+    report.run("sanitizer", lambda: (False, "a call hung", {}, Cause.TIMED_OUT), kind="rule")
+    report.run("fine", lambda: (True, "ok", {}))
+    report.finish(str(tmp_path / "r.json"))
+    record = valid_record(json.loads((tmp_path / "r.json").read_text()), 1)
+    assert [(c["name"], c["cause"]) for c in record["cases"]] == [
+        ("hang", Cause.TIMED_OUT), ("sanitizer", Cause.TIMED_OUT), ("fine", None)]
+    record["cases"][2]["cause"] = "bogus"
+    with pytest.raises(ValueError, match="a case is malformed"):
+        valid_record(record, 1)
+    with pytest.raises(AssertionError):  # a kind or cause outside the vocabulary is a bug of the test
+        report.add("x", False, "", kind="checks")
