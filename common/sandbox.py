@@ -239,7 +239,8 @@ class Worker:
 
     def __init__(self, task: int, student_dir: Path, *, solution: bool = False, scratch: Path | None = None,
                  memory_limit: int | None = None, cuda: bool = True, hide: tuple[Path, ...] = (),
-                 block_attention: bool = True, purpose: str = "checks", sanitize: list[str] | None = None):
+                 block_attention: bool = True, purpose: str = "checks", sanitize: list[str] | None = None,
+                 builds: Path | None = None):
         # memory_limit: bytes of address space the student's code may add to the worker (PyTorch loaded)
         self.task, self.student_dir, self.solution = task, Path(student_dir), solution
         self.memory_limit, self.cuda, self.hide = memory_limit, cuda, list(hide)
@@ -253,7 +254,9 @@ class Worker:
         # One folder per purpose: two workers of a task at once must not share their view. The path stays
         # the same from run to run, so ninja's cache of the student's build (keyed by source paths) holds.
         self.view = self.scratch / "worker" / f"task{task}-{kind}-{purpose}"
-        self.builds = self.scratch / "worker-builds" / f"task{task}-{kind}"  # kept between runs: ninja's cache
+        # Kept between runs (ninja's cache) and shared by every task's workers: task 6's worker finds task 4's
+        # kernels built by task 4's. The grader names one folder for all the tasks of a grading.
+        self.builds = Path(builds or os.environ.get("KIT_WORKER_BUILDS") or self.scratch / "worker-builds") / kind
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.attention_ops: set[str] = set()

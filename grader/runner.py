@@ -21,7 +21,8 @@ from pathlib import Path
 
 from common.impl import REPO
 from common.outcome import Cause, Kind, Status
-from common.sandbox import die_with_parent
+from common.sandbox import Worker, die_with_parent
+from common.tasks import TASKS
 
 CRASH_HINTS = [
     ("illegal memory access", "a CUDA kernel read or wrote out of bounds (illegal memory access)"),
@@ -62,6 +63,11 @@ def crash_reason(returncode: int, output: str) -> str:
     return f"exited with code {returncode} without writing results: " + " | ".join(tail[-3:])
 
 
+def worker_builds(scratch: Path) -> Path:
+    """The one folder every worker of a grading builds in (common/sandbox.py's Worker.builds)."""
+    return scratch / "worker-builds"
+
+
 def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hidden: bool, timeout_s: int,
              echo: bool = True, hung: tuple[int, ...] = ()) -> TaskRun:
     """Run taskN.test on the files in `student_dir`; everything it writes stays under `scratch`."""
@@ -75,7 +81,8 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
     cmd += ["--hidden"] if hidden else []
     for other in hung:  # tasks whose code hung at import: the test does not load it again (one time limit, not two)
         cmd += ["--hung", str(other)]
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", TMPDIR=str(work))
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", TMPDIR=str(work),
+               KIT_WORKER_BUILDS=str(worker_builds(scratch)))  # one for all tasks: each kernel is built once
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace", start_new_session=True, preexec_fn=die_with_parent)
@@ -116,6 +123,47 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
         return TaskRun(task, None, f"its record is malformed ({err}), so it could not be scored", seconds, log,
                        Cause.MALFORMED)
     return TaskRun(task, record, None, seconds, log)
+
+
+PREBUILD_S = 240  # more than a cold build of the largest kernel file takes; a stuck build is its task's to report
+
+
+def kernel_tasks(tasks) -> list[int]:
+    """The tasks whose kernels the given tasks build: their own and those of the tasks they use."""
+    wanted = {n for t in tasks for n in (t, *TASKS[t].uses)}
+    return sorted(n for n in wanted if f"task{n}/binding.cpp" in TASKS[n].given_files)
+
+
+def prebuild(tasks, student_dir: Path, scratch: Path, *, solution: bool) -> str | None:
+    """Build every kernel the tasks need at once, each in a worker of its own, before any task runs.
+
+    Each build is mostly one thread (the binding's compile, about 20 s on an H100), so three at once
+    take the time of one; the tasks' workers then find them built (scratch/worker-builds, which
+    run_task gives every task). Nothing is judged here: a build that fails or hangs fails again in
+    its task, which says why. Returns a line for the log, or None when nothing is built.
+    """
+    needed = kernel_tasks(tasks)
+    if not needed:
+        return None
+    started = time.perf_counter()
+    workers = [Worker(n, student_dir, solution=solution, scratch=scratch / f"task{n}-work", purpose="build",
+                      builds=worker_builds(scratch)) for n in needed]
+
+    def build(worker):
+        try:
+            worker.start()
+        except Exception:  # noqa: BLE001  the task's own worker meets the same error and reports it
+            pass
+
+    threads = [threading.Thread(target=build, args=(w,), daemon=True) for w in workers]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + PREBUILD_S
+    for t in threads:
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
+    for w in workers:
+        w.stop()  # also one still building: its task builds it again
+    return f"built the kernels of tasks {', '.join(map(str, needed))} at once ({time.perf_counter() - started:.0f} s)"
 
 
 def valid_record(record, task: int) -> dict:
