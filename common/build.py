@@ -10,7 +10,7 @@ reference's `taskN/solution/kernels/*.cu`) in two stages, in `build/taskN-studen
    The loader compiles it from a copy inside the build folder (`src/`): ninja rebuilds
    whatever command changed, and the command names the source's path, so compiling it from
    each worker's own view (one per task and purpose) compiled the same binding again for
-   every worker, about 20 s each on an H100 (notes/grading-time.md).
+   every worker, about 20 s each on an H200.
 Whatever goes wrong — no GPU, no nvcc, no ninja, a compiler error, a broken rule —
 comes back as one `BuildError` whose message says what to do, with the full log kept
 in the build folder.

@@ -137,7 +137,7 @@ def kernel_tasks(tasks) -> list[int]:
 def prebuild(tasks, student_dir: Path, scratch: Path, *, solution: bool) -> str | None:
     """Build every kernel the tasks need at once, each in a worker of its own, before any task runs.
 
-    Each build is mostly one thread (the binding's compile, about 20 s on an H100), so three at once
+    Each build is mostly one thread (the binding's compile, about 20 s on an H200), so three at once
     take the time of one; the tasks' workers then find them built (scratch/worker-builds, which
     run_task gives every task). Nothing is judged here: a build that fails or hangs fails again in
     its task, which says why. Returns a line for the log, or None when nothing is built.
