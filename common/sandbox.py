@@ -38,7 +38,7 @@ from pathlib import Path
 
 from common import wire
 from common.outcome import Cause
-from common.impl import REPO
+from common.impl import REPO, source_of
 from common.tasks import TASKS, WORKER_COMMON
 
 BWRAP = shutil.which("bwrap")
@@ -121,6 +121,16 @@ class WorkerError(Exception):
         self.kind, self.message, self.trace = kind, message, trace
 
 
+def signal_words(signum: int) -> str:
+    """A signal that ended a process, as a student reads it: `SIGSEGV (segmentation fault)`."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    meaning = {"SIGSEGV": "segmentation fault", "SIGABRT": "aborted", "SIGKILL": "killed, perhaps out of memory"}
+    return f"{name} ({meaning.get(name, 'killed by a signal')})"
+
+
 class WorkerDied(Exception):
     """The worker ended, hung, or answered with something that is not a message; `cause` (common/outcome.py)
     says which where the gradebook flags it."""
@@ -168,7 +178,7 @@ def make_view(task: int, student_dir: Path, view: Path, solution: bool) -> list[
     notes = []
     for number in (task, *spec.uses):
         for rel in TASKS[number].student_files:
-            source = REPO / TASKS[number].solution_file(rel) if solution else student_dir / rel
+            source = source_of(rel, student_dir, solution)
             why = copy_regular_file(source, view / rel)
             if why:
                 notes.append(f"{rel}: {why}, so it was not used")
@@ -404,9 +414,7 @@ class Worker:
         if code > 128 and sandbox_status() == "bubblewrap":
             code = 128 - code  # bubblewrap reports a signal that ended its child as 128 + the signal
         if code < 0:
-            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
-            meaning = {"SIGSEGV": "segmentation fault", "SIGABRT": "aborted", "SIGKILL": "killed, perhaps out of memory"}
-            return f"the process running your code crashed with {name} ({meaning.get(name, 'killed by a signal')})"
+            return f"the process running your code crashed with {signal_words(-code)}"
         return f"the process running your code exited with code {code}"
 
     # -- requests --------------------------------------------------------------------------

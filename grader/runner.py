@@ -21,7 +21,7 @@ from pathlib import Path
 
 from common.impl import REPO
 from common.outcome import Cause, Kind, Status
-from common.sandbox import Worker, die_with_parent
+from common.sandbox import Worker, die_with_parent, signal_words
 from common.tasks import TASKS
 
 CRASH_HINTS = [
@@ -43,21 +43,12 @@ class TaskRun:
     cause: str | None = None  # common.outcome.Cause of having no record, where known
 
 
-def _signal_name(returncode: int) -> str:
-    try:
-        return signal.Signals(-returncode).name
-    except ValueError:
-        return f"signal {-returncode}"
-
-
 def crash_reason(returncode: int, output: str) -> str:
     """Why a test process ended without results: a hint from its last lines, else its signal or exit code."""
     tail = [ln for ln in output.strip().splitlines() if ln.strip()][-30:]  # not the whole log: it reports OOM baselines
     hint = next((reason for needle, reason in CRASH_HINTS if needle in "\n".join(tail).lower()), None)
     if returncode < 0:
-        name = _signal_name(returncode)
-        meaning = {"SIGSEGV": "segmentation fault", "SIGABRT": "aborted", "SIGKILL": "killed, perhaps out of memory"}
-        return f"crashed with {name} ({meaning.get(name, 'killed by a signal')})" + (f": {hint}" if hint else "")
+        return f"crashed with {signal_words(-returncode)}" + (f": {hint}" if hint else "")
     if hint:
         return hint
     return f"exited with code {returncode} without writing results: " + " | ".join(tail[-3:])

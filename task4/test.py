@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common import bench, calibration, cli, impl, sanitize
-from common.checks import (GUARD_ELEMENTS, Guarded, compare, exact_float32, expect_errors, fingerprint,
+from common.checks import (GUARD_ELEMENTS, Guarded, compare, exact_float32, expect_errors, bit_sum,
                            guard_damage, guarded_input, guarded_output, random_tensor)
 from common.layer import mha_weights
 from common.records import Report
@@ -67,7 +67,7 @@ TENSOR_CORES = "tensor_cores"
 REPS = 5  # timed requests per benchmark
 
 
-def describe(shape) -> str:
+def shape_text(shape) -> str:
     return "batch {} heads {} seq {}x{} head_dim {}".format(*shape)
 
 
@@ -129,7 +129,7 @@ def sanitizer_calls(hidden: bool) -> list[sanitize.Call]:
                             (1, 1, 70, 70, 88)]:
         for causal in (False, True):
             q, k, v = make_inputs((b, h, sq, sk, d), cli.seed(sq + sk + d, hidden))
-            calls.append(sanitize.Call(f"{describe((b, h, sq, sk, d))}{' causal' if causal else ''}", "forward",
+            calls.append(sanitize.Call(f"{shape_text((b, h, sq, sk, d))}{' causal' if causal else ''}", "forward",
                                        (q, k, v, torch.empty_like(q), causal, 1 / math.sqrt(d)),
                                        ("q", "k", "v", "out")))
     return calls
@@ -147,7 +147,7 @@ class TimedSets:
     Before each request the inputs get fresh values and the outputs NaN; one head of every
     set, picked at random after the values are written, is copied here first, so what the
     worker does to the inputs cannot change what its outputs are checked against. Every
-    tensor sits between guard bands (common/checks.py), and each input's fingerprint is
+    tensor sits between guard bands (common/checks.py), and each input's bit sum is
     taken before the request: a write past an output or into an input fails the benchmark.
     """
 
@@ -159,7 +159,7 @@ class TimedSets:
                         for _ in range(self.count)]
         self.sets = [tuple(g.tensor for g in group) for group in self.guarded]
         self.picked: list = []
-        self.fingerprints: list = []
+        self.bit_sums: list = []
         self.rng = random.Random()
 
     def refresh(self):
@@ -170,18 +170,18 @@ class TimedSets:
             out.fill_(math.nan)
             b, h = self.rng.randrange(q.shape[0]), self.rng.randrange(q.shape[1])
             self.picked.append((b, h, q[b, h].cpu(), k[b, h].cpu(), v[b, h].cpu()))
-        self.fingerprints = [[fingerprint(t) for t in s[:3]] for s in self.sets]
+        self.bit_sums = [[bit_sum(t) for t in s[:3]] for s in self.sets]
         torch.cuda.synchronize()
 
     def check(self, causal, scale):
         """Every output of the request just timed: raises AssertionError with the first wrong one."""
-        for i, (group, prints) in enumerate(zip(self.guarded, self.fingerprints)):
+        for i, (group, prints) in enumerate(zip(self.guarded, self.bit_sums)):
             where = f"in timed run {i + 1} of {self.count}"
-            damage = guard_damage(*group)  # the bands only: inputs are checked by fingerprint
+            damage = guard_damage(*group)  # the bands only: inputs are checked by their bit sums
             if damage:
                 raise AssertionError(f"{damage} ({where})")
             for g, before in zip(group, prints):
-                if fingerprint(g.tensor) != before:
+                if bit_sum(g.tensor) != before:
                     raise AssertionError(f"changed its input `{g.name}` ({where}); inputs are read-only")
         for i, ((q, k, v, out), (b, h, q_bh, k_bh, v_bh)) in enumerate(zip(self.sets, self.picked)):
             expected = attention_reference(q_bh, k_bh, v_bh, causal, scale)[0]
@@ -281,7 +281,7 @@ def time_tensor_cores(module, metrics, t_sdpa, batch, heads, seq, head_dim, caus
         return f"not timed ({type(err).__name__}: {err})"
     metrics["tensor_core_reference_ms"] = getattr(timing, "median_ms", None)
     ratio = bench.ratio(t_sdpa, timing)
-    return bench.describe(timing) + (f", {ratio:.2f}x SDPA" if ratio else "")
+    return bench.timing_text(timing) + (f", {ratio:.2f}x SDPA" if ratio else "")
 
 
 CAUSAL_MOST = 0.8  # of the full run's time; skipping the tiles past the diagonal gives about 0.5
@@ -325,7 +325,7 @@ def attention_result(timing, count, reference, batch, heads, seq, head_dim, caus
                        batch, heads, seq, head_dim, count)
     metrics |= {"naive_ms": getattr(t_naive, "median_ms", None), "sdpa_ms": getattr(t_sdpa, "median_ms", None),
                 "speedup_vs_naive": bench.ratio(t_naive, timing), "speedup_vs_sdpa": bench.ratio(t_sdpa, timing)}
-    message += f", naive {bench.describe(t_naive)}, SDPA {bench.describe(t_sdpa)}"
+    message += f", naive {bench.timing_text(t_naive)}, SDPA {bench.timing_text(t_sdpa)}"
     for key, label in (("naive", "naive"), ("sdpa", "SDPA")):
         if metrics[f"speedup_vs_{key}"]:
             message += f"; {metrics[f'speedup_vs_{key}']:.2f}x {label}"
@@ -386,7 +386,7 @@ def layer_result(timing_count, batch, seq, causal):
     t_mha = bench.or_out_of_memory(measure)
     torch.cuda.empty_cache()
     speedup = bench.ratio(t_mha, timing)
-    message = f"layer {bench.describe(timing)}, nn.MultiheadAttention {bench.describe(t_mha)}"
+    message = f"layer {bench.timing_text(timing)}, nn.MultiheadAttention {bench.timing_text(t_mha)}"
     message += f" ({speedup:.2f}x)" if speedup else ""
     return True, message, {"layer_ms": getattr(timing, "median_ms", None), "mha_ms": getattr(t_mha, "median_ms", None),
                            "speedup_vs_mha": speedup}
@@ -403,7 +403,7 @@ def main(argv=None) -> int:
         if args.sanitize:
             sanitize.add_to_report(report, 4, args, sanitizer_calls(args.hidden), step_of)
             return report.finish(args.json)
-        for case in cli.cases(4, "attention", CASES, args.hidden, describe, causal_ok=lambda s: s[2] <= s[3]):
+        for case in cli.cases(4, "attention", CASES, args.hidden, shape_text, causal_ok=lambda s: s[2] <= s[3]):
             report.run(case.name, lambda: check_case(worker, case.shape, case.causal, case.seed))
         seed = cli.seed(7, args.hidden)
         report.run("scale 0.3 and large scores (q x 4)",

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common import bench, calibration, cli, impl, sanitize
-from common.checks import (GUARD_BITS, CheckResult, compare, exact_float32, expect_errors, fingerprint,
+from common.checks import (GUARD_BITS, CheckResult, compare, exact_float32, expect_errors, bit_sum,
                            guard_damage, guarded_input, guarded_output, random_tensor)
 from common.layer import mha_weights
 from common.records import Report
@@ -249,7 +249,7 @@ class TimedDecode:
     call gets a query of its own: each output is new, and none can be computed ahead.
     Before each request the queries get fresh values and the outputs the poison pattern;
     one head of each query is copied here first. After it, the caches must be unchanged
-    (fingerprints), every output written, and the copied heads right (float64).
+    (bit sums), every output written, and the copied heads right (float64).
     """
 
     def __init__(self, batch, heads, length, head_dim):
@@ -262,7 +262,7 @@ class TimedDecode:
         self.sets = [(torch.empty(batch, heads, 1, head_dim, device="cuda"),
                       torch.empty(batch, heads, 1, head_dim, device="cuda"), i % len(self.caches))
                      for i in range(self.count)]
-        self.prints = [[fingerprint(t) for t in pair] for pair in self.caches]
+        self.prints = [[bit_sum(t) for t in pair] for pair in self.caches]
         self.picked: list = []
         self.rng = random.Random()
 
@@ -282,7 +282,7 @@ class TimedDecode:
 
     def check(self, scale):
         for i, (pair, prints) in enumerate(zip(self.caches, self.prints)):
-            if [fingerprint(t) for t in pair] != prints:
+            if [bit_sum(t) for t in pair] != prints:
                 raise AssertionError(f"changed the cache it reads (cache {i + 1}); the decode must only read it")
         for i, ((q, out, c), (b, h, q_bh)) in enumerate(zip(self.sets, self.picked)):
             where = f"output of timed call {i + 1} of {self.count}"
@@ -544,7 +544,7 @@ def main(argv=None) -> int:
             first = len(report.cases)
             if part == "cache":
                 for case in cli.cases(5, part, CACHE_CASES, args.hidden, causal=(False,),
-                                      describe=lambda s: "batch {} heads {} cache {} pos {} n_new {} head_dim {}"
+                                      shape_text=lambda s: "batch {} heads {} cache {} pos {} n_new {} head_dim {}"
                                       .format(*s)):
                     report.run(case.name, lambda: check_update(worker, case))
             elif part in ("decode", "split"):
