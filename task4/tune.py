@@ -12,7 +12,8 @@ import sys
 
 from common import tune
 from common.reference import attention_flops, fp32_peak_tflops
-from task4.test import PERF_CASE, check_case, shape_text, time_student
+from task4.measure import PERF_CASE, time_student
+from task4.test import check_case, shape_text
 
 # Each sets every constant, so a row means the same whatever the file says. The first is the
 # skeleton's untuned start; the list covers the tile shapes, the micro-tile per thread, and

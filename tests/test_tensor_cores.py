@@ -35,7 +35,7 @@ class Here:
 @pytest.fixture(scope="module")
 def tensor_cores():
     from task4 import attention
-    from task4.test import TENSOR_CORES
+    from task4.measure import TENSOR_CORES
 
     return attention.extension(solution=True, kernels=TENSOR_CORES)
 
@@ -58,7 +58,8 @@ SCRIPT = f"""
 import sys, torch
 sys.path.insert(0, {str(REPO)!r})
 from task4 import attention
-from task4.test import TENSOR_CORES, check_case
+from task4.measure import TENSOR_CORES
+from task4.test import check_case
 from tests.test_tensor_cores import Here, SMALL_CASES
 here = Here(attention.extension(solution=True, kernels=TENSOR_CORES))
 for n, (shape, causal) in enumerate(SMALL_CASES):
