@@ -39,7 +39,7 @@ from pathlib import Path
 from common import wire
 from common.outcome import Cause
 from common.impl import REPO, source_of
-from common.tasks import TASKS, WORKER_COMMON
+from common.tasks import TASKS, WORKER_COMMON, runs_student_python
 
 BWRAP = shutil.which("bwrap")
 MAX_STUDENT_FILE_BYTES = 2 * 1024 * 1024
@@ -264,9 +264,15 @@ class Worker:
         # One folder per purpose: two workers of a task at once must not share their view. The path stays
         # the same from run to run, so ninja's cache of the student's build (keyed by source paths) holds.
         self.view = self.scratch / "worker" / f"task{task}-{kind}-{purpose}"
-        # Kept between runs (ninja's cache) and shared by every task's workers: task 6's worker finds task 4's
-        # kernels built by task 4's. The grader names one folder for all the tasks of a grading.
-        self.builds = Path(builds or os.environ.get("KIT_WORKER_BUILDS") or self.scratch / "worker-builds") / kind
+        # Kept between runs: ninja's cache. The workers of the tasks whose student files are only kernels
+        # share one folder in a grading (the grader names it), so task 5's worker finds task 4's kernels
+        # built. A worker that runs a student's Python never gets that folder: the code could leave a
+        # library there that another task's worker would load without its kernels held to kernel_rules.
+        shared = builds or os.environ.get("KIT_WORKER_BUILDS")
+        if shared and not runs_student_python(task):
+            self.builds = Path(shared) / kind
+        else:
+            self.builds = self.scratch / "worker-builds" / f"task{task}-{kind}"
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.attention_ops: set[str] = set()

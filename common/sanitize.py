@@ -18,6 +18,7 @@ the README step.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -56,10 +57,11 @@ class Finding:
     def key(self) -> tuple:
         return self.kind, self.kernel, tuple(self.where)
 
-    def beyond(self) -> int:
-        """How many bytes outside its nearest allocation the access went (0 where unknown)."""
+    def beyond(self) -> float:
+        """How many bytes outside its nearest allocation the access went (infinitely many where unknown:
+        an access whose place is known tells the student more)."""
         if self.address is None or self.allocation is None:
-            return 0
+            return math.inf
         start, nbytes = self.allocation
         return max(self.address - (start + nbytes), start - self.address, 0)
 

@@ -62,6 +62,11 @@ WORKER_COMMON = (
 )
 
 
+def runs_student_python(task: int) -> bool:
+    """Whether the task's worker imports Python a student wrote (its own files or those of the tasks it uses)."""
+    return any(rel.endswith(".py") for n in (task, *TASKS[task].uses) for rel in TASKS[n].student_files)
+
+
 def student_files(task: int) -> tuple[str, ...]:
     return TASKS[task].student_files if task in TASKS else ()
 
