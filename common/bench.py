@@ -72,7 +72,7 @@ def ratio(baseline, ours):
     return baseline.median_ms / ours.median_ms
 
 
-def describe(t) -> str:
+def timing_text(t) -> str:
     return t if isinstance(t, str) else f"{t.median_ms:.3f} ms"
 
 

@@ -349,7 +349,8 @@ def binding_copy(task: int, folder: Path) -> Path:
     anything built from the old one.
     """
     copies = folder / "src"
-    for rel in [Path(f"task{task}/binding.cpp"), *(p.relative_to(REPO) for p in sorted((REPO / "common/csrc").glob("*")))]:
+    headers = [p.relative_to(REPO) for p in sorted((REPO / "common/csrc").glob("*")) if p.is_file()]
+    for rel in [Path(f"task{task}/binding.cpp"), *headers]:
         source, copy = REPO / rel, copies / rel
         if not copy.exists() or copy.read_bytes() != source.read_bytes():
             copy.parent.mkdir(parents=True, exist_ok=True)

@@ -100,7 +100,7 @@ def guard_damage(*guarded: Guarded) -> CheckResult | None:
     return None
 
 
-def fingerprint(t: torch.Tensor) -> int:
+def bit_sum(t: torch.Tensor) -> int:
     """The sum of a tensor's bits (int64, on its device, no copy): any change to an input shows."""
     return int(t.view(torch.int32).sum(dtype=torch.int64))
 

@@ -77,7 +77,7 @@ class Case:
         return f"{self.label}{' causal' if self.causal else ''}"
 
 
-def cases(task: int, part: str, public: list, hidden: bool, describe, *, devices=("cuda",),
+def cases(task: int, part: str, public: list, hidden: bool, shape_text, *, devices=("cuda",),
           causal=(False, True), causal_ok=lambda shape: True):
     """Every case of a part: shape x causal x device, the hidden shapes after the public ones.
 
@@ -90,7 +90,7 @@ def cases(task: int, part: str, public: list, hidden: bool, describe, *, devices
             for mask in causal:
                 if mask and not causal_ok(shape):
                     continue
-                label = describe(shape) if devices == ("cuda",) else f"{device} {describe(shape)}"
+                label = shape_text(shape) if devices == ("cuda",) else f"{device} {shape_text(shape)}"
                 yield Case(part, tuple(shape), mask, seed(100 * i + 10 * mask, hidden), device, label)
 
 

@@ -19,6 +19,17 @@ def label(solution: bool) -> str:
     return "reference solution" if solution else "student code"
 
 
+def source_of(rel: str, student_dir: Path, solution: bool) -> Path:
+    """Where a file students write is read from: the student's `rel`, or the reference's copy of it.
+
+    The one place that decides it (the worker's view, the sanitizer's quotes, the tuner's copies).
+    """
+    if not solution:
+        return Path(student_dir) / rel
+    head, rest = rel.split("/", 1)  # task4/kernels/attention.cu -> task4/solution/kernels/attention.cu
+    return REPO / head / "solution" / rest
+
+
 def has_solution(task: int) -> bool:
     """False in the student handout, which ships without solutions."""
     return (REPO / f"task{task}" / "solution").is_dir()

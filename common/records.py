@@ -13,7 +13,6 @@ import math
 import platform
 import re
 import subprocess
-import traceback
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from common.checks import CheckResult
 from common.impl import REPO, label
 from common.outcome import Cause, Kind, Status
 from common.sandbox import WorkerDied, WorkerError
+from common.wire import short_traceback
 from common.skeleton import remaining_todos
 from common.tasks import student_files
 
@@ -302,8 +302,7 @@ def _signature(message: str) -> str:
     return re.sub(r"-?\d+(\.\d+)?(e[-+]?\d+)?", "#", message.splitlines()[0] if message else "")
 
 
-def _short_traceback(err: BaseException, frames: int = 3) -> str:
-    """The last few frames only: enough to find the line, not a wall of text."""
-    lines = traceback.format_exception(type(err), err, err.__traceback__)
-    body = "".join(lines[-(frames + 1) : -1]) if len(lines) > 1 else ""
+def _short_traceback(err: BaseException) -> str:
+    """The checks' own error, its last three frames indented under the case's line."""
+    body = short_traceback(err, 3)
     return "    " + body.strip().replace("\n", "\n    ") if body else ""

@@ -38,8 +38,8 @@ from pathlib import Path
 
 from common import wire
 from common.outcome import Cause
-from common.impl import REPO
-from common.tasks import TASKS, WORKER_COMMON
+from common.impl import REPO, source_of
+from common.tasks import TASKS, WORKER_COMMON, runs_student_python
 
 BWRAP = shutil.which("bwrap")
 MAX_STUDENT_FILE_BYTES = 2 * 1024 * 1024
@@ -121,6 +121,16 @@ class WorkerError(Exception):
         self.kind, self.message, self.trace = kind, message, trace
 
 
+def signal_words(signum: int) -> str:
+    """A signal that ended a process, as a student reads it: `SIGSEGV (segmentation fault)`."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    meaning = {"SIGSEGV": "segmentation fault", "SIGABRT": "aborted", "SIGKILL": "killed, perhaps out of memory"}
+    return f"{name} ({meaning.get(name, 'killed by a signal')})"
+
+
 class WorkerDied(Exception):
     """The worker ended, hung, or answered with something that is not a message; `cause` (common/outcome.py)
     says which where the gradebook flags it."""
@@ -168,7 +178,7 @@ def make_view(task: int, student_dir: Path, view: Path, solution: bool) -> list[
     notes = []
     for number in (task, *spec.uses):
         for rel in TASKS[number].student_files:
-            source = REPO / TASKS[number].solution_file(rel) if solution else student_dir / rel
+            source = source_of(rel, student_dir, solution)
             why = copy_regular_file(source, view / rel)
             if why:
                 notes.append(f"{rel}: {why}, so it was not used")
@@ -254,9 +264,15 @@ class Worker:
         # One folder per purpose: two workers of a task at once must not share their view. The path stays
         # the same from run to run, so ninja's cache of the student's build (keyed by source paths) holds.
         self.view = self.scratch / "worker" / f"task{task}-{kind}-{purpose}"
-        # Kept between runs (ninja's cache) and shared by every task's workers: task 6's worker finds task 4's
-        # kernels built by task 4's. The grader names one folder for all the tasks of a grading.
-        self.builds = Path(builds or os.environ.get("KIT_WORKER_BUILDS") or self.scratch / "worker-builds") / kind
+        # Kept between runs: ninja's cache. The workers of the tasks whose student files are only kernels
+        # share one folder in a grading (the grader names it), so task 5's worker finds task 4's kernels
+        # built. A worker that runs a student's Python never gets that folder: the code could leave a
+        # library there that another task's worker would load without its kernels held to kernel_rules.
+        shared = builds or os.environ.get("KIT_WORKER_BUILDS")
+        if shared and not runs_student_python(task):
+            self.builds = Path(shared) / kind
+        else:
+            self.builds = self.scratch / "worker-builds" / f"task{task}-{kind}"
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.attention_ops: set[str] = set()
@@ -404,9 +420,7 @@ class Worker:
         if code > 128 and sandbox_status() == "bubblewrap":
             code = 128 - code  # bubblewrap reports a signal that ended its child as 128 + the signal
         if code < 0:
-            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
-            meaning = {"SIGSEGV": "segmentation fault", "SIGABRT": "aborted", "SIGKILL": "killed, perhaps out of memory"}
-            return f"the process running your code crashed with {name} ({meaning.get(name, 'killed by a signal')})"
+            return f"the process running your code crashed with {signal_words(-code)}"
         return f"the process running your code exited with code {code}"
 
     # -- requests --------------------------------------------------------------------------

@@ -18,6 +18,7 @@ the README step.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -56,10 +57,11 @@ class Finding:
     def key(self) -> tuple:
         return self.kind, self.kernel, tuple(self.where)
 
-    def beyond(self) -> int:
-        """How many bytes outside its nearest allocation the access went (0 where unknown)."""
+    def beyond(self) -> float:
+        """How many bytes outside its nearest allocation the access went (infinitely many where unknown:
+        an access whose place is known tells the student more)."""
         if self.address is None or self.allocation is None:
-            return 0
+            return math.inf
         start, nbytes = self.allocation
         return max(self.address - (start + nbytes), start - self.address, 0)
 
@@ -80,7 +82,7 @@ def closest_to_the_edge(findings: list[Finding]) -> list[Finding]:
 
 
 @dataclass
-class Report:
+class SanitizerReport:
     findings: list[Finding]
     summaries: list[str]  # the sanitizer's closing lines ("ERROR SUMMARY: 0 errors")
     errors: int  # what the summaries say, summed
@@ -100,7 +102,7 @@ SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) errors?$|RACECHECK SUMMARY: \d+ haza
 SPACES = {"__global__": "global memory", "__shared__": "shared memory", "__local__": "local memory"}
 
 
-def parse(text: str) -> Report:
+def parse(text: str) -> SanitizerReport:
     """compute-sanitizer's log (every line starts with '========= ') as findings and summaries."""
     blocks: list[list[str]] = []
     summaries, errors = [], 0
@@ -118,7 +120,7 @@ def parse(text: str) -> Report:
         elif blocks and body:
             blocks[-1].append(body)
     findings = [f for f in map(_finding, blocks) if f is not None]
-    return Report(findings, summaries, errors)
+    return SanitizerReport(findings, summaries, errors)
 
 
 def _finding(block: list[str]) -> Finding | None:
@@ -184,7 +186,7 @@ def _offset(address: int, start: int, nbytes: int) -> str:
     return f"{start - address} byte{'s' if start - address != 1 else ''} before the start of"
 
 
-def describe(finding: Finding, source_lines: dict[str, list[str]], tensors, step_of) -> str:
+def finding_message(finding: Finding, source_lines: dict[str, list[str]], tensors, step_of) -> str:
     """One line a student can act on: what, where (file:line and the line), which tensor, which README step."""
     def quoted(place):
         file, _, number = place.rpartition(":")
@@ -268,7 +270,7 @@ def run_pass(start_worker, calls: list[Call], sources: dict[str, list[str]], ste
             if finding.key() in seen:
                 continue
             seen.add(finding.key())
-            problems.append(f"{tool}: " + describe(finding, sources, tensors_by_call, step_of))
+            problems.append(f"{tool}: " + finding_message(finding, sources, tensors_by_call, step_of))
         if not report.findings:
             if report.errors and not failed_calls:  # a failed call's own API errors are said below, once
                 problems.append(f"{tool}: the report counts {report.errors} errors")
@@ -298,7 +300,7 @@ def add_to_report(report, task: int, args, calls: list[Call], step_of) -> None:
     Without compute-sanitizer a student's own run says so and goes on; the grader (which
     passes --hidden) cannot certify the task and scores it 0.
     """
-    from common.impl import REPO
+    from common.impl import source_of
     from common.sandbox import Worker
     from common.tasks import TASKS
 
@@ -308,7 +310,7 @@ def add_to_report(report, task: int, args, calls: list[Call], step_of) -> None:
     spec = TASKS[task]
     files = {}
     for rel in spec.student_files:
-        path = REPO / spec.solution_file(rel) if args.solution else Path(args.student_dir) / rel
+        path = source_of(rel, args.student_dir, args.solution)
         files[Path(rel).name] = _read_lines(path)
 
     def start_worker(cmd):

@@ -22,11 +22,6 @@ class Task:
     # kernels of a whole model (tasks 6 and 7); PyTorch's attention stays blocked there all the same.
     watch_operators: bool = True
 
-    def solution_file(self, rel: str) -> str:
-        """task4/kernels/attention.cu -> task4/solution/kernels/attention.cu"""
-        head, rest = rel.split("/", 1)
-        return f"{head}/solution/{rest}"
-
 
 TASKS = {
     1: Task(1, ("task1/attention.py",), ("task1/__init__.py", "task1/entry.py")),
@@ -65,6 +60,11 @@ WORKER_COMMON = (
     "common/worker.py",
     "common/csrc/checks.h",
 )
+
+
+def runs_student_python(task: int) -> bool:
+    """Whether the task's worker imports Python a student wrote (its own files or those of the tasks it uses)."""
+    return any(rel.endswith(".py") for n in (task, *TASKS[task].uses) for rel in TASKS[n].student_files)
 
 
 def student_files(task: int) -> tuple[str, ...]:

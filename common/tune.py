@@ -57,7 +57,7 @@ def configure(text: str, config: dict[str, int]) -> str:
     return _CONSTANT.sub(lambda m: f"{m['head']}{config.get(m['name'], m['value'])}{m['tail']}", text)
 
 
-def describe(config: dict[str, int]) -> str:
+def config_text(config: dict[str, int]) -> str:
     return ",".join(f"{k}={v}" for k, v in config.items()) or "as in the file"
 
 
@@ -152,7 +152,7 @@ class Plan:
 
 def _config_dir(root: Path, task: int, kernel_file: str, text: str, student_dir: Path, solution: bool) -> Path:
     """A checkout-shaped folder with the student files the task's worker loads, the kernel file configured."""
-    from common.impl import REPO
+    from common.impl import source_of
     from common.tasks import TASKS
 
     folder = root / "student"
@@ -160,7 +160,7 @@ def _config_dir(root: Path, task: int, kernel_file: str, text: str, student_dir:
         for rel in TASKS[used].student_files:
             target = folder / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            source = REPO / TASKS[used].solution_file(rel) if solution else student_dir / rel
+            source = source_of(rel, student_dir, solution)
             if rel == kernel_file:
                 target.write_text(text)
             elif source.is_file():
@@ -248,7 +248,7 @@ def run(plan: Plan, configs: list[dict[str, int]], *, student_dir: Path, solutio
     for row in rows:
         worker = started.get(row.number)
         if worker is None:
-            say(f"  #{row.number} {describe(row.config)}: {row.error}")
+            say(f"  #{row.number} {config_text(row.config)}: {row.error}")
             continue
         try:
             row.measured = plan.measure(worker)
@@ -258,7 +258,7 @@ def run(plan: Plan, configs: list[dict[str, int]], *, student_dir: Path, solutio
         finally:
             worker.__exit__(None, None, None)
         m = row.measured
-        say(f"  #{row.number} {describe(row.config)}: " + (m.error or f"{m.ms:.3f} ms, {m.throughput:.1f} {plan.unit}"))
+        say(f"  #{row.number} {config_text(row.config)}: " + (m.error or f"{m.ms:.3f} ms, {m.throughput:.1f} {plan.unit}"))
     return rows
 
 
@@ -350,7 +350,7 @@ def main(plan: Plan, argv=None) -> int:
 
     import torch
 
-    from common.impl import REPO, label
+    from common.impl import REPO, label, source_of
 
     parser = argparse.ArgumentParser(prog=f"python -m task{plan.task}.tune",
                                      description=f"Build, check and time task {plan.task}'s kernel at several "
@@ -367,7 +367,7 @@ def main(plan: Plan, argv=None) -> int:
     parser.add_argument("--csv", type=Path, default=Path(f"task{plan.task}-tune.csv"), help="where the rows go")
     args = parser.parse_args(argv)
 
-    source = (REPO / plan.kernel_file.replace("/", "/solution/", 1)) if args.solution else args.student_dir / plan.kernel_file
+    source = source_of(plan.kernel_file, args.student_dir, args.solution)
     text = source.read_text()
     names = list(tunables(text))
     try:
@@ -393,7 +393,7 @@ def main(plan: Plan, argv=None) -> int:
         for n, b in enumerate(build_configs(source, configs, root / "build-only", arch, jobs=args.jobs), 1):
             kernel = next((k for k in b.kernels if k.name == plan.timed_kernel), b.kernels[0] if b.kernels else None)
             said = b.error or (kernel.line() if kernel else "no kernels")
-            print(f"  #{n} {describe({k: v for k, v in (tunables(text) | b.config).items() if k in names})}: {said}")
+            print(f"  #{n} {config_text({k: v for k, v in (tunables(text) | b.config).items() if k in names})}: {said}")
         return 0
 
     rows = run(plan, configs, student_dir=args.student_dir, solution=args.solution, source=source, root=root,

@@ -15,6 +15,7 @@ import io
 import json
 import pickle
 import struct
+import traceback
 
 import torch
 
@@ -170,3 +171,9 @@ def decode_reply(payload: bytes):
     if offset != len(payload):
         raise ProtocolError(f"{len(payload) - offset} bytes left over after the reply")
     return value
+
+
+def short_traceback(err: BaseException, frames: int) -> str:
+    """The last `frames` frames of `err`'s traceback: enough to find the line, not a wall of text."""
+    lines = traceback.format_exception(type(err), err, err.__traceback__)
+    return "".join(lines[-(frames + 1):-1]) if len(lines) > 1 else ""

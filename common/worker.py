@@ -18,7 +18,6 @@ import os
 import resource
 import socket
 import sys
-import traceback
 from pathlib import Path
 
 from common import watch, wire
@@ -58,11 +57,6 @@ def limit_memory(budget: int) -> None:
     size_kib = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize:"))
     limit = size_kib * 1024 + budget
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-
-def _short_traceback(err: BaseException, frames: int = 4) -> str:
-    lines = traceback.format_exception(type(err), err, err.__traceback__)
-    return "".join(lines[-(frames + 1):-1]) if len(lines) > 1 else ""
 
 
 def _resolve(value, kept: dict):
@@ -129,7 +123,7 @@ def serve(sock: socket.socket, task: int) -> None:
             if isinstance(err, KeyboardInterrupt):
                 raise
             reply = {"error": {"type": type(err).__name__, "message": str(err)[:wire.MAX_TEXT],
-                               "traceback": _short_traceback(err)[:wire.MAX_TEXT]}, "ranges": reply.get("ranges", [])}
+                               "traceback": wire.short_traceback(err, 4)[:wire.MAX_TEXT]}, "ranges": reply.get("ranges", [])}
         reply["attention_ops"] = sorted(watch.seen)
         reply["notes"] = list(notes)
         try:

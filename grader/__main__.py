@@ -36,7 +36,7 @@ from common.sandbox import copy_regular_file, remove_tree, sandbox_status
 from common.tasks import TASKS
 from grader.fingerprints import checkout_fingerprint
 from grader.rubric import RUBRIC, TOTAL_POINTS, estimated, parse_tasks, score
-from grader.runner import prebuild, run_task, valid_record
+from grader.runner import build_kernels_ahead, run_task, valid_record
 
 SANDBOX_TEXT = {
     "bubblewrap": "a sandboxed worker (bubblewrap: its own view of the files, its own processes, no network)",
@@ -331,7 +331,7 @@ def main(argv=None) -> int:
         key = {"graded": graded, "solution": args.solution, "hidden": hidden, "files": checkout_fingerprint(student_dir),
                "device": env["device"], "torch": env["torch"]}
         entries = []
-        built = prebuild(tasks, student_dir, scratch, solution=args.solution) if has_cuda else None
+        built = build_kernels_ahead(tasks, student_dir, scratch, solution=args.solution) if has_cuda else None
         if built:
             print(built)
         for task in tasks:

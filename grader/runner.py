@@ -21,8 +21,8 @@ from pathlib import Path
 
 from common.impl import REPO
 from common.outcome import Cause, Kind, Status
-from common.sandbox import Worker, die_with_parent
-from common.tasks import TASKS
+from common.sandbox import Worker, die_with_parent, signal_words
+from common.tasks import TASKS, runs_student_python
 
 CRASH_HINTS = [
     ("illegal memory access", "a CUDA kernel read or wrote out of bounds (illegal memory access)"),
@@ -43,21 +43,12 @@ class TaskRun:
     cause: str | None = None  # common.outcome.Cause of having no record, where known
 
 
-def _signal_name(returncode: int) -> str:
-    try:
-        return signal.Signals(-returncode).name
-    except ValueError:
-        return f"signal {-returncode}"
-
-
 def crash_reason(returncode: int, output: str) -> str:
     """Why a test process ended without results: a hint from its last lines, else its signal or exit code."""
     tail = [ln for ln in output.strip().splitlines() if ln.strip()][-30:]  # not the whole log: it reports OOM baselines
     hint = next((reason for needle, reason in CRASH_HINTS if needle in "\n".join(tail).lower()), None)
     if returncode < 0:
-        name = _signal_name(returncode)
-        meaning = {"SIGSEGV": "segmentation fault", "SIGABRT": "aborted", "SIGKILL": "killed, perhaps out of memory"}
-        return f"crashed with {name} ({meaning.get(name, 'killed by a signal')})" + (f": {hint}" if hint else "")
+        return f"crashed with {signal_words(-returncode)}" + (f": {hint}" if hint else "")
     if hint:
         return hint
     return f"exited with code {returncode} without writing results: " + " | ".join(tail[-3:])
@@ -128,30 +119,40 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
 PREBUILD_S = 240  # more than a cold build of the largest kernel file takes; a stuck build is its task's to report
 
 
-def kernel_tasks(tasks) -> list[int]:
-    """The tasks whose kernels the given tasks build: their own and those of the tasks they use."""
-    wanted = {n for t in tasks for n in (t, *TASKS[t].uses)}
+def shared_kernel_tasks(tasks) -> list[int]:
+    """The tasks whose kernels the given tasks' workers find in the grading's shared build folder: those of
+    the tasks that run no student Python (common/sandbox.py's Worker), and of the tasks they use."""
+    wanted = {n for t in tasks if not runs_student_python(t) for n in (t, *TASKS[t].uses)}
     return sorted(n for n in wanted if f"task{n}/binding.cpp" in TASKS[n].given_files)
 
 
-def prebuild(tasks, student_dir: Path, scratch: Path, *, solution: bool) -> str | None:
-    """Build every kernel the tasks need at once, each in a worker of its own, before any task runs.
+def build_kernels_ahead(tasks, student_dir: Path, scratch: Path, *, solution: bool) -> str | None:
+    """Build the kernels of the shared build folder at once, each in a worker of its own, before any task runs.
 
     Each build is mostly one thread (the binding's compile, about 20 s on an H200), so three at once
-    take the time of one; the tasks' workers then find them built (scratch/worker-builds, which
-    run_task gives every task). Nothing is judged here: a build that fails or hangs fails again in
-    its task, which says why. Returns a line for the log, or None when nothing is built.
+    take the time of one; the tasks' workers then find them built. Only workers that run no student
+    Python build there, so no code but kernels held to common/kernel_rules.py ever writes in it.
+    Nothing is judged here: a build that fails or hangs fails again in its task, which says why, and
+    building ahead that cannot even start is skipped. Returns a line for the log, or None.
     """
-    needed = kernel_tasks(tasks)
+    needed = shared_kernel_tasks(tasks)
     if not needed:
         return None
-    started = time.perf_counter()
-    workers = [Worker(n, student_dir, solution=solution, scratch=scratch / f"task{n}-work", purpose="build",
-                      builds=worker_builds(scratch)) for n in needed]
+    started, workers, built = time.perf_counter(), [], []
+    try:
+        for n in needed:
+            workers.append(Worker(n, student_dir, solution=solution, scratch=scratch / f"task{n}-work",
+                                  purpose="build", builds=worker_builds(scratch)))
+            workers[-1].spawn()  # here: the worker lives as long as the thread that spawned it (Worker.spawn)
+    except Exception as err:  # noqa: BLE001  only a speed-up: the tasks build for themselves
+        for w in workers:
+            w.stop()
+        return f"could not build the kernels ahead ({type(err).__name__}: {err}); each task builds its own"
 
     def build(worker):
         try:
-            worker.start()
+            worker.handshake()
+            built.append(worker.task)
         except Exception:  # noqa: BLE001  the task's own worker meets the same error and reports it
             pass
 
@@ -163,7 +164,12 @@ def prebuild(tasks, student_dir: Path, scratch: Path, *, solution: bool) -> str 
         t.join(timeout=max(0.0, deadline - time.monotonic()))
     for w in workers:
         w.stop()  # also one still building: its task builds it again
-    return f"built the kernels of tasks {', '.join(map(str, needed))} at once ({time.perf_counter() - started:.0f} s)"
+    seconds = time.perf_counter() - started
+    if sorted(built) == needed:
+        return f"built the kernels of tasks {', '.join(map(str, needed))} at once ({seconds:.0f} s)"
+    left = [n for n in needed if n not in built]
+    return (f"built the kernels of tasks {', '.join(map(str, sorted(built))) or 'none'} at once ({seconds:.0f} s); "
+            f"task{'s' if len(left) > 1 else ''} {', '.join(map(str, left))} will say why not")
 
 
 def valid_record(record, task: int) -> dict:

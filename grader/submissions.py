@@ -9,6 +9,7 @@ cannot be graded raises NotGradable, whose message is the gradebook's problem te
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import stat
@@ -79,9 +80,20 @@ def discover(submissions: Path) -> list[tuple[str, Path]]:
 
 def namesakes(source: Path) -> list[Path]:
     """The other entries of the submissions folder with the id of `source`."""
-    sid = student_id(source)
-    return [path for path in sorted(source.parent.iterdir())
-            if path.name != source.name and not path.name.startswith(".") and student_id(path) == sid]
+    folder = source.parent
+    same = _entries_by_id(str(folder), folder.stat().st_mtime_ns).get(student_id(source), ())
+    return [folder / name for name in same if name != source.name]
+
+
+@functools.lru_cache(maxsize=4)
+def _entries_by_id(folder: str, mtime_ns: int) -> dict[str, tuple[str, ...]]:
+    """The folder's entries by id, read once per state of the folder (an entry added or removed changes
+    its time): asked once per student, a listing each time would read a class's folder n times over."""
+    groups: dict[str, list[str]] = {}
+    for path in sorted(Path(folder).iterdir()):
+        if not path.name.startswith("."):
+            groups.setdefault(student_id(path), []).append(path.name)
+    return {sid: tuple(names) for sid, names in groups.items()}
 
 
 def _safe_target(dest: Path, name: str) -> Path:

@@ -39,7 +39,7 @@ ATOL, RTOL = 2e-5, 1e-4  # float32 against float64: rounding stays far below the
 MASKED = -1e4  # a score at most this counts as masked: next to the others, softmax gives it weight 0
 
 
-def describe(shape) -> str:
+def shape_text(shape) -> str:
     return "batch {} seq {}x{} hidden {} heads {}".format(*shape)
 
 
@@ -165,7 +165,7 @@ def main(argv=None) -> int:
         for title, steps, called, check, shapes, causal in PARTS:
             report.begin_part(title, steps)
             for case in cli.cases(1, "steps" if shapes is STEP_CASES else "attention", shapes, args.hidden,
-                                  describe, devices=cli.devices(), causal=causal,
+                                  shape_text, devices=cli.devices(), causal=causal,
                                   causal_ok=lambda shape: shape[1] <= shape[2]):
                 report.run(f"{case.name}: {called}", lambda: check(worker, case, failing))
             if not report.end_part(called) and not set(failing) & set(steps):

@@ -45,7 +45,7 @@ FULL_MATRIX_CASE = (1, 1, 512, 1 << 19, 4, 512, 4096)  # (batch, heads, seq_q, s
 MEMORY_LIMIT = 1 << 30  # address space your code may add to the worker's (PyTorch loaded): 1 GiB
 
 
-def describe(shape) -> str:
+def shape_text(shape) -> str:
     return "batch {} heads {} seq {}x{} head_dim {} tiles {}x{}".format(*shape)
 
 
@@ -173,7 +173,7 @@ def main(argv=None) -> int:
     with cli.worker(report, 3, args, cuda=torch.cuda.is_available()) as worker:
         if worker is None:
             return report.finish(args.json)
-        for case in cli.cases(3, "attention", CASES, args.hidden, describe, devices=cli.devices(),
+        for case in cli.cases(3, "attention", CASES, args.hidden, shape_text, devices=cli.devices(),
                               causal_ok=lambda shape: shape[2] <= shape[3]):
             report.run(case.name, lambda: check_values(worker, case))
         report.run("causal skips the tiles after the diagonal",

@@ -12,23 +12,25 @@ import csv
 import torch
 
 from common.reference import attention_flops
-from task4.test import run_benchmarks
+from task4.measure import TimedCase, run_benchmarks
 
 SEQS = (128, 256, 512, 1024, 2048, 4096, 8192)
+TOKENS, HEADS, HEAD_DIM = 16384, 32, 128  # batch x seq is TOKENS at every length
 
 
 def sweep(report, worker, path="task4-sweep.csv", with_tensor_cores=False):
     cases = []
     for seq in SEQS:
-        batch = max(1, 16384 // seq)
+        batch = max(1, TOKENS // seq)
         for causal in (False, True):
-            cases.append((f"sweep seq {seq} batch {batch}{' causal' if causal else ''}", batch, 32, seq, 128, causal,
-                          False))
+            cases.append(TimedCase(f"sweep seq {seq} batch {batch}{' causal' if causal else ''}", batch, HEADS, seq,
+                                   HEAD_DIM, causal))
     run_benchmarks(report, worker, cases, [], with_tensor_cores=with_tensor_cores)
     rows = []
-    for (name, batch, heads, seq, d, causal, _), case in zip(cases, [c for c in report.cases if c.name.startswith("sweep")]):
+    for timed, case in zip(cases, [c for c in report.cases if c.name.startswith("sweep")]):
         m = case.metrics
-        rows.append({"seq": seq, "batch": batch, "heads": heads, "head_dim": d, "causal": causal,
+        rows.append({"seq": timed.seq, "batch": timed.batch, "heads": timed.heads, "head_dim": timed.head_dim,
+                     "causal": timed.causal,
                      "kernel_correct": case.passed, "kernel_ms": m.get("kernel_ms"), "naive_ms": m.get("naive_ms"),
                      "sdpa_ms": m.get("sdpa_ms"), "kernel_tflops": m.get("tflops")})
         if with_tensor_cores:

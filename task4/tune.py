@@ -12,7 +12,8 @@ import sys
 
 from common import tune
 from common.reference import attention_flops, fp32_peak_tflops
-from task4.test import PERF_CASE, check_case, describe, time_student
+from task4.measure import PERF_CASE, time_student
+from task4.test import check_case, shape_text
 
 # Each sets every constant, so a row means the same whatever the file says. The first is the
 # skeleton's untuned start; the list covers the tile shapes, the micro-tile per thread, and
@@ -37,7 +38,7 @@ def measure(worker) -> tune.Measured:
     for n, (shape, causal) in enumerate(CHECKS):
         result = check_case(worker, shape, causal, seed=900 + 10 * n)
         if not result.passed:
-            return tune.Measured(error=f"wrong at {describe(shape)}{' causal' if causal else ''}: "
+            return tune.Measured(error=f"wrong at {shape_text(shape)}{' causal' if causal else ''}: "
                                        f"{result.message.splitlines()[0]}")
     b, h, s, d = PERF_CASE
     timing, count = time_student(worker, b, h, s, d, False)

@@ -10,7 +10,7 @@ waited. README, Task 5, step 4.
 import sys
 
 from common import profile
-from task5.test import DECODE_BENCHMARKS
+from task5.measure import DECODE_BENCHMARKS
 
 if __name__ == "__main__":
     sys.exit(profile.main(

@@ -20,20 +20,19 @@ Your kernels run in a worker process (task5/entry.py) on GPU memory this process
 from __future__ import annotations
 
 import math
-import random
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from common import bench, calibration, cli, impl, sanitize
-from common.checks import (GUARD_BITS, CheckResult, compare, exact_float32, expect_errors, fingerprint,
-                           guard_damage, guarded_input, guarded_output, random_tensor)
+from common import cli, impl, sanitize
+from common.checks import (GUARD_BITS, CheckResult, compare, exact_float32, expect_errors, guard_damage,
+                           guarded_input, guarded_output, random_tensor)
 from common.layer import mha_weights
 from common.records import Report
 from common.reference import attention_reference, causal_mask
+from task5 import measure
+from task5.measure import ATOL, RTOL
 
-ATOL, RTOL = 2e-5, 1e-4
 PARTS = {  # name: (README steps, optional)
     "cache": ((1,), False),
     "decode": ((2,), False),
@@ -54,10 +53,6 @@ SPLIT_CASES = [(1, 1, 8, 1, 128, 64), (1, 1, 8, 2, 64, 3), (2, 3, 100, 33, 128, 
                (1, 3, 150, 129, 17, 5), (1, 1, 40, 37, 3, 2), (1, 2, 9000, 8999, 128, 0), (8, 32, 300, 257, 128, 2)]
 # (hidden, heads, max_seq, prompt_len, steps): steps that end exactly at a full cache included
 LAYER_CASES = [(256, 4, 80, 50, 30), (256, 4, 40, 1, 20), (4096, 32, 48, 33, 15)]
-DECODE_BENCHMARKS = [(16, 32, 4096, 128), (1, 32, 32768, 128)]  # (batch, heads, cached tokens, head_dim)
-HANDOUT = dict(batch=16, prompt=1024, max_seq=2048, hidden=4096, heads=32, steps=100)
-REPS = 5  # timed requests per benchmark
-FASTEST_VS_COPY = 1.25  # a decode reading K and V faster than this times the copy bandwidth skipped work
 
 
 def describe_decode(shape) -> str:
@@ -240,289 +235,6 @@ def sanitizer_calls(hidden: bool, with_splits: bool) -> list[sanitize.Call]:
     return calls
 
 
-# -- measuring ------------------------------------------------------------------------------
-
-class TimedDecode:
-    """The inputs of one decode benchmark: a few caches, many distinct queries, every output checked.
-
-    Caches are large (gigabytes), so a request cycles through a few of them, while every
-    call gets a query of its own: each output is new, and none can be computed ahead.
-    Before each request the queries get fresh values and the outputs the poison pattern;
-    one head of each query is copied here first. After it, the caches must be unchanged
-    (fingerprints), every output written, and the copied heads right (float64).
-    """
-
-    def __init__(self, batch, heads, length, head_dim):
-        self.shape, self.length = (batch, heads, length, head_dim), length
-        cache_bytes = 2 * batch * heads * length * head_dim * 4
-        self.caches = [tuple(torch.randn(batch, heads, length, head_dim, device="cuda") for _ in range(2))
-                       for _ in range(max(1, min(4, bench.SET_MEMORY_BUDGET // cache_bytes)))]
-        estimate_ms = cache_bytes / 3e12 * 1e3  # at about 3 TB/s: sizes a request, nothing else
-        self.count = bench.sets_for(batch * heads * head_dim * 8, estimate_ms, most=128)
-        self.sets = [(torch.empty(batch, heads, 1, head_dim, device="cuda"),
-                      torch.empty(batch, heads, 1, head_dim, device="cuda"), i % len(self.caches))
-                     for i in range(self.count)]
-        self.prints = [[fingerprint(t) for t in pair] for pair in self.caches]
-        self.picked: list = []
-        self.rng = random.Random()
-
-    @property
-    def bytes_read(self) -> int:
-        batch, heads, length, head_dim = self.shape
-        return 2 * batch * heads * length * head_dim * 4
-
-    def refresh(self):
-        self.picked = []
-        for q, out, _ in self.sets:
-            q.normal_()
-            out.view(torch.int32).fill_(GUARD_BITS)
-            b, h = self.rng.randrange(q.shape[0]), self.rng.randrange(q.shape[1])
-            self.picked.append((b, h, q[b, h].cpu()))
-        torch.cuda.synchronize()
-
-    def check(self, scale):
-        for i, (pair, prints) in enumerate(zip(self.caches, self.prints)):
-            if [fingerprint(t) for t in pair] != prints:
-                raise AssertionError(f"changed the cache it reads (cache {i + 1}); the decode must only read it")
-        for i, ((q, out, c), (b, h, q_bh)) in enumerate(zip(self.sets, self.picked)):
-            where = f"output of timed call {i + 1} of {self.count}"
-            if not torch.isfinite(out).all():
-                raise AssertionError(f"{where}: not every element was written (or NaN was computed)")
-            k, v = self.caches[c]
-            expected = attention_reference(q_bh.to(k.device), k[b, h], v[b, h], False, scale)[0]
-            result = compare(out[b, h], expected, atol=ATOL, rtol=RTOL, name=f"{where}, head ({b}, {h})")
-            if not result.passed:
-                raise AssertionError(result.message)
-
-
-def time_student_decode(worker, timed: TimedDecode, splits: int):
-    scale = 1.0 / math.sqrt(timed.shape[-1])
-    kept_sets, kept_caches = worker.keep("decode sets", timed.sets), worker.keep("decode caches", timed.caches)
-    try:
-        timed.refresh()
-        worker.call("decode_batch", kept_sets, kept_caches, timed.length, scale, splits)  # warm-up
-        return bench.host_clock(
-            lambda: worker.call("decode_batch", kept_sets, kept_caches, timed.length, scale, splits),
-            reps=REPS, per_request=timed.count, before=timed.refresh, after=lambda: timed.check(scale))
-    except AssertionError as err:
-        return str(err)
-    finally:
-        worker.drop("decode sets")
-        worker.drop("decode caches")
-
-
-def time_decode_here(fn, timed: TimedDecode):
-    """A trusted decode (reference kernel, naive PyTorch, SDPA) over the same sets, the same clock."""
-    def request():
-        for q, out, c in timed.sets:
-            fn(q, *timed.caches[c], out)
-        torch.cuda.synchronize()
-
-    def measure():
-        with torch.no_grad(), exact_float32():
-            request()
-            return bench.host_clock(request, reps=REPS, per_request=timed.count)
-    result = bench.or_out_of_memory(measure)
-    torch.cuda.empty_cache()
-    return result
-
-
-def decode_result(timing, timed: TimedDecode, reference, copy_gbs, splits: int, how: str, estimate_for=None):
-    if isinstance(timing, str):
-        return False, timing, {}
-    scale = 1.0 / math.sqrt(timed.shape[-1])
-    gbs = timed.bytes_read / (timing.median_ms * 1e-3) / 1e9
-    metrics = {"kernel_ms": timing.median_ms, "gbs": gbs, "copy_gbs": copy_gbs, "of_copy": gbs / copy_gbs,
-               "copy_ms": timed.bytes_read / (copy_gbs * 1e9) * 1e3, "splits": splits,
-               "calls_per_request": timed.count}
-    message = (f"kernel {timing.median_ms:.3f} ms, {gbs:.0f} GB/s of K and V ({gbs / copy_gbs:.0%} of the "
-               f"{copy_gbs:.0f} GB/s copy bandwidth; {how})")
-    if reference is not None:
-        t_ref = time_decode_here(lambda q, k, v, o: reference.decode(q, k, v, o, timed.length, scale, 0), timed)
-        if not isinstance(t_ref, str):
-            ref_gbs = timed.bytes_read / (t_ref.median_ms * 1e-3) / 1e9
-            metrics |= {"reference_ms": t_ref.median_ms, "reference_gbs": ref_gbs,
-                        bench.VS_REFERENCE: t_ref.median_ms / timing.median_ms}
-            message += (f", reference kernel {t_ref.median_ms:.3f} ms ({ref_gbs:.0f} GB/s; "
-                        f"{metrics[bench.VS_REFERENCE]:.2f}x its speed)")
-    t_naive = time_decode_here(lambda q, k, v, o: torch.softmax((q @ k.transpose(-2, -1)) * scale, dim=-1) @ v,
-                               timed)
-    t_sdpa = time_decode_here(lambda q, k, v, o: F.scaled_dot_product_attention(q, k, v, scale=scale), timed)
-    for key, label, t in (("naive", "naive PyTorch", t_naive), ("sdpa", "SDPA", t_sdpa)):
-        if not isinstance(t, str):
-            metrics[f"{key}_gbs"] = timed.bytes_read / (t.median_ms * 1e-3) / 1e9
-            metrics[f"speedup_vs_{key}"] = bench.ratio(t, timing)
-            message += f"; {label} {t.median_ms:.3f} ms ({metrics[f'{key}_gbs']:.0f} GB/s)"
-    if estimate_for:
-        metrics[calibration.ESTIMATE], words = calibration.estimate(5, estimate_for, metrics,
-                                                                    torch.cuda.get_device_name())
-        message += f"; {words}"
-    if gbs > FASTEST_VS_COPY * copy_gbs:
-        return False, message + (f": faster than {FASTEST_VS_COPY}x the copy bandwidth, more than the GPU can "
-                                 "read, so work was skipped"), metrics
-    return True, message, metrics
-
-
-class SdpaKernels:
-    """PyTorch's SDPA in the same cached layer (the trusted side's baseline): the cache updated in place."""
-
-    def attention(self, q, k, v, causal):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-    def update_cache(self, k_new, v_new, k_cache, v_cache, pos):
-        k_cache[:, :, pos:pos + k_new.shape[2]] = k_new
-        v_cache[:, :, pos:pos + v_new.shape[2]] = v_new
-
-    def decode(self, q, k_cache, v_cache, length):
-        return F.scaled_dot_product_attention(q, k_cache[:, :, :length], v_cache[:, :, :length])
-
-
-def generation_inputs(rng_seed):
-    g = HANDOUT
-    gen = torch.Generator(device="cuda").manual_seed(rng_seed)
-    x = torch.randn(g["batch"], g["prompt"] + g["steps"], g["hidden"], device="cuda", generator=gen)
-    return x[:, :g["prompt"]].contiguous(), x[:, g["prompt"]:].contiguous(), x
-
-
-def check_generation(reference, x, out_prompt, out_steps):
-    """The handout run's outputs against float64 nn.MultiheadAttention on the whole sequence."""
-    g = HANDOUT
-    seq = g["prompt"] + g["steps"]
-    with torch.no_grad(), exact_float32():
-        x64 = x.double()
-        expected, _ = reference(x64, x64, x64, attn_mask=causal_mask(seq, seq, "cuda"), need_weights=False)
-    atol = ATOL * float(expected.abs().max())
-    for name, got, want in (("prefill output", out_prompt, expected[:, :g["prompt"]]),
-                            ("decode steps' output", out_steps, expected[:, g["prompt"]:])):
-        result = compare(got, want, atol=atol, rtol=RTOL, name=name)
-        if not result.passed:
-            raise AssertionError(result.message)
-
-
-def time_student_generation(worker):
-    """TTFT and TBT of your layer in the worker, every output checked; (ttft, tbt) Timings or a message."""
-    g = HANDOUT
-    torch.manual_seed(0)
-    mha = nn.MultiheadAttention(g["hidden"], g["heads"], bias=False, batch_first=True)
-    worker.call("make_layer", g["hidden"], g["heads"], g["max_seq"], [w.cuda() for w in mha_weights(mha)])
-    reference = mha.to("cuda", torch.float64)
-    ttft, tbt = [], []
-    try:
-        for rep in range(REPS - 2):
-            prompt, steps, x = generation_inputs(rep)
-            out_prompt = torch.full((g["batch"], g["prompt"], g["hidden"]), math.nan, device="cuda")
-            out_steps = torch.full((g["batch"], g["steps"], g["hidden"]), math.nan, device="cuda")
-            ttft.append(bench.host_clock(lambda: worker.call("prefill", prompt, out_prompt), reps=1, per_request=1))
-            tbt.append(bench.host_clock(lambda: worker.call("steps", steps, out_steps), reps=1,
-                                        per_request=g["steps"]))
-            check_generation(reference, x, out_prompt, out_steps)
-    except AssertionError as err:
-        return str(err)
-    return median_of(ttft), median_of(tbt)
-
-
-def median_of(timings):
-    return sorted(timings, key=lambda t: t.median_ms)[len(timings) // 2]
-
-
-def generation_result(student):
-    """The handout's numbers: TTFT and TBT against nn.MultiheadAttention and SDPA over the same cache."""
-    if isinstance(student, str):
-        return False, student, {}
-    ttft, tbt = student
-    g = HANDOUT
-    torch.manual_seed(0)
-    mha = nn.MultiheadAttention(g["hidden"], g["heads"], bias=False, batch_first=True, device="cuda")
-    prompt, steps, x = generation_inputs(0)
-    mask = causal_mask(g["prompt"], g["prompt"], "cuda")
-
-    def time_mha_prompt():
-        with torch.no_grad(), exact_float32():
-            run = lambda: (mha(prompt, prompt, prompt, attn_mask=mask, need_weights=False),  # noqa: E731
-                           torch.cuda.synchronize())
-            run()
-            return bench.host_clock(run, reps=3, per_request=1)
-
-    def time_mha_recompute():
-        """nn.MultiheadAttention over every token so far, for every 10th step: no cache, the whole sequence."""
-        samples = []
-        with torch.no_grad(), exact_float32():
-            for t in range(0, g["steps"], 10):
-                seen = x[:, :g["prompt"] + t + 1]
-                m = causal_mask(seen.shape[1], seen.shape[1], "cuda")
-                run = lambda: (mha(seen, seen, seen, attn_mask=m, need_weights=False),  # noqa: E731
-                               torch.cuda.synchronize())
-                run()
-                samples.append(bench.host_clock(run, reps=1, per_request=1).median_ms)
-        return sum(samples) / len(samples)
-
-    def time_sdpa_layer():
-        from task5.attention import CachedMultiHeadAttention
-
-        layer = CachedMultiHeadAttention(g["hidden"], g["heads"], g["max_seq"], device="cuda", kernels=SdpaKernels())
-        layer.load_from_torch(mha)
-        with torch.no_grad(), exact_float32():
-            layer.prefill(prompt)
-            t_prefill = bench.host_clock(lambda: (layer.prefill(prompt), torch.cuda.synchronize()), reps=3,
-                                         per_request=1)
-
-            def run_steps():
-                for i in range(g["steps"]):
-                    layer.step(steps[:, i:i + 1])
-                torch.cuda.synchronize()
-            t_steps = bench.host_clock(run_steps, reps=3, per_request=g["steps"], before=lambda: layer.prefill(prompt))
-        return t_prefill, t_steps
-
-    t_mha = bench.or_out_of_memory(time_mha_prompt)
-    recompute_ms = bench.or_out_of_memory(time_mha_recompute)
-    sdpa = bench.or_out_of_memory(time_sdpa_layer)
-    torch.cuda.empty_cache()
-    metrics = {"ttft_ms": ttft.median_ms, "tbt_ms": tbt.median_ms}
-    message = (f"batch {g['batch']} prompt {g['prompt']} hidden {g['hidden']} heads {g['heads']}, "
-               f"{g['steps']} steps: TTFT {ttft.median_ms:.2f} ms, TBT {tbt.median_ms:.3f} ms")
-    if not isinstance(t_mha, str):
-        metrics |= {"ttft_mha_ms": t_mha.median_ms, "ttft_speedup_vs_mha": t_mha.median_ms / ttft.median_ms}
-        message += (f"; nn.MultiheadAttention on the prompt {t_mha.median_ms:.2f} ms "
-                    f"({metrics['ttft_speedup_vs_mha']:.2f}x)")
-    if not isinstance(recompute_ms, str):
-        metrics |= {"tbt_recompute_ms": recompute_ms, "tbt_speedup_vs_recompute": recompute_ms / tbt.median_ms}
-        message += (f"; recomputing nn.MultiheadAttention over every token per step {recompute_ms:.2f} ms "
-                    f"({metrics['tbt_speedup_vs_recompute']:.1f}x)")
-    if not isinstance(sdpa, str):
-        t_prefill, t_steps = sdpa
-        metrics |= {"ttft_sdpa_ms": t_prefill.median_ms, "tbt_sdpa_ms": t_steps.median_ms,
-                    "tbt_speedup_vs_sdpa": t_steps.median_ms / tbt.median_ms}
-        message += (f"; SDPA over the same cache: TTFT {t_prefill.median_ms:.2f} ms, TBT {t_steps.median_ms:.3f} ms "
-                    f"({metrics['tbt_speedup_vs_sdpa']:.2f}x)")
-    return True, message, metrics
-
-
-def run_benchmarks(report, worker, split_passed: bool):
-    """Your kernels in the worker first, then, with the worker ended, everything else here."""
-    splits = 0 if split_passed else 1
-    student, timed_sets = {}, {}
-    for batch, heads, length, d in DECODE_BENCHMARKS:
-        timed = TimedDecode(batch, heads, length, d)
-        chosen = worker.call("splits_for", batch * heads, length, d) if splits == 0 else 1
-        student[(batch, length)] = time_student_decode(worker, timed, splits), chosen
-        timed_sets[(batch, length)] = timed
-    generation = time_student_generation(worker)
-    worker.stop()  # its context is gone, and any work it had queued with it: the GPU is ours alone now
-
-    copy_gbs = bench.copy_bandwidth_gbs()
-    reference = bench.load_reference(report, 5)
-    for batch, heads, length, d in DECODE_BENCHMARKS:
-        timing, chosen = student[(batch, length)]
-        how = (f"{chosen} split{'s' if chosen > 1 else ''} per head, the launcher's choice" if splits == 0 else
-               "one block per head: split-KV is used once its checks pass")
-        name = f"decode batch {batch} heads {heads} cached tokens {length} head_dim {d}"
-        report.run(name, lambda: decode_result(timing, timed_sets[(batch, length)], reference, copy_gbs, chosen, how,
-                                               estimate_for=None if impl.has_solution(5) else name),
-                   kind="benchmark")
-        del timed_sets[(batch, length)]
-        torch.cuda.empty_cache()
-    report.run("generation: time to first token and between tokens", lambda: generation_result(generation),
-               kind="benchmark")
 
 
 def main(argv=None) -> int:
@@ -544,7 +256,7 @@ def main(argv=None) -> int:
             first = len(report.cases)
             if part == "cache":
                 for case in cli.cases(5, part, CACHE_CASES, args.hidden, causal=(False,),
-                                      describe=lambda s: "batch {} heads {} cache {} pos {} n_new {} head_dim {}"
+                                      shape_text=lambda s: "batch {} heads {} cache {} pos {} n_new {} head_dim {}"
                                       .format(*s)):
                     report.run(case.name, lambda: check_update(worker, case))
             elif part in ("decode", "split"):
@@ -578,7 +290,7 @@ def main(argv=None) -> int:
         elif report.stopped or not all(c.passed for c in required):
             report.note("benchmarks skipped until every check passes")
         else:
-            run_benchmarks(report, worker, split_passed)
+            measure.run_benchmarks(report, worker, split_passed)
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(5, args.solution, args.student_dir, report.attention_ops), kind="rule")
     return report.finish(args.json)

@@ -13,7 +13,8 @@ import functools
 import sys
 
 from common import bench, tune
-from task5.test import DECODE_BENCHMARKS, TimedDecode, check_decode, describe_decode, time_student_decode
+from task5.measure import DECODE_BENCHMARKS, TimedDecode, time_student_decode
+from task5.test import check_decode, describe_decode
 
 # Each sets both constants; the first is the skeleton's untuned start. (Fewer than 4 warps cannot merge a
 # head_dim of 128, one column per thread: the kernel's static_assert refuses them.)

@@ -44,7 +44,7 @@ BUILD_TIMEOUT_S = 900  # the first GPU model builds your Task 4 and Task 5 kerne
 FASTEST_VS_FLOOR = 1.25  # a decode step this much under the TBT floor skipped work
 
 
-def describe(shape) -> str:
+def shape_text(shape) -> str:
     hidden, heads, layers, batch, max_seq, prompt_len, steps = shape
     return (f"hidden {hidden} heads {heads} layers {layers}, cache {max_seq}: batch {batch}, prompt {prompt_len}, "
             f"{steps} steps")
@@ -364,13 +364,13 @@ def main(argv=None) -> int:
         if worker is None:
             return report.finish(args.json)
         report.begin_part("logic on the CPU, PyTorch in place of the kernels", (1, 2, 3, 4))
-        for case in cli.cases(6, "cpu", CPU_CASES, args.hidden, describe, devices=("cpu",), causal=(False,)):
+        for case in cli.cases(6, "cpu", CPU_CASES, args.hidden, shape_text, devices=("cpu",), causal=(False,)):
             report.run(case.name, lambda: check_teacher_forced(worker, case, CPU_VOCAB))
         report.end_part("cpu")
         logic_works = bool(report.cases) and all(c.passed for c in report.cases)
         if torch.cuda.is_available():
             report.begin_part("your Task 4 and Task 5 kernels inside the model, on the GPU", (1, 2, 3, 4))
-            for case in cli.cases(6, "gpu", GPU_CASES, args.hidden, describe, causal=(False,)):
+            for case in cli.cases(6, "gpu", GPU_CASES, args.hidden, shape_text, causal=(False,)):
                 report.run(case.name, lambda: check_teacher_forced(worker, case, GPU_VOCAB))
             report.end_part("gpu")
         else:

@@ -7,6 +7,7 @@ import os
 import re
 import tarfile
 import tempfile
+import time
 import zipfile
 
 import pytest
@@ -627,3 +628,16 @@ def test_an_array_cancelled_before_it_ran_is_not_sent_again_and_says_so(tmp_path
                                       "(run grader.batch again to grade it)")
     gather.main([str(out)])  # a second gather records nothing twice
     assert len(class_state.attempts(out, "bob")) == 1
+
+
+def test_namesakes_follow_the_folder_as_it_changes(tmp_path):
+    from grader.submissions import namesakes
+
+    (tmp_path / "alice").mkdir()
+    (tmp_path / "alice.zip").write_bytes(b"")
+    (tmp_path / "bob").mkdir()
+    assert namesakes(tmp_path / "alice.zip") == [tmp_path / "alice"]
+    assert namesakes(tmp_path / "bob") == []
+    time.sleep(1.1)  # past the coarsest clock a file system keeps a folder's time with
+    os.rmdir(tmp_path / "alice")  # the folder's time changes: it is read again
+    assert namesakes(tmp_path / "alice.zip") == []

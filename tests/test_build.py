@@ -152,7 +152,7 @@ def test_a_missing_kernels_folder_of_the_reference_is_not_timed_and_not_an_error
 
 
 def test_the_tensor_core_timing_says_what_failed_instead_of_failing_the_case():
-    from task4.test import time_tensor_cores
+    from task4.measure import time_tensor_cores
 
     class Broken:
         def forward(self, *args):
@@ -175,9 +175,10 @@ def test_the_skipped_work_bound_lets_float32_on_the_tensor_cores_pass(monkeypatc
 
 
 def test_only_the_perf_case_is_scored_and_the_other_head_sizes_only_time_the_reference():
-    from task4.test import PERF_CASE, benchmark_cases
+    from task4.measure import PERF_CASE, benchmark_cases
 
-    scored = [name for name, *_, is_scored in benchmark_cases(True) if is_scored]
+    scored = [c.name for c in benchmark_cases(True) if c.scored]
     assert scored == ["attention batch {} heads {} seq {} head_dim {}".format(*PERF_CASE),
                       "attention batch {} heads {} seq {} head_dim {} causal".format(*PERF_CASE)]  # calibration's keys
-    assert {c[4] for c in benchmark_cases(False)} == {128} and {c[4] for c in benchmark_cases(True)} == {64, 80, 128}
+    assert {c.head_dim for c in benchmark_cases(False)} == {128}
+    assert {c.head_dim for c in benchmark_cases(True)} == {64, 80, 128}

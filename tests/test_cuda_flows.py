@@ -56,6 +56,22 @@ def test_the_reference_earns_every_point_through_the_whole_flow(stand_in, task):
         assert not any("could not be built" in note for note in record["notes"]), record["notes"]
 
 
+def test_task4s_sweep_writes_a_row_per_timed_case(stand_in, tmp_path, monkeypatch):
+    import csv
+
+    from task4 import sweep
+
+    for name, small in (("SEQS", (64, 128)), ("TOKENS", 256), ("HEADS", 2), ("HEAD_DIM", 24)):
+        monkeypatch.setattr(sweep, name, small)
+    monkeypatch.chdir(tmp_path)
+    record = stand_in.run(4, "--solution", "--sweep")
+    assert record["status"] == "passed", failed(record)
+    rows = list(csv.DictReader(open(tmp_path / "task4-sweep.csv")))
+    assert [(r["seq"], r["batch"], r["heads"], r["causal"]) for r in rows] == [
+        ("64", "4", "2", "False"), ("64", "4", "2", "True"), ("128", "2", "2", "False"), ("128", "2", "2", "True")]
+    assert all(float(r["kernel_ms"]) > 0 and r["kernel_correct"] == "True" for r in rows)
+
+
 @pytest.mark.parametrize("task", [4, 5])
 def test_a_kernel_twice_as_slow_as_the_reference_loses_performance_points(stand_in, task):
     stand_in.student[task] = Behaviour(slow=True)

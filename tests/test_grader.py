@@ -496,7 +496,7 @@ def test_a_stopped_grader_kills_its_task_then_removes_its_scratch_copy(tmp_path)
                             stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300
-        while not list(temp.glob("grade-*/worker-builds/*/junk*")):
+        while not list(temp.glob("grade-*/task1-work/worker-builds/*/junk*")):
             assert proc.poll() is None and time.monotonic() < deadline, "the submission never started writing"
             time.sleep(0.2)
         time.sleep(1)

@@ -28,7 +28,7 @@ def report(name):
 def messages(name, tensors=()):
     lines = {"attention.cu": SOURCE.read_text().splitlines()} if SOURCE.exists() else {}
     unique = sanitize.closest_to_the_edge(report(name).findings)  # as the pass tells them
-    return [sanitize.describe(f, lines, list(tensors), lambda k: "Task 2, step 3" if k == "gemm_nt_kernel" else None)
+    return [sanitize.finding_message(f, lines, list(tensors), lambda k: "Task 2, step 3" if k == "gemm_nt_kernel" else None)
             for f in unique]
 
 
@@ -96,12 +96,12 @@ def test_an_allocation_the_checks_do_not_know_is_described_by_its_size():
 def test_task4_findings_name_the_kernel_and_the_copy():
     lines = {}
     race = {f.key(): f for f in report("task4-nowaitv-racecheck").findings}
-    first = sanitize.describe(next(iter(race.values())), lines, [], lambda k: "Task 4, steps 1-6")
+    first = sanitize.finding_message(next(iter(race.values())), lines, [], lambda k: "Task 4, steps 1-6")
     assert first.startswith("shared-memory race in flash_attention_kernel: an asynchronous copy (cp.async)")
     assert "attention.cu:341" in first and "__pipeline_wait_prior" in first
     oob = report("task4-norowguard-memcheck")
     assert oob.complete and oob.errors == 256
     out = [("q", (1, 2, 65, 64), 0, 1), ("out", (1, 2, 65, 64), 0x7f7504818600, 33280)]
-    message = sanitize.describe(oob.findings[0], lines, out, lambda k: "Task 4, steps 1-6")
+    message = sanitize.finding_message(oob.findings[0], lines, out, lambda k: "Task 4, steps 1-6")
     assert message.startswith("out-of-bounds write of global memory in flash_attention_kernel at attention.cu:373")
     assert "16 bytes right after the end of `out` (1 x 2 x 65 x 64) (README, Task 4, steps 1-6)" in message

@@ -47,3 +47,14 @@ def test_the_worker_gets_every_common_module_its_code_imports():
                 names = [a.name.replace(".", "/") + ".py" for a in node.names if a.name.startswith("common.")]
             for name in names:
                 assert name in shipped, f"{rel} imports {name}, which common/tasks.py WORKER_COMMON does not ship"
+
+
+def test_every_file_students_write_has_its_reference_and_one_function_finds_both(tmp_path):
+    from common.impl import REPO, source_of
+
+    for task in TASKS.values():
+        for rel in task.student_files:
+            assert source_of(rel, tmp_path, solution=False) == tmp_path / rel
+            reference = source_of(rel, tmp_path, solution=True)
+            assert reference.relative_to(REPO).parts[:2] == (f"task{task.number}", "solution"), reference
+            assert reference.is_file() or not (REPO / f"task{task.number}" / "solution").is_dir(), reference

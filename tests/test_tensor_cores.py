@@ -35,18 +35,18 @@ class Here:
 @pytest.fixture(scope="module")
 def tensor_cores():
     from task4 import attention
-    from task4.test import TENSOR_CORES
+    from task4.measure import TENSOR_CORES
 
     return attention.extension(solution=True, kernels=TENSOR_CORES)
 
 
 def test_it_passes_task4s_checks(tensor_cores):
     from common import cli
-    from task4.test import CASES, check_case, describe
+    from task4.test import CASES, check_case, shape_text
 
     here = Here(tensor_cores)
     failed = []
-    for case in cli.cases(4, "attention", CASES, True, describe, causal_ok=lambda s: s[2] <= s[3]):  # hidden too
+    for case in cli.cases(4, "attention", CASES, True, shape_text, causal_ok=lambda s: s[2] <= s[3]):  # hidden too
         result = check_case(here, case.shape, case.causal, case.seed)
         failed += [] if result.passed else [f"{case.name}: {result.message}"]
     result = check_case(here, (2, 2, 150, 150, 64), True, seed=7, scale=0.3, magnitude=4.0)
@@ -58,7 +58,8 @@ SCRIPT = f"""
 import sys, torch
 sys.path.insert(0, {str(REPO)!r})
 from task4 import attention
-from task4.test import TENSOR_CORES, check_case
+from task4.measure import TENSOR_CORES
+from task4.test import check_case
 from tests.test_tensor_cores import Here, SMALL_CASES
 here = Here(attention.extension(solution=True, kernels=TENSOR_CORES))
 for n, (shape, causal) in enumerate(SMALL_CASES):

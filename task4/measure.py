@@ -1,0 +1,298 @@
+"""Task 4's measuring: your kernel, the reference and PyTorch timed on one clock (common/bench.py).
+
+Used by the test (python -m task4.test), the sweep (--sweep), the tuner and the profiler, so none
+of them imports the test command. A benchmark case is a TimedCase; every timed request runs over
+distinct input sets, and every output it writes is checked right after it (TimedSets).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from common import bench, calibration, impl
+from common.checks import GUARD_ELEMENTS, Guarded, bit_sum, compare, exact_float32, guard_damage
+from common.layer import mha_weights
+from common.reference import (attention_flops, attention_reference, causal_mask, fp32_peak_tflops,
+                              fp32_tensor_core_bound_tflops, naive_attention)
+
+ATOL, RTOL = 2e-5, 1e-4  # what every output is held to, checked (task4/test.py) or timed (here)
+HANDOUT_CASES = [(4, 128), (64, 4096)]  # (batch, seq) of the handout's layer
+HANDOUT_LAYER = (4096, 32)  # (hidden, heads)
+PERF_CASE = (8, 32, 4096, 128)  # (batch, heads, seq, head_dim)
+# The reference's other kernels folder (task4/solution/tensor_cores, not in the handout): the same
+# attention with both products on the tensor cores (3xTF32), timed when the reference is tested.
+TENSOR_CORES = "tensor_cores"
+REPS = 5  # timed requests per benchmark
+
+
+class TimedSets:
+    """Distinct input sets on the GPU for one benchmark, refreshed before every timed request.
+
+    Before each request the inputs get fresh values and the outputs NaN; one head of every
+    set, picked at random after the values are written, is copied here first, so what the
+    worker does to the inputs cannot change what its outputs are checked against. Every
+    tensor sits between guard bands (common/checks.py), and each input's bit sum is
+    taken before the request: a write past an output or into an input fails the benchmark.
+    """
+
+    def __init__(self, batch, heads, seq, head_dim, estimate_ms):
+        shape = (batch, heads, seq, head_dim)
+        set_bytes = 4 * (batch * heads * seq * head_dim + 2 * GUARD_ELEMENTS) * 4
+        self.count = bench.sets_for(set_bytes, estimate_ms)
+        self.guarded = [tuple(Guarded(name, shape) for name in ("q", "k", "v", "out"))
+                        for _ in range(self.count)]
+        self.sets = [tuple(g.tensor for g in group) for group in self.guarded]
+        self.picked: list = []
+        self.bit_sums: list = []
+        self.rng = random.Random()
+
+    def refresh(self):
+        self.picked = []
+        for q, k, v, out in self.sets:
+            for t in (q, k, v):
+                t.normal_()
+            out.fill_(math.nan)
+            b, h = self.rng.randrange(q.shape[0]), self.rng.randrange(q.shape[1])
+            self.picked.append((b, h, q[b, h].cpu(), k[b, h].cpu(), v[b, h].cpu()))
+        self.bit_sums = [[bit_sum(t) for t in s[:3]] for s in self.sets]
+        torch.cuda.synchronize()
+
+    def check(self, causal, scale):
+        """Every output of the request just timed: raises AssertionError with the first wrong one."""
+        for i, (group, prints) in enumerate(zip(self.guarded, self.bit_sums)):
+            where = f"in timed run {i + 1} of {self.count}"
+            damage = guard_damage(*group)  # the bands only: inputs are checked by their bit sums
+            if damage:
+                raise AssertionError(f"{damage} ({where})")
+            for g, before in zip(group, prints):
+                if bit_sum(g.tensor) != before:
+                    raise AssertionError(f"changed its input `{g.name}` ({where}); inputs are read-only")
+        for i, ((q, k, v, out), (b, h, q_bh, k_bh, v_bh)) in enumerate(zip(self.sets, self.picked)):
+            expected = attention_reference(q_bh, k_bh, v_bh, causal, scale)[0]
+            result = compare(out[b, h], expected, atol=ATOL, rtol=RTOL, poisoned=True,
+                             name=f"output of timed run {i + 1} of {self.count}, head ({b}, {h})")
+            if not result.passed:
+                raise AssertionError(result.message)
+
+
+ESTIMATE_TFLOPS = 40.0  # what the reference kernel reaches: sizes a request, nothing else
+
+
+def time_student(worker, batch, heads, seq, head_dim, causal):
+    """Your kernel over distinct sets per request, every output checked; (Timing, sets used) or (message, None)."""
+    estimate_ms = attention_flops(batch, heads, seq, seq, head_dim, causal) / (ESTIMATE_TFLOPS * 1e9)
+    timed = TimedSets(batch, heads, seq, head_dim, estimate_ms)
+    scale = 1.0 / math.sqrt(head_dim)
+    kept = worker.keep("timed sets", timed.sets)
+    try:
+        timed.refresh()
+        worker.call("run_batch", kept, causal, scale)  # warm-up
+        timing = bench.host_clock(lambda: worker.call("run_batch", kept, causal, scale), reps=REPS,
+                                  per_request=timed.count, before=timed.refresh,
+                                  after=lambda: timed.check(causal, scale))
+    except AssertionError as err:
+        return str(err), None
+    finally:
+        worker.drop("timed sets")
+    return timing, timed.count
+
+
+def time_here(fn, batch, heads, seq, head_dim, count):
+    """A trusted implementation (the reference kernel, naive PyTorch, SDPA) timed the same way."""
+    def measure():
+        sets = [tuple(torch.randn(batch, heads, seq, head_dim, device="cuda") for _ in range(4)) for _ in range(count)]
+        with torch.no_grad(), exact_float32():
+            fn(*sets[0])
+            return bench.host_clock(lambda: bench.run_here(fn, sets), reps=REPS, per_request=count)
+    result = bench.or_out_of_memory(measure)
+    torch.cuda.empty_cache()
+    return result
+
+
+# Timed too when the reference itself is tested: the other head sizes it is compiled for.
+HEAD_DIM_CASES = [(4, 32, 2048, 64), (32, 32, 512, 80)]  # (batch, heads, seq, head_dim)
+
+
+class TimedCase(NamedTuple):
+    """One timed attention case; `scored`: its speed against the reference's is the grade's performance part."""
+    name: str
+    batch: int
+    heads: int
+    seq: int
+    head_dim: int
+    causal: bool
+    scored: bool = False
+
+
+def benchmark_cases(solution=False) -> list[TimedCase]:
+    """Every timed attention case: the graded one, the handout's layer's, and the reference's other head sizes."""
+    cases = []
+    for shape in [PERF_CASE] + (HEAD_DIM_CASES if solution else []):
+        b, h, s, d = shape
+        cases += [TimedCase(f"attention batch {b} heads {h} seq {s} head_dim {d}{' causal' if c else ''}", b, h, s, d,
+                            c, scored=shape == PERF_CASE) for c in (False, True)]
+    hidden, heads = HANDOUT_LAYER
+    for batch, seq in HANDOUT_CASES:
+        for c in (False, True):
+            name = f"attention alone batch {batch} seq {seq} hidden {hidden} heads {heads}{' causal' if c else ''}"
+            cases.append(TimedCase(name, batch, heads, seq, hidden // heads, c))
+    return cases
+
+
+def layer_cases() -> list[tuple[int, int, bool]]:
+    """(batch, seq, causal) of the handout's layer, timed against nn.MultiheadAttention."""
+    return [(batch, seq, causal) for batch, seq in HANDOUT_CASES for causal in (False, True)]
+
+
+def run_benchmarks(report, worker, cases, layer_cases, with_tensor_cores=False):
+    """Time your kernel in the worker for every case, end the worker, then time everything else here.
+    with_tensor_cores: time the reference's tensor-core kernels too, beside SDPA (when the reference is tested)."""
+    student = {}
+    for c in cases:
+        student[c.name] = time_student(worker, c.batch, c.heads, c.seq, c.head_dim, c.causal)
+    layers = {}
+    for batch, seq, causal in layer_cases:
+        layers[(batch, seq, causal)] = time_student_layer(worker, batch, seq, causal)
+    worker.stop()  # its context is gone, and any work it had queued with it: the GPU is ours alone now
+
+    reference = bench.load_reference(report, 4) if any(c.scored for c in cases) else None
+    tensor_cores = bench.load_reference(report, 4, TENSOR_CORES) if with_tensor_cores else None
+    estimate = not impl.has_solution(4)  # the handout: the points are estimated (common/calibration.py)
+    for c in cases:
+        timing, count = student[c.name]
+        report.run(c.name, lambda: attention_result(timing, count, reference if c.scored else None, c.batch, c.heads,
+                                                    c.seq, c.head_dim, c.causal,
+                                                    estimate_for=c.name if c.scored and estimate else None,
+                                                    tensor_cores=tensor_cores),
+                   kind="benchmark")
+    report.run("causal runs skip the tiles past the diagonal", lambda: causal_skip(cases, student), kind="benchmark")
+    hidden, heads = HANDOUT_LAYER
+    for (batch, seq, causal), timing in layers.items():
+        report.run(f"layer batch {batch} seq {seq} hidden {hidden} heads {heads}{' causal' if causal else ''}",
+                   lambda: layer_result(timing, batch, seq, causal), kind="benchmark")
+
+
+def time_tensor_cores(module, metrics, t_sdpa, batch, heads, seq, head_dim, causal, count) -> str:
+    """The reference's tensor-core kernel timed like the others; a failure is told, never the case's verdict."""
+    scale = 1.0 / math.sqrt(head_dim)
+    try:
+        timing = time_here(lambda q, k, v, o: module.forward(q, k, v, o, causal, scale), batch, heads, seq, head_dim,
+                           count)
+    except Exception as err:  # noqa: BLE001  not graded: the line says what went wrong
+        return f"not timed ({type(err).__name__}: {err})"
+    metrics["tensor_core_reference_ms"] = getattr(timing, "median_ms", None)
+    ratio = bench.ratio(t_sdpa, timing)
+    return bench.timing_text(timing) + (f", {ratio:.2f}x SDPA" if ratio else "")
+
+
+CAUSAL_MOST = 0.8  # of the full run's time; skipping the tiles past the diagonal gives about 0.5
+
+
+def causal_skip(cases, student):
+    """A causal run does half the work, so it must take clearly less time than the full one."""
+    full = {c[1:5]: student[c.name][0] for c in cases if not c.causal}  # by (batch, heads, seq, head_dim)
+    pairs = [(student[c.name][0], full.get(c[1:5]), c.name) for c in cases if c.causal and c.seq >= 1024]
+    timed = [(c, f, name) for c, f, name in pairs if not isinstance(c, str) and f is not None and not isinstance(f, str)]
+    if not timed:
+        return True, "not measured (no causal case with its full run was timed)", {}
+    worst = max(timed, key=lambda p: p[0].median_ms / p[1].median_ms)
+    fraction = worst[0].median_ms / worst[1].median_ms
+    message = f"{worst[2]}: {fraction:.2f} of the full run's time"
+    if fraction > CAUSAL_MOST:
+        return False, (message + f" (more than {CAUSAL_MOST}): K/V tiles entirely past the diagonal should "
+                       "not be loaded or computed at all (README, Task 4)"), {"causal_fraction": fraction}
+    return True, message, {"causal_fraction": fraction}
+
+
+def attention_result(timing, count, reference, batch, heads, seq, head_dim, causal, estimate_for=None,
+                     tensor_cores=None):
+    if count is None:
+        return False, timing, {}
+    scale = 1.0 / math.sqrt(head_dim)
+    flops = attention_flops(batch, heads, seq, seq, head_dim, causal)
+    tflops = flops / (timing.median_ms * 1e-3) / 1e12
+    metrics = {"kernel_ms": timing.median_ms, "tflops": tflops, "sets_per_request": count}
+    sets = f"{count} distinct input set{'s' if count > 1 else ''}"
+    message = f"kernel {timing.median_ms:.3f} ms ({tflops:.1f} TFLOP/s; {sets} per request)"
+    if reference is not None:
+        t_ref = time_here(lambda q, k, v, o: reference.forward(q, k, v, o, causal, scale), batch, heads, seq,
+                          head_dim, count)
+        if not isinstance(t_ref, str):
+            metrics |= {"reference_ms": t_ref.median_ms, bench.VS_REFERENCE: t_ref.median_ms / timing.median_ms}
+            message += f", reference kernel {t_ref.median_ms:.3f} ms ({metrics[bench.VS_REFERENCE]:.2f}x its speed)"
+    t_naive = time_here(lambda q, k, v, o: naive_attention(q, k, v, causal, scale), batch, heads, seq, head_dim, count)
+    t_sdpa = time_here(lambda q, k, v, o: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale),
+                       batch, heads, seq, head_dim, count)
+    metrics |= {"naive_ms": getattr(t_naive, "median_ms", None), "sdpa_ms": getattr(t_sdpa, "median_ms", None),
+                "speedup_vs_naive": bench.ratio(t_naive, timing), "speedup_vs_sdpa": bench.ratio(t_sdpa, timing)}
+    message += f", naive {bench.timing_text(t_naive)}, SDPA {bench.timing_text(t_sdpa)}"
+    for key, label in (("naive", "naive"), ("sdpa", "SDPA")):
+        if metrics[f"speedup_vs_{key}"]:
+            message += f"; {metrics[f'speedup_vs_{key}']:.2f}x {label}"
+    # A kernel may run on the CUDA cores (FFMA) or on the tensor cores (3xTF32): its share of each peak.
+    metrics["fp32_peak_percent"] = 100 * tflops / fp32_peak_tflops()
+    metrics["fp32_tensor_core_percent"] = 100 * tflops / fp32_tensor_core_bound_tflops()
+    message += (f"; {metrics['fp32_peak_percent']:.0f}% of the float32 peak on the CUDA cores (FFMA), "
+                f"{metrics['fp32_tensor_core_percent']:.0f}% of float32's on the tensor cores (3xTF32)")
+    if tensor_cores is not None:  # SDPA's own arithmetic (3xTF32), for comparison
+        message += "; the reference on the tensor cores (3xTF32) " + time_tensor_cores(
+            tensor_cores, metrics, t_sdpa, batch, heads, seq, head_dim, causal, count)
+    if estimate_for:
+        metrics[calibration.ESTIMATE], words = calibration.estimate(4, estimate_for, metrics,
+                                                                    torch.cuda.get_device_name())
+        message += f"; {words}"
+    # A kernel may use the tensor cores (close to float32's accuracy, or the checks fail it), so the bound
+    # that only skipped work can pass is theirs.
+    if tflops > (bound := fp32_tensor_core_bound_tflops()):
+        return False, message + (f": faster than float32 can run on this GPU even on the tensor cores ({bound:.0f} "
+                                 "TFLOP/s), so work was skipped"), metrics
+    return True, message, metrics
+
+
+def time_student_layer(worker, batch, seq, causal):
+    hidden, heads = HANDOUT_LAYER
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(hidden, heads, bias=False, batch_first=True)
+    worker.call("make_layer", hidden, heads, [w.cuda() for w in mha_weights(mha)])
+    count = bench.sets_for(batch * seq * hidden * 4 * 6, estimate_ms=1.0 if seq <= 1024 else 500.0, most=64)
+    inputs = [torch.randn(batch, seq, hidden, device="cuda") for _ in range(count)]
+    kept = worker.keep("layer inputs", inputs)
+    try:
+        worker.call("layer_batch", kept, causal)  # warm-up
+        return bench.host_clock(lambda: worker.call("layer_batch", kept, causal), reps=3, per_request=count), count
+    except torch.cuda.OutOfMemoryError:
+        return "out of memory", count
+    finally:
+        worker.drop("layer inputs")
+        del inputs
+        torch.cuda.empty_cache()
+
+
+def layer_result(timing_count, batch, seq, causal):
+    hidden, heads = HANDOUT_LAYER
+    timing, count = timing_count
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(hidden, heads, bias=False, batch_first=True, device="cuda")
+    mask = causal_mask(seq, seq, "cuda") if causal else None
+
+    def measure():
+        inputs = [torch.randn(batch, seq, hidden, device="cuda") for _ in range(count)]
+        with torch.no_grad(), exact_float32():
+            run = lambda: [mha(x, x, x, attn_mask=mask, need_weights=False) for x in inputs]  # noqa: E731
+            run()
+            torch.cuda.synchronize()
+            return bench.host_clock(lambda: (run(), torch.cuda.synchronize()), reps=3, per_request=count)
+
+    t_mha = bench.or_out_of_memory(measure)
+    torch.cuda.empty_cache()
+    speedup = bench.ratio(t_mha, timing)
+    message = f"layer {bench.timing_text(timing)}, nn.MultiheadAttention {bench.timing_text(t_mha)}"
+    message += f" ({speedup:.2f}x)" if speedup else ""
+    return True, message, {"layer_ms": getattr(timing, "median_ms", None), "mha_ms": getattr(t_mha, "median_ms", None),
+                           "speedup_vs_mha": speedup}
