@@ -55,7 +55,7 @@ def crash_reason(returncode: int, output: str) -> str:
 
 
 def worker_builds(scratch: Path) -> Path:
-    """The one folder every worker of a grading builds in (common/sandbox.py's Worker.builds)."""
+    """The build folder a grading's kernel-only workers share (tasks 2, 4, 5: common/sandbox.py's Worker)."""
     return scratch / "worker-builds"
 
 
@@ -73,7 +73,7 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
     for other in hung:  # tasks whose code hung at import: the test does not load it again (one time limit, not two)
         cmd += ["--hung", str(other)]
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", TMPDIR=str(work),
-               KIT_WORKER_BUILDS=str(worker_builds(scratch)))  # one for all tasks: each kernel is built once
+               KIT_WORKER_BUILDS=str(worker_builds(scratch)))  # task 5's worker finds task 4's kernels built
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace", start_new_session=True, preexec_fn=die_with_parent)
