@@ -224,8 +224,7 @@ def reference_build(task: int, arch: str, flags: list[str], kernels: str | None 
     host = shutil.which(os.environ.get("CXX", "c++"))
     digest = hashlib.sha256(f"{_nvcc_version()}|{host and os.path.realpath(host)}|{arch}|{flags}|"
                             f"{torch.__version__}|{torch.version.cuda}|{sys.version}".encode())
-    inputs = [REPO / "common" / "build.py", REPO / f"task{task}" / "binding.cpp",
-              *sorted((REPO / "common" / "csrc").glob("*")),
+    inputs = [REPO / "common" / "build.py", *(REPO / rel for rel in binding_files(task)),
               *sorted(kernel_folder(task, True, kernels).glob("*"))]
     for path in inputs:
         if path.is_file():
@@ -341,6 +340,12 @@ def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda
     return module
 
 
+def binding_files(task: int) -> list[Path]:
+    """taskN/binding.cpp and the headers it includes (common/csrc), relative to the checkout."""
+    headers = [p.relative_to(REPO) for p in sorted((REPO / "common/csrc").glob("*")) if p.is_file()]
+    return [Path(f"task{task}/binding.cpp"), *headers]
+
+
 def binding_copy(task: int, folder: Path) -> Path:
     """taskN/binding.cpp and the headers it includes (common/csrc), copied to folder/src where they differ.
 
@@ -349,8 +354,7 @@ def binding_copy(task: int, folder: Path) -> Path:
     anything built from the old one.
     """
     copies = folder / "src"
-    headers = [p.relative_to(REPO) for p in sorted((REPO / "common/csrc").glob("*")) if p.is_file()]
-    for rel in [Path(f"task{task}/binding.cpp"), *headers]:
+    for rel in binding_files(task):
         source, copy = REPO / rel, copies / rel
         if not copy.exists() or copy.read_bytes() != source.read_bytes():
             copy.parent.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,7 @@ def test_a_worker_running_student_python_never_gets_the_shared_build_folder(tmp_
 class StandIn:
     spawned, handshakes, stopped = [], [], []
     fail, hang = set(), set()
+    together = None  # a Barrier every build must reach: it is only passed when they run at once
 
     def __init__(self, task, student_dir, *, solution, scratch, purpose, builds):
         assert purpose == "build" and scratch.name == f"task{task}-work"
@@ -48,6 +49,8 @@ class StandIn:
 
     def handshake(self):
         StandIn.handshakes.append(self.task)
+        if StandIn.together:
+            StandIn.together.wait()
         if self.task in StandIn.fail:
             raise RuntimeError("a compiler error")
         if self.task in StandIn.hang:
@@ -63,7 +66,9 @@ def test_the_builds_run_together_and_are_all_stopped(tmp_path, monkeypatch):
     StandIn.spawned, StandIn.handshakes, StandIn.stopped, StandIn.fail, StandIn.hang = [], [], [], set(), set()
     assert runner.build_kernels_ahead([1, 3, 6], tmp_path, tmp_path, solution=False) is None
     assert StandIn.spawned == []
+    StandIn.together = threading.Barrier(3, timeout=0.4)  # one after another, no build would get past it
     line = runner.build_kernels_ahead([1, 2, 5], tmp_path, tmp_path, solution=False)
+    StandIn.together = None
     assert line.startswith("built the kernels of tasks 2, 4, 5 at once (")
     assert sorted(StandIn.handshakes) == [2, 4, 5] and sorted(StandIn.stopped) == [2, 4, 5]
 
