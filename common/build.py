@@ -390,9 +390,12 @@ def compile_main(task: int, argv: list[str] | None = None) -> int:
     parser.add_argument("--solution", action="store_true", help="build the reference solution")
     parser.add_argument("--verbose", action="store_true",
                         help="print each kernel's registers, spills and shared memory, as the compiler reports them")
+    parser.add_argument("--kernels", metavar="NAME", help=argparse.SUPPRESS)  # the reference's taskN/solution/NAME
     args = parser.parse_args(argv)
+    if args.kernels and not (args.solution and kernel_sources(task, True, args.kernels)):
+        parser.error(f"--kernels: the reference has no folder task{task}/solution/{args.kernels} of kernel files")
     try:
-        load_extension(task, args.solution, verbose=args.verbose)
+        load_extension(task, args.solution, verbose=args.verbose, kernels=args.kernels)
     except BuildError as err:
         print(f"task {task}: {err}")
         return 1

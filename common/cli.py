@@ -101,6 +101,7 @@ def worker(report, task: int, args, **options):
     A student file that does not import (a syntax error, an exception at import) is one
     failed check named "import"; no GPU for a CUDA task is a skip.
     """
+    from common import gpu_share
     from common.records import NeedsCuda
     from common.sandbox import Worker, WorkerDied, WorkerError, sandbox_status
     from common.tasks import TASKS
@@ -111,6 +112,7 @@ def worker(report, task: int, args, **options):
         report.run("build", raise_it)
 
     report.sandbox = sandbox_status()
+    gpu_share.join()  # the grader's other tasks run beside this one: their timed parts wait for its workers
     if TASKS[task].cuda and not torch.cuda.is_available():
         skip("no CUDA GPU is visible (torch.cuda.is_available() is False)")
         yield None

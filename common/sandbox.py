@@ -161,6 +161,21 @@ def copy_regular_file(src: Path, dst: Path) -> str | None:
     return None
 
 
+def copy_builds(shared: Path, private: Path, folders: list[str]) -> None:
+    """Copy the named build folders of `shared` into `private`, times kept (ninja compares them), each while no
+    build writes in it (common/build.py's build.flock). A folder not built yet is left out: built in the copy."""
+    import fcntl
+
+    private.mkdir(parents=True, exist_ok=True)
+    for name in folders:
+        guard = shared / name / "build.flock"
+        if not guard.exists():
+            continue
+        with open(guard) as held:
+            fcntl.flock(held, fcntl.LOCK_SH)
+            shutil.copytree(shared / name, private / name, symlinks=True)
+
+
 def make_view(task: int, student_dir: Path, view: Path, solution: bool) -> list[str]:
     """Fill `view` with the given code and the student's files; returns notes on files not taken."""
     if view.exists():
@@ -227,15 +242,16 @@ def _inside(path: Path, root: Path, but: str) -> bool:
     return not rel.parts or rel.parts[0] != but
 
 
-def bwrap_command(view: Path, writable: list[Path], hide: list[Path]) -> list[str]:
+def bwrap_command(view: Path, writable: list[tuple[Path, Path]], hide: list[Path]) -> list[str]:
+    """writable: (folder here, where the worker sees it) pairs."""
     cmd = [BWRAP, "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc"]
     for root in _hidden_roots(hide):
         cmd += ["--tmpfs", str(root)]
     for path in _python_paths():
         cmd += ["--ro-bind", str(path), str(path)]
     cmd += ["--ro-bind", str(view), str(view)]
-    for path in writable:
-        cmd += ["--bind", str(path), str(path)]
+    for path, seen_as in writable:
+        cmd += ["--bind", str(path), str(seen_as)]
     cmd += ["--unshare-pid", "--unshare-net", "--unshare-uts", "--die-with-parent", "--chdir", str(view)]
     if os.geteuid() == 0:
         cmd += ["--cap-drop", "ALL"]
@@ -266,18 +282,25 @@ class Worker:
         self.view = self.scratch / "worker" / f"task{task}-{kind}-{purpose}"
         # Kept between runs: ninja's cache. The workers of the tasks whose student files are only kernels
         # share one folder in a grading (the grader names it), so task 5's worker finds task 4's kernels
-        # built. A worker that runs a student's Python never gets that folder: the code could leave a
-        # library there that another task's worker would load without its kernels held to kernel_rules.
+        # built. A worker that runs a student's Python never writes there: the code could leave a library
+        # that another task's worker would load without its kernels held to kernel_rules. Inside
+        # bubblewrap it gets a private copy of the kernels it uses, mounted at the shared folder's path
+        # (ninja's commands name that path, so nothing is built again); without, a folder of its own.
         shared = builds or os.environ.get("KIT_WORKER_BUILDS")
+        own = self.scratch / "worker-builds" / f"task{task}-{kind}"
+        self.private_builds: Path | None = None  # what is really mounted at self.builds, where that differs
         if shared and not runs_student_python(task):
             self.builds = Path(shared) / kind
+        elif shared and sandbox_status() == "bubblewrap":
+            self.builds, self.private_builds = Path(shared) / kind, own
         else:
-            self.builds = self.scratch / "worker-builds" / f"task{task}-{kind}"
+            self.builds = own
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.attention_ops: set[str] = set()
         self.notes: list[str] = []
         self.restarts = MAX_RESTARTS if sanitize else 0  # under a sanitizer, one process makes one report
+        self.resume = False  # stopped on purpose: the next call starts it again (stop_until_next_call)
         self.stopped_for = ""  # what the watch of its processes ended the worker for ("": it did not)
         self.file_notes = make_view(task, self.student_dir, self.view, solution)
 
@@ -295,13 +318,16 @@ class Worker:
         """
         parent, child = socket.socketpair()
         self.builds.mkdir(parents=True, exist_ok=True)
+        if self.private_builds and not self.private_builds.exists():
+            copy_builds(self.builds, self.private_builds, [f"task{n}-{'solution' if self.solution else 'student'}"
+                                                          for n in TASKS[self.task].uses])
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KIT_", "PYTHON"))}
         env |= {"PYTHONPATH": str(self.view), "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
                 "PYTHONSAFEPATH": "1", "KIT_BUILD_ROOT": str(self.builds)}
         if not self.cuda:
             env["CUDA_VISIBLE_DEVICES"] = ""
         cmd = [sys.executable, "-m", "common.worker", str(child.fileno()), str(self.task)]
-        fds, writable = [child.fileno()], [self.builds]
+        fds, writable = [child.fileno()], [(self.private_builds or self.builds, self.builds)]
         if self.sanitize:
             cmd = self._sanitized(cmd, env, fds, writable)
         if sandbox_status() == "bubblewrap":
@@ -361,9 +387,9 @@ class Worker:
         """Run the worker under compute-sanitizer, its report written to a pipe only the checks read."""
         import threading
 
-        tmp = self.builds.parent / f"sanitizer-tmp-task{self.task}"
+        tmp = (self.private_builds or self.builds).parent / f"sanitizer-tmp-task{self.task}"
         tmp.mkdir(parents=True, exist_ok=True)
-        writable.append(tmp)
+        writable.append((tmp, tmp))
         env |= {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "TMPDIR": str(tmp)}  # every tensor its own allocation
         read_end, write_end = os.pipe()
         fds.append(write_end)
@@ -463,8 +489,21 @@ class Worker:
             raise WorkerDied("a malformed reply: no result", Cause.MALFORMED)
         return reply["ok"]
 
+    @property
+    def runs_student_python(self) -> bool:
+        return runs_student_python(self.task)
+
+    def stop_until_next_call(self) -> None:
+        """End the worker on purpose (common/gpu_share.py): its next call starts it again, not counted as a crash."""
+        self.stop()
+        self.resume = True
+
     def _ensure_running(self) -> None:
         if self.proc is not None and self.proc.poll() is None and self.sock is not None:
+            return
+        if self.resume:
+            self.resume = False
+            self.start()
             return
         if self.restarts >= MAX_RESTARTS:
             raise WorkerDied(f"not run: the process running your code crashed {MAX_RESTARTS} times already")

@@ -37,6 +37,7 @@ from common.tasks import TASKS
 from grader.fingerprints import checkout_fingerprint
 from grader.rubric import RUBRIC, TOTAL_POINTS, estimated, parse_tasks, score
 from grader.runner import build_kernels_ahead, run_task, valid_record
+from grader.schedule import grade_at_once, share_file
 
 SANDBOX_TEXT = {
     "bubblewrap": "a sandboxed worker (bubblewrap: its own view of the files, its own processes, no network)",
@@ -96,7 +97,7 @@ def hung(entry: dict) -> bool:
 
 
 def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidden: bool, timeout: int | None,
-               has_cuda: bool, hung: tuple[int, ...] = ()) -> dict:
+               has_cuda: bool, hung: tuple[int, ...] = (), say=print, gpu_share: Path | None = None) -> dict:
     rubric = RUBRIC[task]
     entry = {"task": task, "title": rubric.title, "max_points": rubric.points, "points": 0.0, "record": None}
     if not (REPO / f"task{task}" / "test.py").exists():
@@ -104,9 +105,10 @@ def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidd
     if rubric.needs_cuda and not has_cuda:
         return entry | {"status": Status.NEEDS_CUDA,
                         "summary": "not graded here: run the grader on a machine with a CUDA GPU"}
-    print(f"\n== Task {task}: {rubric.title}")
+    say(f"\n== Task {task}: {rubric.title}\n")
     run = run_task(task, student_dir, scratch, solution=solution, hidden=hidden,
-                   timeout_s=timeout or rubric.timeout_s, hung=tuple(t for t in hung if t in TASKS[task].uses))
+                   timeout_s=timeout or rubric.timeout_s, hung=tuple(t for t in hung if t in TASKS[task].uses),
+                   echo=lambda line: say(f"  | {line}"), gpu_share=gpu_share)
     if run.record is None:
         return entry | {"status": Status.CRASHED, "summary": run.reason, "cause": run.cause, "seconds": run.seconds}
     points, why = score(task, run.record)
@@ -330,15 +332,17 @@ def main(argv=None) -> int:
         env = environment()
         key = {"graded": graded, "solution": args.solution, "hidden": hidden, "files": checkout_fingerprint(student_dir),
                "device": env["device"], "torch": env["torch"]}
-        entries = []
-        built = build_kernels_ahead(tasks, student_dir, scratch, solution=args.solution) if has_cuda else None
-        if built:
-            print(built)
-        for task in tasks:
-            hanging = tuple(e["task"] for e in entries if hung(e))
-            entries.append(grade_task(task, student_dir, scratch, args.solution, hidden, args.timeout, has_cuda,
-                                      hanging))
-            save_entry(out_dir, entries[-1], key)
+        share = share_file(scratch)
+
+        def grade(task, say, before):
+            entry = grade_task(task, student_dir, scratch, args.solution, hidden, args.timeout, has_cuda,
+                               tuple(t for t, e in before.items() if hung(e)), say=say, gpu_share=share)
+            save_entry(out_dir, entry, key)
+            return entry
+
+        build = (lambda: build_kernels_ahead(tasks, student_dir, scratch, solution=args.solution)) if has_cuda else None
+        graded_now = grade_at_once(tasks, grade, build=build, share=share)
+        entries = [graded_now[t] for t in tasks]
         if args.keep:
             kept = kept_entries(out_dir, key, tasks)
             entries = sorted(entries + kept, key=lambda e: e["task"])

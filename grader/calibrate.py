@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     for task in tasks:
         print(f"task {task}: timing the reference solution against its baseline on {gpu} ...")
         run = run_task(task, REPO, scratch, solution=True, hidden=False,
-                       timeout_s=RUBRIC[task].timeout_s, echo=False)
+                       timeout_s=RUBRIC[task].timeout_s, echo=None)
         if run.record is None:
             print(f"task {task}: {run.reason} (log: {scratch / f'task{task}.log'})")
             return 1

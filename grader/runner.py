@@ -21,8 +21,9 @@ from pathlib import Path
 
 from common.impl import REPO
 from common.outcome import Cause, Kind, Status
+from common.gpu_share import ENV as GPU_SHARE_ENV, waiting_file
 from common.sandbox import Worker, die_with_parent, signal_words
-from common.tasks import TASKS, runs_student_python
+from common.tasks import TASKS
 
 CRASH_HINTS = [
     ("illegal memory access", "a CUDA kernel read or wrote out of bounds (illegal memory access)"),
@@ -55,13 +56,22 @@ def crash_reason(returncode: int, output: str) -> str:
 
 
 def worker_builds(scratch: Path) -> Path:
-    """The build folder a grading's kernel-only workers share (tasks 2, 4, 5: common/sandbox.py's Worker)."""
+    """The build folder a grading's workers share (common/sandbox.py's Worker says how)."""
     return scratch / "worker-builds"
 
 
+def echo_lines(line: str) -> None:
+    print(f"  | {line}", end="", flush=True)
+
+
 def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hidden: bool, timeout_s: int,
-             echo: bool = True, hung: tuple[int, ...] = ()) -> TaskRun:
-    """Run taskN.test on the files in `student_dir`; everything it writes stays under `scratch`."""
+             echo=echo_lines, hung: tuple[int, ...] = (), gpu_share: Path | None = None) -> TaskRun:
+    """Run taskN.test on the files in `student_dir`; everything it writes stays under `scratch`.
+
+    echo: called with each line the test prints (None: kept in the log only). gpu_share: the lock file of
+    the tasks graded at once (common/gpu_share.py); the time the test waits for the GPU is not counted
+    against `timeout_s`.
+    """
     results = scratch / f"task{task}.json"
     results.unlink(missing_ok=True)
     work = scratch / f"task{task}-work"
@@ -74,30 +84,30 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
         cmd += ["--hung", str(other)]
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", TMPDIR=str(work),
                KIT_WORKER_BUILDS=str(worker_builds(scratch)))  # task 5's worker finds task 4's kernels built
+    if gpu_share:
+        env[GPU_SHARE_ENV] = str(gpu_share)
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace", start_new_session=True, preexec_fn=die_with_parent)
+    with _LOCK:
+        RUNNING.add(proc)
     lines: list[str] = []
 
     def pump():
         for line in proc.stdout:
             lines.append(line)
             if echo:
-                print(f"  | {line}", end="", flush=True)
+                echo(line)
 
     reader = threading.Thread(target=pump, daemon=True)
     try:
         reader.start()
-        proc.wait(timeout=timeout_s)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        timed_out = True
+        waiting = waiting_file(gpu_share, proc.pid) if gpu_share else None
+        timed_out = not wait_counting(proc, timeout_s, lambda: waiting is not None and waiting.exists())
     finally:  # also when the grader itself is stopped: nothing may still write in `scratch` as it is removed
-        try:  # the test and anything it left behind (ninja, nvcc, a student's stray process)
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        _kill(proc)
+        with _LOCK:
+            RUNNING.discard(proc)
     reader.join(timeout=10)
     seconds = time.perf_counter() - started
     log = "".join(lines)
@@ -116,37 +126,102 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
     return TaskRun(task, record, None, seconds, log)
 
 
+RUNNING: set[subprocess.Popen] = set()  # the tests running now, in any thread
+_LOCK = threading.Lock()
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """The test and anything it left behind (ninja, nvcc, a student's stray process)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def stop_running() -> None:
+    """End every test still running (the grader is stopped): nothing may still write in its scratch folder."""
+    with _LOCK:
+        running = list(RUNNING)
+    for proc in running:
+        _kill(proc)
+
+
+def wait_counting(proc: subprocess.Popen, limit_s: float, waiting, tick_s: float = 0.5) -> bool:
+    """Wait for `proc` to end, at most `limit_s` seconds not counting those while `waiting()` is true.
+    True if it ended in time."""
+    used, last = 0.0, time.monotonic()
+    while True:
+        try:
+            proc.wait(timeout=min(tick_s, max(limit_s - used, 0.01)))
+            return True
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        if not waiting():
+            used += now - last
+        last = now
+        if used >= limit_s:
+            return False
+
+
 PREBUILD_S = 240  # more than a cold build of the largest kernel file takes; a stuck build is its task's to report
 
 
 def shared_kernel_tasks(tasks) -> list[int]:
-    """The tasks whose kernels the given tasks' workers find in the grading's shared build folder: those of
-    the tasks that run no student Python (common/sandbox.py's Worker), and of the tasks they use."""
-    wanted = {n for t in tasks if not runs_student_python(t) for n in (t, *TASKS[t].uses)}
+    """The tasks whose kernels the given tasks' workers find in the grading's shared build folder (theirs and
+    those of the tasks they use): a worker that runs student Python gets a copy (common/sandbox.py's Worker)."""
+    wanted = {n for t in tasks for n in (t, *TASKS[t].uses)}
     return sorted(n for n in wanted if f"task{n}/binding.cpp" in TASKS[n].given_files)
 
 
-def build_kernels_ahead(tasks, student_dir: Path, scratch: Path, *, solution: bool) -> str | None:
-    """Build the kernels of the shared build folder at once, each in a worker of its own, before any task runs.
+def reference_extensions(tasks, solution: bool) -> list[tuple[int, str | None]]:
+    """(task, kernels folder) of each reference extension the given tasks' tests load: the reference kernels of
+    every CUDA task among them and the tasks they use; with the reference graded, its other kernels folders
+    too (taskN/solution/<name>/, timed beside it)."""
+    from common.build import kernel_sources
+    from common.impl import has_solution
 
-    Each build is mostly one thread (the binding's compile, about 20 s on an H200), so three at once
-    take the time of one; the tasks' workers then find them built. Only workers that run no student
-    Python build there, so no code but kernels held to common/kernel_rules.py ever writes in it.
-    Nothing is judged here: a build that fails or hangs fails again in its task, which says why, and
-    building ahead that cannot even start is skipped. Returns a line for the log, or None.
+    wanted = sorted({n for t in tasks for n in (t, *TASKS[t].uses) if TASKS[n].cuda and has_solution(n)})
+    found = [(n, None) for n in wanted]
+    for n in wanted if solution else ():
+        for folder in sorted((REPO / f"task{n}" / "solution").iterdir()):
+            if folder.is_dir() and folder.name != "kernels" and kernel_sources(n, True, folder.name):
+                found.append((n, folder.name))
+    return found
+
+
+def _reference_build(task: int, kernels: str | None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", f"task{task}.compile", "--solution", *(["--kernels", kernels] if kernels else [])]
+    return subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
+
+
+def build_kernels_ahead(tasks, student_dir: Path, scratch: Path, *, solution: bool) -> str | None:
+    """Build the kernels of the shared build folder and the references the tests load, all at once, before the
+    tasks that need them run.
+
+    Each build is mostly one thread (the binding's compile, about 20 s on an H200), so five at once
+    take the time of one; the tasks' workers and tests then find them built. Only workers that run no
+    student Python build in the shared folder, so no code but kernels held to common/kernel_rules.py
+    ever writes in it. Nothing is judged here: a build that fails or hangs fails again in its task,
+    which says why, and building ahead that cannot even start is skipped. Returns a line for the log, or None.
     """
-    needed = shared_kernel_tasks(tasks)
-    if not needed:
+    needed, references = shared_kernel_tasks(tasks), reference_extensions(tasks, solution)
+    if not needed and not references:
         return None
-    started, workers, built = time.perf_counter(), [], []
+    started, workers, compilers, built = time.perf_counter(), [], [], []
     try:
         for n in needed:
             workers.append(Worker(n, student_dir, solution=solution, scratch=scratch / f"task{n}-work",
                                   purpose="build", builds=worker_builds(scratch)))
             workers[-1].spawn()  # here: the worker lives as long as the thread that spawned it (Worker.spawn)
+        compilers = [(n, kernels, _reference_build(n, kernels)) for n, kernels in references]
     except Exception as err:  # noqa: BLE001  only a speed-up: the tasks build for themselves
         for w in workers:
             w.stop()
+        for *_, proc in compilers:
+            _kill(proc)
         return f"could not build the kernels ahead ({type(err).__name__}: {err}); each task builds its own"
 
     def build(worker):
@@ -162,14 +237,28 @@ def build_kernels_ahead(tasks, student_dir: Path, scratch: Path, *, solution: bo
     deadline = time.monotonic() + PREBUILD_S
     for t in threads:
         t.join(timeout=max(0.0, deadline - time.monotonic()))
+    references_built = []
+    for n, kernels, proc in compilers:
+        try:
+            if proc.wait(timeout=max(0.1, deadline - time.monotonic())) == 0:
+                references_built.append(f"{n}" + (f" ({kernels.replace('_', ' ')})" if kernels else ""))
+        except subprocess.TimeoutExpired:
+            pass
+        _kill(proc)  # and its nvcc and ninja: the test that loads it builds it again, under the build's lock
     for w in workers:
         w.stop()  # also one still building: its task builds it again
     seconds = time.perf_counter() - started
-    if sorted(built) == needed:
-        return f"built the kernels of tasks {', '.join(map(str, needed))} at once ({seconds:.0f} s)"
+    said = f"built the kernels of tasks {', '.join(map(str, sorted(built))) or 'none'}"
+    if references:
+        said += (f" and the reference's of task{'s' if len(references_built) > 1 else ''} "
+                 f"{', '.join(references_built) or 'none'}")
+    said += f" at once ({seconds:.0f} s)"
     left = [n for n in needed if n not in built]
-    return (f"built the kernels of tasks {', '.join(map(str, sorted(built))) or 'none'} at once ({seconds:.0f} s); "
-            f"task{'s' if len(left) > 1 else ''} {', '.join(map(str, left))} will say why not")
+    if left:
+        said += f"; task{'s' if len(left) > 1 else ''} {', '.join(map(str, left))} will say why not"
+    if len(references_built) < len(references):
+        said += "; the tests build the other references themselves"
+    return said
 
 
 def valid_record(record, task: int) -> dict:

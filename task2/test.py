@@ -17,7 +17,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from common import bench, cli, sanitize
+from common import bench, cli, gpu_share, sanitize
 from common.checks import (compare, exact_float32, expect_errors, guard_damage, guarded_input, guarded_output,
                            random_tensor)
 from common.records import Report
@@ -174,7 +174,8 @@ def main(argv=None) -> int:
             return report.finish(args.json)
         report.run("bad input raises clear errors (the given binding)", lambda: check_errors(worker), kind="given")
         if "attention" in chosen and all(c.passed for c in report.cases):
-            report.run("time against PyTorch", lambda: time_attention(worker), kind="benchmark")
+            with gpu_share.alone(worker):
+                report.run("time against PyTorch", lambda: time_attention(worker), kind="benchmark")
     return report.finish(args.json)
 
 

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from common import cli, impl
+from common import cli, gpu_share, impl
 from common.checks import compare, random_tensor
 from common.diagnose import diagnose
 from common.records import Report
@@ -185,8 +185,9 @@ def main(argv=None) -> int:
                 report.note("timing against task 1 skipped: task 1's code did not finish importing when task 1 "
                             "was graded")
             else:
-                for device in cli.devices():
-                    time_against_task1(report, worker, device, args.solution)
+                with gpu_share.alone(worker):
+                    for device in cli.devices():
+                        time_against_task1(report, worker, device, args.solution)
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(3, args.solution, args.student_dir, report.attention_ops), kind="rule")
     return report.finish(args.json)

@@ -27,7 +27,7 @@ import math
 import torch
 from torch import nn
 
-from common import cli, impl, sanitize
+from common import cli, gpu_share, impl, sanitize
 from common.checks import compare, exact_float32, expect_errors, guard_damage, guarded_input, guarded_output, random_tensor
 from common.layer import mha_weights
 from common.records import Report
@@ -160,10 +160,12 @@ def main(argv=None) -> int:
         elif args.sweep:
             from task4.sweep import sweep
 
-            sweep(report, worker, with_tensor_cores=args.solution)
+            with gpu_share.alone(worker):
+                sweep(report, worker, with_tensor_cores=args.solution)
         else:
-            measure.run_benchmarks(report, worker, measure.benchmark_cases(args.solution), measure.layer_cases(),
-                                   with_tensor_cores=args.solution)
+            with gpu_share.alone(worker):
+                measure.run_benchmarks(report, worker, measure.benchmark_cases(args.solution), measure.layer_cases(),
+                                       with_tensor_cores=args.solution)
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(4, args.solution, args.student_dir, report.attention_ops), kind="rule")
     return report.finish(args.json)

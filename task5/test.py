@@ -24,7 +24,7 @@ import math
 import torch
 from torch import nn
 
-from common import cli, impl, sanitize
+from common import cli, gpu_share, impl, sanitize
 from common.checks import (GUARD_BITS, CheckResult, compare, exact_float32, expect_errors, guard_damage,
                            guarded_input, guarded_output, random_tensor)
 from common.layer import mha_weights
@@ -290,7 +290,8 @@ def main(argv=None) -> int:
         elif report.stopped or not all(c.passed for c in required):
             report.note("benchmarks skipped until every check passes")
         else:
-            measure.run_benchmarks(report, worker, split_passed)
+            with gpu_share.alone(worker):
+                measure.run_benchmarks(report, worker, split_passed)
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(5, args.solution, args.student_dir, report.attention_ops), kind="rule")
     return report.finish(args.json)

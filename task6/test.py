@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from common import bench, cli, impl
+from common import bench, cli, gpu_share, impl
 from common.checks import compare_logits, exact_float32, expect_errors
 from common.records import NeedsCuda, Report
 from common.sandbox import WorkerDied, WorkerError
@@ -382,8 +382,8 @@ def main(argv=None) -> int:
             report.note("the generation run is skipped until every check passes")
         elif torch.cuda.is_available():
             size = choose_size(args.size)
-            torch.cuda.empty_cache()  # the checks' own reference models
-            run_generation(report, worker, size, SIZES[size], HANDOUT, cli.seed(60, args.hidden))
+            with gpu_share.alone(worker):  # it also gives back the checks' own reference models' memory
+                run_generation(report, worker, size, SIZES[size], HANDOUT, cli.seed(60, args.hidden))
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(6, args.solution, args.student_dir, report.attention_ops), kind="rule")
     return report.finish(args.json)

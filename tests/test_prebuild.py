@@ -7,30 +7,59 @@ and that no worker running a student's Python can write where another task loads
 """
 
 import os
+import subprocess
+import sys
 import threading
 
+import pytest
+
 from common import build
+from common import sandbox as sandbox_module
 from common.sandbox import Worker
 from grader import runner
 from tests.conftest import REPO
 
 
-def test_only_tasks_without_student_python_share_the_kernels_built_ahead():
+def test_the_kernels_built_ahead_are_those_of_the_tasks_and_the_tasks_they_use():
     assert runner.shared_kernel_tasks([1, 3]) == []
     assert runner.shared_kernel_tasks([2]) == [2]
     assert runner.shared_kernel_tasks([5]) == [4, 5]
-    assert runner.shared_kernel_tasks([6, 7]) == []  # their workers run the student's Python: their own folders
+    assert runner.shared_kernel_tasks([6, 7]) == [4, 5]  # in a copy of their own (below)
     assert runner.shared_kernel_tasks(range(1, 8)) == [2, 4, 5]
 
 
-def test_a_worker_running_student_python_never_gets_the_shared_build_folder(tmp_path):
+@pytest.mark.parametrize("sandbox", ["bubblewrap", "plain process"])
+def test_a_worker_running_student_python_never_writes_in_the_shared_build_folder(tmp_path, monkeypatch, sandbox):
+    """Tasks 6 and 7 load task 4's and 5's kernels: in bubblewrap from a copy mounted where the shared folder is
+    (ninja's commands name that path, so nothing is built again); without it, from a folder of their own."""
+    monkeypatch.setattr(sandbox_module, "sandbox_status", lambda: sandbox)
     shared = tmp_path / "worker-builds"
     for task in range(1, 8):
         worker = Worker(task, REPO, scratch=tmp_path / f"task{task}-work", builds=shared)
+        written = worker.private_builds or worker.builds
         if task in (2, 4, 5):
-            assert worker.builds == shared / "student", task
+            assert worker.builds == shared / "student" and worker.private_builds is None, task
         else:
-            assert not worker.builds.is_relative_to(shared), (task, worker.builds)
+            assert not written.is_relative_to(shared), (task, written)
+            assert worker.builds == (shared / "student" if sandbox == "bubblewrap" else written), task
+
+
+def test_the_private_copy_keeps_the_times_ninja_compares_and_is_mounted_at_the_shared_path(tmp_path, monkeypatch):
+    shared, private = tmp_path / "shared" / "student", tmp_path / "task6-work" / "own"
+    for name in ("task4-student", "task5-student"):
+        (shared / name).mkdir(parents=True)
+        (shared / name / "build.flock").touch()
+        (shared / name / "binding.o").write_text(name)
+        os.utime(shared / name / "binding.o", ns=(10**18, 10**18))
+    (shared / "task2-student").mkdir()  # not a task 6 uses
+    sandbox_module.copy_builds(shared, private, ["task4-student", "task5-student", "task9-student"])
+    assert sorted(p.name for p in private.iterdir()) == ["task4-student", "task5-student"]
+    assert (private / "task5-student" / "binding.o").read_text() == "task5-student"
+    assert (private / "task5-student" / "binding.o").stat().st_mtime_ns == 10**18
+    monkeypatch.setattr(sandbox_module, "_hidden_roots", lambda extra: [])
+    monkeypatch.setattr(sandbox_module, "_python_paths", lambda: [])
+    cmd = sandbox_module.bwrap_command(tmp_path / "view", [(private, shared)], [])
+    assert "--bind" in cmd and cmd[cmd.index("--bind") + 1:cmd.index("--bind") + 3] == [str(private), str(shared)]
 
 
 class StandIn:
@@ -63,8 +92,9 @@ class StandIn:
 def test_the_builds_run_together_and_are_all_stopped(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "Worker", StandIn)
     monkeypatch.setattr(runner, "PREBUILD_S", 0.5)
+    monkeypatch.setattr(runner, "reference_extensions", lambda tasks, solution: [])
     StandIn.spawned, StandIn.handshakes, StandIn.stopped, StandIn.fail, StandIn.hang = [], [], [], set(), set()
-    assert runner.build_kernels_ahead([1, 3, 6], tmp_path, tmp_path, solution=False) is None
+    assert runner.build_kernels_ahead([1, 3], tmp_path, tmp_path, solution=False) is None
     assert StandIn.spawned == []
     StandIn.together = threading.Barrier(3, timeout=0.4)  # one after another, no build would get past it
     line = runner.build_kernels_ahead([1, 2, 5], tmp_path, tmp_path, solution=False)
@@ -76,6 +106,33 @@ def test_the_builds_run_together_and_are_all_stopped(tmp_path, monkeypatch):
     line = runner.build_kernels_ahead([2, 5], tmp_path, tmp_path, solution=False)
     assert "built the kernels of tasks 4 at once" in line and "tasks 2, 5 will say why not" in line, line
     assert sorted(StandIn.stopped) == [2, 4, 5]  # the stuck one too
+
+
+def test_the_references_are_built_beside_them_and_a_stuck_one_is_stopped(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "Worker", StandIn)
+    monkeypatch.setattr(runner, "PREBUILD_S", 2.0)
+    StandIn.spawned, StandIn.handshakes, StandIn.stopped, StandIn.fail, StandIn.hang = [], [], [], set(), set()
+    outcome = {(4, None): "pass", (4, "tensor_cores"): "time.sleep(60)", (5, None): "sys.exit(1)"}
+    started = []
+
+    def compiler(task, kernels):
+        started.append((task, kernels))
+        return subprocess.Popen([sys.executable, "-c", f"import sys, time; {outcome[(task, kernels)]}"],
+                                start_new_session=True)
+
+    monkeypatch.setattr(runner, "_reference_build", compiler)
+    monkeypatch.setattr(runner, "reference_extensions", lambda tasks, solution: list(outcome))
+    line = runner.build_kernels_ahead([5], tmp_path, tmp_path, solution=True)
+    assert started == list(outcome)
+    assert line.startswith("built the kernels of tasks 4, 5 and the reference's of task 4 at once ("), line
+    assert line.endswith("the tests build the other references themselves"), line
+
+
+def test_the_references_built_ahead_are_those_the_tests_load():
+    assert runner.reference_extensions([1, 3], solution=True) == []
+    assert runner.reference_extensions([7], solution=False) == [(4, None), (5, None)]
+    assert (4, "tensor_cores") in runner.reference_extensions([4], solution=True)  # timed beside the reference
+    assert runner.reference_extensions([2], solution=True) == [(2, None)]
 
 
 def test_the_binding_is_copied_only_when_it_changed(tmp_path, monkeypatch):

@@ -1,0 +1,80 @@
+"""One GPU shared by the tests of a grading's tasks, which run at once: a timed part has it to itself.
+
+The grader (grader/schedule.py) runs its tasks' tests side by side and names a lock file in
+KIT_GPU_SHARE. Each test holds the lock shared from its first worker on (`join`); a timed part
+(`alone`) holds it exclusively, so it starts once every other test is done, or waiting between
+its parts, and nothing else starts until it ends. Builds, checks and sanitizer passes overlap;
+timings never do (another process's GPU work would slow the reference's timing, or the student's).
+
+While a test waits, its workers that run only kernels may live: they do nothing unless called,
+and each call waits for its GPU work. A worker that runs a student's Python is stopped before
+the wait (`alone(worker)`), since that code could keep the GPU busy from a thread of its own; its
+next call starts it again, inside the timed part.
+
+The time a test waits is marked by a file beside the lock (`waiting_file`), so the grader does
+not count it against the task's time limit. Without KIT_GPU_SHARE (a student's own run), both
+are no-ops.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+ENV = "KIT_GPU_SHARE"
+_held: dict = {}  # the open lock file of this process, once joined
+
+
+def waiting_file(lock: Path, pid: int) -> Path:
+    """Present while process `pid` waits for the GPU."""
+    return lock.with_name(f"{pid}.waiting")
+
+
+def _take(mode: int) -> None:
+    mark = waiting_file(Path(os.environ[ENV]), os.getpid())
+    mark.touch()
+    try:
+        fcntl.flock(_held["fd"], mode)
+    finally:
+        mark.unlink(missing_ok=True)
+
+
+def join() -> None:
+    """Share the grading's GPU from now on (once per process; nothing without KIT_GPU_SHARE)."""
+    if "fd" in _held or not os.environ.get(ENV):
+        return
+    _held["fd"] = os.open(os.environ[ENV], os.O_RDWR | os.O_CREAT, 0o600)
+    _take(fcntl.LOCK_SH)
+
+
+def _settle() -> None:
+    """Wait for this process's GPU work and give back its cached memory, before another test times."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+@contextmanager
+def alone(*workers):
+    """Run the block with the GPU to this test alone. `workers`: this test's workers that are still alive;
+    those that run a student's Python are stopped first (their next call starts them again)."""
+    join()
+    if "fd" not in _held:
+        yield
+        return
+    for worker in workers:
+        if worker is not None and worker.runs_student_python:
+            worker.stop_until_next_call()
+    _settle()
+    fcntl.flock(_held["fd"], fcntl.LOCK_UN)  # never wait for the exclusive lock while holding the shared one
+    _take(fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        _settle()
+        fcntl.flock(_held["fd"], fcntl.LOCK_UN)
+        _take(fcntl.LOCK_SH)

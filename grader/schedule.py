@@ -1,0 +1,119 @@
+"""A submission's tasks graded side by side on one GPU.
+
+Each task's test runs in its own process (grader/runner.py), all of them at once, and they share
+the GPU through common/gpu_share.py: builds, checks and sanitizer passes overlap, and each timed
+part waits until it has the GPU to itself. Before them, the kernels and references the tasks
+load are built at once (runner.build_kernels_ahead); a task that loads built kernels waits for
+that, and a task that loads another task's Python waits for that task (task 3 does not load
+task 1's code again if it hung at import). What the tests print is shown in task order: the
+first unfinished task's lines as they come, the others' once it is done.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from pathlib import Path
+
+from common.tasks import TASKS, runs_student_python
+from grader.runner import stop_running
+
+
+class InOrder:
+    """Lines of several tasks, shown in task order as soon as every task before theirs is done."""
+
+    def __init__(self, tasks, write=lambda text: print(text, end="", flush=True)):
+        self.order, self.write = list(tasks), write
+        self.lines = {t: [] for t in self.order}
+        self.shown = dict.fromkeys(self.order, 0)
+        self.done: set[int] = set()
+        self.lock = threading.Lock()
+
+    def say(self, task: int, text: str) -> None:
+        with self.lock:
+            self.lines[task].append(text)
+            self._show()
+
+    def finish(self, task: int) -> None:
+        with self.lock:
+            self.done.add(task)
+            self._show()
+
+    def _show(self) -> None:
+        for task in self.order:
+            lines = self.lines[task]
+            while self.shown[task] < len(lines):
+                self.write(lines[self.shown[task]])
+                self.shown[task] += 1
+            if task not in self.done:
+                return
+
+
+def waits_for(task: int, tasks) -> list[int]:
+    """The graded tasks whose code `task`'s test loads in Python: it runs after them (their hang is its note)."""
+    return [u for u in TASKS[task].uses if u in tasks and runs_student_python(u)]
+
+
+def loads_built_kernels(task: int) -> bool:
+    return any(TASKS[n].cuda for n in (task, *TASKS[task].uses))
+
+
+def grade_at_once(tasks, grade, *, build=None, share: Path, echo: InOrder | None = None) -> dict[int, dict]:
+    """Run `grade(task, say, before)` for every task, each in a thread, and return {task: its entry}.
+
+    build(): the builds ahead (None: none), run here while the grading holds the GPU shared, so
+    no timed part starts before they end; the line it returns is shown. say(text): the task's
+    output, shown in order. before: {task: entry} of the tasks it waited for (`waits_for`).
+    """
+    echo = echo or InOrder(tasks)
+    entries: dict[int, dict] = {}
+    failures: list[BaseException] = []  # a fault of the grader in a task's thread: raised here, as before
+    done = {t: threading.Event() for t in tasks}
+    built = threading.Event()
+    if build is None:
+        built.set()
+
+    def one(task):
+        try:
+            if loads_built_kernels(task):
+                built.wait()
+            for other in waits_for(task, tasks):
+                done[other].wait()
+            entries[task] = grade(task, lambda text: echo.say(task, text),
+                                  {u: entries[u] for u in waits_for(task, tasks) if u in entries})
+        except BaseException as err:  # noqa: BLE001
+            failures.append(err)
+        finally:
+            done[task].set()
+            echo.finish(task)
+
+    threads = [threading.Thread(target=one, args=(t,), daemon=True, name=f"task{t}") for t in tasks]
+    try:
+        for t in threads:
+            t.start()
+        if build is not None:
+            with open(share, "a+") as held:
+                fcntl.flock(held, fcntl.LOCK_SH)
+                try:
+                    said = build()
+                finally:
+                    built.set()
+                    fcntl.flock(held, fcntl.LOCK_UN)
+            if said:
+                echo.write(said + "\n")
+        for t in threads:
+            while t.is_alive():
+                t.join(timeout=1.0)  # the grader stays stoppable (SIGTERM is handled in this thread)
+    finally:
+        built.set()
+        stop_running()  # stopped: end the tests still running before their scratch folder goes
+    if failures:
+        raise failures[0]
+    return entries
+
+
+def share_file(scratch: Path) -> Path:
+    folder = scratch / "gpu-share"
+    os.makedirs(folder, exist_ok=True)
+    return folder / "lock"
