@@ -33,13 +33,23 @@ def waiting_file(lock: Path, pid: int) -> Path:
     return lock.with_name(f"{pid}.waiting")
 
 
-def _take(mode: int) -> None:
+@contextmanager
+def waiting():
+    """Mark the block as time this test waits for the grading (not counted against its time limit)."""
+    if not os.environ.get(ENV):
+        yield
+        return
     mark = waiting_file(Path(os.environ[ENV]), os.getpid())
     mark.touch()
     try:
-        fcntl.flock(_held["fd"], mode)
+        yield
     finally:
         mark.unlink(missing_ok=True)
+
+
+def _take(mode: int) -> None:
+    with waiting():
+        fcntl.flock(_held["fd"], mode)
 
 
 def join() -> None:

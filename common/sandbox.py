@@ -161,12 +161,24 @@ def copy_regular_file(src: Path, dst: Path) -> str | None:
     return None
 
 
+def building_lock(builds: Path) -> Path:
+    """Held exclusively by the grader while it builds the kernels ahead into `builds` (grader/runner.py)."""
+    return builds / "building.lock"
+
+
 def copy_builds(shared: Path, private: Path, folders: list[str]) -> None:
-    """Copy the named build folders of `shared` into `private`, times kept (ninja compares them), each while no
-    build writes in it (common/build.py's build.flock). A folder not built yet is left out: built in the copy."""
+    """Copy the named build folders of `shared` into `private`, times kept (ninja compares them), once the
+    grader's builds ahead are done, each while no build writes in it (common/build.py's build.flock).
+    A folder not built is left out: the worker builds it in its copy."""
     import fcntl
 
+    from common.gpu_share import waiting
+
     private.mkdir(parents=True, exist_ok=True)
+    ahead = building_lock(shared.parent)
+    if ahead.exists():
+        with open(ahead) as held, waiting():
+            fcntl.flock(held, fcntl.LOCK_SH)
     for name in folders:
         guard = shared / name / "build.flock"
         if not guard.exists():
@@ -289,6 +301,7 @@ class Worker:
         shared = builds or os.environ.get("KIT_WORKER_BUILDS")
         own = self.scratch / "worker-builds" / f"task{task}-{kind}"
         self.private_builds: Path | None = None  # what is really mounted at self.builds, where that differs
+        self.taken_builds = False
         if shared and not runs_student_python(task):
             self.builds = Path(shared) / kind
         elif shared and sandbox_status() == "bubblewrap":
@@ -318,9 +331,8 @@ class Worker:
         """
         parent, child = socket.socketpair()
         self.builds.mkdir(parents=True, exist_ok=True)
-        if self.private_builds and not self.private_builds.exists():
-            copy_builds(self.builds, self.private_builds, [f"task{n}-{'solution' if self.solution else 'student'}"
-                                                          for n in TASKS[self.task].uses])
+        if self.private_builds:  # filled by take_kernels_built_ahead
+            self.private_builds.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KIT_", "PYTHON"))}
         env |= {"PYTHONPATH": str(self.view), "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
                 "PYTHONSAFEPATH": "1", "KIT_BUILD_ROOT": str(self.builds)}
@@ -488,6 +500,14 @@ class Worker:
         if "ok" not in reply:
             raise WorkerDied("a malformed reply: no result", Cause.MALFORMED)
         return reply["ok"]
+
+    def take_kernels_built_ahead(self) -> None:
+        """Copy the kernels of the tasks this one uses, as the grading built them ahead, into this worker's own
+        folder (waiting for those builds to end): a test calls it before its worker first loads them."""
+        if self.private_builds and not self.taken_builds:
+            # a worker builds the files it holds as a student's (common/build.py's build_dir)
+            copy_builds(self.builds, self.private_builds, [f"task{n}-student" for n in TASKS[self.task].uses])
+            self.taken_builds = True
 
     @property
     def runs_student_python(self) -> bool:

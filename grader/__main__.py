@@ -32,11 +32,11 @@ from pathlib import Path
 from common.impl import REPO, label
 from common.outcome import Cause, Kind, Status, cause_of
 from common.records import environment
-from common.sandbox import copy_regular_file, remove_tree, sandbox_status
+from common.sandbox import building_lock, copy_regular_file, remove_tree, sandbox_status
 from common.tasks import TASKS
 from grader.fingerprints import checkout_fingerprint
 from grader.rubric import RUBRIC, TOTAL_POINTS, estimated, parse_tasks, score
-from grader.runner import build_kernels_ahead, run_task, valid_record
+from grader.runner import build_kernels_ahead, run_task, valid_record, worker_builds
 from grader.schedule import grade_at_once, share_file
 
 SANDBOX_TEXT = {
@@ -109,6 +109,7 @@ def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidd
     run = run_task(task, student_dir, scratch, solution=solution, hidden=hidden,
                    timeout_s=timeout or rubric.timeout_s, hung=tuple(t for t in hung if t in TASKS[task].uses),
                    echo=lambda line: say(f"  | {line}"), gpu_share=gpu_share)
+    say(f"  ({run.seconds:.0f} s, {run.waited_s:.0f} s of them waiting for the GPU while other tasks were timed)\n")
     if run.record is None:
         return entry | {"status": Status.CRASHED, "summary": run.reason, "cause": run.cause, "seconds": run.seconds}
     points, why = score(task, run.record)
@@ -341,7 +342,8 @@ def main(argv=None) -> int:
             return entry
 
         build = (lambda: build_kernels_ahead(tasks, student_dir, scratch, solution=args.solution)) if has_cuda else None
-        graded_now = grade_at_once(tasks, grade, build=build, share=share)
+        graded_now = grade_at_once(tasks, grade, build=build, share=share,
+                                   building=building_lock(worker_builds(scratch)))
         entries = [graded_now[t] for t in tasks]
         if args.keep:
             kept = kept_entries(out_dir, key, tasks)

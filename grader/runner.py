@@ -42,6 +42,7 @@ class TaskRun:
     seconds: float
     log: str
     cause: str | None = None  # common.outcome.Cause of having no record, where known
+    waited_s: float = 0.0  # of `seconds`, those it waited for the GPU (other tasks' timed parts): not counted
 
 
 def crash_reason(returncode: int, output: str) -> str:
@@ -103,7 +104,7 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
     try:
         reader.start()
         waiting = waiting_file(gpu_share, proc.pid) if gpu_share else None
-        timed_out = not wait_counting(proc, timeout_s, lambda: waiting is not None and waiting.exists())
+        ended, waited_s = wait_counting(proc, timeout_s, lambda: waiting is not None and waiting.exists())
     finally:  # also when the grader itself is stopped: nothing may still write in `scratch` as it is removed
         _kill(proc)
         with _LOCK:
@@ -113,17 +114,17 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
     log = "".join(lines)
     (scratch / f"task{task}.log").write_text(log)
 
-    if timed_out:
+    if not ended:
         return TaskRun(task, None, f"timed out after {timeout_s} s (a hang or an endless loop?)", seconds, log,
-                       Cause.TIMED_OUT)
+                       Cause.TIMED_OUT, waited_s)
     if not results.exists():
-        return TaskRun(task, None, crash_reason(proc.returncode, log), seconds, log)
+        return TaskRun(task, None, crash_reason(proc.returncode, log), seconds, log, waited_s=waited_s)
     try:
         record = valid_record(json.loads(results.read_text()), task)
     except (ValueError, TypeError, KeyError) as err:
         return TaskRun(task, None, f"its record is malformed ({err}), so it could not be scored", seconds, log,
-                       Cause.MALFORMED)
-    return TaskRun(task, record, None, seconds, log)
+                       Cause.MALFORMED, waited_s)
+    return TaskRun(task, record, None, seconds, log, waited_s=waited_s)
 
 
 RUNNING: set[subprocess.Popen] = set()  # the tests running now, in any thread
@@ -147,22 +148,24 @@ def stop_running() -> None:
         _kill(proc)
 
 
-def wait_counting(proc: subprocess.Popen, limit_s: float, waiting, tick_s: float = 0.5) -> bool:
+def wait_counting(proc: subprocess.Popen, limit_s: float, waiting, tick_s: float = 0.5) -> tuple[bool, float]:
     """Wait for `proc` to end, at most `limit_s` seconds not counting those while `waiting()` is true.
-    True if it ended in time."""
-    used, last = 0.0, time.monotonic()
+    (whether it ended in time, the seconds not counted)."""
+    used, waited, last = 0.0, 0.0, time.monotonic()
     while True:
         try:
             proc.wait(timeout=min(tick_s, max(limit_s - used, 0.01)))
-            return True
+            return True, waited
         except subprocess.TimeoutExpired:
             pass
         now = time.monotonic()
-        if not waiting():
+        if waiting():
+            waited += now - last
+        else:
             used += now - last
         last = now
         if used >= limit_s:
-            return False
+            return False, waited
 
 
 PREBUILD_S = 240  # more than a cold build of the largest kernel file takes; a stuck build is its task's to report

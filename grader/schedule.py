@@ -59,12 +59,16 @@ def loads_built_kernels(task: int) -> bool:
     return any(TASKS[n].cuda for n in (task, *TASKS[task].uses))
 
 
-def grade_at_once(tasks, grade, *, build=None, share: Path, echo: InOrder | None = None) -> dict[int, dict]:
+def grade_at_once(tasks, grade, *, build=None, share: Path, building: Path | None = None,
+                  echo: InOrder | None = None) -> dict[int, dict]:
     """Run `grade(task, say, before)` for every task, each in a thread, and return {task: its entry}.
 
     build(): the builds ahead (None: none), run here while the grading holds the GPU shared, so
-    no timed part starts before they end; the line it returns is shown. say(text): the task's
-    output, shown in order. before: {task: entry} of the tasks it waited for (`waits_for`).
+    no timed part starts before they end; the line it returns is shown. The tasks whose workers
+    load built kernels wait for it; those that run student Python start at once, and their tests
+    wait for `building` (held exclusively meanwhile: common/sandbox.py's copy_builds) only when
+    they take the kernels. say(text): the task's output, shown in order. before: {task: entry} of
+    the tasks it waited for (`waits_for`).
     """
     echo = echo or InOrder(tasks)
     entries: dict[int, dict] = {}
@@ -76,7 +80,7 @@ def grade_at_once(tasks, grade, *, build=None, share: Path, echo: InOrder | None
 
     def one(task):
         try:
-            if loads_built_kernels(task):
+            if loads_built_kernels(task) and not runs_student_python(task):
                 built.wait()
             for other in waits_for(task, tasks):
                 done[other].wait()
@@ -90,18 +94,25 @@ def grade_at_once(tasks, grade, *, build=None, share: Path, echo: InOrder | None
 
     threads = [threading.Thread(target=one, args=(t,), daemon=True, name=f"task{t}") for t in tasks]
     try:
-        for t in threads:
-            t.start()
         if build is not None:
-            with open(share, "a+") as held:
-                fcntl.flock(held, fcntl.LOCK_SH)
+            building = building or share.with_name("building.lock")
+            building.parent.mkdir(parents=True, exist_ok=True)
+            with open(share, "a+") as gpu, open(building, "a+") as ahead:
+                fcntl.flock(gpu, fcntl.LOCK_SH)
+                fcntl.flock(ahead, fcntl.LOCK_EX)  # before any test can look for it
+                for t in threads:
+                    t.start()
                 try:
                     said = build()
                 finally:
                     built.set()
-                    fcntl.flock(held, fcntl.LOCK_UN)
+                    fcntl.flock(ahead, fcntl.LOCK_UN)
+                    fcntl.flock(gpu, fcntl.LOCK_UN)
             if said:
                 echo.write(said + "\n")
+        else:
+            for t in threads:
+                t.start()
         for t in threads:
             while t.is_alive():
                 t.join(timeout=1.0)  # the grader stays stoppable (SIGTERM is handled in this thread)

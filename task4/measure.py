@@ -59,7 +59,7 @@ class TimedSets:
                 t.normal_()
             out.fill_(math.nan)
             b, h = self.rng.randrange(q.shape[0]), self.rng.randrange(q.shape[1])
-            self.picked.append((b, h, q[b, h].cpu(), k[b, h].cpu(), v[b, h].cpu()))
+            self.picked.append((b, h, q[b, h].clone(), k[b, h].clone(), v[b, h].clone()))  # not the worker's memory
         self.bit_sums = [[bit_sum(t) for t in s[:3]] for s in self.sets]
         torch.cuda.synchronize()
 

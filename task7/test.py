@@ -128,6 +128,7 @@ def run_cases(report, worker, cases, first_seed: int, device: str, hidden: bool)
 
 
 def run_on_gpu(report, worker, args):
+    worker.take_kernels_built_ahead()  # graded: the kernels the grader built while the CPU part ran
     report.begin_part("your Task 4 and Task 5 kernels inside GPT-2, on the GPU", (1, 2, 3))
     if report.stopped:  # a step the CPU part found missing: nothing to build GPT-2 for
         report.end_part("gpu")

@@ -44,7 +44,7 @@ def test_a_worker_running_student_python_never_writes_in_the_shared_build_folder
             assert worker.builds == (shared / "student" if sandbox == "bubblewrap" else written), task
 
 
-def test_the_private_copy_keeps_the_times_ninja_compares_and_is_mounted_at_the_shared_path(tmp_path, monkeypatch):
+def test_the_private_copy_keeps_the_times_ninja_compares(tmp_path):
     shared, private = tmp_path / "shared" / "student", tmp_path / "task6-work" / "own"
     for name in ("task4-student", "task5-student"):
         (shared / name).mkdir(parents=True)
@@ -56,6 +56,30 @@ def test_the_private_copy_keeps_the_times_ninja_compares_and_is_mounted_at_the_s
     assert sorted(p.name for p in private.iterdir()) == ["task4-student", "task5-student"]
     assert (private / "task5-student" / "binding.o").read_text() == "task5-student"
     assert (private / "task5-student" / "binding.o").stat().st_mtime_ns == 10**18
+    assert not (private / "task4-student" / "build.flock").read_text()  # (the lock's own file, copied too)
+
+
+def test_the_copy_waits_for_the_graders_builds_ahead(tmp_path):
+    import fcntl
+
+    shared = tmp_path / "worker-builds" / "student"
+    (shared / "task4-student").mkdir(parents=True)
+    (shared / "task4-student" / "build.flock").touch()
+    ahead = open(sandbox_module.building_lock(shared.parent), "a+")
+    fcntl.flock(ahead, fcntl.LOCK_EX)
+    copied = threading.Event()
+    copying = threading.Thread(target=lambda: (sandbox_module.copy_builds(shared, tmp_path / "own", ["task4-student"]),
+                                               copied.set()))
+    copying.start()
+    assert not copied.wait(0.5)  # still building: nothing is copied yet
+    (shared / "task4-student" / "kernels.o").write_text("built")
+    fcntl.flock(ahead, fcntl.LOCK_UN)
+    assert copied.wait(5)
+    assert (tmp_path / "own" / "task4-student" / "kernels.o").read_text() == "built"
+
+
+def test_the_bwrap_command_mounts_the_copy_where_the_shared_folder_is(tmp_path, monkeypatch):
+    private, shared = tmp_path / "own", tmp_path / "shared" / "student"
     monkeypatch.setattr(sandbox_module, "_hidden_roots", lambda extra: [])
     monkeypatch.setattr(sandbox_module, "_python_paths", lambda: [])
     cmd = sandbox_module.bwrap_command(tmp_path / "view", [(private, shared)], [])

@@ -83,12 +83,13 @@ def test_a_fault_of_the_grader_in_one_task_is_raised_not_lost(tmp_path):
 def test_the_time_spent_waiting_for_the_gpu_is_not_counted(tmp_path):
     sleeper = [sys.executable, "-c", "import time; time.sleep(1.5)"]
     proc = subprocess.Popen(sleeper)
-    assert runner.wait_counting(proc, 0.6, lambda: False, tick_s=0.1) is False
+    assert runner.wait_counting(proc, 0.6, lambda: False, tick_s=0.1) == (False, 0.0)
     proc.kill()
     proc.wait()
     proc = subprocess.Popen(sleeper)
     started = time.monotonic()
-    assert runner.wait_counting(proc, 0.6, lambda: time.monotonic() - started < 1.2, tick_s=0.1) is True
+    ended, waited = runner.wait_counting(proc, 0.6, lambda: time.monotonic() - started < 1.2, tick_s=0.1)
+    assert ended and 1.0 < waited < 1.5
 
 
 PROGRAM = textwrap.dedent("""
