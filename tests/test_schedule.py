@@ -106,6 +106,10 @@ PROGRAM = textwrap.dedent("""
     print("joined", time.monotonic(), flush=True)
     if sys.argv[1] == "hold":
         time.sleep(float(sys.argv[2]))
+    elif sys.argv[1] == "time-then-hold":  # its workers live on after its timed part: nobody else may time
+        with gpu_share.alone():
+            print("alone", time.monotonic(), flush=True)
+        time.sleep(float(sys.argv[2]))
     else:
         python, kernels = Worker(True), Worker(False)
         with gpu_share.alone(python, kernels):
@@ -148,3 +152,18 @@ def test_without_a_grader_sharing_the_gpu_nothing_waits_or_stops(monkeypatch):
 
     with gpu_share.alone(Worker()):
         pass
+
+
+def test_after_a_timed_part_no_other_starts_before_that_test_is_done_with_its_workers(tmp_path):
+    """The end of a timed part goes back to a shared hold in place: another test waiting to time does not slip in
+    while this one's workers (which may run student Python) are alive again."""
+    lock = tmp_path / "lock"
+    env = dict(os.environ, PYTHONPATH=str(REPO), **{gpu_share.ENV: str(lock)})
+    first = subprocess.Popen([sys.executable, "-c", PROGRAM, "time-then-hold", "1.5"], env=env, stdout=subprocess.PIPE,
+                             text=True)
+    assert first.stdout.readline().startswith("joined") and first.stdout.readline().startswith("alone")
+    second = subprocess.Popen([sys.executable, "-c", PROGRAM, "time"], env=env, stdout=subprocess.PIPE, text=True)
+    second.stdout.readline()
+    first_done = float(first.stdout.read().split()[-1])
+    assert float(second.stdout.readline().split()[1]) >= first_done
+    assert first.wait(timeout=10) == 0 and second.wait(timeout=10) == 0
