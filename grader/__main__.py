@@ -37,7 +37,7 @@ from common.tasks import TASKS
 from grader.fingerprints import checkout_fingerprint
 from grader.rubric import RUBRIC, TOTAL_POINTS, estimated, parse_tasks, score
 from grader.runner import build_kernels_ahead, run_task, valid_record, worker_builds
-from grader.schedule import grade_at_once, share_file
+from grader.schedule import cpu_priority, grade_at_once, share_file
 
 SANDBOX_TEXT = {
     "bubblewrap": "a sandboxed worker (bubblewrap: its own view of the files, its own processes, no network)",
@@ -97,7 +97,8 @@ def hung(entry: dict) -> bool:
 
 
 def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidden: bool, timeout: int | None,
-               has_cuda: bool, hung: tuple[int, ...] = (), say=print, gpu_share: Path | None = None) -> dict:
+               has_cuda: bool, hung: tuple[int, ...] = (), say=print, gpu_share: Path | None = None,
+               nice: int = 0) -> dict:
     rubric = RUBRIC[task]
     entry = {"task": task, "title": rubric.title, "max_points": rubric.points, "points": 0.0, "record": None}
     if not (REPO / f"task{task}" / "test.py").exists():
@@ -108,7 +109,7 @@ def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidd
     say(f"\n== Task {task}: {rubric.title}\n")
     run = run_task(task, student_dir, scratch, solution=solution, hidden=hidden,
                    timeout_s=timeout or rubric.timeout_s, hung=tuple(t for t in hung if t in TASKS[task].uses),
-                   echo=lambda line: say(f"  | {line}"), gpu_share=gpu_share)
+                   echo=lambda line: say(f"  | {line}"), gpu_share=gpu_share, nice=nice)
     say(f"  ({run.seconds:.0f} s, {run.waited_s:.0f} s of them waiting for the GPU while other tasks were timed)\n")
     if run.record is None:
         return entry | {"status": Status.CRASHED, "summary": run.reason, "cause": run.cause, "seconds": run.seconds}
@@ -337,7 +338,8 @@ def main(argv=None) -> int:
 
         def grade(task, say, before):
             entry = grade_task(task, student_dir, scratch, args.solution, hidden, args.timeout, has_cuda,
-                               tuple(t for t, e in before.items() if hung(e)), say=say, gpu_share=share)
+                               tuple(t for t, e in before.items() if hung(e)), say=say, gpu_share=share,
+                               nice=cpu_priority(task, tasks, has_cuda))
             save_entry(out_dir, entry, key)
             return entry
 

@@ -66,12 +66,13 @@ def echo_lines(line: str) -> None:
 
 
 def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hidden: bool, timeout_s: int,
-             echo=echo_lines, hung: tuple[int, ...] = (), gpu_share: Path | None = None) -> TaskRun:
+             echo=echo_lines, hung: tuple[int, ...] = (), gpu_share: Path | None = None, nice: int = 0) -> TaskRun:
     """Run taskN.test on the files in `student_dir`; everything it writes stays under `scratch`.
 
     echo: called with each line the test prints (None: kept in the log only). gpu_share: the lock file of
     the tasks graded at once (common/gpu_share.py); the time the test waits for the GPU is not counted
-    against `timeout_s`.
+    against `timeout_s`. nice: a lower CPU priority for the test and its workers, for while other tasks
+    run beside it (a timed part has the machine to itself, where it makes no difference).
     """
     results = scratch / f"task{task}.json"
     results.unlink(missing_ok=True)
@@ -88,8 +89,12 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
     if gpu_share:
         env[GPU_SHARE_ENV] = str(gpu_share)
     started = time.perf_counter()
+    def start():
+        die_with_parent()
+        os.nice(nice)
+
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, errors="replace", start_new_session=True, preexec_fn=die_with_parent)
+                            text=True, errors="replace", start_new_session=True, preexec_fn=start)
     with _LOCK:
         RUNNING.add(proc)
     lines: list[str] = []

@@ -55,6 +55,17 @@ def waits_for(task: int, tasks) -> list[int]:
     return [u for u in TASKS[task].uses if u in tasks and runs_student_python(u)]
 
 
+NICE = 5  # a lower CPU priority: the CUDA tasks' builds, checks and sanitizer passes come first
+
+
+def cpu_priority(task: int, tasks, has_cuda: bool) -> int:
+    """The niceness of a task's test when graded beside kernel tasks: the tasks that run a student's Python
+    (PyTorch on the CPU, mostly) yield the CPU to the kernels' builds and checks, which every timed part
+    waits for. A timed part has the machine to itself, so no timing depends on it."""
+    beside_kernels = has_cuda and any(not runs_student_python(t) and TASKS[t].cuda for t in tasks)
+    return NICE if beside_kernels and runs_student_python(task) else 0
+
+
 def loads_built_kernels(task: int) -> bool:
     return any(TASKS[n].cuda for n in (task, *TASKS[task].uses))
 

@@ -167,3 +167,9 @@ def test_after_a_timed_part_no_other_starts_before_that_test_is_done_with_its_wo
     first_done = float(first.stdout.read().split()[-1])
     assert float(second.stdout.readline().split()[1]) >= first_done
     assert first.wait(timeout=10) == 0 and second.wait(timeout=10) == 0
+
+
+def test_the_tasks_running_student_python_yield_the_cpu_to_the_kernel_tasks():
+    assert [schedule.cpu_priority(t, range(1, 8), True) for t in range(1, 8)] == [5, 0, 5, 0, 0, 5, 5]
+    assert schedule.cpu_priority(1, [1, 3], True) == 0  # nothing beside them to yield to
+    assert schedule.cpu_priority(6, range(1, 8), False) == 0  # no GPU: the CUDA tasks do not run
