@@ -145,9 +145,11 @@ def benchmark_cases(solution=False) -> list[TimedCase]:
     return cases
 
 
-def layer_cases() -> list[tuple[int, int, bool]]:
-    """(batch, seq, causal) of the handout's layer, timed against nn.MultiheadAttention."""
-    return [(batch, seq, causal) for batch, seq in HANDOUT_CASES for causal in (False, True)]
+def layer_cases(grading: bool = False) -> list[tuple[int, int, bool]]:
+    """(batch, seq, causal) of the handout's layer, timed against nn.MultiheadAttention; when grading, the
+    smallest batch only (the largest takes a second a request, and no point depends on it)."""
+    sizes = HANDOUT_CASES[:1] if grading else HANDOUT_CASES
+    return [(batch, seq, causal) for batch, seq in sizes for causal in (False, True)]
 
 
 def run_benchmarks(report, worker, cases, layer_cases, with_tensor_cores=False):

@@ -289,10 +289,12 @@ def reference_attention(report):
         return None
 
 
-def run_generation(report, worker, name: str, config: Config, run: Run, seed: int, copy_gbs=None):
+def run_generation(report, worker, name: str, config: Config, run: Run, seed: int, copy_gbs=None,
+                   baselines: bool = True):
     """Your model's generation in the worker, then, with the worker ended, the checks and the baselines here.
 
-    copy_gbs: the copy bandwidth, measured here when None (on the GPU).
+    copy_gbs: the copy bandwidth, measured here when None (on the GPU). baselines: also time SDPA and the
+    reference kernels over the same cache (the grader leaves them out: no point depends on them).
     """
     if config.max_seq < run.prompt + run.steps:
         raise ValueError(f"{name}: max_seq {config.max_seq} is shorter than the run")
@@ -331,7 +333,7 @@ def run_generation(report, worker, name: str, config: Config, run: Run, seed: in
                    f"TTFT {ttft.median_ms:.1f} ms, TBT {tbt.median_ms:.2f} ms = {tbt.median_ms / floor:.2f}x the floor "
                    f"of {floor:.2f} ms ({nbytes / 1e9:.1f} GB per step at the {measured_gbs:.0f} GB/s copy bandwidth)")
         sdpa = SmallLM(config, SdpaCachedAttention, device="meta").share_weights(model)
-        t = bench.or_out_of_memory(lambda: time_here(sdpa, model, run, seed))
+        t = bench.or_out_of_memory(lambda: time_here(sdpa, model, run, seed)) if baselines else "left out"
         if not isinstance(t, str):
             metrics |= {"ttft_sdpa_ms": t[0].median_ms, "tbt_sdpa_ms": t[1].median_ms,
                         "tbt_speedup_vs_sdpa": t[1].median_ms / tbt.median_ms}
@@ -340,7 +342,7 @@ def run_generation(report, worker, name: str, config: Config, run: Run, seed: in
         if not isinstance(recompute, str):
             metrics |= {"tbt_recompute_ms": recompute, "tbt_speedup_vs_recompute": recompute / tbt.median_ms}
             message += f"; no cache, recomputing the sequence: {recompute:.1f} ms per token (at its middle length)"
-        reference = reference_attention(report) if run.device == "cuda" else None
+        reference = reference_attention(report) if run.device == "cuda" and baselines else None
         if reference is not None:
             attention, kernels = reference
             ours = SmallLM(config, attention, device="meta").share_weights(model).set_kernels(kernels)
@@ -389,8 +391,12 @@ def main(argv=None) -> int:
             report.note("the generation run is skipped until every check passes")
         elif torch.cuda.is_available():
             size = choose_size(args.size)
+            if args.grading:
+                report.note(cli.GRADING_LEAVES_OUT.format(task=6, what="SDPA and the reference kernels over the "
+                                                                      "same cache in the generation run"))
             with gpu_share.alone(worker):  # it also gives back the checks' own reference models' memory
-                run_generation(report, worker, size, SIZES[size], HANDOUT, cli.seed(60, args.hidden))
+                run_generation(report, worker, size, SIZES[size], HANDOUT, cli.seed(60, args.hidden),
+                               baselines=not args.grading)
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(6, args.solution, args.student_dir, report.attention_ops), kind="rule")
     return report.finish(args.json)

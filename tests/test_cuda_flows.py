@@ -124,3 +124,19 @@ def test_no_real_run_can_reach_the_stand_ins():
     found = [f"{path.relative_to(REPO)}" for folder in ("common", "grader", *(f"task{n}" for n in range(1, 8)))
              for path in (REPO / folder).rglob("*.py") if any(name in path.read_text() for name in names)]
     assert found == []
+
+
+def test_the_grader_leaves_out_only_the_largest_layer_timing(stand_in, monkeypatch):
+    """No point depends on the handout layer at its largest batch (a second a request): the grader's run leaves it
+    out and says so; the scored case and the checks of the timed outputs stay."""
+    from task4 import measure
+
+    monkeypatch.setattr(measure, "HANDOUT_CASES", [(2, 64), (3, 64)])
+    assert measure.layer_cases(grading=True) == [(2, 64, False), (2, 64, True)]
+    record = stand_in.run(4, "--solution", "--hidden", "--grading")
+    assert record["status"] == "passed", failed(record)
+    layers = [c["name"] for c in record["cases"] if c["name"].startswith("layer batch")]
+    assert layers and all(name.startswith("layer batch 2 ") for name in layers), layers
+    assert any(c["name"].startswith("attention alone batch 3 ") and c["passed"] for c in record["cases"])
+    assert any("the grader leaves out" in note for note in record["notes"])
+    assert scored_ratios(record)
