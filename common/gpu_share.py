@@ -6,10 +6,11 @@ KIT_GPU_SHARE. Each test holds the lock shared from its first worker on (`join`)
 its parts, and nothing else starts until it ends. Builds, checks and sanitizer passes overlap;
 timings never do (another process's GPU work would slow the reference's timing, or the student's).
 
-While a test waits, its workers that run only kernels may live: they do nothing unless called,
-and each call waits for its GPU work. A worker that runs a student's Python is stopped before
-the wait (`alone(worker)`), since that code could keep the GPU busy from a thread of its own; its
-next call starts it again, inside the timed part.
+While a test waits, its workers that run only kernels may live: they do nothing unless called
+(common/kernel_rules.py leaves a kernel file no threads), and each call waits for its GPU work.
+A worker that runs a student's Python is stopped before the wait and at the end of the timed
+part (`alone(worker)`), since that code could keep the GPU busy from a thread of its own; its
+next call starts it again.
 
 The time a test waits is marked by a file beside the lock (`waiting_file`), so the grader does
 not count it against the task's time limit. Without KIT_GPU_SHARE (a student's own run), both
@@ -76,16 +77,18 @@ def alone(*workers):
     if "fd" not in _held:
         yield
         return
-    for worker in workers:
-        if worker is not None and worker.runs_student_python:
-            worker.stop_until_next_call()
+    python = [w for w in workers if w is not None and w.runs_student_python]
+    for worker in python:
+        worker.stop_until_next_call()
     _settle()
     fcntl.flock(_held["fd"], fcntl.LOCK_UN)  # never wait for the exclusive lock while holding the shared one
     _take(fcntl.LOCK_EX)
     try:
         yield
     finally:
-        _settle()
-        # back to shared in place: Linux converts a held flock under one lock of the file, so no other
-        # test's timed part starts before this test's own workers (which may run student Python) are ours again
-        fcntl.flock(_held["fd"], fcntl.LOCK_SH)
+        try:
+            _settle()
+        finally:
+            for worker in python:  # stopped again: going back to shared need not keep others out meanwhile
+                worker.stop_until_next_call()
+            fcntl.flock(_held["fd"], fcntl.LOCK_SH)

@@ -62,7 +62,16 @@ def sandbox_status() -> str:
     return "plain process"
 
 
-_SPAWNING = threading.Lock()
+# preexec_fn runs between fork and exec, which is unsafe while other threads run (the grader starts its
+# tasks' tests from several threads): every Popen with one holds this lock, and die_with_parent calls a
+# function looked up here, once, never the dynamic loader in the child.
+SPAWNING = threading.Lock()
+try:
+    import ctypes
+
+    _PRCTL = ctypes.CDLL(None).prctl
+except (OSError, AttributeError):
+    _PRCTL = None
 
 
 def die_with_parent() -> None:
@@ -70,13 +79,10 @@ def die_with_parent() -> None:
 
     The worker dies with the checks (bubblewrap does this for the whole sandbox), a task's test with the
     grader, a grader with grader.batch: nothing is left running when Slurm or a time limit stops the parent.
+    Start the child under SPAWNING.
     """
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL)
 
 
 def remove_tree(path: Path, wait_s: float = 10.0) -> None:
@@ -166,10 +172,25 @@ def building_lock(builds: Path) -> Path:
     return builds / "building.lock"
 
 
+def built_ahead(builds: Path) -> Path:
+    """The grader's copy of the kernels it built ahead in `builds`, which no worker can write (grader/runner.py)."""
+    return builds.with_name(builds.name + "-ahead")
+
+
+def copy_tree(source: Path, target: Path) -> None:
+    """Copy the folders and regular files under `source`, times kept (ninja compares them); a link is left
+    out, not followed, and so is anything else. Copy only what no process writes meanwhile."""
+    for folder, folders, files in os.walk(source):  # does not enter a link to a folder
+        into = target / Path(folder).relative_to(source)
+        into.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            if stat.S_ISREG(os.lstat(Path(folder) / name).st_mode):
+                shutil.copy2(Path(folder) / name, into / name)
+
+
 def copy_builds(shared: Path, private: Path, folders: list[str]) -> None:
-    """Copy the named build folders of `shared` into `private`, times kept (ninja compares them), once the
-    grader's builds ahead are done, each while no build writes in it (common/build.py's build.flock).
-    A folder not built is left out: the worker builds it in its copy."""
+    """Copy the named build folders of the grader's copy of `shared` (`built_ahead`) into `private`, once the
+    grader has made it (its building lock). A folder not built is left out: the worker builds it in its copy."""
     import fcntl
 
     from common.gpu_share import waiting
@@ -179,13 +200,10 @@ def copy_builds(shared: Path, private: Path, folders: list[str]) -> None:
     if ahead.exists():
         with open(ahead) as held, waiting():
             fcntl.flock(held, fcntl.LOCK_SH)
+    source = built_ahead(shared.parent) / shared.name
     for name in folders:
-        guard = shared / name / "build.flock"
-        if not guard.exists():
-            continue
-        with open(guard) as held:
-            fcntl.flock(held, fcntl.LOCK_SH)
-            shutil.copytree(shared / name, private / name, symlinks=True)
+        if (source / name).is_dir() and not (source / name).is_symlink():
+            copy_tree(source / name, private / name)
 
 
 def make_view(task: int, student_dir: Path, view: Path, solution: bool) -> list[str]:
@@ -348,11 +366,14 @@ class Worker:
             hide = [self.student_dir, *self.hide, self.scratch]
             if os.environ.get("KIT_BUILD_ROOT"):  # the checks' builds, the published reference among them
                 hide.append(Path(os.environ["KIT_BUILD_ROOT"]))
+            for grading in ("KIT_WORKER_BUILDS", "KIT_GPU_SHARE"):  # the grading's scratch folder, wherever
+                if os.environ.get(grading):                      # TMPDIR puts it: its locks, the builds
+                    hide.append(Path(os.environ[grading]).parent)
             cmd = bwrap_command(self.view, writable, hide) + cmd
         if self.memory_limit:  # few threads and malloc arenas: each reserves address space the limit counts
             env |= {"OMP_NUM_THREADS": "2", "MALLOC_ARENA_MAX": "2"}
 
-        with _SPAWNING:  # preexec_fn runs between fork and exec: never two at once
+        with SPAWNING:
             self.proc = subprocess.Popen(cmd, cwd=self.view, env=env, pass_fds=tuple(fds),
                                          start_new_session=True, preexec_fn=die_with_parent)
         child.close()
@@ -395,7 +416,7 @@ class Worker:
         self._request({"op": "start", "block_attention": self.block_attention, "memory_budget": self.memory_limit},
                       timeout=START_TIMEOUT_S)
 
-    def _sanitized(self, cmd: list[str], env: dict, fds: list[int], writable: list[Path]) -> list[str]:
+    def _sanitized(self, cmd: list[str], env: dict, fds: list[int], writable: list[tuple[Path, Path]]) -> list[str]:
         """Run the worker under compute-sanitizer, its report written to a pipe only the checks read."""
         import threading
 

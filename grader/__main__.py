@@ -36,7 +36,7 @@ from common.sandbox import building_lock, copy_regular_file, remove_tree, sandbo
 from common.tasks import TASKS
 from grader.fingerprints import checkout_fingerprint
 from grader.rubric import RUBRIC, TOTAL_POINTS, estimated, parse_tasks, score
-from grader.runner import build_kernels_ahead, run_task, valid_record, worker_builds
+from grader.runner import STOPPING, build_kernels_ahead, run_task, valid_record, worker_builds
 from grader.schedule import cpu_priority, grade_at_once, share_file
 
 SANDBOX_TEXT = {
@@ -110,7 +110,8 @@ def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidd
     run = run_task(task, student_dir, scratch, solution=solution, hidden=hidden,
                    timeout_s=timeout or rubric.timeout_s, hung=tuple(t for t in hung if t in TASKS[task].uses),
                    echo=lambda line: say(f"  | {line}"), gpu_share=gpu_share, nice=nice)
-    say(f"  ({run.seconds:.0f} s, {run.waited_s:.0f} s of them waiting for the GPU while other tasks were timed)\n")
+    say(f"  ({run.seconds:.0f} s, of which {run.waited_s:.0f} s waiting for the builds ahead or for other tasks' "
+        "timed parts)\n")
     if run.record is None:
         return entry | {"status": Status.CRASHED, "summary": run.reason, "cause": run.cause, "seconds": run.seconds}
     points, why = score(task, run.record)
@@ -340,7 +341,8 @@ def main(argv=None) -> int:
             entry = grade_task(task, student_dir, scratch, args.solution, hidden, args.timeout, has_cuda,
                                tuple(t for t, e in before.items() if hung(e)), say=say, gpu_share=share,
                                nice=cpu_priority(task, tasks, has_cuda))
-            save_entry(out_dir, entry, key)
+            if not STOPPING.is_set():  # a test killed as the grader stops is no result to keep
+                save_entry(out_dir, entry, key)
             return entry
 
         build = (lambda: build_kernels_ahead(tasks, student_dir, scratch, solution=args.solution)) if has_cuda else None

@@ -22,7 +22,7 @@ from pathlib import Path
 from common.impl import REPO
 from common.outcome import Cause, Kind, Status
 from common.gpu_share import ENV as GPU_SHARE_ENV, waiting_file
-from common.sandbox import Worker, die_with_parent, signal_words
+from common.sandbox import SPAWNING, Worker, built_ahead, copy_tree, die_with_parent, signal_words
 from common.tasks import TASKS
 
 CRASH_HINTS = [
@@ -94,9 +94,12 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
         die_with_parent()
         os.nice(nice)
 
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, errors="replace", start_new_session=True, preexec_fn=start)
     with _LOCK:
+        if STOPPING.is_set():  # the grader is being stopped: no new test
+            raise RuntimeError("the grading was stopped")
+        with SPAWNING:
+            proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, errors="replace", start_new_session=True, preexec_fn=start)
         RUNNING.add(proc)
     lines: list[str] = []
 
@@ -134,6 +137,7 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
 
 
 RUNNING: set[subprocess.Popen] = set()  # the tests running now, in any thread
+STOPPING = threading.Event()  # set when the grader is stopped: no test starts after it
 _LOCK = threading.Lock()
 
 
@@ -147,8 +151,10 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def stop_running() -> None:
-    """End every test still running (the grader is stopped): nothing may still write in its scratch folder."""
+    """End every test still running and start no other (the grader is stopped): nothing may still write in its
+    scratch folder."""
     with _LOCK:
+        STOPPING.set()
         running = list(RUNNING)
     for proc in running:
         _kill(proc)
@@ -202,8 +208,9 @@ def reference_extensions(tasks, solution: bool) -> list[tuple[int, str | None]]:
 
 def _reference_build(task: int, kernels: str | None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", f"task{task}.compile", "--solution", *(["--kernels", kernels] if kernels else [])]
-    return subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
+    with SPAWNING:
+        return subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
 
 
 def build_kernels_ahead(tasks, student_dir: Path, scratch: Path, *, solution: bool) -> str | None:
@@ -256,6 +263,9 @@ def build_kernels_ahead(tasks, student_dir: Path, scratch: Path, *, solution: bo
         _kill(proc)  # and its nvcc and ninja: the test that loads it builds it again, under the build's lock
     for w in workers:
         w.stop()  # also one still building: its task builds it again
+    for kind in ("solution", "student"):  # copied while no worker runs, for the tasks that run student Python
+        if (worker_builds(scratch) / kind).is_dir():  # (common/sandbox.py's copy_builds)
+            copy_tree(worker_builds(scratch) / kind, built_ahead(worker_builds(scratch)) / kind)
     seconds = time.perf_counter() - started
     said = f"built the kernels of tasks {', '.join(map(str, sorted(built))) or 'none'}"
     if references:

@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 
 from common.tasks import TASKS, runs_student_python
-from grader.runner import stop_running
+from grader.runner import STOPPING, stop_running
 
 
 class InOrder:
@@ -70,7 +70,7 @@ def loads_built_kernels(task: int) -> bool:
     return any(TASKS[n].cuda for n in (task, *TASKS[task].uses))
 
 
-def grade_at_once(tasks, grade, *, build=None, share: Path, building: Path | None = None,
+def grade_at_once(tasks, grade, *, build=None, building: Path | None = None, share: Path,
                   echo: InOrder | None = None) -> dict[int, dict]:
     """Run `grade(task, say, before)` for every task, each in a thread, and return {task: its entry}.
 
@@ -88,6 +88,8 @@ def grade_at_once(tasks, grade, *, build=None, share: Path, building: Path | Non
     built = threading.Event()
     if build is None:
         built.set()
+    elif building is None:
+        raise ValueError("building: the lock the tests wait on while `build` runs")
 
     def one(task):
         try:
@@ -95,6 +97,8 @@ def grade_at_once(tasks, grade, *, build=None, share: Path, building: Path | Non
                 built.wait()
             for other in waits_for(task, tasks):
                 done[other].wait()
+            if STOPPING.is_set():
+                return
             entries[task] = grade(task, lambda text: echo.say(task, text),
                                   {u: entries[u] for u in waits_for(task, tasks) if u in entries})
         except BaseException as err:  # noqa: BLE001
@@ -104,9 +108,9 @@ def grade_at_once(tasks, grade, *, build=None, share: Path, building: Path | Non
             echo.finish(task)
 
     threads = [threading.Thread(target=one, args=(t,), daemon=True, name=f"task{t}") for t in tasks]
+    said = None
     try:
         if build is not None:
-            building = building or share.with_name("building.lock")
             building.parent.mkdir(parents=True, exist_ok=True)
             with open(share, "a+") as gpu, open(building, "a+") as ahead:
                 fcntl.flock(gpu, fcntl.LOCK_SH)
@@ -119,17 +123,19 @@ def grade_at_once(tasks, grade, *, build=None, share: Path, building: Path | Non
                     built.set()
                     fcntl.flock(ahead, fcntl.LOCK_UN)
                     fcntl.flock(gpu, fcntl.LOCK_UN)
-            if said:
-                echo.write(said + "\n")
         else:
             for t in threads:
                 t.start()
         for t in threads:
             while t.is_alive():
                 t.join(timeout=1.0)  # the grader stays stoppable (SIGTERM is handled in this thread)
+        if build is not None and said:
+            echo.write(f"\n{said}\n")
+    except BaseException:  # stopped (SIGTERM): end the tests still running before their scratch folder goes
+        stop_running()
+        raise
     finally:
         built.set()
-        stop_running()  # stopped: end the tests still running before their scratch folder goes
     if failures:
         raise failures[0]
     return entries

@@ -44,27 +44,33 @@ def test_a_worker_running_student_python_never_writes_in_the_shared_build_folder
             assert worker.builds == (shared / "student" if sandbox == "bubblewrap" else written), task
 
 
-def test_the_private_copy_keeps_the_times_ninja_compares(tmp_path):
-    shared, private = tmp_path / "shared" / "student", tmp_path / "task6-work" / "own"
+def test_the_private_copy_keeps_the_times_ninja_compares_and_follows_no_link(tmp_path):
+    """Tasks 2, 4 and 5's workers write in the shared folder: a link left there (to the reference's build, say) is
+    not followed into the copy a student's Python reads. The copy is taken from the grader's own copy."""
+    shared, private = tmp_path / "worker-builds" / "student", tmp_path / "task6-work" / "own"
+    trusted = tmp_path / "reference-build"
+    trusted.mkdir()
+    (trusted / "task5_solution.so").write_text("the reference")
+    ahead = sandbox_module.built_ahead(shared.parent) / "student"
     for name in ("task4-student", "task5-student"):
-        (shared / name).mkdir(parents=True)
-        (shared / name / "build.flock").touch()
-        (shared / name / "binding.o").write_text(name)
-        os.utime(shared / name / "binding.o", ns=(10**18, 10**18))
-    (shared / "task2-student").mkdir()  # not a task 6 uses
-    sandbox_module.copy_builds(shared, private, ["task4-student", "task5-student", "task9-student"])
+        (ahead / name).mkdir(parents=True)
+        (ahead / name / "binding.o").write_text(name)
+        os.utime(ahead / name / "binding.o", ns=(10**18, 10**18))
+    (ahead / "task5-student" / "linked.so").symlink_to(trusted / "task5_solution.so")
+    (ahead / "task5-student" / "folder").symlink_to(trusted)
+    (ahead / "task7-student").symlink_to(trusted)
+    sandbox_module.copy_builds(shared, private, ["task4-student", "task5-student", "task7-student", "task9-student"])
     assert sorted(p.name for p in private.iterdir()) == ["task4-student", "task5-student"]
+    assert sorted(p.name for p in (private / "task5-student").iterdir()) == ["binding.o"]
     assert (private / "task5-student" / "binding.o").read_text() == "task5-student"
     assert (private / "task5-student" / "binding.o").stat().st_mtime_ns == 10**18
-    assert not (private / "task4-student" / "build.flock").read_text()  # (the lock's own file, copied too)
 
 
 def test_the_copy_waits_for_the_graders_builds_ahead(tmp_path):
     import fcntl
 
     shared = tmp_path / "worker-builds" / "student"
-    (shared / "task4-student").mkdir(parents=True)
-    (shared / "task4-student" / "build.flock").touch()
+    shared.mkdir(parents=True)
     ahead = open(sandbox_module.building_lock(shared.parent), "a+")
     fcntl.flock(ahead, fcntl.LOCK_EX)
     copied = threading.Event()
@@ -72,7 +78,9 @@ def test_the_copy_waits_for_the_graders_builds_ahead(tmp_path):
                                                copied.set()))
     copying.start()
     assert not copied.wait(0.5)  # still building: nothing is copied yet
-    (shared / "task4-student" / "kernels.o").write_text("built")
+    built = sandbox_module.built_ahead(shared.parent) / "student" / "task4-student"
+    built.mkdir(parents=True)
+    (built / "kernels.o").write_text("built")
     fcntl.flock(ahead, fcntl.LOCK_UN)
     assert copied.wait(5)
     assert (tmp_path / "own" / "task4-student" / "kernels.o").read_text() == "built"
@@ -121,10 +129,15 @@ def test_the_builds_run_together_and_are_all_stopped(tmp_path, monkeypatch):
     assert runner.build_kernels_ahead([1, 3], tmp_path, tmp_path, solution=False) is None
     assert StandIn.spawned == []
     StandIn.together = threading.Barrier(3, timeout=0.4)  # one after another, no build would get past it
+    built = runner.worker_builds(tmp_path) / "student" / "task4-student"
+    built.mkdir(parents=True)
+    (built / "kernels.o").write_text("built")
     line = runner.build_kernels_ahead([1, 2, 5], tmp_path, tmp_path, solution=False)
     StandIn.together = None
     assert line.startswith("built the kernels of tasks 2, 4, 5 at once (")
     assert sorted(StandIn.handshakes) == [2, 4, 5] and sorted(StandIn.stopped) == [2, 4, 5]
+    copied = sandbox_module.built_ahead(runner.worker_builds(tmp_path)) / "student" / "task4-student" / "kernels.o"
+    assert copied.read_text() == "built"  # the grader's own copy, made once every build has stopped
 
     StandIn.stopped, StandIn.fail, StandIn.hang = [], {2}, {5}
     line = runner.build_kernels_ahead([2, 5], tmp_path, tmp_path, solution=False)
