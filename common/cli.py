@@ -32,8 +32,9 @@ def parser(task: int, description: str) -> argparse.ArgumentParser:
     p.add_argument("--hidden", action="store_true", help=argparse.SUPPRESS)  # the grader's extra cases
     # the grader's run: it leaves out the slowest comparisons that are not scored (GRADING_LEAVES_OUT)
     p.add_argument("--grading", action="store_true", help=argparse.SUPPRESS)
-    # the grader's: tasks whose code this task would load but which hung at import when they were graded
-    p.add_argument("--hung", type=int, action="append", default=[], metavar="TASK", help=argparse.SUPPRESS)
+    # the grader's: TASK=FILE for each task whose code this one loads and which is graded beside it: FILE says
+    # "hung" or "done" once TASK is graded (used_code_hung)
+    p.add_argument("--outcome", action="append", default=[], metavar="TASK=FILE", help=argparse.SUPPRESS)
     from common.tasks import TASKS
 
     if TASKS[task].cuda:
@@ -44,6 +45,24 @@ def parser(task: int, description: str) -> argparse.ArgumentParser:
 
 GRADING_LEAVES_OUT = ("the grader leaves out the slowest timings that are not scored ({what}): "
                       "python -m task{task}.test shows them")
+
+
+def used_code_hung(args, task: int) -> bool:
+    """Whether task `task`'s code, which this test is about to load, hung at import when the grader graded it
+    beside this one: then loading it again would cost a whole call's time limit. Waits until it is graded
+    (the wait is the grader's, not counted against this task's time limit); False outside the grader."""
+    import time
+
+    from common import gpu_share
+
+    files = dict(item.split("=", 1) for item in args.outcome)
+    if str(task) not in files:
+        return False
+    told = Path(files[str(task)])
+    with gpu_share.waiting():
+        while not told.exists():
+            time.sleep(0.2)
+    return told.read_text().strip() == "hung"
 
 
 def hidden_module():

@@ -37,7 +37,7 @@ from common.tasks import TASKS
 from grader.fingerprints import checkout_fingerprint
 from grader.rubric import RUBRIC, TOTAL_POINTS, estimated, parse_tasks, score
 from grader.runner import STOPPING, build_kernels_ahead, run_task, valid_record, worker_builds
-from grader.schedule import cpu_priority, grade_at_once, share_file
+from grader.schedule import cpu_priority, grade_at_once, loads_code_of, outcome_file, share_file
 
 SANDBOX_TEXT = {
     "bubblewrap": "a sandboxed worker (bubblewrap: its own view of the files, its own processes, no network)",
@@ -97,7 +97,7 @@ def hung(entry: dict) -> bool:
 
 
 def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidden: bool, timeout: int | None,
-               has_cuda: bool, hung: tuple[int, ...] = (), say=print, gpu_share: Path | None = None,
+               has_cuda: bool, outcomes: dict[int, Path] | None = None, say=print, gpu_share: Path | None = None,
                nice: int = 0) -> dict:
     rubric = RUBRIC[task]
     entry = {"task": task, "title": rubric.title, "max_points": rubric.points, "points": 0.0, "record": None}
@@ -108,7 +108,7 @@ def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidd
                         "summary": "not graded here: run the grader on a machine with a CUDA GPU"}
     say(f"\n== Task {task}: {rubric.title}\n")
     run = run_task(task, student_dir, scratch, solution=solution, hidden=hidden,
-                   timeout_s=timeout or rubric.timeout_s, hung=tuple(t for t in hung if t in TASKS[task].uses),
+                   timeout_s=timeout or rubric.timeout_s, outcomes=outcomes,
                    echo=lambda line: say(f"  | {line}"), gpu_share=gpu_share, nice=nice)
     say(f"  ({run.seconds:.0f} s, of which {run.waited_s:.0f} s waiting for the builds ahead or for other tasks' "
         "timed parts)\n")
@@ -337,13 +337,17 @@ def main(argv=None) -> int:
                "device": env["device"], "torch": env["torch"]}
         share = share_file(scratch)
 
-        def grade(task, say, before):
-            entry = grade_task(task, student_dir, scratch, args.solution, hidden, args.timeout, has_cuda,
-                               tuple(t for t, e in before.items() if hung(e)), say=say, gpu_share=share,
-                               nice=cpu_priority(task, tasks, has_cuda))
-            if not STOPPING.is_set():  # a test killed as the grader stops is no result to keep
-                save_entry(out_dir, entry, key)
-            return entry
+        def grade(task, say):
+            entry = None
+            try:
+                entry = grade_task(task, student_dir, scratch, args.solution, hidden, args.timeout, has_cuda,
+                                   {u: outcome_file(scratch, u) for u in loads_code_of(task, tasks)}, say=say,
+                                   gpu_share=share, nice=cpu_priority(task, tasks, has_cuda))
+                if not STOPPING.is_set():  # a test killed as the grader stops is no result to keep
+                    save_entry(out_dir, entry, key)
+                return entry
+            finally:  # what a task that loads this one's code waits for (common/cli.py's used_code_hung)
+                outcome_file(scratch, task).write_text("hung" if entry is not None and hung(entry) else "done")
 
         build = (lambda: build_kernels_ahead(tasks, student_dir, scratch, solution=args.solution)) if has_cuda else None
         graded_now = grade_at_once(tasks, grade, build=build, share=share,

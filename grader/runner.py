@@ -66,13 +66,16 @@ def echo_lines(line: str) -> None:
 
 
 def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hidden: bool, timeout_s: int,
-             echo=echo_lines, hung: tuple[int, ...] = (), gpu_share: Path | None = None, nice: int = 0) -> TaskRun:
+             echo=echo_lines, outcomes: dict[int, Path] | None = None, gpu_share: Path | None = None,
+             nice: int = 0) -> TaskRun:
     """Run taskN.test on the files in `student_dir`; everything it writes stays under `scratch`.
 
-    echo: called with each line the test prints (None: kept in the log only). gpu_share: the lock file of
-    the tasks graded at once (common/gpu_share.py); the time the test waits for the GPU is not counted
-    against `timeout_s`. nice: a lower CPU priority for the test and its workers, for while other tasks
-    run beside it (a timed part has the machine to itself, where it makes no difference).
+    echo: called with each line the test prints (None: kept in the log only). outcomes: {task: file} of the
+    tasks whose code this one loads and which are graded beside it (common/cli.py's used_code_hung).
+    gpu_share: the lock file of the tasks graded at once (common/gpu_share.py); the time the test waits
+    for the GPU is not counted against `timeout_s`. nice: a lower CPU priority for the test and its
+    workers, for while other tasks run beside it (a timed part has the machine to itself, where it makes
+    no difference).
     """
     results = scratch / f"task{task}.json"
     results.unlink(missing_ok=True)
@@ -83,8 +86,8 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
     cmd += ["--solution"] if solution else []
     cmd += ["--hidden"] if hidden else []
     cmd += ["--grading"]  # the slowest unscored comparisons are left to the student's own run
-    for other in hung:  # tasks whose code hung at import: the test does not load it again (one time limit, not two)
-        cmd += ["--hung", str(other)]
+    for other, told in (outcomes or {}).items():  # graded beside it: if that code hangs, it is not loaded again
+        cmd += ["--outcome", f"{other}={told}"]
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", TMPDIR=str(work),
                KIT_WORKER_BUILDS=str(worker_builds(scratch)))  # task 5's worker finds task 4's kernels built
     if gpu_share:

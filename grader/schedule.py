@@ -3,10 +3,11 @@
 Each task's test runs in its own process (grader/runner.py), all of them at once, and they share
 the GPU through common/gpu_share.py: builds, checks and sanitizer passes overlap, and each timed
 part waits until it has the GPU to itself. Before them, the kernels and references the tasks
-load are built at once (runner.build_kernels_ahead); a task that loads built kernels waits for
-that, and a task that loads another task's Python waits for that task (task 3 does not load
-task 1's code again if it hung at import). What the tests print is shown in task order: the
-first unfinished task's lines as they come, the others' once it is done.
+load are built at once (runner.build_kernels_ahead); a task whose workers load built kernels
+waits for that. A test that loads another graded task's Python waits, when it comes to it, until
+that task is graded, and does not load it if it hung at import (`outcome_file`; task 3 times itself
+against task 1). What the tests print is shown in task order: the first unfinished task's lines as
+they come, the others' once it is done.
 """
 
 from __future__ import annotations
@@ -50,9 +51,14 @@ class InOrder:
                 return
 
 
-def waits_for(task: int, tasks) -> list[int]:
-    """The graded tasks whose code `task`'s test loads in Python: it runs after them (their hang is its note)."""
+def loads_code_of(task: int, tasks) -> list[int]:
+    """The graded tasks whose Python `task`'s test loads (and must not, if it hung at import)."""
     return [u for u in TASKS[task].uses if u in tasks and runs_student_python(u)]
+
+
+def outcome_file(scratch: Path, task: int) -> Path:
+    """Written when `task` is graded: "hung" if its code hung, else "done" (common/cli.py's used_code_hung)."""
+    return scratch / f"task{task}.outcome"
 
 
 NICE = 5  # a lower CPU priority: the CUDA tasks' builds, checks and sanitizer passes come first
@@ -72,19 +78,17 @@ def loads_built_kernels(task: int) -> bool:
 
 def grade_at_once(tasks, grade, *, build=None, building: Path | None = None, share: Path,
                   echo: InOrder | None = None) -> dict[int, dict]:
-    """Run `grade(task, say, before)` for every task, each in a thread, and return {task: its entry}.
+    """Run `grade(task, say)` for every task, each in a thread, and return {task: its entry}.
 
     build(): the builds ahead (None: none), run here while the grading holds the GPU shared, so
     no timed part starts before they end; the line it returns is shown. The tasks whose workers
     load built kernels wait for it; those that run student Python start at once, and their tests
     wait for `building` (held exclusively meanwhile: common/sandbox.py's copy_builds) only when
-    they take the kernels. say(text): the task's output, shown in order. before: {task: entry} of
-    the tasks it waited for (`waits_for`).
+    they take the kernels. say(text): the task's output, shown in order.
     """
     echo = echo or InOrder(tasks)
     entries: dict[int, dict] = {}
     failures: list[BaseException] = []  # a fault of the grader in a task's thread: raised here, as before
-    done = {t: threading.Event() for t in tasks}
     built = threading.Event()
     if build is None:
         built.set()
@@ -95,16 +99,12 @@ def grade_at_once(tasks, grade, *, build=None, building: Path | None = None, sha
         try:
             if loads_built_kernels(task) and not runs_student_python(task):
                 built.wait()
-            for other in waits_for(task, tasks):
-                done[other].wait()
             if STOPPING.is_set():
                 return
-            entries[task] = grade(task, lambda text: echo.say(task, text),
-                                  {u: entries[u] for u in waits_for(task, tasks) if u in entries})
+            entries[task] = grade(task, lambda text: echo.say(task, text))
         except BaseException as err:  # noqa: BLE001
             failures.append(err)
         finally:
-            done[task].set()
             echo.finish(task)
 
     threads = [threading.Thread(target=one, args=(t,), daemon=True, name=f"task{t}") for t in tasks]

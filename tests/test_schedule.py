@@ -36,18 +36,15 @@ def test_each_tasks_lines_are_shown_in_task_order():
     assert shown[-1] == "4b"
 
 
-def test_the_tasks_run_at_once_after_the_builds_and_task_3_after_task_1(tmp_path):
-    order, together = [], threading.Barrier(3, timeout=5)  # passed only if tasks 2, 4 and 5 run at once
+def test_the_tasks_run_at_once_and_those_whose_workers_load_kernels_after_the_builds(tmp_path):
+    order, together = [], threading.Barrier(5, timeout=5)  # passed only if all five run at once
     lock = threading.Lock()
 
-    def grade(task, say, before):
+    def grade(task, say):
         with lock:
-            order.append(("start", task, sorted(before)))
-        if task in (2, 4, 5):
-            together.wait()
+            order.append(("start", task))
+        together.wait()
         say(f"task {task}\n")
-        with lock:
-            order.append(("end", task))
         return {"task": task}
 
     def build():
@@ -64,14 +61,34 @@ def test_the_tasks_run_at_once_after_the_builds_and_task_3_after_task_1(tmp_path
                                      echo=schedule.InOrder([1, 2, 3, 4, 5], write=shown.append))
     assert sorted(entries) == [1, 2, 3, 4, 5]
     built_at = order.index(("built",))
-    for task in (2, 4, 5):  # they load built kernels
-        assert order.index(("start", task, [])) > built_at
-    assert order.index(("start", 3, [1])) > order.index(("end", 1))  # and task 1's entry is handed to it
+    assert all(order.index(("start", task)) > built_at for task in (2, 4, 5))  # their workers load built kernels
+    assert all(order.index(("start", task)) < built_at for task in (1, 3))  # theirs do not: they start at once
     assert shown == [f"task {t}\n" for t in (1, 2, 3, 4, 5)] + ["\nbuilt\n"]  # the builds' line at the end
+    assert schedule.loads_code_of(3, [1, 3]) == [1] and schedule.loads_code_of(3, [3]) == []
+    assert schedule.loads_code_of(6, range(1, 8)) == []  # tasks 4 and 5's kernels: built ahead, no code to hang
+
+
+def test_a_test_loads_another_tasks_code_only_once_that_task_is_graded_and_did_not_hang(tmp_path, monkeypatch):
+    from common import cli
+
+    told = tmp_path / "task1.outcome"
+    monkeypatch.setenv(gpu_share.ENV, str(tmp_path / "lock"))
+    args = cli.parser(3, "").parse_args(["--outcome", f"1={told}"])
+    answer = []
+    asking = threading.Thread(target=lambda: answer.append(cli.used_code_hung(args, 1)))
+    asking.start()
+    time.sleep(0.4)
+    assert not answer and gpu_share.waiting_file(tmp_path / "lock", os.getpid()).exists()  # waiting, and says so
+    told.write_text("hung")
+    asking.join(timeout=5)
+    assert answer == [True] and not gpu_share.waiting_file(tmp_path / "lock", os.getpid()).exists()
+    told.write_text("done")
+    assert cli.used_code_hung(args, 1) is False
+    assert cli.used_code_hung(cli.parser(3, "").parse_args([]), 1) is False  # not graded beside it: loaded
 
 
 def test_a_fault_of_the_grader_in_one_task_is_raised_not_lost(tmp_path):
-    def grade(task, say, before):
+    def grade(task, say):
         if task == 3:
             raise KeyError("a bug")
         return {"task": task}
@@ -158,12 +175,13 @@ def test_the_grader_being_stopped_starts_no_other_task(tmp_path, monkeypatch):
     monkeypatch.setattr(schedule, "STOPPING", runner.STOPPING)
     graded = []
 
-    def grade(task, say, before):
+    def grade(task, say):
         graded.append(task)
-        runner.stop_running()  # SIGTERM while task 1 runs: task 3, waiting for it, must not start
+        runner.stop_running()  # SIGTERM while task 1 runs: task 2, waiting for the builds, must not start
         return {"task": task}
 
-    entries = schedule.grade_at_once([1, 3], grade, share=tmp_path / "lock", echo=schedule.InOrder([1, 3], write=print))
+    entries = schedule.grade_at_once([1, 2], grade, build=lambda: time.sleep(0.5), share=tmp_path / "lock",
+                                     building=tmp_path / "building.lock", echo=schedule.InOrder([1, 2], write=print))
     assert graded == [1] and sorted(entries) == [1]
     with pytest.raises(RuntimeError, match="stopped"):
         runner.run_task(1, REPO, tmp_path, solution=True, hidden=False, timeout_s=5)
