@@ -37,7 +37,7 @@ from common.tasks import TASKS
 from grader.fingerprints import checkout_fingerprint
 from grader.rubric import RUBRIC, TOTAL_POINTS, estimated, parse_tasks, score
 from grader.runner import STOPPING, build_kernels_ahead, run_task, valid_record, worker_builds
-from grader.schedule import cpu_priority, grade_at_once, loads_code_of, outcome_file, share_file
+from grader.schedule import cpu_priority, cpu_threads, grade_at_once, loads_code_of, outcome_file, share_file
 
 SANDBOX_TEXT = {
     "bubblewrap": "a sandboxed worker (bubblewrap: its own view of the files, its own processes, no network)",
@@ -98,7 +98,7 @@ def hung(entry: dict) -> bool:
 
 def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidden: bool, timeout: int | None,
                has_cuda: bool, outcomes: dict[int, Path] | None = None, say=print, gpu_share: Path | None = None,
-               nice: int = 0) -> dict:
+               nice: int = 0, threads: int | None = None) -> dict:
     rubric = RUBRIC[task]
     entry = {"task": task, "title": rubric.title, "max_points": rubric.points, "points": 0.0, "record": None}
     if not (REPO / f"task{task}" / "test.py").exists():
@@ -109,7 +109,7 @@ def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidd
     say(f"\n== Task {task}: {rubric.title}\n")
     run = run_task(task, student_dir, scratch, solution=solution, hidden=hidden,
                    timeout_s=timeout or rubric.timeout_s, outcomes=outcomes,
-                   echo=lambda line: say(f"  | {line}"), gpu_share=gpu_share, nice=nice)
+                   echo=lambda line: say(f"  | {line}"), gpu_share=gpu_share, nice=nice, threads=threads)
     say(f"  ({run.seconds:.0f} s, of which {run.waited_s:.0f} s waiting for the builds ahead or for other tasks' "
         "timed parts)\n")
     if run.record is None:
@@ -342,7 +342,8 @@ def main(argv=None) -> int:
             try:
                 entry = grade_task(task, student_dir, scratch, args.solution, hidden, args.timeout, has_cuda,
                                    {u: outcome_file(scratch, u) for u in loads_code_of(task, tasks)}, say=say,
-                                   gpu_share=share, nice=cpu_priority(task, tasks, has_cuda))
+                                   gpu_share=share, nice=cpu_priority(task, tasks, has_cuda),
+                                   threads=cpu_threads(tasks))
                 if not STOPPING.is_set():  # a test killed as the grader stops is no result to keep
                     save_entry(out_dir, entry, key)
                 return entry

@@ -67,7 +67,7 @@ def echo_lines(line: str) -> None:
 
 def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hidden: bool, timeout_s: int,
              echo=echo_lines, outcomes: dict[int, Path] | None = None, gpu_share: Path | None = None,
-             nice: int = 0) -> TaskRun:
+             nice: int = 0, threads: int | None = None) -> TaskRun:
     """Run taskN.test on the files in `student_dir`; everything it writes stays under `scratch`.
 
     echo: called with each line the test prints (None: kept in the log only). outcomes: {task: file} of the
@@ -75,7 +75,7 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
     gpu_share: the lock file of the tasks graded at once (common/gpu_share.py); the time the test waits
     for the GPU is not counted against `timeout_s`. nice: a lower CPU priority for the test and its
     workers, for while other tasks run beside it (a timed part has the machine to itself, where it makes
-    no difference).
+    no difference). threads: PyTorch's CPU threads in the test and its workers (None: one per core).
     """
     results = scratch / f"task{task}.json"
     results.unlink(missing_ok=True)
@@ -92,6 +92,8 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
                KIT_WORKER_BUILDS=str(worker_builds(scratch)))  # task 5's worker finds task 4's kernels built
     if gpu_share:
         env[GPU_SHARE_ENV] = str(gpu_share)
+    if threads and "OMP_NUM_THREADS" not in os.environ:  # the user's own setting wins
+        env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     started = time.perf_counter()
     def start():
         die_with_parent()

@@ -72,6 +72,15 @@ def cpu_priority(task: int, tasks, has_cuda: bool) -> int:
     return NICE if beside_kernels and runs_student_python(task) else 0
 
 
+def cpu_threads(tasks) -> int | None:
+    """PyTorch's CPU threads for each test when several run at once: a share of the cores. Each PyTorch process
+    takes a thread per core by default, and several such processes on the same cores wait on each other's
+    threads at every parallel step: measured on a 16-core H200 machine, task 1's CPU checks took 267 s beside
+    the others instead of 34 s. None (one per core) for a single task."""
+    tasks = list(tasks)
+    return max(1, (os.cpu_count() or 1) // min(len(tasks), 4)) if len(tasks) > 1 else None
+
+
 def loads_built_kernels(task: int) -> bool:
     return any(TASKS[n].cuda for n in (task, *TASKS[task].uses))
 

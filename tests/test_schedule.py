@@ -185,3 +185,12 @@ def test_the_grader_being_stopped_starts_no_other_task(tmp_path, monkeypatch):
     assert graded == [1] and sorted(entries) == [1]
     with pytest.raises(RuntimeError, match="stopped"):
         runner.run_task(1, REPO, tmp_path, solution=True, hidden=False, timeout_s=5)
+
+
+def test_tests_side_by_side_share_the_cores(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert schedule.cpu_threads([1]) is None  # alone: PyTorch's default, a thread per core
+    assert schedule.cpu_threads([1, 3]) == 8
+    assert schedule.cpu_threads(range(1, 8)) == 4
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert schedule.cpu_threads(range(1, 8)) == 1
