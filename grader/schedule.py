@@ -75,8 +75,8 @@ def cpu_priority(task: int, tasks, has_cuda: bool) -> int:
 def cpu_threads(tasks) -> int | None:
     """PyTorch's CPU threads for each test when several run at once: a share of the cores. Each PyTorch process
     takes a thread per core by default, and several such processes on the same cores wait on each other's
-    threads at every parallel step: measured on a 16-core H200 machine, task 1's CPU checks took 267 s beside
-    the others instead of 34 s. None (one per core) for a single task."""
+    threads at every parallel step (on a 16-core H200 machine, one grading's task 1 took 267 s beside the
+    others, where it takes 34-44 s). None (one per core) for a single task."""
     tasks = list(tasks)
     return max(1, (os.cpu_count() or 1) // min(len(tasks), 4)) if len(tasks) > 1 else None
 
