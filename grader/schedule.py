@@ -78,7 +78,8 @@ def cpu_threads(tasks) -> int | None:
     threads at every parallel step (on a 16-core H200 machine, one grading's task 1 took 267 s beside the
     others, where it takes 34-44 s). None (one per core) for a single task."""
     tasks = list(tasks)
-    return max(1, (os.cpu_count() or 1) // min(len(tasks), 4)) if len(tasks) > 1 else None
+    cores = len(os.sched_getaffinity(0))  # those this job may use (a Slurm job's share of its node)
+    return max(1, cores // min(len(tasks), 4)) if len(tasks) > 1 else None
 
 
 def loads_built_kernels(task: int) -> bool:
