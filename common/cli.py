@@ -47,10 +47,14 @@ GRADING_LEAVES_OUT = ("the grader leaves out the slowest timings that are not sc
                       "python -m task{task}.test shows them")
 
 
-def used_code_hung(args, task: int) -> bool:
+OUTCOME_WAIT_S = 1500  # longer than any task's time limit (grader/rubric.py): past it, the task is taken as hung
+
+
+def used_code_hung(args, task: int, worker=None) -> bool:
     """Whether task `task`'s code, which this test is about to load, hung at import when the grader graded it
-    beside this one: then loading it again would cost a whole call's time limit. Waits until it is graded
-    (the wait is the grader's, not counted against this task's time limit); False outside the grader."""
+    beside this one: then loading it again would cost a whole call's time limit. Waits until it is graded,
+    without holding the GPU (`worker`: this test's, stopped meanwhile if it runs student Python); the wait
+    is not counted against this task's time limit. False outside the grader."""
     import time
 
     from common import gpu_share
@@ -58,11 +62,12 @@ def used_code_hung(args, task: int) -> bool:
     files = dict(item.split("=", 1) for item in args.outcome)
     if str(task) not in files:
         return False
-    told = Path(files[str(task)])
-    with gpu_share.waiting():
-        while not told.exists():
+    told = Path(files[str(task)])  # the grader writes it whole (os.replace), once
+    deadline = time.monotonic() + OUTCOME_WAIT_S
+    with gpu_share.stepped_out(worker):
+        while not told.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
-    return told.read_text().strip() == "hung"
+    return not told.exists() or told.read_text().strip() == "hung"
 
 
 def hidden_module():

@@ -70,6 +70,26 @@ def _settle() -> None:
 
 
 @contextmanager
+def stepped_out(*workers):
+    """Wait in the block without holding the GPU (for another task, say), so other tests' timed parts go on;
+    this test's workers that run student Python are stopped first, as for a timed part."""
+    if "fd" not in _held:
+        with waiting():
+            yield
+        return
+    for worker in workers:
+        if worker is not None and worker.runs_student_python:
+            worker.stop_until_next_call()
+    _settle()
+    fcntl.flock(_held["fd"], fcntl.LOCK_UN)
+    try:
+        with waiting():
+            yield
+    finally:
+        _take(fcntl.LOCK_SH)
+
+
+@contextmanager
 def alone(*workers):
     """Run the block with the GPU to this test alone. `workers`: this test's workers that are still alive;
     those that run a student's Python are stopped first (their next call starts them again)."""

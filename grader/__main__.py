@@ -110,8 +110,7 @@ def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidd
     run = run_task(task, student_dir, scratch, solution=solution, hidden=hidden,
                    timeout_s=timeout or rubric.timeout_s, outcomes=outcomes,
                    echo=lambda line: say(f"  | {line}"), gpu_share=gpu_share, nice=nice, threads=threads)
-    say(f"  ({run.seconds:.0f} s, of which {run.waited_s:.0f} s waiting for the builds ahead or for other tasks' "
-        "timed parts)\n")
+    say(f"  ({run.seconds:.0f} s, of which {run.waited_s:.0f} s waiting for other tasks)\n")
     if run.record is None:
         return entry | {"status": Status.CRASHED, "summary": run.reason, "cause": run.cause, "seconds": run.seconds}
     points, why = score(task, run.record)
@@ -343,12 +342,14 @@ def main(argv=None) -> int:
                 entry = grade_task(task, student_dir, scratch, args.solution, hidden, args.timeout, has_cuda,
                                    {u: outcome_file(scratch, u) for u in loads_code_of(task, tasks)}, say=say,
                                    gpu_share=share, nice=cpu_priority(task, tasks, has_cuda),
-                                   threads=cpu_threads(tasks))
+                                   threads=cpu_threads([t for t in tasks if has_cuda or not RUBRIC[t].needs_cuda]))
                 if not STOPPING.is_set():  # a test killed as the grader stops is no result to keep
                     save_entry(out_dir, entry, key)
                 return entry
             finally:  # what a task that loads this one's code waits for (common/cli.py's used_code_hung)
-                outcome_file(scratch, task).write_text("hung" if entry is not None and hung(entry) else "done")
+                told = outcome_file(scratch, task)
+                told.with_suffix(".part").write_text("hung" if entry is not None and hung(entry) else "done")
+                os.replace(told.with_suffix(".part"), told)
 
         build = (lambda: build_kernels_ahead(tasks, student_dir, scratch, solution=args.solution)) if has_cuda else None
         graded_now = grade_at_once(tasks, grade, build=build, share=share,

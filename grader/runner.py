@@ -92,8 +92,8 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
                KIT_WORKER_BUILDS=str(worker_builds(scratch)))  # task 5's worker finds task 4's kernels built
     if gpu_share:
         env[GPU_SHARE_ENV] = str(gpu_share)
-    if threads and "OMP_NUM_THREADS" not in os.environ:  # the user's own setting wins
-        env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if threads else ():
+        env.setdefault(name, str(threads))  # the user's own setting wins
     started = time.perf_counter()
     def start():
         die_with_parent()

@@ -181,7 +181,7 @@ def main(argv=None) -> int:
         if not report.stopped:
             check_no_full_matrix(report, args, cli.seed(999, args.hidden))
         if not report.stopped and all(c.passed for c in report.cases):
-            if cli.used_code_hung(args, 1):  # it would hang here again, for a whole call's time limit
+            if cli.used_code_hung(args, 1, worker):  # it would hang here again, for a whole call's time limit
                 report.note("timing against task 1 skipped: task 1's code did not finish importing when task 1 "
                             "was graded")
             else:

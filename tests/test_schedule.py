@@ -75,7 +75,7 @@ def test_a_test_loads_another_tasks_code_only_once_that_task_is_graded_and_did_n
     monkeypatch.setenv(gpu_share.ENV, str(tmp_path / "lock"))
     args = cli.parser(3, "").parse_args(["--outcome", f"1={told}"])
     answer = []
-    asking = threading.Thread(target=lambda: answer.append(cli.used_code_hung(args, 1)))
+    asking = threading.Thread(target=lambda: answer.append(cli.used_code_hung(args, 1)), daemon=True)
     asking.start()
     time.sleep(0.4)
     assert not answer and gpu_share.waiting_file(tmp_path / "lock", os.getpid()).exists()  # waiting, and says so
@@ -85,6 +85,25 @@ def test_a_test_loads_another_tasks_code_only_once_that_task_is_graded_and_did_n
     told.write_text("done")
     assert cli.used_code_hung(args, 1) is False
     assert cli.used_code_hung(cli.parser(3, "").parse_args([]), 1) is False  # not graded beside it: loaded
+    told.unlink()
+    monkeypatch.setattr(cli, "OUTCOME_WAIT_S", 0.3)
+    assert cli.used_code_hung(args, 1) is True  # never told: taken as hung, not waited for forever
+
+
+def test_a_test_waiting_for_another_task_leaves_the_gpu_to_the_others(tmp_path):
+    lock = tmp_path / "lock"
+    env = dict(os.environ, PYTHONPATH=str(REPO), **{gpu_share.ENV: str(lock)})
+    waiting = subprocess.Popen([sys.executable, "-c", PROGRAM, "step-out", "3"], env=env, stdout=subprocess.PIPE,
+                               text=True)
+    assert waiting.stdout.readline().startswith("joined")
+    assert waiting.stdout.readline().split() == ["out", "True"]  # its student Python stopped first
+    timed = subprocess.Popen([sys.executable, "-c", PROGRAM, "time"], env=env, stdout=subprocess.PIPE, text=True)
+    timed.stdout.readline()
+    alone_at = float(timed.stdout.readline().split()[1])
+    assert timed.wait(timeout=10) == 0
+    waiting_done = float(waiting.stdout.read().split()[-1])
+    assert alone_at < waiting_done - 1  # timed while the other still waited
+    assert waiting.wait(timeout=10) == 0
 
 
 def test_a_fault_of_the_grader_in_one_task_is_raised_not_lost(tmp_path):
@@ -123,6 +142,11 @@ PROGRAM = textwrap.dedent("""
     print("joined", time.monotonic(), flush=True)
     if sys.argv[1] == "hold":
         time.sleep(float(sys.argv[2]))
+    elif sys.argv[1] == "step-out":  # waiting for another task: others' timed parts go on meanwhile
+        python = Worker(True)
+        with gpu_share.stepped_out(python):
+            print("out", python.stopped, flush=True)
+            time.sleep(float(sys.argv[2]))
     else:
         python, kernels = Worker(True), Worker(False)
         with gpu_share.alone(python, kernels):
