@@ -12,9 +12,12 @@ A worker that runs a student's Python is stopped before the wait and at the end 
 part (`alone(worker)`), since that code could keep the GPU busy from a thread of its own; its
 next call starts it again.
 
+A test that waits for something else (another task's outcome: common/cli.py's used_code_hung)
+steps out of the share meanwhile (`stepped_out(worker)`), so the others' timed parts go on.
+
 The time a test waits is marked by a file beside the lock (`waiting_file`), so the grader does
-not count it against the task's time limit. Without KIT_GPU_SHARE (a student's own run), both
-are no-ops.
+not count it against the task's time limit. Without KIT_GPU_SHARE (a student's own run), all
+of this is a no-op.
 """
 
 from __future__ import annotations
