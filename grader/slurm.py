@@ -42,6 +42,8 @@ from grader.rubric import RUBRIC
 
 TEMPLATE = Path(__file__).with_name("slurm_job.sh")
 PLACES = ("@SBATCH@", "@REPO@", "@COMMAND@")
+CPUS = 8  # the default cores per element: a grading's tasks, their builds and checks run side by side (grader/schedule.py)
+
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("Slurm (--slurm: one array job, an element per submission, then a gather job)")
@@ -51,8 +53,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--time", type=int, metavar="MIN",
                        help="minutes per element (default: --timeout rounded up, and 5)")
     group.add_argument("--gres", help="#SBATCH --gres (default gpu:1 when a graded task needs a GPU)")
-    group.add_argument("--cpus", type=int, help="#SBATCH --cpus-per-task (default 4, or the most a node of the "
-                                                "partition has, if fewer)")
+    group.add_argument("--cpus", type=int, help="#SBATCH --cpus-per-task (default 8, or the most a node of the "
+                                                "partition has, if fewer: a grading's tasks run side by side)")
     group.add_argument("--mem", help="#SBATCH --mem, e.g. 64G (default: the partition's)")
     group.add_argument("--max-running", type=int, metavar="K", help="at most K elements at once (--array=...%%K)")
     group.add_argument("--sbatch", action="append", default=[], metavar="LINE",
@@ -80,7 +82,7 @@ def check_options(parser: argparse.ArgumentParser, args) -> None:
         parser.error("--cpus: at least 1")
     nodes = None if args.dry_run else node_sizes(partition_of(args))
     if args.cpus is None:
-        args.cpus = min(4, max((n[0] for n in nodes), default=4)) if nodes else 4
+        args.cpus = min(CPUS, max((n[0] for n in nodes), default=CPUS)) if nodes else CPUS
     for problem in partition_problems(args, nodes):
         parser.error(problem)
 
