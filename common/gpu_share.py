@@ -72,6 +72,17 @@ def _settle() -> None:
         torch.cuda.empty_cache()
 
 
+def _let_go(workers) -> list:
+    """Stop this test's workers that run student Python, wait for its GPU work, and give up its shared hold
+    (never wait for the exclusive lock while holding the shared one); returns the workers stopped."""
+    python = [w for w in workers if w is not None and w.runs_student_python]
+    for worker in python:
+        worker.stop_until_next_call()
+    _settle()
+    fcntl.flock(_held["fd"], fcntl.LOCK_UN)
+    return python
+
+
 @contextmanager
 def stepped_out(*workers):
     """Wait in the block without holding the GPU (for another task, say), so other tests' timed parts go on;
@@ -80,11 +91,7 @@ def stepped_out(*workers):
         with waiting():
             yield
         return
-    for worker in workers:
-        if worker is not None and worker.runs_student_python:
-            worker.stop_until_next_call()
-    _settle()
-    fcntl.flock(_held["fd"], fcntl.LOCK_UN)
+    _let_go(workers)
     try:
         with waiting():
             yield
@@ -100,11 +107,7 @@ def alone(*workers):
     if "fd" not in _held:
         yield
         return
-    python = [w for w in workers if w is not None and w.runs_student_python]
-    for worker in python:
-        worker.stop_until_next_call()
-    _settle()
-    fcntl.flock(_held["fd"], fcntl.LOCK_UN)  # never wait for the exclusive lock while holding the shared one
+    python = _let_go(workers)
     _take(fcntl.LOCK_EX)
     try:
         yield

@@ -193,10 +193,9 @@ def element(out: Path, index: int | None) -> int:
 
 def reference_builds(tasks: str) -> list[int]:
     """The tasks whose reference extension the gradings of `tasks` load (tasks 6 and 7 run tasks 4's and 5's)."""
-    from common.impl import has_solution
+    from grader.runner import reference_extensions
 
-    wanted = {u for t in parse_tasks(tasks) for u in (t, *TASKS[t].uses)}
-    return sorted(t for t in wanted if TASKS[t].cuda and has_solution(t))
+    return [task for task, _ in reference_extensions(parse_tasks(tasks), solution=False)]
 
 
 def prebuild(out: Path) -> int:

@@ -42,7 +42,7 @@ class TaskRun:
     seconds: float
     log: str
     cause: str | None = None  # common.outcome.Cause of having no record, where known
-    waited_s: float = 0.0  # of `seconds`, those it waited for the GPU (other tasks' timed parts): not counted
+    waited_s: float = 0.0  # of `seconds`, those it waited for other tasks (their builds, timed parts, outcome)
 
 
 def crash_reason(returncode: int, output: str) -> str:
