@@ -1,1 +1,5 @@
-"""Shared by every task: checks, timing, builds, implementation choice, result records."""
+"""The worker's view of the kit: the code given to students and the worker's side of the protocol.
+
+Everything in this folder is copied into the sandboxed worker where student code runs (harness/sandbox.py),
+so nothing here imports harness/ or grader/, the trusted side (tests/test_tasks.py checks it).
+"""

@@ -366,7 +366,7 @@ class TaskExtension:
     """A CUDA task's `extension(solution=False, kernels=None)`: its compiled kernel module, built on first use.
 
     Every CUDA task's attention.py makes its `extension` from this one class, so the trusted side
-    loads any task's reference the same way (common/bench.py's load_reference): yours, the
+    loads any task's reference the same way (harness/bench.py's load_reference): yours, the
     reference with solution=True, or another folder of the reference's kernels with
     kernels=NAME (taskN/solution/NAME; a task without one simply has none, and says so).
     """

@@ -41,25 +41,10 @@ TASKS = {
             watch_operators=False),
 }
 
-# The shared code the worker needs: everything in common/ that student code or the given code
-# imports. Not here, so never in the worker's view: the reference implementations
-# (common/reference.py), the checks, records and timing of the trusted side, the grader.
-WORKER_COMMON = (
-    "common/__init__.py",
-    "common/build.py",
-    "common/kernel_rules.py",
-    "common/resources.py",
-    "common/impl.py",
-    "common/layer.py",
-    "common/occupancy.py",
-    "common/tasks.py",
-    "common/torch_kernels.py",
-    "common/validate.py",
-    "common/watch.py",
-    "common/wire.py",
-    "common/worker.py",
-    "common/csrc/checks.h",
-)
+# What the worker sees of the kit is the whole common/ folder (the given code students build on and the
+# worker's side of the protocol) and each task's given files. The trusted side (harness/: the checks,
+# the reference implementations, records, timing, the sandbox) and the grader are never in its view.
+WORKER_FOLDER = "common"
 
 
 def runs_student_python(task: int) -> bool:

@@ -1,6 +1,6 @@
 """The worker: the process that runs the student's code for the checks, and nothing else.
 
-`common/sandbox.py` starts it (inside bubblewrap where installed) in a folder that holds
+`harness/sandbox.py` starts it (inside bubblewrap where installed) in a folder that holds
 only the student's files and the given code. It serves requests from the checks over the
 socket it was handed: import the task's entry points (`taskN/entry.py`), call one, keep
 an object for later calls, exit. It never sees the checks' reference, the secret seed or

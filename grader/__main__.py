@@ -14,7 +14,7 @@ results.json (Gradescope's autograder format).
   so the tasks can be graded in several shorter runs.
 
 Each task's test runs here (trusted code); the student's code runs in a worker process
-that the test starts (common/sandbox.py), inside bubblewrap when it is installed.
+that the test starts (harness/sandbox.py), inside bubblewrap when it is installed.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ import traceback
 from pathlib import Path
 
 from common.impl import REPO, label
-from common.outcome import Cause, Kind, Status, cause_of
-from common.records import environment
-from common.sandbox import building_lock, copy_regular_file, remove_tree, sandbox_status
+from harness.outcome import Cause, Kind, Status, cause_of
+from harness.records import environment
+from harness.view import building_lock, copy_regular_file, remove_tree, sandbox_status
 from common.tasks import TASKS
 from grader.fingerprints import checkout_fingerprint
 from grader.rubric import RUBRIC, TOTAL_POINTS, estimated, parse_tasks, score
@@ -56,7 +56,7 @@ STATUS_TEXT = {
 
 def skeleton_text(rel: str) -> bytes:
     """The skeleton a missing student file is graded as."""
-    from common.skeleton import generate
+    from harness.skeleton import generate
 
     generated = {str(path): text for path, text in generate(REPO).items()}
     return generated[rel].encode() if rel in generated else (REPO / rel).read_bytes()
@@ -346,7 +346,7 @@ def main(argv=None) -> int:
                 if not STOPPING.is_set():  # a test killed as the grader stops is no result to keep
                     save_entry(out_dir, entry, key)
                 return entry
-            finally:  # what a task that loads this one's code waits for (common/cli.py's used_code_hung)
+            finally:  # what a task that loads this one's code waits for (harness/cli.py's used_code_hung)
                 told = outcome_file(scratch, task)
                 told.with_suffix(".part").write_text("hung" if entry is not None and hung(entry) else "done")
                 os.replace(told.with_suffix(".part"), told)

@@ -5,7 +5,7 @@ case that the grade scores, the reference's time over a baseline the student's o
 times: SDPA for task 4, a copy of the same bytes at the measured copy bandwidth for task 5.
 The ratios go to grader/calibration.json under this GPU's name, next to those of other models;
 the handout carries the file, and a student's `python -m taskN.test` and `python -m grader`
-estimate their performance points from it (common/calibration.py). The grade itself never
+estimate their performance points from it (harness/calibration.py). The grade itself never
 uses it: the instructor's grader times the reference in the same run.
 """
 
@@ -17,11 +17,11 @@ import sys
 
 import torch
 
-from common import calibration
+from harness import calibration
 from common.impl import REPO, has_solution
-from common.outcome import Kind
-from common.records import environment
-from common.sandbox import scratch_dir
+from harness.outcome import Kind
+from harness.records import environment
+from harness.view import scratch_dir
 from grader.rubric import RUBRIC
 from grader.runner import run_task
 

@@ -21,9 +21,9 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
-from common.bench import VS_REFERENCE
-from common.outcome import LOADING_CASES, Cause, Kind, Status, cause_of
-from common.sanitize import PASS_NAME
+from harness.bench import VS_REFERENCE
+from harness.outcome import LOADING_CASES, Cause, Kind, Status, cause_of
+from harness.sanitize import PASS_NAME
 from grader import class_state
 from grader.fingerprints import hidden_fingerprint, kit_fingerprint
 from grader.rubric import RUBRIC, parse_tasks
@@ -51,7 +51,7 @@ def _entries(folder: Path) -> dict[int, dict]:
     return found
 
 
-# the flag a cause of failure raises (common/outcome.py)
+# the flag a cause of failure raises (harness/outcome.py)
 CAUSE_FLAGS = {Cause.TIMED_OUT: "timed_out", Cause.MALFORMED: "tampering"}
 
 

@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 from common.impl import REPO
-from common.outcome import Cause
-from common.sandbox import die_with_parent, remove_tree
+from harness.outcome import Cause
+from harness.sandbox import die_with_parent
+from harness.view import remove_tree
 from common.tasks import TASKS
 from grader.class_state import (TRIES, close_open_attempts, current_job, json_or_none, load_class,
                                 save_attempts, timestamp, tries_left, write_json)

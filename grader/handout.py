@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from common.impl import REPO
-from common.skeleton import generate
+from harness.skeleton import generate
 
 BLANK_RESULTS = "# Results\n\nNot graded yet: run `python -m grader` to fill this in.\n"
 

@@ -10,7 +10,7 @@ optional part ("optional" cases, task 5's split-KV) is reported, never scored.
 Performance is scored against the reference solution timed in the same run
 (`vs_reference` = reference time / student time in each benchmark case), so the
 grade does not depend on which GPU ran it. In the handout, which has no reference, a
-student's run estimates that ratio from grader/calibration.json (common/calibration.py)
+student's run estimates that ratio from grader/calibration.json (harness/calibration.py)
 and the points it shows are labelled as an estimate.
 """
 
@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.bench import VS_REFERENCE
-from common.calibration import ESTIMATE
-from common.outcome import Kind, Status
+from harness.bench import VS_REFERENCE
+from harness.calibration import ESTIMATE
+from harness.outcome import Kind, Status
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.impl import REPO
-from common.outcome import Cause, Kind, Status
-from common.gpu_share import ENV as GPU_SHARE_ENV, waiting_file
-from common.sandbox import SPAWNING, Worker, built_ahead, copy_tree, die_with_parent, signal_words
+from harness.outcome import Cause, Kind, Status
+from harness.gpu_share import ENV as GPU_SHARE_ENV, waiting_file
+from harness.sandbox import SPAWNING, Worker, die_with_parent, signal_words
+from harness.view import built_ahead, copy_tree
 from common.tasks import TASKS
 
 CRASH_HINTS = [
@@ -41,7 +42,7 @@ class TaskRun:
     reason: str | None  # why there is no usable record
     seconds: float
     log: str
-    cause: str | None = None  # common.outcome.Cause of having no record, where known
+    cause: str | None = None  # harness.outcome.Cause of having no record, where known
     waited_s: float = 0.0  # of `seconds`, those it waited for other tasks (their builds, timed parts, outcome)
 
 
@@ -57,7 +58,7 @@ def crash_reason(returncode: int, output: str) -> str:
 
 
 def worker_builds(scratch: Path) -> Path:
-    """The build folder a grading's workers share (common/sandbox.py's Worker says how)."""
+    """The build folder a grading's workers share (harness/sandbox.py's Worker says how)."""
     return scratch / "worker-builds"
 
 
@@ -71,8 +72,8 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
     """Run taskN.test on the files in `student_dir`; everything it writes stays under `scratch`.
 
     echo: called with each line the test prints (None: kept in the log only). outcomes: {task: file} of the
-    tasks whose code this one loads and which are graded beside it (common/cli.py's used_code_hung).
-    gpu_share: the lock file of the tasks graded at once (common/gpu_share.py); the time the test waits
+    tasks whose code this one loads and which are graded beside it (harness/cli.py's used_code_hung).
+    gpu_share: the lock file of the tasks graded at once (harness/gpu_share.py); the time the test waits
     for the GPU is not counted against `timeout_s`. nice: a lower CPU priority for the test and its
     workers, for while other tasks run beside it (a timed part has the machine to itself, where it makes
     no difference). threads: PyTorch's CPU threads in the test and its workers (None: one per core).
@@ -84,7 +85,7 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
     cmd = [sys.executable, "-m", f"task{task}.test", "--json", str(results), "--student-dir", str(student_dir),
            "--scratch", str(work)]
     cmd += ["--solution"] if solution else []
-    cmd += ["--hidden"] if hidden else []
+    cmd += ["--hidden", str(REPO / "grader" / "hidden.py")] if hidden else []
     cmd += ["--grading"]  # the slowest unscored comparisons are left to the student's own run
     for other, told in (outcomes or {}).items():  # graded beside it: if that code hangs, it is not loaded again
         cmd += ["--outcome", f"{other}={told}"]
@@ -190,7 +191,7 @@ PREBUILD_S = 240  # more than a cold build of the largest kernel file takes; a s
 
 def shared_kernel_tasks(tasks) -> list[int]:
     """The tasks whose kernels the given tasks' workers find in the grading's shared build folder (theirs and
-    those of the tasks they use): a worker that runs student Python gets a copy (common/sandbox.py's Worker)."""
+    those of the tasks they use): a worker that runs student Python gets a copy (harness/sandbox.py's Worker)."""
     wanted = {n for t in tasks for n in (t, *TASKS[t].uses)}
     return sorted(n for n in wanted if f"task{n}/binding.cpp" in TASKS[n].given_files)
 
@@ -269,7 +270,7 @@ def build_kernels_ahead(tasks, student_dir: Path, scratch: Path, *, solution: bo
     for w in workers:
         w.stop()  # also one still building: its task builds it again
     for kind in ("solution", "student"):  # copied while no worker runs, for the tasks that run student Python
-        if (worker_builds(scratch) / kind).is_dir():  # (common/sandbox.py's copy_builds)
+        if (worker_builds(scratch) / kind).is_dir():  # (harness/view.py's copy_builds)
             copy_tree(worker_builds(scratch) / kind, built_ahead(worker_builds(scratch)) / kind)
     seconds = time.perf_counter() - started
     said = f"built the kernels of tasks {', '.join(map(str, sorted(built))) or 'none'}"

@@ -1,7 +1,7 @@
 """A submission's tasks graded side by side on one GPU.
 
 Each task's test runs in its own process (grader/runner.py), all of them at once, and they share
-the GPU through common/gpu_share.py: builds, checks and sanitizer passes overlap, and each timed
+the GPU through harness/gpu_share.py: builds, checks and sanitizer passes overlap, and each timed
 part waits until it has the GPU to itself. Before them, the kernels and references the tasks
 load are built at once (runner.build_kernels_ahead); a task whose workers load built kernels
 waits for that. A test that loads another graded task's Python waits, when it comes to it, until
@@ -57,7 +57,7 @@ def loads_code_of(task: int, tasks) -> list[int]:
 
 
 def outcome_file(scratch: Path, task: int) -> Path:
-    """Written when `task` is graded: "hung" if its code hung, else "done" (common/cli.py's used_code_hung)."""
+    """Written when `task` is graded: "hung" if its code hung, else "done" (harness/cli.py's used_code_hung)."""
     return scratch / f"task{task}.outcome"
 
 
@@ -93,7 +93,7 @@ def grade_at_once(tasks, grade, *, build=None, building: Path | None = None, sha
     build(): the builds ahead (None: none), run here while the grading holds the GPU shared, so
     no timed part starts before they end; the line it returns is shown. The tasks whose workers
     load built kernels wait for it; those that run student Python start at once, and their tests
-    wait for `building` (held exclusively meanwhile: common/sandbox.py's copy_builds) only when
+    wait for `building` (held exclusively meanwhile: harness/view.py's copy_builds) only when
     they take the kernels. say(text): the task's output, shown in order.
     """
     echo = echo or InOrder(tasks)

@@ -2,7 +2,7 @@
 
 Builds each kernel file (a variant of task 4's, with its launcher) with the task's binding, in
 parallel, checks it against float64 on odd shapes (outputs poisoned with NaN), then times every
-file and SDPA on the same inputs in one run (common.timing.benchmark: CUDA events, L2 flushed,
+file and SDPA on the same inputs in one run (harness.timing.benchmark: CUDA events, L2 flushed,
 median). notes/task4-performance.md was measured with it (it lived in .dev/ as bench4.py then).
 """
 
@@ -96,8 +96,8 @@ def main():
         print(f"{name}: {verdict}", flush=True)
         if verdict.startswith("WRONG"):
             del mods[name]
-    from common.timing import benchmark
-    from common.reference import attention_flops
+    from harness.timing import benchmark
+    from harness.reference import attention_flops
 
     torch.backends.cuda.matmul.allow_tf32 = False
     for b, h, s, d in CASES[args.cases]:

@@ -12,7 +12,7 @@ sys.path.insert(0, os.getcwd())
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from common import bench  # noqa: E402
+from harness import bench  # noqa: E402
 from task5.attention import built_kernels  # noqa: E402
 from task6.model import SIZES, SmallLM  # noqa: E402
 from task6.solution.attention import CachedAttention  # noqa: E402

@@ -18,12 +18,14 @@ import math
 import torch
 from torch import nn
 
-from common import cli, impl
-from common.checks import SHOW_FIRST, CheckResult, compare, exact_float32, random_tensor, wrong_kind
-from common.diagnose import diagnose, diagnose_layout, diagnose_mask, diagnose_scores
+from common import impl
+
+from harness import cli
+from harness.checks import SHOW_FIRST, CheckResult, compare, exact_float32, random_tensor, wrong_kind
+from harness.diagnose import diagnose, diagnose_layout, diagnose_mask, diagnose_scores
 from common.layer import mha_weights
-from common.records import Report
-from common.reference import attention_reference, causal_mask
+from harness.records import Report
+from harness.reference import attention_reference, causal_mask
 
 # (batch, seq_q, seq_k, hidden, heads)
 CASES = [

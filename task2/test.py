@@ -17,11 +17,11 @@ import math
 import torch
 import torch.nn.functional as F
 
-from common import bench, cli, gpu_share, sanitize
-from common.checks import (compare, exact_float32, expect_errors, guard_damage, guarded_input, guarded_output,
+from harness import bench, cli, gpu_share, sanitize
+from harness.checks import (compare, exact_float32, expect_errors, guard_damage, guarded_input, guarded_output,
                            random_tensor)
-from common.records import Report
-from common.reference import attention_reference, naive_attention
+from harness.records import Report
+from harness.reference import attention_reference, naive_attention
 
 SOFTMAX_CASES = [(1, 1), (3, 7), (5, 1000), (2, 4097), (64, 128)]  # (rows, cols)
 # (batch, m, n, k); a batch over 65535 is launched in slices (a grid holds 65535 blocks along z)
@@ -95,7 +95,7 @@ KERNEL_STEPS = {"softmax_kernel": "Task 2, steps 1-2", "gemm_nt_kernel": "Task 2
                 "gemm_nn_kernel": "Task 2, step 4"}
 
 
-def sanitizer_calls(hidden: bool) -> list[sanitize.Call]:
+def sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
     """Small cases with edges that are not multiples of the tiles, for compute-sanitizer."""
     calls = []
     for rows, cols in [(3, 7), (2, 1100)]:

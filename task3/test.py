@@ -16,13 +16,15 @@ import time
 
 import torch
 
-from common import cli, gpu_share, impl
-from common.checks import compare, random_tensor
-from common.diagnose import diagnose
-from common.records import Report
-from common.reference import attention_reference
-from common.sandbox import Worker, WorkerDied, WorkerError
-from common.timing import summarize
+from common import impl
+
+from harness import cli, gpu_share
+from harness.checks import compare, random_tensor
+from harness.diagnose import diagnose
+from harness.records import Report
+from harness.reference import attention_reference
+from harness.sandbox import Worker, WorkerDied, WorkerError
+from harness.timing import summarize
 
 # (batch, heads, seq_q, seq_k, head_dim, block_rows, block_cols)
 CASES = [

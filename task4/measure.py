@@ -1,4 +1,4 @@
-"""Task 4's measuring: your kernel, the reference and PyTorch timed on one clock (common/bench.py).
+"""Task 4's measuring: your kernel, the reference and PyTorch timed on one clock (harness/bench.py).
 
 Used by the test (python -m task4.test), the sweep (--sweep), the tuner and the profiler, so none
 of them imports the test command. A benchmark case is a TimedCase; every timed request runs over
@@ -15,10 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common import bench, calibration, impl
-from common.checks import GUARD_ELEMENTS, Guarded, bit_sum, compare, exact_float32, guard_damage
+from common import impl
+
+from harness import bench, calibration
+from harness.checks import GUARD_ELEMENTS, Guarded, bit_sum, compare, exact_float32, guard_damage
 from common.layer import mha_weights
-from common.reference import (attention_flops, attention_reference, causal_mask, fp32_peak_tflops,
+from harness.reference import (attention_flops, attention_reference, causal_mask, fp32_peak_tflops,
                               fp32_tensor_core_bound_tflops, naive_attention)
 
 ATOL, RTOL = 2e-5, 1e-4  # what every output is held to, checked (task4/test.py) or timed (here)
@@ -37,7 +39,7 @@ class TimedSets:
     Before each request the inputs get fresh values and the outputs NaN; one head of every
     set, picked at random after the values are written, is copied here first, so what the
     worker does to the inputs cannot change what its outputs are checked against. Every
-    tensor sits between guard bands (common/checks.py), and each input's bit sum is
+    tensor sits between guard bands (harness/checks.py), and each input's bit sum is
     taken before the request: a write past an output or into an input fails the benchmark.
     """
 
@@ -166,7 +168,7 @@ def run_benchmarks(report, worker, cases, layer_cases, with_tensor_cores=False):
 
     reference = bench.load_reference(report, 4) if any(c.scored for c in cases) else None
     tensor_cores = bench.load_reference(report, 4, TENSOR_CORES) if with_tensor_cores else None
-    estimate = not impl.has_solution(4)  # the handout: the points are estimated (common/calibration.py)
+    estimate = not impl.has_solution(4)  # the handout: the points are estimated (harness/calibration.py)
     for c in cases:
         timing, count = student[c.name]
         report.run(c.name, lambda: attention_result(timing, count, reference if c.scored else None, c.batch, c.heads,

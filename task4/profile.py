@@ -8,7 +8,7 @@ shared-memory bank conflicts. README, Task 4, step 7.
 
 import sys
 
-from common import profile
+from harness import profile
 from task4.measure import PERF_CASE
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """python -m task4.test --sweep: Task 4's kernel, naive PyTorch and SDPA over seq 128..8192.
 
-Runs once every check passes, with the same timing as the benchmarks (common/bench.py):
+Runs once every check passes, with the same timing as the benchmarks (harness/bench.py):
 32 heads, head_dim 128, batch 16384 / seq, causal and not. Writes task4-sweep.csv, and
 task4-sweep.png when matplotlib is installed.
 """
@@ -11,7 +11,7 @@ import csv
 
 import torch
 
-from common.reference import attention_flops
+from harness.reference import attention_flops
 from task4.measure import TimedCase, run_benchmarks
 
 SEQS = (128, 256, 512, 1024, 2048, 4096, 8192)

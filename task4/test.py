@@ -10,7 +10,7 @@ Checks Task 4's fused FlashAttention kernel on the GPU, then measures it:
 - batch 8, 32 heads, seq 4096, head_dim 128 against the same baselines and the
   reference kernel (the grade's performance part).
 Your kernel runs in a worker process (task4/entry.py) on GPU memory this process owns.
-Timing (common/bench.py) uses one host clock for your kernel, the reference and PyTorch:
+Timing (harness/bench.py) uses one host clock for your kernel, the reference and PyTorch:
 each timed request runs over distinct input sets, and every output it writes is checked
 (a sampled head of each, against float64) right after the request. The reference and
 PyTorch are timed after your worker has ended, so nothing of yours runs beside them.
@@ -27,11 +27,13 @@ import math
 import torch
 from torch import nn
 
-from common import cli, gpu_share, impl, sanitize
-from common.checks import compare, exact_float32, expect_errors, guard_damage, guarded_input, guarded_output, random_tensor
+from common import impl
+
+from harness import cli, gpu_share, sanitize
+from harness.checks import compare, exact_float32, expect_errors, guard_damage, guarded_input, guarded_output, random_tensor
 from common.layer import mha_weights
-from common.records import Report
-from common.reference import attention_reference, causal_mask
+from harness.records import Report
+from harness.reference import attention_reference, causal_mask
 from task4 import measure
 from task4.measure import ATOL, RTOL
 
@@ -111,7 +113,7 @@ def check_errors(worker):
     return expect_errors(lambda *args: worker.call("forward", *args), calls)
 
 
-def sanitizer_calls(hidden: bool) -> list[sanitize.Call]:
+def sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
     """Small cases at the tile edges, causal and not, seq_q != seq_k, for compute-sanitizer."""
     calls = []
     # one head_dim for each size the reference is compiled for (32, 64, 80, 96, 128)

@@ -10,8 +10,8 @@ task4-tune.csv (and task4-tune.png when matplotlib is installed). README, Task 4
 
 import sys
 
-from common import tune
-from common.reference import attention_flops, fp32_peak_tflops
+from harness import tune
+from harness.reference import attention_flops, fp32_peak_tflops
 from task4.measure import PERF_CASE, time_student
 from task4.test import check_case, shape_text
 

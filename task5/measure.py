@@ -2,7 +2,7 @@
 
 Used by the test (python -m task5.test), the tuner and the profiler, so none of them imports the
 test command. Your kernels are timed in the worker first; with the worker ended, the copy
-bandwidth, the reference, naive PyTorch and SDPA are timed here on the same clock (common/bench.py).
+bandwidth, the reference, naive PyTorch and SDPA are timed here on the same clock (harness/bench.py).
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common import bench, calibration, impl
-from common.checks import GUARD_BITS, bit_sum, compare, exact_float32
+from common import impl
+
+from harness import bench, calibration
+from harness.checks import GUARD_BITS, bit_sum, compare, exact_float32
 from common.layer import mha_weights
-from common.reference import attention_reference, causal_mask
+from harness.reference import attention_reference, causal_mask
 
 ATOL, RTOL = 2e-5, 1e-4  # what every output is held to, checked (task5/test.py) or timed (here)
 DECODE_BENCHMARKS = [(16, 32, 4096, 128), (1, 32, 32768, 128)]  # (batch, heads, cached tokens, head_dim)

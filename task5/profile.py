@@ -9,7 +9,7 @@ waited. README, Task 5, step 4.
 
 import sys
 
-from common import profile
+from harness import profile
 from task5.measure import DECODE_BENCHMARKS
 
 if __name__ == "__main__":

@@ -24,12 +24,14 @@ import math
 import torch
 from torch import nn
 
-from common import cli, gpu_share, impl, sanitize
-from common.checks import (GUARD_BITS, CheckResult, compare, exact_float32, expect_errors, guard_damage,
+from common import impl
+
+from harness import cli, gpu_share, sanitize
+from harness.checks import (GUARD_BITS, CheckResult, compare, exact_float32, expect_errors, guard_damage,
                            guarded_input, guarded_output, random_tensor)
 from common.layer import mha_weights
-from common.records import Report
-from common.reference import attention_reference, causal_mask
+from harness.records import Report
+from harness.reference import attention_reference, causal_mask
 from task5 import measure
 from task5.measure import ATOL, RTOL
 
@@ -217,7 +219,7 @@ KERNEL_STEPS = {"update_cache_kernel": "Task 5, step 1", "decode_kernel": "Task 
                 "combine_splits_kernel": "Task 5, step 3"}
 
 
-def sanitizer_calls(hidden: bool, with_splits: bool) -> list[sanitize.Call]:
+def sanitizer_calls(hidden: cli.Hidden | None, with_splits: bool) -> list[sanitize.Call]:
     """Small cases of every kernel at its edges, for compute-sanitizer."""
     calls = []
     for b, h, max_seq, pos, n, d in [(1, 2, 10, 9, 1, 128), (2, 1, 40, 3, 33, 17)]:

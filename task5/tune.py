@@ -12,7 +12,7 @@ task5-tune.png when matplotlib is installed). README, Task 5, step 4.
 import functools
 import sys
 
-from common import bench, tune
+from harness import bench, tune
 from task5.measure import DECODE_BENCHMARKS, TimedDecode, time_student_decode
 from task5.test import check_decode, describe_decode
 

@@ -25,11 +25,13 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from common import bench, cli, gpu_share, impl
-from common.checks import compare_logits, exact_float32, expect_errors
-from common.records import NeedsCuda, Report
-from common.sandbox import WorkerDied, WorkerError
-from common.timing import summarize
+from common import impl
+
+from harness import bench, cli, gpu_share
+from harness.checks import compare_logits, exact_float32, expect_errors
+from harness.records import NeedsCuda, Report
+from harness.sandbox import WorkerDied, WorkerError
+from harness.timing import summarize
 from common.torch_kernels import PyTorchKernels
 from task6.model import SIZES, Attention, Config, SmallLM
 

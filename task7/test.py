@@ -20,9 +20,11 @@ import copy
 
 import torch
 
-from common import bench, cli, gpu_share, impl
-from common.checks import compare_logits, exact_float32, expect_errors
-from common.records import NeedsCuda, Report
+from common import impl
+
+from harness import bench, cli, gpu_share
+from harness.checks import compare_logits, exact_float32, expect_errors
+from harness.records import NeedsCuda, Report
 from task7 import gpt2
 
 HINTS = (" (a prompt: steps 2 and 3)", " (a new token over the cache: steps 2 and 3)")
@@ -117,7 +119,7 @@ def time_per_token(worker, model, tokenizer, what: str, prompt):
                   f"({model.config._attn_implementation}); generated: {text}"), metrics
 
 
-def run_cases(report, worker, cases, first_seed: int, device: str, hidden: bool):
+def run_cases(report, worker, cases, first_seed: int, device: str, hidden: cli.Hidden | None):
     """Random GPT-2s of the cases' configurations, each generating from a random prompt on `device`."""
     for i, (name, config, batch, prompt_len, n) in enumerate(cases):
         seed = cli.seed(first_seed + i, hidden)

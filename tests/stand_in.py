@@ -14,12 +14,12 @@ What stands in for what:
   a CUDA tensor" still refuses it, and `.cuda()` copies it; torch.cuda's availability, synchronize,
   events (a host clock), name and properties are those of a stand-in GPU with one SM;
 - its speed: a stand-in kernel's call lasts exactly the time its work takes at FLOPS_PER_S or
-  BYTES_PER_S on common/bench.py's clock (`StandInClock`, the host's clock moved on by what the CPU
+  BYTES_PER_S on harness/bench.py's clock (`StandInClock`, the host's clock moved on by what the CPU
   did not take), so its timings do not depend on how busy the machine is;
 - the kernels: `Task2Kernels`, `Task4Kernels` and `Task5Kernels` make the bindings' checks with
   the bindings' messages, then compute in PyTorch; `common.build.load_extension` returns them,
   called as the real one is called (a call it would refuse is refused), so each task's
-  `extension()` and `common.bench.load_reference` run as they are;
+  `extension()` and `harness.bench.load_reference` run as they are;
 - the worker: `InProcessWorker` runs taskN/entry.py in this process on the checks' own tensors
   (as a worker writes the checks' shared GPU memory), and its replies cross common/wire.py as a
   real worker's do; requests do not (no CUDA IPC handles here: tests/test_grader.py and the GPU
@@ -46,9 +46,11 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from common import bench, build, calibration, impl, sanitize, wire
-from common.reference import attention_flops
-from common.sandbox import WorkerDied, WorkerError
+from common import build, impl, wire
+
+from harness import bench, calibration, sanitize
+from harness.reference import attention_flops
+from harness.sandbox import WorkerDied, WorkerError
 from common.worker import _resolve
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,7 +101,7 @@ def _host(t):
 
 
 class StandInClock:
-    """common/bench.py's clock: the host's, moved on by what a stand-in kernel's modelled time exceeds the CPU's."""
+    """harness/bench.py's clock: the host's, moved on by what a stand-in kernel's modelled time exceeds the CPU's."""
 
     def __init__(self):
         self.ahead = 0.0
@@ -384,7 +386,7 @@ KERNELS = {2: Task2Kernels, 4: Task4Kernels, 5: Task5Kernels}
 # -- the worker -----------------------------------------------------------------------------
 
 class InProcessWorker:
-    """common.sandbox.Worker's interface, running taskN/entry.py in this process on the checks' own tensors."""
+    """harness.sandbox.Worker's interface, running taskN/entry.py in this process on the checks' own tensors."""
 
     def __init__(self, task, student_dir, *, solution=False, scratch=None, sanitize=None, harness=None, **options):
         self.task, self.solution, self.sanitize, self.harness = task, solution, sanitize, harness
@@ -528,7 +530,7 @@ def stand_in(monkeypatch, tmp_path):
     monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
     for task in CUDA_TASKS:  # each task's own extension(), with an empty cache: no build of another test is reused
         monkeypatch.setattr(importlib.import_module(f"task{task}.attention").extension, "built", {})
-    monkeypatch.setattr("common.sandbox.Worker", lambda *a, **kw: InProcessWorker(*a, harness=harness, **kw))
+    monkeypatch.setattr("harness.sandbox.Worker", lambda *a, **kw: InProcessWorker(*a, harness=harness, **kw))
     monkeypatch.setattr(sanitize, "find_sanitizer", lambda: "compute-sanitizer (stand-in)")
     monkeypatch.setattr(bench, "COPY_BYTES", 16 << 20)
     for module, values in SMALL.items():

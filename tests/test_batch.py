@@ -13,8 +13,8 @@ import zipfile
 import pytest
 import torch
 
-from common.outcome import Cause, Status
-from common.sanitize import PASS_NAME
+from harness.outcome import Cause, Status
+from harness.sanitize import PASS_NAME
 from grader import batch, class_state, gather, gradebook, grading, slurm, submissions
 from grader.rubric import TOTAL_POINTS
 from tests.conftest import REPO, needs_solution
@@ -194,7 +194,7 @@ def _case(name, passed, kind="check", message=""):
 
 
 def test_the_gradebook_flags_what_each_task_record_shows(tmp_path):
-    """Records as a kit before common/outcome.py wrote them (no causes): a class graded then keeps its flags."""
+    """Records as a kit before harness/outcome.py wrote them (no causes): a class graded then keeps its flags."""
     klass = {"students": [{"id": s} for s in ("ann", "bob", "cy", "dee")], "round": "r1", "tasks": "1,2,4"}
     _record_folder(tmp_path / "students/ann", score=2, entries=[
         (2, {"status": "failed", "record": {"cases": [_case("build", False)]}}),

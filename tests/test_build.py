@@ -145,7 +145,7 @@ class Notes:
 
 
 def test_a_missing_kernels_folder_of_the_reference_is_not_timed_and_not_an_error():
-    from common import bench
+    from harness import bench
 
     report = Notes()
     assert bench.load_reference(report, 4, "no_such_folder") is None and not report.notes
@@ -166,7 +166,7 @@ def test_the_tensor_core_timing_says_what_failed_instead_of_failing_the_case():
 def test_the_skipped_work_bound_lets_float32_on_the_tensor_cores_pass(monkeypatch):
     from types import SimpleNamespace
 
-    from common import reference
+    from harness import reference
 
     h200 = SimpleNamespace(multi_processor_count=132)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: h200)

@@ -2,8 +2,8 @@
 
 import json
 
-from common import calibration
-from common.bench import VS_REFERENCE
+from harness import calibration
+from harness.bench import VS_REFERENCE
 from grader.__main__ import score_text
 from grader.calibrate import ratios_of
 from grader.rubric import estimated, score

@@ -1,11 +1,11 @@
-"""common.checks must fail on every kind of wrong output; a check that cannot fail proves nothing."""
+"""harness.checks must fail on every kind of wrong output; a check that cannot fail proves nothing."""
 
 import math
 
 import torch
 
-from common.checks import compare, guarded_output, random_tensor
-from common.reference import attention_reference, causal_mask
+from harness.checks import compare, guarded_output, random_tensor
+from harness.reference import attention_reference, causal_mask
 
 
 def test_correct_output_passes():
@@ -88,7 +88,7 @@ def test_reference_matches_a_direct_float64_formula():
 
 
 def test_attention_flops_counts_the_visible_pairs():
-    from common.reference import attention_flops
+    from harness.reference import attention_flops
 
     assert attention_flops(1, 1, 4, 4, 1, causal=False) == 4 * 16
     assert attention_flops(1, 1, 4, 4, 1, causal=True) == 4 * int((~causal_mask(4, 4)).sum())
@@ -96,7 +96,7 @@ def test_attention_flops_counts_the_visible_pairs():
 
 
 def test_guard_bands_name_a_write_past_the_end():
-    from common.checks import Guarded, guard_damage
+    from harness.checks import Guarded, guard_damage
 
     out = Guarded("out", (2, 3, 5, 4), device="cpu")
     assert torch.isnan(out.tensor).all() and out.tensor.is_contiguous() and guard_damage(out) is None
@@ -107,7 +107,7 @@ def test_guard_bands_name_a_write_past_the_end():
 
 
 def test_guard_bands_name_a_write_before_the_start_and_a_changed_input():
-    from common.checks import Guarded, guard_damage
+    from harness.checks import Guarded, guard_damage
 
     q = Guarded("q", (4, 8), device="cpu", values=torch.randn(4, 8))
     q.buffer[2 ** 16 - 2] = 1.0
@@ -119,7 +119,7 @@ def test_guard_bands_name_a_write_before_the_start_and_a_changed_input():
 
 
 def test_a_nan_written_into_a_band_is_seen():
-    from common.checks import Guarded, guard_damage
+    from harness.checks import Guarded, guard_damage
 
     out = Guarded("out", (3,), device="cpu")
     out.buffer[-1] = float("nan")  # not the guard's own NaN

@@ -9,14 +9,15 @@ record as the grader does.
 
 import pytest
 
-from common import bench, calibration
-from common.records import Report
+from harness import bench, calibration
+from harness.records import Report
 from grader.calibrate import ratios_of
 from grader.rubric import RUBRIC, estimated, score
 from tests.conftest import REPO, needs_solution
 from tests.stand_in import GPU_NAME, Behaviour, Task2Kernels, Task4Kernels, Task5Kernels, stand_in  # noqa: F401
 
 pytestmark = [needs_solution(2), needs_solution(4), needs_solution(5)]
+HIDDEN = ("--hidden", str(REPO / "grader" / "hidden.py"))  # as the grader passes it (grader/runner.py)
 TIMED_HEAD_DIM = {4: 24, 5: 48}  # the head_dim of the scored benchmarks at the stand-in's sizes, and of no check
 
 
@@ -43,7 +44,7 @@ def test_every_cuda_task_loads_its_reference_through_one_interface(stand_in):
 
 @pytest.mark.parametrize("task", [2, 4, 5])
 def test_the_reference_earns_every_point_through_the_whole_flow(stand_in, task):
-    record = stand_in.run(task, "--solution", "--hidden")
+    record = stand_in.run(task, "--solution", *HIDDEN)
     points, why = score(task, record)
     assert record["status"] == "passed", failed(record)
     assert points == RUBRIC[task].points, why
@@ -75,7 +76,7 @@ def test_task4s_sweep_writes_a_row_per_timed_case(stand_in, tmp_path, monkeypatc
 @pytest.mark.parametrize("task", [4, 5])
 def test_a_kernel_twice_as_slow_as_the_reference_loses_performance_points(stand_in, task):
     stand_in.student[task] = Behaviour(slow=True)
-    record = stand_in.run(task, "--hidden")
+    record = stand_in.run(task, *HIDDEN)
     points, why = score(task, record)
     assert record["status"] == "passed", failed(record)
     ratios = scored_ratios(record)
@@ -87,7 +88,7 @@ def test_a_kernel_twice_as_slow_as_the_reference_loses_performance_points(stand_
 @pytest.mark.parametrize("task", [4, 5])
 def test_a_kernel_whose_timed_outputs_are_wrong_gets_no_performance_points(stand_in, task):
     stand_in.student[task] = Behaviour(wrong_head_dim=TIMED_HEAD_DIM[task])
-    record = stand_in.run(task, "--hidden")
+    record = stand_in.run(task, *HIDDEN)
     points, why = score(task, record)
     assert all(c["passed"] for c in record["cases"] if c["kind"] == "check"), failed(record)
     wrong = [c for c in record["cases"] if c["kind"] == "benchmark" and not c["passed"]]
@@ -121,7 +122,7 @@ def test_the_handout_estimates_the_points_from_the_calibration(stand_in, task, t
 def test_no_real_run_can_reach_the_stand_ins():
     """The stand-ins are monkeypatches made by this test suite's fixture: no code outside tests/ imports them."""
     names = ("tests.stand_in", "import stand_in", "CudaOnTheCpu", "InProcessWorker")
-    found = [f"{path.relative_to(REPO)}" for folder in ("common", "grader", *(f"task{n}" for n in range(1, 8)))
+    found = [f"{path.relative_to(REPO)}" for folder in ("common", "harness", "grader", *(f"task{n}" for n in range(1, 8)))
              for path in (REPO / folder).rglob("*.py") if any(name in path.read_text() for name in names)]
     assert found == []
 
@@ -133,7 +134,7 @@ def test_the_grader_leaves_out_only_the_largest_layer_timing(stand_in, monkeypat
 
     monkeypatch.setattr(measure, "HANDOUT_CASES", [(2, 64), (3, 64)])
     assert measure.layer_cases(grading=True) == [(2, 64, False), (2, 64, True)]
-    record = stand_in.run(4, "--solution", "--hidden", "--grading")
+    record = stand_in.run(4, "--solution", *HIDDEN, "--grading")
     assert record["status"] == "passed", failed(record)
     layers = [c["name"] for c in record["cases"] if c["name"].startswith("layer batch")]
     assert layers and all(name.startswith("layer batch 2 ") for name in layers), layers

@@ -9,7 +9,7 @@ that names the file, the line and the tensor.
 
 import pytest
 
-from common.sanitize import PASS_NAME, find_sanitizer
+from harness.sanitize import PASS_NAME, find_sanitizer
 from tests.conftest import REPO, needs_cuda, needs_solution, run_test, submission
 from tests.test_grader import grade, needs_bwrap
 

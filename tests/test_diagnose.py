@@ -1,4 +1,4 @@
-"""common.diagnose: each common mistake, made in the reference by one change, is named with its step.
+"""harness.diagnose: each common mistake, made in the reference by one change, is named with its step.
 
 The known-bad functions run here directly (they are ours, made from the reference), on the
 tasks' own shapes; two of them also go through the task's test and its worker, as a student's would.
@@ -8,9 +8,9 @@ import importlib.util
 
 import pytest
 
-from common.checks import compare, random_tensor
-from common.diagnose import diagnose
-from common.reference import attention_reference
+from harness.checks import compare, random_tensor
+from harness.diagnose import diagnose
+from harness.reference import attention_reference
 from tests.conftest import bad_variant, needs_solution, run_test, submission
 
 ATOL, RTOL = 2e-5, 1e-4
@@ -85,7 +85,7 @@ TASK1_STEPS = [  # (old, new, check, what the message says, step)
 @needs_solution(1)
 @pytest.mark.parametrize("old, new, check, says, step", TASK1_STEPS)
 def test_task1_steps_are_checked_one_by_one_and_their_mistakes_named(tmp_path, old, new, check, says, step):
-    from common.cli import Case
+    from harness.cli import Case
     from task1 import test as task1_test
 
     case = Case("steps", task1_test.STEP_CASES[1], check == "check_mask", 7, "cpu", "cpu cross")  # 5 queries, 12 keys

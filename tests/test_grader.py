@@ -14,13 +14,13 @@ import pytest
 
 from grader import __main__ as grader
 from grader.hidden import SECRET_SEED
-from common.sandbox import MAX_THREADS
+from harness.sandbox import MAX_THREADS
 from grader.rubric import RUBRIC, TOTAL_POINTS, score
 from tests.conftest import REPO, bad_variant, needs_solution
 
 
 def skeleton(task=1):
-    from common.skeleton import generate
+    from harness.skeleton import generate
 
     return {str(k): v for k, v in generate(REPO).items()}[f"task{task}/attention.py"]
 
@@ -142,7 +142,7 @@ SUBMISSIONS = {
     "reads_the_reference_from_disk": ("skeleton", GRAB_REFERENCE),
     "forges_the_record": ("skeleton", FORGE_RECORD),
     "kills_the_checks": ("skeleton", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"),
-    "patches_the_checks": ("skeleton", "try:\n    import common.checks as c\n    c.compare = lambda *a, **k: None\n"
+    "patches_the_checks": ("skeleton", "try:\n    import harness.checks as c\n    c.compare = lambda *a, **k: None\n"
                                        "except ImportError:\n    pass\n"),
     "reads_the_hidden_cases": ("solution", LEAK_HIDDEN),
     "writes_outside_its_view": ("skeleton", WRITE_EVERYWHERE),
@@ -333,9 +333,9 @@ def test_keep_lists_earlier_tasks_of_the_same_files_only(tmp_path):
     assert [t["name"][:6] for t in changed["tests"]] == ["Task 2"] and "kept" not in md
 
 
-@pytest.mark.parametrize("line", ["from common.diagnose import _attention",
+@pytest.mark.parametrize("line", ["from harness.diagnose import _attention",
                                   "from common.torch_kernels import PyTorchKernels",
-                                  "from common.reference import attention_reference"])
+                                  "from harness.reference import attention_reference"])
 def test_importing_the_checks_own_attention_breaks_the_rule(tmp_path, line):
     from common.impl import check_own_work
 
@@ -465,7 +465,7 @@ def test_a_fork_or_thread_bomb_is_stopped_without_bubblewrap_too(tmp_path, name,
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores a folder's permissions")
 def test_a_scratch_copy_is_removed_even_where_the_student_took_away_write_permission(tmp_path):
-    from common.sandbox import remove_tree
+    from harness.view import remove_tree
 
     locked = tmp_path / "scratch" / "worker-builds" / "locked"
     locked.mkdir(parents=True)
@@ -476,7 +476,7 @@ def test_a_scratch_copy_is_removed_even_where_the_student_took_away_write_permis
 
 
 def test_removing_a_folder_that_is_not_there_leaves_its_parent_alone(tmp_path):
-    from common.sandbox import remove_tree
+    from harness.view import remove_tree
 
     tmp_path.chmod(0o1777)  # as /tmp is: a chmod 700 of it would lock every other user out
     remove_tree(tmp_path / "not-there", wait_s=0)

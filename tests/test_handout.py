@@ -1,7 +1,7 @@
 import subprocess
 import sys
 
-from common.skeleton import solution_files
+from harness.skeleton import solution_files
 from common.tasks import TASKS
 from tests.conftest import REPO, needs_solution
 

@@ -14,8 +14,9 @@ import threading
 import pytest
 
 from common import build
-from common import sandbox as sandbox_module
-from common.sandbox import Worker
+from harness import sandbox as sandbox_module
+from harness import view
+from harness.sandbox import Worker
 from grader import runner
 from tests.conftest import REPO
 
@@ -51,7 +52,7 @@ def test_the_private_copy_keeps_the_times_ninja_compares_and_follows_no_link(tmp
     trusted = tmp_path / "reference-build"
     trusted.mkdir()
     (trusted / "task5_solution.so").write_text("the reference")
-    ahead = sandbox_module.built_ahead(shared.parent) / "student"
+    ahead = view.built_ahead(shared.parent) / "student"
     for name in ("task4-student", "task5-student"):
         (ahead / name).mkdir(parents=True)
         (ahead / name / "binding.o").write_text(name)
@@ -59,7 +60,7 @@ def test_the_private_copy_keeps_the_times_ninja_compares_and_follows_no_link(tmp
     (ahead / "task5-student" / "linked.so").symlink_to(trusted / "task5_solution.so")
     (ahead / "task5-student" / "folder").symlink_to(trusted)
     (ahead / "task7-student").symlink_to(trusted)
-    sandbox_module.copy_builds(shared, private, ["task4-student", "task5-student", "task7-student", "task9-student"])
+    view.copy_builds(shared, private, ["task4-student", "task5-student", "task7-student", "task9-student"])
     assert sorted(p.name for p in private.iterdir()) == ["task4-student", "task5-student"]
     assert sorted(p.name for p in (private / "task5-student").iterdir()) == ["binding.o"]
     assert (private / "task5-student" / "binding.o").read_text() == "task5-student"
@@ -71,14 +72,14 @@ def test_the_copy_waits_for_the_graders_builds_ahead(tmp_path):
 
     shared = tmp_path / "worker-builds" / "student"
     shared.mkdir(parents=True)
-    ahead = open(sandbox_module.building_lock(shared.parent), "a+")
+    ahead = open(view.building_lock(shared.parent), "a+")
     fcntl.flock(ahead, fcntl.LOCK_EX)
     copied = threading.Event()
-    copying = threading.Thread(target=lambda: (sandbox_module.copy_builds(shared, tmp_path / "own", ["task4-student"]),
+    copying = threading.Thread(target=lambda: (view.copy_builds(shared, tmp_path / "own", ["task4-student"]),
                                                copied.set()))
     copying.start()
     assert not copied.wait(0.5)  # still building: nothing is copied yet
-    built = sandbox_module.built_ahead(shared.parent) / "student" / "task4-student"
+    built = view.built_ahead(shared.parent) / "student" / "task4-student"
     built.mkdir(parents=True)
     (built / "kernels.o").write_text("built")
     fcntl.flock(ahead, fcntl.LOCK_UN)
@@ -88,9 +89,9 @@ def test_the_copy_waits_for_the_graders_builds_ahead(tmp_path):
 
 def test_the_bwrap_command_mounts_the_copy_where_the_shared_folder_is(tmp_path, monkeypatch):
     private, shared = tmp_path / "own", tmp_path / "shared" / "student"
-    monkeypatch.setattr(sandbox_module, "_hidden_roots", lambda extra: [])
-    monkeypatch.setattr(sandbox_module, "_python_paths", lambda: [])
-    cmd = sandbox_module.bwrap_command(tmp_path / "view", [(private, shared)], [])
+    monkeypatch.setattr(view, "_hidden_roots", lambda extra: [])
+    monkeypatch.setattr(view, "_python_paths", lambda: [])
+    cmd = view.bwrap_command(tmp_path / "view", [(private, shared)], [])
     assert "--bind" in cmd and cmd[cmd.index("--bind") + 1:cmd.index("--bind") + 3] == [str(private), str(shared)]
 
 
@@ -136,7 +137,7 @@ def test_the_builds_run_together_and_are_all_stopped(tmp_path, monkeypatch):
     StandIn.together = None
     assert line.startswith("built the kernels of tasks 2, 4, 5 at once (")
     assert sorted(StandIn.handshakes) == [2, 4, 5] and sorted(StandIn.stopped) == [2, 4, 5]
-    copied = sandbox_module.built_ahead(runner.worker_builds(tmp_path)) / "student" / "task4-student" / "kernels.o"
+    copied = view.built_ahead(runner.worker_builds(tmp_path)) / "student" / "task4-student" / "kernels.o"
     assert copied.read_text() == "built"  # the grader's own copy, made once every build has stopped
 
     StandIn.stopped, StandIn.fail, StandIn.hang = [], {2}, {5}

@@ -1,6 +1,6 @@
-"""common.profile: Nsight Compute's report cut down to what a student acts on, read from a recorded report."""
+"""harness.profile: Nsight Compute's report cut down to what a student acts on, read from a recorded report."""
 
-from common.profile import NCU_ARGS, parse_ncu, summary
+from harness.profile import NCU_ARGS, parse_ncu, summary
 from tests.conftest import REPO
 
 RECORDED = (REPO / "tests/data/ncu/task4_h200.txt").read_text()

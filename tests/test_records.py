@@ -1,13 +1,13 @@
-"""common.records: how a test run's cases become a status, an exit code and a JSON record."""
+"""harness.records: how a test run's cases become a status, an exit code and a JSON record."""
 
 import json
 
 import pytest
 
-from common.checks import CheckResult
-from common.records import NeedsCuda
-from common.records import Report as _Report
-from common.sandbox import WorkerDied, WorkerError
+from harness.checks import CheckResult
+from harness.records import NeedsCuda
+from harness.records import Report as _Report
+from harness.sandbox import WorkerDied, WorkerError
 
 
 @pytest.fixture(autouse=True)
@@ -182,7 +182,7 @@ def test_a_failed_benchmark_is_reported_as_failure():
 def test_the_commit_is_marked_when_the_files_differ_from_it(tmp_path, monkeypatch):
     import subprocess
 
-    import common.records as records
+    import harness.records as records
 
     monkeypatch.setattr(records, "REPO", tmp_path)
     assert records._commit() is None  # not a git checkout
@@ -208,7 +208,7 @@ def test_a_todo_line_left_on_a_step_that_passed_is_not_the_missing_step():
 
 def test_a_failure_carries_its_cause_into_the_record_the_grader_accepts(tmp_path):
     """The gradebook's timed_out and tampering flags follow these fields, whatever the messages say."""
-    from common.outcome import Cause
+    from harness.outcome import Cause
     from grader.runner import valid_record
 
     report = Report(1, solution=False, title="t")

@@ -8,7 +8,7 @@ x (2, 53, 45) product whose tensors lay at the addresses below.
 
 from pathlib import Path
 
-from common import sanitize
+from harness import sanitize
 
 DATA = Path(__file__).parent / "data" / "sanitizer"
 SOURCE = (Path(__file__).parent.parent / "task2/solution/kernels/attention.cu")

@@ -1,4 +1,4 @@
-"""A submission's tasks graded at once (grader/schedule.py), the GPU shared between them (common/gpu_share.py).
+"""A submission's tasks graded at once (grader/schedule.py), the GPU shared between them (harness/gpu_share.py).
 
 The real run is the full grader on the GPU machine (each closing note); here the rules that keep
 its grades right: a timed part has the GPU alone, a test waiting for it does not lose time from its
@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from common import gpu_share
+from harness import gpu_share
 from grader import runner, schedule
 from tests.conftest import REPO
 
@@ -69,7 +69,7 @@ def test_the_tasks_run_at_once_and_those_whose_workers_load_kernels_after_the_bu
 
 
 def test_a_test_loads_another_tasks_code_only_once_that_task_is_graded_and_did_not_hang(tmp_path, monkeypatch):
-    from common import cli
+    from harness import cli
 
     told = tmp_path / "task1.outcome"
     monkeypatch.setenv(gpu_share.ENV, str(tmp_path / "lock"))
@@ -130,7 +130,7 @@ def test_the_time_spent_waiting_for_the_gpu_is_not_counted(tmp_path):
 
 PROGRAM = textwrap.dedent("""
     import sys, time
-    from common import gpu_share
+    from harness import gpu_share
 
     class Worker:
         def __init__(self, python):

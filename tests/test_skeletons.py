@@ -2,12 +2,12 @@
 
 import pytest
 
-from common.skeleton import REPO, MarkerError, generate, make_skeleton, remaining_todos
+from harness.skeleton import REPO, MarkerError, generate, make_skeleton, remaining_todos
 
 
 def test_committed_skeletons_match_the_generator():
     stale = [str(rel) for rel, text in generate().items() if not (REPO / rel).exists() or (REPO / rel).read_text() != text]
-    assert not stale, f"skeletons out of date, run `python -m common.skeleton`: {stale}"
+    assert not stale, f"skeletons out of date, run `python -m harness.skeleton`: {stale}"
 
 
 def test_every_region_names_a_readme_step_that_exists():

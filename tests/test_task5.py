@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from common.layer import mha_weights
-from common.records import Report
-from common.reference import causal_mask
+from harness.records import Report
+from harness.reference import causal_mask
 from common.torch_kernels import PyTorchKernels
 from grader.rubric import score
 from task5.attention import CachedMultiHeadAttention

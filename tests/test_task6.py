@@ -9,7 +9,7 @@ cache length never advanced, PyTorch's own attention) get a checked verdict.
 import pytest
 import torch
 
-from common.checks import compare_logits
+from harness.checks import compare_logits
 from common.torch_kernels import PyTorchKernels
 from task6 import test as task6_test
 from task6.model import SIZES, Rope, SmallLM
@@ -158,8 +158,8 @@ def test_pytorch_attention_in_the_attention_breaks_the_rule(tmp_path):
 def test_the_generation_run_checks_and_times_on_the_cpu(tmp_path, baselines):
     """The handout run's code path at a tiny size: the worker's tokens and logits, checked; the baselines
     (which the grader leaves out)."""
-    from common.records import Report
-    from common.sandbox import Worker
+    from harness.records import Report
+    from harness.sandbox import Worker
     from tests.conftest import REPO
 
     report = Report(6, True, "generation on the CPU", REPO)

@@ -12,7 +12,7 @@ import copy
 import pytest
 import torch
 
-from common.checks import compare_logits
+from harness.checks import compare_logits
 from task7 import gpt2
 from task7 import test as task7_test
 from tests.conftest import bad_variant, needs_solution, run_test, submission

@@ -1,7 +1,7 @@
 """common/tasks.py is the one list of student files: it must match the skeletons and the given code."""
 
-from common.skeleton import generate
-from common.tasks import TASKS, WORKER_COMMON
+from harness.skeleton import generate
+from common.tasks import TASKS, WORKER_FOLDER
 from tests.conftest import REPO
 
 
@@ -13,40 +13,46 @@ def test_student_files_are_the_skeletons():
 
 def test_given_files_exist_and_say_so():
     for task in TASKS.values():
-        for rel in (*task.given_files, *WORKER_COMMON):
-            assert (REPO / rel).is_file(), rel
         for rel in task.given_files:
+            assert (REPO / rel).is_file(), rel
             if not rel.endswith("__init__.py"):
                 head = (REPO / rel).read_text().splitlines()[:4]
                 assert any("Given: not graded; edits here are not submitted" in line for line in head), rel
 
 
-def test_the_worker_never_gets_the_checks_reference():
-    assert "common/reference.py" not in WORKER_COMMON
+def test_the_worker_never_gets_the_checks_or_the_references():
     assert not [rel for t in TASKS.values() for rel in t.given_files if "solution" in rel or rel.endswith("test.py")]
+    assert not [p for p in (REPO / WORKER_FOLDER).rglob("*") if p.name in ("reference.py", "checks.py", "sandbox.py")]
 
 
-def test_the_worker_gets_every_common_module_its_code_imports():
-    # Without one, a task's worker fails at import ("cannot import name ... from 'common'"), and only
-    # a run of that task would tell.
+def _imports(path):
     import ast
 
-    shipped = {rel for rel in WORKER_COMMON if rel.endswith(".py")}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module in ("common", "harness", "grader"):
+                yield from (f"{node.module}.{alias.name}" for alias in node.names)
+            else:
+                yield node.module
+        elif isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+
+
+def test_the_workers_code_imports_only_what_its_view_holds():
+    # The view is common/ and the given files: a module of harness/ or grader/ imported there fails the
+    # task's worker at import ("No module named 'harness'"), and only a run of that task would tell.
     given = [rel for t in TASKS.values() for rel in (*t.given_files, *t.student_files) if rel.endswith(".py")]
-    for rel in sorted(shipped | set(given)):
+    in_view = [p.relative_to(REPO) for p in sorted((REPO / WORKER_FOLDER).rglob("*.py"))]
+    for rel in [*in_view, *given]:
         path = REPO / rel
         if not path.exists():  # a student file missing from this checkout
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.ImportFrom) and node.module == "common":
-                names = [f"common/{alias.name}.py" for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("common."):
-                names = [node.module.replace(".", "/") + ".py"]
-            elif isinstance(node, ast.Import):
-                names = [a.name.replace(".", "/") + ".py" for a in node.names if a.name.startswith("common.")]
-            for name in names:
-                assert name in shipped, f"{rel} imports {name}, which common/tasks.py WORKER_COMMON does not ship"
+        for name in _imports(path):
+            top = name.split(".")[0]
+            assert top not in ("harness", "grader"), f"{rel} imports {name}, which the worker's view does not hold"
+            if top == WORKER_FOLDER:
+                module = REPO / (name.replace(".", "/") + ".py")
+                assert module.is_file() or (REPO / name.replace(".", "/")).is_dir(), f"{rel} imports {name}"
 
 
 def test_every_file_students_write_has_its_reference_and_one_function_finds_both(tmp_path):
@@ -58,3 +64,13 @@ def test_every_file_students_write_has_its_reference_and_one_function_finds_both
             reference = source_of(rel, tmp_path, solution=True)
             assert reference.relative_to(REPO).parts[:2] == (f"task{task.number}", "solution"), reference
             assert reference.is_file() or not (REPO / f"task{task.number}" / "solution").is_dir(), reference
+
+
+def test_nothing_below_the_grader_imports_it():
+    # The grader runs the tasks' tests and passes them what they need (the hidden cases' file, --hidden FILE):
+    # a test importing grader/ would tie the harness to the grader's layout, and break in the handout.
+    below = [p for folder in ("common", "harness", *(f"task{n}" for n in TASKS)) for p in (REPO / folder).rglob("*.py")]
+    assert below
+    for path in below:
+        found = [name for name in _imports(path) if name.split(".")[0] == "grader"]
+        assert not found, f"{path.relative_to(REPO)} imports {found}"

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from common import sanitize
+from harness import sanitize
 from tests.conftest import REPO, needs_cuda, needs_solution
 
 pytestmark = [needs_cuda, needs_solution(4)]
@@ -41,7 +41,7 @@ def tensor_cores():
 
 
 def test_it_passes_task4s_checks(tensor_cores):
-    from common import cli
+    from harness import cli
     from task4.test import CASES, check_case, shape_text
 
     here = Here(tensor_cores)

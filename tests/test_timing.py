@@ -2,7 +2,7 @@ import time
 
 import torch
 
-from common.timing import benchmark, wall_clock
+from harness.timing import benchmark, wall_clock
 from tests.conftest import needs_cuda
 
 

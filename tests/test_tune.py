@@ -1,8 +1,8 @@
-"""common.tune: a kernel file's constants set per configuration, each built on its own (nvcc only, no GPU)."""
+"""harness.tune: a kernel file's constants set per configuration, each built on its own (nvcc only, no GPU)."""
 
 import pytest
 
-from common import tune
+from harness import tune
 from common.resources import KernelResources
 from tests.conftest import REPO, needs_nvcc
 

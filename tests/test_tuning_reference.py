@@ -1,6 +1,6 @@
 """Tuning against the reference files: the untuned starts, the default configurations, the driver (instructor-only)."""
 
-from common import tune
+from harness import tune
 from tests.conftest import REPO, needs_nvcc, needs_solution
 
 

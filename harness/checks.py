@@ -268,7 +268,7 @@ def expect_errors(call, bad) -> tuple[bool, str, dict]:
     bad: (what, args, words) triples; `call(*args)` must raise the worker's error, and its
     message must contain `words`.
     """
-    from common.sandbox import WorkerError
+    from harness.sandbox import WorkerError
 
     for what, args, words in bad:
         try:

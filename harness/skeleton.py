@@ -30,7 +30,7 @@ is the student's to do: `[skeleton: N]` at the end of its line sets the skeleton
 
 becomes `constexpr int BLOCK_ROWS = 64;  // Br: query rows per block`.
 
-`taskN/solution/<path>` generates `taskN/<path>`. Run `python -m common.skeleton`
+`taskN/solution/<path>` generates `taskN/<path>`. Run `python -m harness.skeleton`
 after editing a reference file; `tests/test_skeletons.py` fails when a committed
 skeleton differs from what this makes.
 """
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             target.write_text(text)
             print(f"wrote {rel}")
     if args.check and stale:
-        print("out of date (run python -m common.skeleton):", *map(str, stale), sep="\n  ")
+        print("out of date (run python -m harness.skeleton):", *map(str, stale), sep="\n  ")
         return 1
     if not stale:
         print("all skeletons up to date")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from common.checks import CheckResult, compare
+from harness.checks import CheckResult, compare
 
 
 def _future(seq_q: int, seq_k: int, mask: str = "end") -> torch.Tensor:

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from common.checks import exact_float32
+from harness.checks import exact_float32
 
 
 def causal_mask(seq_q: int, seq_k: int, device=None) -> torch.Tensor:

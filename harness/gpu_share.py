@@ -12,7 +12,7 @@ A worker that runs a student's Python is stopped before the wait and at the end 
 part (`alone(worker)`), since that code could keep the GPU busy from a thread of its own; its
 next call starts it again.
 
-A test that waits for something else (another task's outcome: common/cli.py's used_code_hung)
+A test that waits for something else (another task's outcome: harness/cli.py's used_code_hung)
 steps out of the share meanwhile (`stepped_out(worker)`), so the others' timed parts go on.
 
 The time a test waits is marked by a file beside the lock (`waiting_file`), so the grader does

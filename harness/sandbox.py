@@ -1,24 +1,11 @@
-"""Where student code runs: a worker process with its own view of the files (trusted side).
+"""Where student code runs: a worker process, talked to over a socket (trusted side).
 
-`Worker` builds the view, a fresh folder holding the student's files (regular files only)
-and the given code the worker needs (common/tasks.py lists both), starts
-`python -m common.worker` there and talks to it over a socket (common/wire.py).
-
-With bubblewrap (`bwrap`) installed, the worker runs inside it:
-- the file system is read-only, and everything but the operating system's own folders
-  (/usr, /etc, /opt, ...) is hidden behind empty folders: home folders, /tmp, /run, /var, /work,
-  /srv and the like, this checkout, the submission and the results folder (only Python's own
-  folders and the view are put back), so neither the reference solutions nor the hidden cases are there;
-- its own PID namespace: it cannot see or signal the checks, and every process it starts
-  dies with it (--die-with-parent);
-- no network, and no capabilities when run as root.
+`Worker` makes the worker's view of the files (harness/view.py: inside bubblewrap where installed),
+starts `python -m common.worker` there and talks to it over a socket (common/wire.py): every reply
+is validated, a crash or a hang costs the case it happened in, and the worker is started again.
 A worker that has more than MAX_PROCESSES processes or MAX_THREADS threads at once (a fork or
 thread bomb) is ended, and the case says why; without bubblewrap, a process that leaves both the
 worker's process group and its tree escapes that count.
-Without bubblewrap it is a plain process in the view: the split between checks and student
-code still holds (separate memory, validated replies, records written by the checks), but
-the files of the machine are not hidden and a detached process may outlive the task.
-`SANDBOX` says which one applies; the grader writes it into the results.
 """
 
 from __future__ import annotations
@@ -26,23 +13,19 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import site
 import socket
-import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 from common import wire
-from common.outcome import Cause
-from common.impl import REPO, source_of
-from common.tasks import TASKS, WORKER_COMMON, runs_student_python
+from common.impl import REPO
+from common.tasks import TASKS, runs_student_python
+from harness.outcome import Cause
+from harness.view import bwrap_command, copy_builds, make_view, sandbox_status
 
-BWRAP = shutil.which("bwrap")
-MAX_STUDENT_FILE_BYTES = 2 * 1024 * 1024
 START_TIMEOUT_S = 300  # importing torch, and building a CUDA task's extension
 CALL_TIMEOUT_S = 300
 MAX_RESTARTS = 3  # a crashing case costs that case; after this many crashes the rest fail at once
@@ -56,13 +39,6 @@ WATCH_S = 0.05
 COUNT_S = 1.0
 
 
-def sandbox_status() -> str:
-    if BWRAP and os.environ.get("KIT_NO_SANDBOX") != "1":
-        return "bubblewrap"
-    return "plain process"
-
-
-# preexec_fn runs between fork and exec, which is unsafe while other threads run (the grader starts its
 # tasks' tests from several threads): every Popen with one holds this lock, and die_with_parent calls a
 # function looked up here, once, never the dynamic loader in the child.
 SPAWNING = threading.Lock()
@@ -85,40 +61,6 @@ def die_with_parent() -> None:
         _PRCTL(1, signal.SIGKILL)
 
 
-def remove_tree(path: Path, wait_s: float = 10.0) -> None:
-    """Remove a folder that processes being killed may still write in (a stopped grading's scratch copy).
-
-    A sandboxed worker dies a moment after the test that started it (its parent-death signals fire one
-    after the other), so a single rmtree can meet a file created after it listed the folder.
-    """
-    deadline = time.monotonic() + wait_s
-    handler = "onexc" if sys.version_info >= (3, 12) else "onerror"
-    root = os.path.abspath(path)
-    while True:
-        shutil.rmtree(path, **{handler: lambda function, failed, error: _unlock(root, failed, error)})
-        if not os.path.lexists(path) or time.monotonic() > deadline:
-            return
-        time.sleep(0.1)
-
-
-def _unlock(root: str, path, error) -> None:
-    """rmtree met a folder the student's code made read-only (chmod): open it, and the next pass removes it.
-
-    Only for a refusal, and only inside the tree being removed: its parent (/tmp, say) is never touched, since
-    a chmod 700 of /tmp would close it to every other user."""
-    if not isinstance(error[1] if isinstance(error, tuple) else error, PermissionError):
-        return
-    for folder in (os.path.dirname(path), path):
-        folder = os.path.abspath(folder)
-        if folder != root and not folder.startswith(root + os.sep):
-            continue
-        try:
-            if os.path.isdir(folder) and not os.path.islink(folder):
-                os.chmod(folder, 0o700)
-        except OSError:
-            pass
-
-
 class WorkerError(Exception):
     """The student's code raised; `kind` is the exception's type name."""
 
@@ -138,156 +80,13 @@ def signal_words(signum: int) -> str:
 
 
 class WorkerDied(Exception):
-    """The worker ended, hung, or answered with something that is not a message; `cause` (common/outcome.py)
+    """The worker ended, hung, or answered with something that is not a message; `cause` (harness/outcome.py)
     says which where the gradebook flags it."""
 
     def __init__(self, message: str, cause: str | None = None):
         super().__init__(message)
         self.cause = cause
 
-
-def copy_regular_file(src: Path, dst: Path) -> str | None:
-    """Copy one submitted file without following links; None, or why it was not copied."""
-    try:
-        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return "missing"
-    except OSError:
-        return "not a regular file (a link?)"
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return "not a regular file"
-        data = f.read(MAX_STUDENT_FILE_BYTES + 1)
-        mtime = os.fstat(fd).st_mtime_ns
-    if len(data) > MAX_STUDENT_FILE_BYTES:
-        return f"larger than {MAX_STUDENT_FILE_BYTES // 1024 // 1024} MiB"
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_bytes(data)
-    os.utime(dst, ns=(mtime, mtime))  # an unchanged kernel keeps its cached build
-    return None
-
-
-def building_lock(builds: Path) -> Path:
-    """Held exclusively by the grader while it builds the kernels ahead into `builds` (grader/runner.py)."""
-    return builds / "building.lock"
-
-
-def built_ahead(builds: Path) -> Path:
-    """The grader's copy of the kernels it built ahead in `builds`, which no worker can write (grader/runner.py)."""
-    return builds.with_name(builds.name + "-ahead")
-
-
-def copy_tree(source: Path, target: Path) -> None:
-    """Copy the folders and regular files under `source`, times kept (ninja compares them); a link is left
-    out, not followed, and so is anything else. Copy only what no process writes meanwhile."""
-    for folder, folders, files in os.walk(source):  # does not enter a link to a folder
-        into = target / Path(folder).relative_to(source)
-        into.mkdir(parents=True, exist_ok=True)
-        for name in files:
-            if stat.S_ISREG(os.lstat(Path(folder) / name).st_mode):
-                shutil.copy2(Path(folder) / name, into / name)
-
-
-def copy_builds(shared: Path, private: Path, folders: list[str]) -> None:
-    """Copy the named build folders of the grader's copy of `shared` (`built_ahead`) into `private`, once the
-    grader has made it (its building lock). A folder not built is left out: the worker builds it in its copy."""
-    import fcntl
-
-    from common.gpu_share import waiting
-
-    private.mkdir(parents=True, exist_ok=True)
-    ahead = building_lock(shared.parent)
-    if ahead.exists():
-        with open(ahead) as held, waiting():
-            fcntl.flock(held, fcntl.LOCK_SH)
-    source = built_ahead(shared.parent) / shared.name
-    for name in folders:
-        if (source / name).is_dir() and not (source / name).is_symlink():
-            copy_tree(source / name, private / name)
-
-
-def make_view(task: int, student_dir: Path, view: Path, solution: bool) -> list[str]:
-    """Fill `view` with the given code and the student's files; returns notes on files not taken."""
-    if view.exists():
-        shutil.rmtree(view)
-    view.mkdir(parents=True)
-    spec = TASKS[task]
-    for rel in WORKER_COMMON + spec.given_files:
-        (view / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / rel, view / rel)
-    for used in spec.uses:
-        for rel in TASKS[used].given_files:
-            if not (view / rel).exists():
-                (view / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(REPO / rel, view / rel)
-    notes = []
-    for number in (task, *spec.uses):
-        for rel in TASKS[number].student_files:
-            source = source_of(rel, student_dir, solution)
-            why = copy_regular_file(source, view / rel)
-            if why:
-                notes.append(f"{rel}: {why}, so it was not used")
-    return notes
-
-
-# Top-level folders of the operating system, kept (read-only): Python, compilers, CUDA and its driver
-# live there. Every other top-level folder (/home, /root, /tmp, /work, /srv, /mnt, /data, ...) is
-# hidden, since a copy of the course with its solutions may sit in any of them. So are /run and /var: a
-# read-only view of a Unix socket still lets a process connect to it (munge, Docker, D-Bus, and
-# slurmstepd's sockets in /var/spool/slurmd, which obey the job's user). /dev/shm stays: PyTorch's CUDA
-# tensor sharing between the checks and the worker keeps its reference counts in a file there.
-SYSTEM_FOLDERS = {"bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "opt", "proc", "sbin",
-                  "sys", "usr"}
-
-
-def _hidden_roots(extra: list[Path]) -> list[Path]:
-    roots = [p for p in Path("/").iterdir() if p.name not in SYSTEM_FOLDERS and p.is_dir() and not p.is_symlink()]
-    roots += [REPO.resolve(), *[p.resolve() for p in extra]]
-    return sorted({r for r in roots if r.exists()}, key=lambda p: len(p.parts))
-
-
-def _python_paths() -> list[Path]:
-    """Folders Python and its packages live in: put back inside hidden folders, read-only."""
-    paths = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent.parent}
-    paths |= {Path(p) for p in sys.path if p and Path(p).is_dir()}
-    paths |= {Path(p) for p in site.getsitepackages() if Path(p).is_dir()}
-    from torch.utils.cpp_extension import CUDA_HOME
-
-    if CUDA_HOME:
-        paths.add(Path(CUDA_HOME))
-    for tool in ("nvcc", "ninja", "c++", "gcc"):
-        found = shutil.which(tool)
-        if found:
-            paths.add(Path(found).resolve().parent)
-    repo = REPO.resolve()
-    return sorted(p.resolve() for p in paths if p.exists() and not _inside(p.resolve(), repo, but=".venv"))
-
-
-def _inside(path: Path, root: Path, but: str) -> bool:
-    """True if path is the checkout or inside it, except its virtual environment."""
-    try:
-        rel = path.relative_to(root)
-    except ValueError:
-        return False
-    return not rel.parts or rel.parts[0] != but
-
-
-def bwrap_command(view: Path, writable: list[tuple[Path, Path]], hide: list[Path]) -> list[str]:
-    """writable: (folder here, where the worker sees it) pairs."""
-    cmd = [BWRAP, "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc"]
-    for root in _hidden_roots(hide):
-        cmd += ["--tmpfs", str(root)]
-    for path in _python_paths():
-        cmd += ["--ro-bind", str(path), str(path)]
-    cmd += ["--ro-bind", str(view), str(view)]
-    for path, seen_as in writable:
-        cmd += ["--bind", str(path), str(seen_as)]
-    cmd += ["--unshare-pid", "--unshare-net", "--unshare-uts", "--die-with-parent", "--chdir", str(view)]
-    if os.geteuid() == 0:
-        cmd += ["--cap-drop", "ALL"]
-    if not sys.stdin.isatty():
-        cmd += ["--new-session"]  # no terminal to type into; with one, breakpoint() needs it
-    return cmd + ["--"]
 
 
 class Worker:
@@ -301,7 +100,7 @@ class Worker:
         self.task, self.student_dir, self.solution = task, Path(student_dir), solution
         self.memory_limit, self.cuda, self.hide = memory_limit, cuda, list(hide)
         self.block_attention = block_attention
-        self.sanitize = sanitize  # compute-sanitizer's command line (common/sanitize.py): the worker runs under it
+        self.sanitize = sanitize  # compute-sanitizer's command line (harness/sanitize.py): the worker runs under it
         self.sanitizer_log = bytearray()
         self.exit_code: int | None = None
         self.last_ranges: list = []
@@ -535,7 +334,7 @@ class Worker:
         return runs_student_python(self.task)
 
     def stop_until_next_call(self) -> None:
-        """End the worker on purpose (common/gpu_share.py): its next call starts it again, not counted as a crash."""
+        """End the worker on purpose (harness/gpu_share.py): its next call starts it again, not counted as a crash."""
         self.stop()
         self.resume = True
 
@@ -637,7 +436,3 @@ def _machine_tasks() -> int:
             return int(f.read().split()[3].split("/")[1])
     except (OSError, IndexError, ValueError):
         return 0
-
-
-def scratch_dir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="kit-"))

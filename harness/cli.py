@@ -1,18 +1,17 @@
 """What every `python -m taskN.test` shares: its command line, its cases and seeds, its worker.
 
 A task's test is the trusted side: it makes the inputs, runs the reference, compares and
-writes the record. It never imports student code; it asks the worker (common/sandbox.py)
+writes the record. It never imports student code; it asks the worker (harness/sandbox.py)
 to run the entry points of taskN/entry.py.
 
-Public cases are listed in each task's test.py. The grader adds `--hidden`: then
-`grader/hidden.py` (instructor-only) adds cases to each named part, and its secret seed is
-mixed into every public seed, so memorising outputs does not help.
+Public cases are listed in each task's test.py. The grader adds `--hidden FILE` (its
+grader/hidden.py, instructor-only): then that file's cases are added to each named part, and its
+secret seed is mixed into every public seed, so memorising outputs does not help.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ def parser(task: int, description: str) -> argparse.ArgumentParser:
     p.add_argument("--student-dir", type=Path, default=REPO, metavar="DIR",
                    help="take the student's files from this checkout (default: this one)")
     p.add_argument("--scratch", type=Path, metavar="DIR", help=argparse.SUPPRESS)  # the grader's scratch folder
-    p.add_argument("--hidden", action="store_true", help=argparse.SUPPRESS)  # the grader's extra cases
+    p.add_argument("--hidden", type=load_hidden, metavar="FILE", help=argparse.SUPPRESS)  # the grader's extra cases
     # the grader's run: it leaves out the slowest comparisons that are not scored (GRADING_LEAVES_OUT)
     p.add_argument("--grading", action="store_true", help=argparse.SUPPRESS)
     # the grader's: TASK=FILE for each task whose code this one loads and which is graded beside it: FILE says
@@ -57,7 +56,7 @@ def used_code_hung(args, task: int, worker=None) -> bool:
     is not counted against this task's time limit. False outside the grader."""
     import time
 
-    from common import gpu_share
+    from harness import gpu_share
 
     files = dict(item.split("=", 1) for item in args.outcome)
     if str(task) not in files:
@@ -70,21 +69,36 @@ def used_code_hung(args, task: int, worker=None) -> bool:
     return not told.exists() or told.read_text().strip() == "hung"
 
 
-def hidden_module():
-    try:
-        return importlib.import_module("grader.hidden")
-    except ModuleNotFoundError:
-        raise SystemExit("--hidden: this checkout has no hidden cases (grader/hidden.py is instructor-only)")
+@dataclass(frozen=True)
+class Hidden:
+    """The grader's hidden cases: a secret seed and, per task and part, shapes beyond the public ones."""
+
+    secret_seed: int
+    cases: dict
 
 
-def seed(public: int, hidden: bool) -> int:
+def load_hidden(path: str) -> Hidden:
+    """The hidden cases in the file the grader names (grader/hidden.py): read here, so nothing in the
+    tests imports the grader."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hidden_cases", path)
+    if not Path(path).is_file() or spec is None:
+        raise argparse.ArgumentTypeError(f"{path}: no such file (the hidden cases, grader/hidden.py, are "
+                                         "instructor-only)")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return Hidden(module.SECRET_SEED, module.CASES)
+
+
+def seed(public: int, hidden: Hidden | None) -> int:
     if not hidden:
         return public
-    return (public * 1_000_003 + hidden_module().SECRET_SEED) % (2**62)
+    return (public * 1_000_003 + hidden.secret_seed) % (2**62)
 
 
-def extra_cases(task: int, part: str, hidden: bool) -> list:
-    return list(hidden_module().CASES.get(task, {}).get(part, [])) if hidden else []
+def extra_cases(task: int, part: str, hidden: Hidden | None) -> list:
+    return list(hidden.cases.get(task, {}).get(part, [])) if hidden else []
 
 
 def devices() -> list[str]:
@@ -107,7 +121,7 @@ class Case:
         return f"{self.label}{' causal' if self.causal else ''}"
 
 
-def cases(task: int, part: str, public: list, hidden: bool, shape_text, *, devices=("cuda",),
+def cases(task: int, part: str, public: list, hidden: Hidden | None, shape_text, *, devices=("cuda",),
           causal=(False, True), causal_ok=lambda shape: True):
     """Every case of a part: shape x causal x device, the hidden shapes after the public ones.
 
@@ -131,9 +145,10 @@ def worker(report, task: int, args, **options):
     A student file that does not import (a syntax error, an exception at import) is one
     failed check named "import"; no GPU for a CUDA task is a skip.
     """
-    from common import gpu_share
-    from common.records import NeedsCuda
-    from common.sandbox import Worker, WorkerDied, WorkerError, sandbox_status
+    from harness import gpu_share
+    from harness.records import NeedsCuda
+    from harness.sandbox import Worker, WorkerDied, WorkerError
+    from harness.view import sandbox_status
     from common.tasks import TASKS
 
     def skip(reason):

@@ -66,7 +66,7 @@ def estimate(task: int, case: str, metrics: dict, gpu: str, path: Path | None = 
 def record(task: int, gpu: str, cases: dict[str, float], about: dict, path: Path | None = None) -> None:
     """Store this GPU's ratios for `task`, keeping every other GPU's and task's."""
     data = load(path)
-    data.setdefault("about", "reference time / baseline time per timed case, by GPU model: common/calibration.py")
+    data.setdefault("about", "reference time / baseline time per timed case, by GPU model: harness/calibration.py")
     entry = data.setdefault("gpus", {}).setdefault(gpu, {})
     entry.update(about)
     entry.setdefault("tasks", {})[str(task)] = {name: round(value, 4) for name, value in sorted(cases.items())}

@@ -226,13 +226,13 @@ class Call:
 
 def run_pass(start_worker, calls: list[Call], sources: dict[str, list[str]], step_of) -> tuple:
     """Every call under each tool; (clean, message, metrics) for the report, and the Cause of a failed call
-    where it hung or answered malformed (common/outcome.py).
+    where it hung or answered malformed (harness/outcome.py).
 
     start_worker(cmd) returns a started Worker (a context manager) running under `cmd`.
     sources: the lines of each kernel file by name (attention.cu), to quote from.
     step_of(kernel name): the README step that kernel belongs to, or None.
     """
-    from common.sandbox import WorkerDied, WorkerError
+    from harness.sandbox import WorkerDied, WorkerError
 
     sanitizer = find_sanitizer()
     if sanitizer is None:
@@ -301,7 +301,7 @@ def add_to_report(report, task: int, args, calls: list[Call], step_of) -> None:
     passes --hidden) cannot certify the task and scores it 0.
     """
     from common.impl import source_of
-    from common.sandbox import Worker
+    from harness.sandbox import Worker
     from common.tasks import TASKS
 
     if find_sanitizer() is None and not args.hidden:

@@ -1,7 +1,7 @@
 """Tuning a kernel file's constants: one copy of the file per configuration, each built on its own.
 
 `python -m task4.tune` and `python -m task5.tune` (see `main`): every configuration is built side
-by side, each in a worker of its own (common/sandbox.py: a configuration that crashes or hangs is
+by side, each in a worker of its own (harness/sandbox.py: a configuration that crashes or hangs is
 its row's reason, not the end of the run), then checked on a few of `taskN.test`'s edge cases and
 timed at the course's standard size, one at a time, with the test's clock and timed-output checks. One row
 per configuration: registers, spills, shared memory, threads and blocks per SM, time, throughput
@@ -170,7 +170,7 @@ def _config_dir(root: Path, task: int, kernel_file: str, text: str, student_dir:
 
 def _start(row: Row, worker, scratch: Path, timed_kernel: str):
     """Build one configuration in its spawned worker (in a thread: the builds run side by side)."""
-    from common.sandbox import WorkerDied, WorkerError
+    from harness.sandbox import WorkerDied, WorkerError
 
     try:
         worker.handshake()
@@ -214,7 +214,7 @@ def run(plan: Plan, configs: list[dict[str, int]], *, student_dir: Path, solutio
     """Every configuration built (side by side, `jobs` at a time), then checked and timed one at a time."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from common.sandbox import Worker
+    from harness.sandbox import Worker
 
     text = source.read_text()
     rows = [Row(n + 1, config) for n, config in enumerate(configs)]

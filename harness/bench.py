@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from common.timing import Timing, summarize
+from harness.timing import Timing, summarize
 
 VS_REFERENCE = "vs_reference"  # metric: reference time / student time, measured in the same run (the rubric reads it)
 SET_MEMORY_BUDGET = 8 << 30  # bytes of GPU memory for the distinct input sets of one request

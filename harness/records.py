@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-from common.checks import CheckResult
+from harness.checks import CheckResult
 from common.impl import REPO, label
-from common.outcome import Cause, Kind, Status
-from common.sandbox import WorkerDied, WorkerError
+from harness.outcome import Cause, Kind, Status
+from harness.sandbox import WorkerDied, WorkerError
 from common.wire import short_traceback
-from common.skeleton import remaining_todos
+from harness.skeleton import remaining_todos
 from common.tasks import student_files
 
 # the lines that are not checks, counted apart so the summary adds up to the lines shown
@@ -41,11 +41,11 @@ class NeedsCuda(Exception):
 @dataclass
 class Case:
     name: str
-    kind: str  # common.outcome.Kind: check, optional, benchmark, rule or given
+    kind: str  # harness.outcome.Kind: check, optional, benchmark, rule or given
     passed: bool
     message: str
     metrics: dict = field(default_factory=dict)
-    cause: str | None = None  # common.outcome.Cause, where a failure is more than a wrong answer
+    cause: str | None = None  # harness.outcome.Cause, where a failure is more than a wrong answer
 
 
 def environment() -> dict:
@@ -89,7 +89,7 @@ class Report:
         self.task = task
         self.solution = solution
         self.student_dir = Path(student_dir)
-        self.sandbox: str | None = None  # how the worker was isolated (common/sandbox.py)
+        self.sandbox: str | None = None  # how the worker was isolated (harness/view.py)
         self.worker_notes: list[str] = []
         self.attention_ops: set[str] = set()
         self.cases: list[Case] = []

@@ -168,7 +168,7 @@ def main(task: int, kernel: str, entry: str, args_of, what_of, argv=None, causal
     import torch
 
     from common.impl import REPO, label
-    from common.sandbox import Worker, WorkerDied, WorkerError
+    from harness.sandbox import Worker, WorkerDied, WorkerError
 
     parser = argparse.ArgumentParser(prog=f"python -m task{task}.profile",
                                      description=f"One launch of task {task}'s kernel under Nsight Compute, summarised.")
