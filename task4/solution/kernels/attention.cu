@@ -426,6 +426,18 @@ __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS_PER_SM)
 // of the launch (a bad configuration); errors inside the kernel surface later, at the
 // next synchronisation.
 
+// The one place that lists the compiled tile widths: calls launch_for with the smallest width D >=
+// head_dim, as a compile-time constant (std::integral_constant<int, D>), so each width is its own
+// kernel whose loops over the head dimension the compiler unrolls. A width added here is compiled.
+template <typename LaunchFor>
+static cudaError_t with_head_dim_tile(int head_dim, LaunchFor launch_for) {
+  if (head_dim <= 32) return launch_for(std::integral_constant<int, 32>());
+  if (head_dim <= 64) return launch_for(std::integral_constant<int, 64>());
+  if (head_dim <= 80) return launch_for(std::integral_constant<int, 80>());
+  if (head_dim <= 96) return launch_for(std::integral_constant<int, 96>());
+  return launch_for(std::integral_constant<int, MAX_HEAD_DIM>());
+}
+
 template <int D>
 static cudaError_t launch(const float* q, const float* k, const float* v, float* out,
                           int batch_heads, int seq_q, int seq_k, int head_dim, float scale,
@@ -450,16 +462,10 @@ cudaError_t flash_attention_forward(const float* q, const float* k, const float*
       (causal && seq_q > seq_k) || (seq_q - 1) / BLOCK_ROWS >= 65535)
     return cudaErrorInvalidValue;
   if (batch_heads == 0) return cudaSuccess;
-  if (head_dim <= 32)
-    return launch<32>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale, causal, stream);
-  if (head_dim <= 64)
-    return launch<64>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale, causal, stream);
-  if (head_dim <= 80)
-    return launch<80>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale, causal, stream);
-  if (head_dim <= 96)
-    return launch<96>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale, causal, stream);
-  return launch<MAX_HEAD_DIM>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale, causal,
-                              stream);
+  return with_head_dim_tile(head_dim, [&](auto tile) {
+    return launch<decltype(tile)::value>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale,
+                                         causal, stream);
+  });
 }
 
 // The tile sizes and the largest head_dim, for the binding to report.

@@ -44,6 +44,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 constexpr int WARPS = 8;                     // 4, with 32-key tiles and 2 blocks per SM: 20% slower at D128
 constexpr int BLOCK_ROWS = 16 * WARPS;       // query rows per block
@@ -277,11 +278,15 @@ static cudaError_t launch_as(const float* q, const float* k, const float* v, flo
   return cudaGetLastError();
 }
 
-template <int D>
-static cudaError_t launch(const float* q, const float* k, const float* v, float* out, int batch_heads, int seq_q,
-                          int seq_k, int head_dim, float scale, bool causal, cudaStream_t stream) {
-  return causal ? launch_as<D, true>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale, stream)
-                : launch_as<D, false>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale, stream);
+// The one place that lists the compiled tile widths, as in the FFMA reference: calls launch_for with the
+// smallest width D >= head_dim as a compile-time constant (std::integral_constant<int, D>).
+template <typename LaunchFor>
+static cudaError_t with_head_dim_tile(int head_dim, LaunchFor launch_for) {
+  if (head_dim <= 32) return launch_for(std::integral_constant<int, 32>());
+  if (head_dim <= 64) return launch_for(std::integral_constant<int, 64>());
+  if (head_dim <= 80) return launch_for(std::integral_constant<int, 80>());
+  if (head_dim <= 96) return launch_for(std::integral_constant<int, 96>());
+  return launch_for(std::integral_constant<int, MAX_HEAD_DIM>());
 }
 
 // The launcher task4/binding.cpp calls, as in the FFMA reference.
@@ -292,11 +297,11 @@ cudaError_t flash_attention_forward(const float* q, const float* k, const float*
       (causal && seq_q > seq_k) || (seq_q - 1) / BLOCK_ROWS >= 65535)
     return cudaErrorInvalidValue;
   if (batch_heads == 0) return cudaSuccess;
-  if (head_dim <= 32) return launch<32>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale, causal, stream);
-  if (head_dim <= 64) return launch<64>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale, causal, stream);
-  if (head_dim <= 80) return launch<80>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale, causal, stream);
-  if (head_dim <= 96) return launch<96>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale, causal, stream);
-  return launch<MAX_HEAD_DIM>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale, causal, stream);
+  return with_head_dim_tile(head_dim, [&](auto tile) {
+    constexpr int D = decltype(tile)::value;
+    return causal ? launch_as<D, true>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale, stream)
+                  : launch_as<D, false>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale, stream);
+  });
 }
 
 int flash_attention_block_rows() { return BLOCK_ROWS; }
