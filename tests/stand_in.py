@@ -459,7 +459,7 @@ def _tensors(value):
 # -- the harness ----------------------------------------------------------------------------
 
 SMALL = {  # module: {name: the small value the stand-in uses}
-    "task2.test": {"TIMING_SHAPE": (2, 3, 96, 32)},
+    "task2.measure": {"TIMING_SHAPE": (2, 3, 96, 32)},
     "task4.measure": {"PERF_CASE": (1, 2, 1024, 24), "HEAD_DIM_CASES": [(1, 2, 256, 64), (1, 2, 200, 80)],
                    "HANDOUT_CASES": [(2, 64)], "HANDOUT_LAYER": (64, 4), "ESTIMATE_TFLOPS": FLOPS_PER_S / 1e12},
     "task5.measure": {"DECODE_BENCHMARKS": [(1, 2, 2048, 48), (1, 1, 4096, 48)],

@@ -11,6 +11,7 @@ import torch
 
 from harness.checks import compare_logits
 from common.torch_kernels import PyTorchKernels
+from task6 import measure as task6_measure
 from task6 import test as task6_test
 from task6.model import SIZES, Rope, SmallLM
 from tests.conftest import bad_variant, needs_solution, run_test, submission
@@ -106,9 +107,9 @@ def test_the_kernels_stand_in_refuses_what_the_bindings_refuse():
 
 
 def test_weights_are_the_seeds_and_shared_without_copies():
-    a, b = (SmallLM(TINY, task6_test.FullAttention, seed=5) for _ in range(2))
+    a, b = (SmallLM(TINY, task6_measure.FullAttention, seed=5) for _ in range(2))
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
-    shared = SmallLM(TINY, task6_test.SdpaCachedAttention, device="meta").share_weights(a)
+    shared = SmallLM(TINY, task6_measure.SdpaCachedAttention, device="meta").share_weights(a)
     assert shared.head.weight.data_ptr() == a.head.weight.data_ptr()
     assert sum(p.numel() for p in a.parameters()) == TINY.parameters()
     assert 25e9 < SIZES["handout"].parameters() * 4 < 27e9  # "about 26 GB of float32 weights"
@@ -116,7 +117,7 @@ def test_weights_are_the_seeds_and_shared_without_copies():
 
 def test_the_sdpa_baseline_with_a_cache_matches_the_reference():
     model, reference = model_and_reference()
-    sdpa = SmallLM(TINY, task6_test.SdpaCachedAttention, device="meta").share_weights(model)
+    sdpa = SmallLM(TINY, task6_measure.SdpaCachedAttention, device="meta").share_weights(model)
     tokens = torch.randint(0, TINY.vocab, (2, 12), generator=torch.Generator().manual_seed(2))
     got, _ = teacher_forced(sdpa, tokens, 7)
     passed, message, _ = compare_logits(got, reference(tokens).detach(), 7)
@@ -163,10 +164,10 @@ def test_the_generation_run_checks_and_times_on_the_cpu(tmp_path, baselines):
     from tests.conftest import REPO
 
     report = Report(6, True, "generation on the CPU", REPO)
-    run = task6_test.Run(batch=2, prompt=10, steps=8, device="cpu")
+    run = task6_measure.Run(batch=2, prompt=10, steps=8, device="cpu")
     with Worker(6, REPO, solution=True, scratch=tmp_path, cuda=False) as worker:
         worker.start()
-        task6_test.run_generation(report, worker, "tiny", TINY, run, seed=4, copy_gbs=1e12, baselines=baselines)
+        task6_measure.run_generation(report, worker, "tiny", TINY, run, seed=4, copy_gbs=1e12, baselines=baselines)
     (case,) = report.cases
     assert case.kind == "benchmark" and case.passed, case.message
     assert {"ttft_ms", "tbt_ms", "tbt_floor_ms", "tbt_recompute_ms"} <= set(case.metrics)
@@ -177,15 +178,15 @@ def test_the_generation_run_checks_and_times_on_the_cpu(tmp_path, baselines):
 
 def test_a_generation_with_a_wrong_token_fails_its_check():
     model, _ = model_and_reference()
-    run = task6_test.Run(batch=2, prompt=6, steps=5, device="cpu")
-    gen = task6_test.Generation(run, TINY.vocab, seed=1)
+    run = task6_measure.Run(batch=2, prompt=6, steps=5, device="cpu")
+    gen = task6_measure.Generation(run, TINY.vocab, seed=1)
     with torch.no_grad():
         cache = model.new_cache(2)
         gen.logits[:, 0] = model(gen.prompt, cache, last=True)[:, 0]
         for i in range(run.steps):
             gen.tokens[:, i] = gen.logits[:, i].argmax(-1)
             gen.logits[:, i + 1] = model(gen.tokens[:, i:i + 1], cache, last=True)[:, 0]
-    reference = SmallLM(TINY, task6_test.FullAttention, device="meta").share_weights(model)
+    reference = SmallLM(TINY, task6_measure.FullAttention, device="meta").share_weights(model)
     gen.check(reference)  # right as made
     gen.logits[1, 3] += 1.0  # a step's logits off by one everywhere: the argmax holds, the values do not
     with pytest.raises(AssertionError, match="position 8, decode step 3"):

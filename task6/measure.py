@@ -1,0 +1,290 @@
+"""Task 6's measuring: the handout's generation run, timed (imported by task6/test.py).
+
+Your model generates in the worker (TTFT and TBT on the host clock around each request, REPS
+generations after a warm-up); then, with the worker ended, every timed generation is checked
+against the model with PyTorch's attention, and the TBT is set against its floor: the bytes one
+decode step must read at the copy bandwidth measured in the same run. Beside it: SDPA over the
+same cache, the model recomputing the sequence without one, and the reference kernels, timed the
+same way (the grader leaves out the first and the last: no point depends on them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+from common import impl
+from common.torch_kernels import PyTorchKernels
+from harness import bench
+from harness.checks import compare_logits, exact_float32
+from harness.sandbox import WorkerDied, WorkerError
+from harness.timing import summarize
+from task6.model import Attention, Config, SmallLM
+
+HINTS = (" (prefill: steps 1 and 3)", " (decode: steps 1, 2 and 4)")
+REPS = 3  # timed generations
+BUILD_TIMEOUT_S = 900  # the first GPU model builds your Task 4 and Task 5 kernels
+FASTEST_VS_FLOOR = 1.25  # a decode step this much under the TBT floor skipped work
+
+
+# -- the trusted side's attentions ------------------------------------------------------------
+
+class FullAttention(Attention):
+    """No cache: causal attention over the whole sequence, positions 0 .. n - 1 (the reference, and recomputing)."""
+
+    def forward(self, x, cache=None):
+        q, k, v = self.project(x)
+        positions = torch.arange(x.shape[1], device=x.device)
+        q, k = self.rope(q, positions), self.rope(k, positions)
+        if x.dtype == torch.float64:
+            out = PyTorchKernels().attention(q, k, v, True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(self.merge_heads(out))
+
+
+class SdpaCachedAttention(Attention):
+    """PyTorch's SDPA over the same KV cache: the baseline with a cache."""
+
+    def forward(self, x, cache):
+        q, k, v = self.project(x)
+        start, n = cache.length, x.shape[1]
+        positions = torch.arange(start, start + n, device=x.device)
+        q, k = self.rope(q, positions), self.rope(k, positions)
+        cache.k[:, :, start:start + n] = k
+        cache.v[:, :, start:start + n] = v
+        cache.length = start + n
+        out = F.scaled_dot_product_attention(q, cache.k[:, :, :start + n], cache.v[:, :, :start + n],
+                                             is_causal=start == 0)
+        return self.o_proj(self.merge_heads(out))
+
+
+def random_tokens(shape, vocab: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed))
+
+
+
+# -- the handout's generation run -----------------------------------------------------------------
+
+def choose_size(size: str) -> str:
+    if size != "auto":
+        return size
+    return "handout" if torch.cuda.get_device_properties(0).total_memory >= 40 * 2**30 else "small"
+
+
+@dataclass(frozen=True)
+class Run:
+    """A generation: `steps` greedy decode steps after a prompt, on `device`."""
+
+    batch: int = 4
+    prompt: int = 1024
+    steps: int = 100
+    device: str = "cuda"
+
+    def sync(self):
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+
+HANDOUT = Run()
+
+
+class Generation:
+    """One generation's buffers, owned here: the prompt, and the tokens and logits the worker writes.
+
+    logits[:, 0] are the prompt's last position's; tokens[:, i] is the argmax of logits[:, i],
+    and feeding it gives logits[:, i + 1].
+    """
+
+    def __init__(self, run: Run, vocab: int, seed: int):
+        self.prompt = random_tokens((run.batch, run.prompt), vocab, seed).to(run.device)
+        self.tokens = torch.full((run.batch, run.steps), -1, dtype=torch.long, device=run.device)
+        self.logits = torch.full((run.batch, run.steps + 1, vocab), math.nan, device=run.device)
+
+    def take(self, reply, *mine):
+        """CPU tensors reach the worker as copies, so on the CPU its answer holds what it wrote: take it."""
+        if reply is None and mine[0].is_cuda:
+            return
+        if (not isinstance(reply, list) or len(reply) != len(mine)
+                or any(not isinstance(r, torch.Tensor) or r.shape != m.shape or r.dtype != m.dtype
+                       for r, m in zip(reply, mine))):
+            raise AssertionError("the worker's answer is not the tokens and logits it was given")
+        for r, m in zip(reply, mine):
+            m.copy_(r)
+
+    def check(self, model: SmallLM):
+        """The logits against `model` (float32, PyTorch attention) teacher-forced on the same tokens."""
+        if (self.tokens < 0).any() or (self.tokens >= model.config.vocab).any():
+            raise AssertionError("the generated tokens are not all valid token ids: not every step ran")
+        if not torch.equal(self.tokens, self.logits[:, :-1].argmax(dim=-1)):
+            raise AssertionError("the generated tokens are not the argmax of the logits before them")
+        prompt_len = self.prompt.shape[1]
+        with torch.no_grad(), exact_float32():
+            expected = model(torch.cat((self.prompt, self.tokens), dim=1))[:, prompt_len - 1:]
+        passed, message, _ = compare_logits(self.logits.double(), expected.double(), prompt_len, first=prompt_len - 1,
+                                            hints=HINTS)
+        if not passed:
+            raise AssertionError(f"the timed generation's outputs are wrong: {message}")
+
+
+def time_student(worker, config: Config, run: Run, seed: int):
+    """TTFT and TBT of your model in the worker, host clock around each request; (ttft, tbt, generations)."""
+    worker.call("make_model", config.as_dict(), seed, run.device, timeout=BUILD_TIMEOUT_S)
+    warm = Generation(run, config.vocab, seed)
+    worker.call("prefill", warm.prompt, warm.logits)
+    worker.call("steps", warm.tokens[:, :2], warm.logits[:, :3])
+    ttft, tbt, generations = [], [], []
+    for rep in range(REPS):
+        gen, replies = Generation(run, config.vocab, seed + 1 + rep), []
+        ttft.append(bench.host_clock(lambda: replies.append(worker.call("prefill", gen.prompt, gen.logits)),
+                                     reps=1, per_request=1, device=run.device))
+        gen.take(replies.pop(), gen.logits)
+        tbt.append(bench.host_clock(lambda: replies.append(worker.call("steps", gen.tokens, gen.logits)),
+                                    reps=1, per_request=run.steps, device=run.device))
+        gen.take(replies.pop(), gen.tokens, gen.logits)
+        generations.append(gen)
+    return median(ttft), median(tbt), generations
+
+
+def median(timings):
+    return summarize([t.median_ms for t in timings])
+
+
+def time_here(model: SmallLM, reference: SmallLM, run: Run, seed: int):
+    """TTFT and TBT of a model with a cache in this process, timed as the worker's run is (a warm-up of a
+    prefill and two steps, then REPS generations of the same length), the last generation checked."""
+    state = {}
+
+    def prefill(gen):
+        state.pop("cache", None)  # the last generation's cache goes before the next is made
+        state["cache"] = model.new_cache(run.batch)
+        gen.logits[:, 0] = model(gen.prompt, state["cache"], last=True)[:, 0]
+        run.sync()
+
+    def steps(gen, count):
+        for i in range(count):
+            token = gen.logits[:, i].argmax(dim=-1, keepdim=True)
+            gen.tokens[:, i:i + 1] = token
+            gen.logits[:, i + 1] = model(token, state["cache"], last=True)[:, 0]
+        run.sync()
+
+    ttft, tbt = [], []
+    with torch.no_grad(), exact_float32():
+        warm = Generation(run, model.config.vocab, seed)
+        prefill(warm)
+        steps(warm, 2)
+        for rep in range(REPS):
+            gen = Generation(run, model.config.vocab, seed + 1 + rep)
+            ttft.append(bench.host_clock(partial(prefill, gen), reps=1, per_request=1, device=run.device))
+            tbt.append(bench.host_clock(partial(steps, gen, run.steps), reps=1, per_request=run.steps,
+                                        device=run.device))
+    gen.check(reference)
+    return median(ttft), median(tbt)
+
+
+def time_recompute(model: SmallLM, run: Run, seed: int) -> float:
+    """Without a cache each new token runs the whole sequence again: one such step at the run's middle
+    length (the mean of its steps' lengths), after one of the same length as a warm-up."""
+    tokens = random_tokens((run.batch, run.prompt + run.steps), model.config.vocab, seed).to(run.device)
+    middle = run.prompt + run.steps // 2 + 1
+    with torch.no_grad(), exact_float32():
+        once = lambda: (model(tokens[:, :middle], last=True), run.sync())  # noqa: E731
+        once()
+        return bench.host_clock(once, reps=1, per_request=1, device=run.device).median_ms
+
+
+def floor_ms(config: Config, run: Run, copy_gbs: float) -> tuple[float, float]:
+    """(bytes, ms): what one decode step must read, every weight once and the cache at its mean length.
+
+    The embedding table is left out: a step reads only its tokens' rows of it.
+    """
+    mean_length = run.prompt + (run.steps + 1) / 2
+    cache = 2 * config.layers * run.batch * config.hidden * mean_length * 4
+    nbytes = (config.parameters() - config.vocab * config.hidden) * 4 + cache
+    return nbytes, nbytes / (copy_gbs * 1e9) * 1e3
+
+
+def reference_attention(report):
+    """The reference solution's attention with the reference kernels, or None (the student's handout)."""
+    if not impl.has_solution(6):
+        return None
+    try:
+        from task5.attention import built_kernels
+        from task6.solution.attention import CachedAttention
+
+        return CachedAttention, built_kernels(solution=True)
+    except Exception as err:  # noqa: BLE001  the instructor's build: say so, keep the student's numbers
+        report.note(f"the reference kernels could not be built, so the reference run is left out: {err}")
+        return None
+
+
+def run_generation(report, worker, name: str, config: Config, run: Run, seed: int, copy_gbs=None,
+                   baselines: bool = True):
+    """Your model's generation in the worker, then, with the worker ended, the checks and the baselines here.
+
+    copy_gbs: the copy bandwidth, measured here when None (on the GPU). baselines: also time SDPA and the
+    reference kernels over the same cache (the grader leaves them out: no point depends on them).
+    """
+    if config.max_seq < run.prompt + run.steps:
+        raise ValueError(f"{name}: max_seq {config.max_seq} is shorter than the run")
+    title = f"generation ({name}): time to first token, time between tokens, TBT floor"
+    # Measured before and after the worker's run, the higher counts: right after the worker
+    # ends the GPU may still be freeing its memory, and a low bandwidth would lower the floor.
+    try:
+        copy_before = copy_gbs or bench.copy_bandwidth_gbs()
+    except RuntimeError:  # no room beside the worker's model, say: the measurement after its run decides
+        copy_before = 0.0
+    try:
+        ttft, tbt, generations = time_student(worker, config, run, seed)
+    except (WorkerError, WorkerDied, AssertionError) as err:
+        report.add(title, False, f"your model's generation run failed: {err}", kind="benchmark",
+                   cause=getattr(err, "cause", None))
+        return
+    worker.stop()  # its memory is free, and the GPU is ours alone now
+
+    def result():
+        measured_gbs = copy_gbs or max(copy_before, bench.copy_bandwidth_gbs())
+        model = SmallLM(config, FullAttention, device=run.device, seed=seed)
+        for i, gen in enumerate(generations):
+            try:
+                gen.check(model)
+            except AssertionError as err:
+                return False, f"timed generation {i + 1} of {len(generations)}: {err}", {}
+        generations.clear()
+        nbytes, floor = floor_ms(config, run, measured_gbs)
+        if tbt.median_ms < floor / FASTEST_VS_FLOOR:
+            return False, (f"TBT {tbt.median_ms:.2f} ms is under the floor of {floor:.2f} ms divided by "
+                           f"{FASTEST_VS_FLOOR}: faster than the GPU can read the weights, so work was skipped"), {}
+        metrics = {"ttft_ms": ttft.median_ms, "tbt_ms": tbt.median_ms, "tbt_floor_ms": floor,
+                   "tbt_over_floor": tbt.median_ms / floor, "copy_gbs": measured_gbs, "bytes_per_step": nbytes}
+        message = (f"batch {run.batch}, prompt {run.prompt}, {run.steps} steps, hidden {config.hidden}, "
+                   f"{config.layers} layers ({config.parameters() * 4 / 1e9:.1f} GB of weights): "
+                   f"TTFT {ttft.median_ms:.1f} ms, TBT {tbt.median_ms:.2f} ms = {tbt.median_ms / floor:.2f}x the floor "
+                   f"of {floor:.2f} ms ({nbytes / 1e9:.1f} GB per step at the {measured_gbs:.0f} GB/s copy bandwidth)")
+        sdpa = SmallLM(config, SdpaCachedAttention, device="meta").share_weights(model)
+        t = bench.or_out_of_memory(lambda: time_here(sdpa, model, run, seed)) if baselines else "left out"
+        if not isinstance(t, str):
+            metrics |= {"ttft_sdpa_ms": t[0].median_ms, "tbt_sdpa_ms": t[1].median_ms,
+                        "tbt_speedup_vs_sdpa": t[1].median_ms / tbt.median_ms}
+            message += f"; SDPA over the same cache: TTFT {t[0].median_ms:.1f} ms, TBT {t[1].median_ms:.2f} ms"
+        recompute = bench.or_out_of_memory(lambda: time_recompute(model, run, seed))
+        if not isinstance(recompute, str):
+            metrics |= {"tbt_recompute_ms": recompute, "tbt_speedup_vs_recompute": recompute / tbt.median_ms}
+            message += f"; no cache, recomputing the sequence: {recompute:.1f} ms per token (at its middle length)"
+        reference = reference_attention(report) if run.device == "cuda" and baselines else None
+        if reference is not None:
+            attention, kernels = reference
+            ours = SmallLM(config, attention, device="meta").share_weights(model).set_kernels(kernels)
+            t = bench.or_out_of_memory(lambda: time_here(ours, model, run, seed))
+            if not isinstance(t, str):
+                metrics |= {"ttft_reference_ms": t[0].median_ms, "tbt_reference_ms": t[1].median_ms,
+                            "reference_tbt_over_floor": t[1].median_ms / floor}
+                message += (f"; reference kernels: TTFT {t[0].median_ms:.1f} ms, TBT {t[1].median_ms:.2f} ms "
+                            f"({t[1].median_ms / floor:.2f}x the floor)")
+        return True, message, metrics
+
+    report.run(title, result, kind="benchmark")
