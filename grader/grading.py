@@ -16,7 +16,7 @@ from pathlib import Path
 
 from common.impl import REPO
 from harness.outcome import Cause
-from harness.sandbox import die_with_parent
+from harness.processes import die_with_parent
 from harness.view import remove_tree
 from common.tasks import TASKS
 from grader.class_state import (TRIES, close_open_attempts, current_job, json_or_none, load_class,

@@ -22,7 +22,8 @@ from pathlib import Path
 from common.impl import REPO
 from harness.outcome import Cause, Kind, Status
 from harness.gpu_share import ENV as GPU_SHARE_ENV, waiting_file
-from harness.sandbox import SPAWNING, Worker, die_with_parent, signal_words
+from harness.processes import SPAWNING, die_with_parent
+from harness.sandbox import Worker, signal_words
 from harness.view import built_ahead, copy_tree
 from common.tasks import TASKS
 

@@ -3,9 +3,7 @@
 `Worker` makes the worker's view of the files (harness/view.py: inside bubblewrap where installed),
 starts `python -m common.worker` there and talks to it over a socket (common/wire.py): every reply
 is validated, a crash or a hang costs the case it happened in, and the worker is started again.
-A worker that has more than MAX_PROCESSES processes or MAX_THREADS threads at once (a fork or
-thread bomb) is ended, and the case says why; without bubblewrap, a process that leaves both the
-worker's process group and its tree escapes that count.
+Its processes are watched (harness/processes.py): a fork or thread bomb ends it, and the case says why.
 """
 
 from __future__ import annotations
@@ -23,42 +21,14 @@ from pathlib import Path
 from common import wire
 from common.impl import REPO
 from common.tasks import TASKS, runs_student_python
+from harness import processes
 from harness.outcome import Cause
+from harness.processes import SPAWNING, die_with_parent
 from harness.view import bwrap_command, copy_builds, make_view, sandbox_status
 
 START_TIMEOUT_S = 300  # importing torch, and building a CUDA task's extension
 CALL_TIMEOUT_S = 300
 MAX_RESTARTS = 3  # a crashing case costs that case; after this many crashes the rest fail at once
-# The worker's processes at once (compilers included), and their threads together. More is a fork or
-# thread bomb: the worker is ended before it fills the machine's process table (threads take pids too)
-# under the other gradings on the node. PyTorch's pools have a thread per core (a CPU worker measured 3
-# threads on 2 cores); 8 per core leaves room for CUDA's, the sanitizer's and the compilers'.
-MAX_PROCESSES = 256
-MAX_THREADS = max(1024, 8 * (os.cpu_count() or 1))
-WATCH_S = 0.05
-COUNT_S = 1.0
-
-
-# tasks' tests from several threads): every Popen with one holds this lock, and die_with_parent calls a
-# function looked up here, once, never the dynamic loader in the child.
-SPAWNING = threading.Lock()
-try:
-    import ctypes
-
-    _PRCTL = ctypes.CDLL(None).prctl
-except (OSError, AttributeError):
-    _PRCTL = None
-
-
-def die_with_parent() -> None:
-    """A child process's preexec_fn: it is killed when the thread that started it ends (PR_SET_PDEATHSIG).
-
-    The worker dies with the checks (bubblewrap does this for the whole sandbox), a task's test with the
-    grader, a grader with grader.batch: nothing is left running when Slurm or a time limit stops the parent.
-    Start the child under SPAWNING.
-    """
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGKILL)
 
 
 class WorkerError(Exception):
@@ -180,35 +150,11 @@ class Worker:
             os.close(fd)  # the sanitizer's end of its log: only the worker's side holds it now
         self.sock = parent
         self.stopped_for = ""
-        threading.Thread(target=self._watch_processes, args=(self.proc,), daemon=True).start()
+        threading.Thread(target=processes.watch, args=(self.proc, self._stopped_for), daemon=True).start()
 
-    def _watch_processes(self, proc: subprocess.Popen) -> None:
-        """End the worker once it has more than MAX_PROCESSES processes or MAX_THREADS threads (RLIMIT_NPROC
-        does not bind root).
-
-        Cheap while nothing happens: the machine's count of threads and processes (/proc/loadavg) is
-        read every WATCH_S, and the worker's own processes and threads are counted when that count has
-        grown by MAX_PROCESSES since its lowest point, and every COUNT_S in any case.
-        """
-        low, counted = _machine_tasks(), time.monotonic()
-        while proc.poll() is None:
-            time.sleep(WATCH_S)
-            now = _machine_tasks()
-            low = min(low, now)  # other processes that ended give this worker no allowance
-            if now - low <= MAX_PROCESSES and time.monotonic() - counted < COUNT_S:
-                continue
-            low, counted = now, time.monotonic()
-            mine = descendants(proc.pid, include_root=True)
-            processes, threads = len(mine) - 1, sum(int(fields[17]) for fields in mine.values())  # num_threads
-            too_many = (f"{processes} processes at once, more than the {MAX_PROCESSES} allowed (a fork bomb?)"
-                        if processes > MAX_PROCESSES else
-                        f"{threads} threads at once, more than the {MAX_THREADS} allowed (a thread bomb?)"
-                        if threads > MAX_THREADS else "")
-            if too_many and proc.poll() is None:
-                if self.proc is proc:
-                    self.stopped_for = too_many
-                _kill_all(proc.pid, mine)
-                return
+    def _stopped_for(self, proc: subprocess.Popen, why: str) -> None:
+        if self.proc is proc:  # not a worker started since
+            self.stopped_for = why
 
     def handshake(self) -> None:
         """Import the task's entry points in the spawned worker (any thread may wait for this)."""
@@ -381,58 +327,5 @@ class Worker:
         if self.proc is None:
             return 0.0
         tick = os.sysconf("SC_CLK_TCK")
-        stats = descendants(self.proc.pid, include_root=True)
+        stats = processes.descendants(self.proc.pid, include_root=True)
         return sum(int(fields[11]) + int(fields[12]) for fields in stats.values()) / tick
-
-
-def descendants(root: int, include_root: bool = False) -> dict[int, list[str]]:
-    """The processes under `root` (its children, theirs, ...), each with the fields of /proc/PID/stat after the name.
-
-    Under bubblewrap an orphan is adopted by the sandbox's own init, so none escapes the count.
-    """
-    children: dict[int, list[int]] = {}
-    stats: dict[int, list[str]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            pid = int(entry.name)
-            stats[pid] = fields
-            children.setdefault(int(fields[1]), []).append(pid)
-    found, todo, seen = {}, [root], set()
-    while todo:
-        pid = todo.pop()
-        if pid in seen:  # /proc is not read at one instant: a reused pid can make a cycle
-            continue
-        seen.add(pid)
-        if pid in stats and (include_root or pid != root):
-            found[pid] = stats[pid]
-        todo += children.get(pid, [])
-    return found
-
-
-def _kill_all(leader: int, found: dict[int, list[str]]) -> None:
-    """SIGKILL the worker's process group (no fork escapes a group's kill; under bubblewrap this ends its
-    PID namespace, and every process in it), then each process counted that had left the group."""
-    try:
-        os.killpg(leader, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for pid, fields in found.items():
-        try:  # the same process still: its start time (stat field 22) unchanged, so the pid was not reused
-            if (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19] == fields[19]:
-                os.kill(pid, signal.SIGKILL)
-        except (OSError, IndexError):
-            pass
-
-
-def _machine_tasks() -> int:
-    """The number of threads and processes on the machine (the fourth field of /proc/loadavg: running/total);
-    0 where it cannot be read (the count every COUNT_S still watches)."""
-    try:
-        with open("/proc/loadavg") as f:
-            return int(f.read().split()[3].split("/")[1])
-    except (OSError, IndexError, ValueError):
-        return 0

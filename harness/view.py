@@ -40,7 +40,6 @@ def sandbox_status() -> str:
     return "plain process"
 
 
-# preexec_fn runs between fork and exec, which is unsafe while other threads run (the grader starts its
 def remove_tree(path: Path, wait_s: float = 10.0) -> None:
     """Remove a folder that processes being killed may still write in (a stopped grading's scratch copy).
 

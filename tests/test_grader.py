@@ -14,7 +14,7 @@ import pytest
 
 from grader import __main__ as grader
 from grader.hidden import SECRET_SEED
-from harness.sandbox import MAX_THREADS
+from harness.processes import MAX_THREADS
 from grader.rubric import RUBRIC, TOTAL_POINTS, score
 from tests.conftest import REPO, bad_variant, needs_solution
 
