@@ -45,6 +45,9 @@ TASKS = {
 # worker's side of the protocol) and each task's given files. The trusted side (harness/: the checks,
 # the reference implementations, records, timing, the sandbox) and the grader are never in its view.
 WORKER_FOLDER = "common"
+# The kit's code, folder by folder: the trusted side, the grader and the tasks beside the worker's. The kit's
+# fingerprint (grader/fingerprints.py) covers them all, and the suite's scans of the code read them.
+KIT_FOLDERS = (WORKER_FOLDER, "harness", "grader", *(f"task{n}" for n in TASKS))
 
 
 def runs_student_python(task: int) -> bool:

@@ -11,7 +11,7 @@ import hashlib
 from pathlib import Path
 
 from common.impl import REPO
-from common.tasks import all_student_files
+from common.tasks import KIT_FOLDERS, all_student_files
 
 KIT_CODE = (".py", ".cu", ".cuh", ".cpp", ".h")
 
@@ -30,7 +30,7 @@ def kit_fingerprint() -> str:
     """The kit's own code (tests, checks, grader, reference, hidden cases), without the files students write."""
     student = set(all_student_files())
     digest = hashlib.sha256()
-    for folder in ["common", "grader", *sorted(p.name for p in REPO.glob("task[0-9]"))]:
+    for folder in KIT_FOLDERS:
         for path in sorted((REPO / folder).rglob("*")):
             rel = path.relative_to(REPO).as_posix()
             if path.suffix in KIT_CODE and path.is_file() and rel not in student and "__pycache__" not in rel:

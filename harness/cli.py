@@ -82,10 +82,12 @@ def load_hidden(path: str) -> Hidden:
     tests imports the grader."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("hidden_cases", path)
-    if not Path(path).is_file() or spec is None:
+    if not Path(path).is_file():
         raise argparse.ArgumentTypeError(f"{path}: no such file (the hidden cases, grader/hidden.py, are "
                                          "instructor-only)")
+    spec = importlib.util.spec_from_file_location("hidden_cases", path)
+    if spec is None or not path.endswith(".py"):
+        raise argparse.ArgumentTypeError(f"{path}: not a Python file (the hidden cases are grader/hidden.py)")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return Hidden(module.SECRET_SEED, module.CASES)

@@ -24,7 +24,8 @@ from common.tasks import TASKS, runs_student_python
 from harness import processes
 from harness.outcome import Cause
 from harness.processes import SPAWNING, die_with_parent
-from harness.view import bwrap_command, copy_builds, make_view, sandbox_status
+import harness.view
+from harness.view import bwrap_command, copy_builds, make_view
 
 START_TIMEOUT_S = 300  # importing torch, and building a CUDA task's extension
 CALL_TIMEOUT_S = 300
@@ -56,7 +57,6 @@ class WorkerDied(Exception):
     def __init__(self, message: str, cause: str | None = None):
         super().__init__(message)
         self.cause = cause
-
 
 
 class Worker:
@@ -91,7 +91,7 @@ class Worker:
         self.taken_builds = False
         if shared and not runs_student_python(task):
             self.builds = Path(shared) / kind
-        elif shared and sandbox_status() == "bubblewrap":
+        elif shared and harness.view.sandbox_status() == "bubblewrap":
             self.builds, self.private_builds = Path(shared) / kind, own
         else:
             self.builds = own
@@ -129,7 +129,7 @@ class Worker:
         fds, writable = [child.fileno()], [(self.private_builds or self.builds, self.builds)]
         if self.sanitize:
             cmd = self._sanitized(cmd, env, fds, writable)
-        if sandbox_status() == "bubblewrap":
+        if harness.view.sandbox_status() == "bubblewrap":
             if not self.sanitize:  # a TMPDIR in a hidden folder is not there (nvcc writes its temporary files there)
                 env["TMPDIR"] = "/tmp"  # the sandbox's own, empty
             hide = [self.student_dir, *self.hide, self.scratch]
@@ -221,7 +221,7 @@ class Worker:
             return "the worker stopped answering"
         if self.stopped_for:
             return f"the process running your code was stopped for having {self.stopped_for}"
-        if code > 128 and sandbox_status() == "bubblewrap":
+        if code > 128 and harness.view.sandbox_status() == "bubblewrap":
             code = 128 - code  # bubblewrap reports a signal that ended its child as 128 + the signal
         if code < 0:
             return f"the process running your code crashed with {signal_words(-code)}"

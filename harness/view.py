@@ -32,6 +32,7 @@ from common.tasks import TASKS, WORKER_FOLDER
 
 BWRAP = shutil.which("bwrap")
 MAX_STUDENT_FILE_BYTES = 2 * 1024 * 1024
+WORKER_CODE = (".py", ".h")  # what of common/ the view holds: its modules, and the headers the bindings include
 
 
 def sandbox_status() -> str:
@@ -105,14 +106,16 @@ def built_ahead(builds: Path) -> Path:
     return builds.with_name(builds.name + "-ahead")
 
 
-def copy_tree(source: Path, target: Path) -> None:
-    """Copy the folders and regular files under `source`, times kept (ninja compares them); a link is left
-    out, not followed, and so is anything else. Copy only what no process writes meanwhile."""
+def copy_tree(source: Path, target: Path, suffixes: tuple[str, ...] | None = None) -> None:
+    """Copy the folders and regular files under `source` (those ending in `suffixes`, if given), times kept
+    (ninja compares them); a link is left out, not followed, and so is anything else, and __pycache__.
+    Copy only what no process writes meanwhile."""
     for folder, folders, files in os.walk(source):  # does not enter a link to a folder
+        folders[:] = [name for name in folders if name != "__pycache__"]
         into = target / Path(folder).relative_to(source)
         into.mkdir(parents=True, exist_ok=True)
         for name in files:
-            if stat.S_ISREG(os.lstat(Path(folder) / name).st_mode):
+            if stat.S_ISREG(os.lstat(Path(folder) / name).st_mode) and (suffixes is None or name.endswith(suffixes)):
                 shutil.copy2(Path(folder) / name, into / name)
 
 
@@ -140,7 +143,8 @@ def make_view(task: int, student_dir: Path, view: Path, solution: bool) -> list[
         shutil.rmtree(view)
     view.mkdir(parents=True)
     spec = TASKS[task]
-    shutil.copytree(REPO / WORKER_FOLDER, view / WORKER_FOLDER, ignore=shutil.ignore_patterns("__pycache__"))
+    # common/ whole, but only its code: an editor's backup or a link left there is not the worker's
+    copy_tree(REPO / WORKER_FOLDER, view / WORKER_FOLDER, suffixes=WORKER_CODE)
     for rel in spec.given_files:
         (view / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / rel, view / rel)
@@ -217,6 +221,7 @@ def bwrap_command(view: Path, writable: list[tuple[Path, Path]], hide: list[Path
     if not sys.stdin.isatty():
         cmd += ["--new-session"]  # no terminal to type into; with one, breakpoint() needs it
     return cmd + ["--"]
+
 
 def scratch_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="kit-"))

@@ -17,13 +17,14 @@ def flash(q, k, v, causal, block_rows, block_cols, return_lse):
                                    return_lse=return_lse)
 
 
-def flash_one_thread(q, k, v, causal, block_rows, block_cols):
-    """Run on one CPU thread, returning nothing: the causal-skip check reads the CPU time this takes, and
-    with more threads their spin-waiting, which varies with the machine's load, would be counted too."""
+def flash_one_thread(q, k, v, causal, block_rows, block_cols, times=1):
+    """Run `times` times on one CPU thread, returning nothing: the causal-skip check reads the CPU time this
+    takes, and with more threads their spin-waiting, which varies with the machine's load, would be counted too."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        student.flash_attention(q, k, v, causal=causal, block_rows=block_rows, block_cols=block_cols)
+        for _ in range(times):
+            student.flash_attention(q, k, v, causal=causal, block_rows=block_rows, block_cols=block_cols)
     finally:
         torch.set_num_threads(threads)
 

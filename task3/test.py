@@ -12,6 +12,7 @@ Your code runs in a worker process (task3/entry.py); this file only checks what 
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -120,18 +121,32 @@ def check_no_full_matrix(report, args, seed):
                kind="rule")
 
 
+# The causal-skip check measures pairs of requests, a full run and a causal one back to back (in turn first),
+# each request SKIP_CHECK_RUNS runs, and takes the median of the pairs' ratios. One run is about 0.1 s of CPU
+# (10 ticks of the clock /proc counts in), and a machine's load changes the CPU time a run takes: on 2 loaded
+# cores, the smallest of three single runs each gave ratios of 38-76% over 25 checks, near the 80% that fails
+# it; the median of five pairs of two runs gave 53-65% over 20 (about 2 s of CPU per check).
+SKIP_CHECK_RUNS, SKIP_CHECK_PAIRS = 2, 5
+
+
 def check_causal_skips_tiles(worker, seed):
     """With a causal mask the tiles past the diagonal are skipped (step 2): measured as the worker's CPU time."""
     q, k, v = inputs((1, 2, 2048, 2048, 32), seed)
-    spent = {}
-    for causal in (False, True) * 3:  # the smallest of three runs each: less noise
+
+    def cpu_seconds(causal):
         before = worker.cpu_seconds()
-        worker.call("flash_one_thread", q, k, v, causal, 128, 128)
-        spent[causal] = min(spent.get(causal, float("inf")), worker.cpu_seconds() - before)
-    ratio = spent[True] / max(spent[False], 1e-9)
+        worker.call("flash_one_thread", q, k, v, causal, 128, 128, SKIP_CHECK_RUNS)
+        return worker.cpu_seconds() - before
+
+    pairs = []
+    for i in range(SKIP_CHECK_PAIRS):
+        spent = {causal: cpu_seconds(causal) for causal in ((False, True) if i % 2 == 0 else (True, False))}
+        pairs.append((spent[True], spent[False]))
+    ratio = statistics.median(causal / max(full, 1e-9) for causal, full in pairs)
+    causal, full = statistics.median(c for c, _ in pairs), statistics.median(f for _, f in pairs)
     # 16 x 16 tiles: the causal loop visits 136 of them, 53% of the work; all 256 and a mask is >= 100%.
-    message = (f"causal run took {ratio:.0%} of the CPU time of the full one ({spent[True]:.2f} s vs "
-               f"{spent[False]:.2f} s; 136 of 256 tiles is 53%)")
+    message = (f"causal run took {ratio:.0%} of the CPU time of the full one ({causal:.2f} s vs {full:.2f} s for "
+               f"{SKIP_CHECK_RUNS} runs; 136 of 256 tiles is 53%)")
     if ratio > 0.8:
         return False, message + ": the tiles after the diagonal are computed, not skipped (README, Task 3, step 2)", {}
     return True, message, {"causal_cpu_fraction": ratio}

@@ -641,3 +641,25 @@ def test_namesakes_follow_the_folder_as_it_changes(tmp_path):
     time.sleep(1.1)  # past the coarsest clock a file system keeps a folder's time with
     os.rmdir(tmp_path / "alice")  # the folder's time changes: it is read again
     assert namesakes(tmp_path / "alice.zip") == []
+
+
+def test_the_kit_fingerprint_covers_every_folder_of_the_kits_code(tmp_path, monkeypatch):
+    """`--keep` and a class's gradebook trust it to change with any of the kit's code, the trusted side included."""
+    from common.tasks import KIT_FOLDERS
+    from grader import fingerprints
+
+    monkeypatch.setattr(fingerprints, "REPO", tmp_path)
+    monkeypatch.setattr(fingerprints, "all_student_files", lambda: ["task1/attention.py"])
+    for folder in KIT_FOLDERS:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "code.py").write_text("x = 1\n")
+    (tmp_path / "task1" / "attention.py").write_text("student = 1\n")
+    before = fingerprints.kit_fingerprint()
+    (tmp_path / "task1" / "attention.py").write_text("student = 2\n")  # the student's file: not the kit
+    assert fingerprints.kit_fingerprint() == before
+    assert "harness" in KIT_FOLDERS
+    for folder in KIT_FOLDERS:
+        (tmp_path / folder / "code.py").write_text("x = 2\n")
+        assert fingerprints.kit_fingerprint() != before, folder
+        (tmp_path / folder / "code.py").write_text("x = 1\n")
+    assert fingerprints.kit_fingerprint() == before

@@ -14,7 +14,6 @@ import threading
 import pytest
 
 from common import build
-from harness import sandbox as sandbox_module
 from harness import view
 from harness.sandbox import Worker
 from grader import runner
@@ -33,7 +32,7 @@ def test_the_kernels_built_ahead_are_those_of_the_tasks_and_the_tasks_they_use()
 def test_a_worker_running_student_python_never_writes_in_the_shared_build_folder(tmp_path, monkeypatch, sandbox):
     """Tasks 6 and 7 load task 4's and 5's kernels: in bubblewrap from a copy mounted where the shared folder is
     (ninja's commands name that path, so nothing is built again); without it, from a folder of their own."""
-    monkeypatch.setattr(sandbox_module, "sandbox_status", lambda: sandbox)
+    monkeypatch.setattr(view, "sandbox_status", lambda: sandbox)
     shared = tmp_path / "worker-builds"
     for task in range(1, 8):
         worker = Worker(task, REPO, scratch=tmp_path / f"task{task}-work", builds=shared)

@@ -1,7 +1,7 @@
 """common/tasks.py is the one list of student files: it must match the skeletons and the given code."""
 
 from harness.skeleton import generate
-from common.tasks import TASKS, WORKER_FOLDER
+from common.tasks import KIT_FOLDERS, TASKS, WORKER_FOLDER
 from tests.conftest import REPO
 
 
@@ -69,8 +69,35 @@ def test_every_file_students_write_has_its_reference_and_one_function_finds_both
 def test_nothing_below_the_grader_imports_it():
     # The grader runs the tasks' tests and passes them what they need (the hidden cases' file, --hidden FILE):
     # a test importing grader/ would tie the harness to the grader's layout, and break in the handout.
-    below = [p for folder in ("common", "harness", *(f"task{n}" for n in TASKS)) for p in (REPO / folder).rglob("*.py")]
+    below = [p for folder in KIT_FOLDERS if folder != "grader" for p in (REPO / folder).rglob("*.py")]
     assert below
     for path in below:
         found = [name for name in _imports(path) if name.split(".")[0] == "grader"]
         assert not found, f"{path.relative_to(REPO)} imports {found}"
+
+
+def test_the_view_gets_commons_code_and_nothing_else_there(tmp_path):
+    import os
+    import subprocess
+
+    from harness.view import copy_tree, make_view
+
+    make_view(1, tmp_path / "student", tmp_path / "view", solution=True)
+    got = sorted(p.relative_to(tmp_path / "view").as_posix() for p in (tmp_path / "view" / WORKER_FOLDER).rglob("*")
+                 if p.is_file())
+    tracked = subprocess.run(["git", "ls-files", WORKER_FOLDER], cwd=REPO, capture_output=True, text=True).stdout.split()
+    if tracked:  # a git checkout (the handout may be an unpacked archive)
+        assert got == sorted(tracked)
+    # a link, an editor's backup or a cache left in the folder stays out of the view
+    (tmp_path / "secret").mkdir()
+    (tmp_path / "secret" / "reference.py").write_text("SECRET = 1\n")
+    tree = tmp_path / "tree"
+    (tmp_path / "tree" / "csrc").mkdir(parents=True)
+    (tree / "__pycache__").mkdir()
+    for rel in ("build.py", "csrc/checks.h", "build.py~", "__pycache__/build.cpython.pyc"):
+        (tree / rel).write_text("x\n")
+    os.symlink(tmp_path / "secret" / "reference.py", tree / "peek.py")
+    os.symlink(tmp_path / "secret", tree / "folder")
+    copy_tree(tree, tmp_path / "copy", suffixes=(".py", ".h"))
+    copied = sorted(p.relative_to(tmp_path / "copy").as_posix() for p in (tmp_path / "copy").rglob("*"))
+    assert copied == ["build.py", "csrc", "csrc/checks.h"]
