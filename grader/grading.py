@@ -16,7 +16,7 @@ from pathlib import Path
 
 from common.impl import REPO
 from harness.outcome import Cause
-from harness.processes import die_with_parent
+from harness.processes import with_parent
 from harness.view import remove_tree
 from common.tasks import TASKS
 from grader.class_state import (TRIES, close_open_attempts, current_job, json_or_none, load_class,
@@ -95,8 +95,8 @@ def _grade(folder: Path, klass: dict, sid: str, source: Path, out: Path, temp: P
     started = time.perf_counter()
     try:
         with open(folder / "grade.log", "w") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
-                                    env=dict(os.environ, TMPDIR=str(temp)), preexec_fn=die_with_parent)
+            proc = subprocess.Popen(with_parent(cmd), stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                    start_new_session=True, env=dict(os.environ, TMPDIR=str(temp)))
             try:
                 code = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -126,7 +126,7 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=15)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             pass
-    try:  # whatever it left behind (its tests end with it: die_with_parent)
+    try:  # whatever it left behind (its tests end with it: harness/processes.py's with_parent)
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
@@ -207,9 +207,8 @@ def prebuild(out: Path) -> int:
     """
     for task in reference_builds(load_class(out)["tasks"]):
         started = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", f"task{task}.compile", "--solution"], cwd=REPO, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=die_with_parent)
+        proc = subprocess.Popen(with_parent([sys.executable, "-m", f"task{task}.compile", "--solution"]), cwd=REPO,
+                                text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             said = proc.communicate(timeout=PREBUILD_TIMEOUT_S)[0].strip().splitlines()
             said, ok = said or [f"exit code {proc.returncode}"], proc.returncode == 0

@@ -22,7 +22,7 @@ from pathlib import Path
 from common.impl import REPO
 from harness.outcome import Cause, Kind, Status
 from harness.gpu_share import ENV as GPU_SHARE_ENV, waiting_file
-from harness.processes import SPAWNING, die_with_parent
+from harness.processes import with_parent
 from harness.sandbox import Worker, signal_words
 from harness.view import built_ahead, copy_tree
 from common.tasks import TASKS
@@ -97,16 +97,11 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if threads else ():
         env.setdefault(name, str(threads))  # the user's own setting wins
     started = time.perf_counter()
-    def start():
-        die_with_parent()
-        os.nice(nice)
-
     with _LOCK:
         if STOPPING.is_set():  # the grader is being stopped: no new test
             raise RuntimeError("the grading was stopped")
-        with SPAWNING:
-            proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, errors="replace", start_new_session=True, preexec_fn=start)
+        proc = subprocess.Popen(with_parent(cmd, nice), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
         RUNNING.add(proc)
     lines: list[str] = []
 
@@ -215,9 +210,8 @@ def reference_extensions(tasks, solution: bool) -> list[tuple[int, str | None]]:
 
 def _reference_build(task: int, kernels: str | None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", f"task{task}.compile", "--solution", *(["--kernels", kernels] if kernels else [])]
-    with SPAWNING:
-        return subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
+    return subprocess.Popen(with_parent(cmd), cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 def build_kernels_ahead(tasks, student_dir: Path, scratch: Path, *, solution: bool) -> str | None:

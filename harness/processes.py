@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import threading
+import sys
 import time
 from pathlib import Path
 
@@ -24,27 +24,30 @@ WATCH_S = 0.05
 COUNT_S = 1.0
 
 
-# preexec_fn runs between fork and exec, which is unsafe while other threads run (the grader starts its
-# tasks' tests from several threads): every Popen with one holds this lock, and die_with_parent calls a
-# function looked up here, once, never the dynamic loader in the child.
-SPAWNING = threading.Lock()
+# Every process the kit starts (a task's test, a build, a worker, a student's grading) is killed when the thread
+# that started it ends (PR_SET_PDEATHSIG): the worker dies with the checks (bubblewrap does this for the whole
+# sandbox too), a task's test with the grader, a grading with grader.batch, so nothing is left running when Slurm
+# or a time limit stops the parent. Set between fork and exec (subprocess's preexec_fn), it can deadlock the
+# child while other threads run, and the grader starts its tests from several threads: on an H100 a test stuck
+# there, before its first line, twice in about ten gradings, and the spawns after it waited on it. So a small
+# launcher sets it in a process of its own, then becomes the command (the setting survives exec): no Python
+# runs between fork and exec.
+_LAUNCH = """import ctypes, os, sys
 try:
-    import ctypes
-
-    _PRCTL = ctypes.CDLL(None).prctl
+    ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
 except (OSError, AttributeError):
-    _PRCTL = None
+    pass
+os.nice(int(sys.argv[2]))
+if os.getppid() != int(sys.argv[1]):
+    os._exit(1)  # the parent ended before the setting was made: no one is left to report to
+os.execvp(sys.argv[3], sys.argv[3:])
+"""
 
 
-def die_with_parent() -> None:
-    """A child process's preexec_fn: it is killed when the thread that started it ends (PR_SET_PDEATHSIG).
-
-    The worker dies with the checks (bubblewrap does this for the whole sandbox), a task's test with the
-    grader, a grader with grader.batch: nothing is left running when Slurm or a time limit stops the parent.
-    Start the child under SPAWNING.
-    """
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGKILL)
+def with_parent(cmd: list[str], nice: int = 0) -> list[str]:
+    """`cmd` as a command that is killed when the thread starting it ends, run at niceness `nice` (its pid is
+    the command's: the launcher becomes it)."""
+    return [sys.executable, "-I", "-S", "-c", _LAUNCH, str(os.getpid()), str(nice), *cmd]
 
 
 def watch(proc: subprocess.Popen, stopped_for) -> None:

@@ -23,7 +23,7 @@ from common.impl import REPO
 from common.tasks import TASKS, runs_student_python
 from harness import processes
 from harness.outcome import Cause
-from harness.processes import SPAWNING, die_with_parent
+from harness.processes import with_parent
 import harness.view
 from harness.view import bwrap_command, copy_builds, make_view
 
@@ -142,9 +142,8 @@ class Worker:
         if self.memory_limit:  # few threads and malloc arenas: each reserves address space the limit counts
             env |= {"OMP_NUM_THREADS": "2", "MALLOC_ARENA_MAX": "2"}
 
-        with SPAWNING:
-            self.proc = subprocess.Popen(cmd, cwd=self.view, env=env, pass_fds=tuple(fds),
-                                         start_new_session=True, preexec_fn=die_with_parent)
+        self.proc = subprocess.Popen(with_parent(cmd), cwd=self.view, env=env, pass_fds=tuple(fds),
+                                     start_new_session=True)
         child.close()
         for fd in fds[1:]:
             os.close(fd)  # the sanitizer's end of its log: only the worker's side holds it now
