@@ -28,7 +28,8 @@ from common import build, resources
 from common.resources import KernelResources
 
 _SKELETON_MARK = re.compile(r"\s*(//\s*)?\[skeleton: \d+\]")  # the reference's note of the skeleton's value
-_CONSTANT = re.compile(r"^(?P<head>constexpr int (?P<name>[A-Z][A-Z0-9_]*) = )(?P<value>\d+)(?P<tail>;.*)$", re.M)
+_CONSTANT = re.compile(r"^(?P<head>(\[\[maybe_unused\]\] )?constexpr int (?P<name>[A-Z][A-Z0-9_]*) = )(?P<value>\d+)"
+                       r"(?P<tail>;.*)$", re.M)  # [[maybe_unused]]: a constant only a later step uses
 
 
 def tunables(text: str) -> dict[str, int]:

@@ -69,3 +69,22 @@ def test_remaining_todos_lists_steps_in_file_order(tmp_path):
 def test_a_constant_marked_for_the_skeleton_starts_there():
     cu = "constexpr int A = 128;  // rows [skeleton: 64]\nconstexpr int B = 4;  // [skeleton: 1]\nconstexpr int C = 2;\n"
     assert make_skeleton(cu, 4, "//") == "constexpr int A = 64;  // rows\nconstexpr int B = 1;\nconstexpr int C = 2;\n"
+
+
+def test_a_skeleton_defines_every_constant_of_the_reference_that_it_names():
+    # Task 5's skeleton named MIN_KEYS_PER_SPLIT in a comment (and README step 4 did), but only the reference's
+    # step 3 defined it: a student looked for it in vain.
+    import re
+
+    from common.tasks import TASKS
+
+    constant = re.compile(r"^\s*(?:\[\[maybe_unused\]\] )?(?:static )?constexpr \w+ ([A-Z][A-Z0-9_]+)\s*=", re.M)
+    for rel in [rel for t in TASKS.values() for rel in t.student_files if rel.endswith(".cu")]:
+        reference = REPO / rel.replace("/kernels/", "/solution/kernels/")
+        if not reference.exists():  # the handout
+            continue
+        skeleton = (REPO / rel).read_text()
+        defined = set(constant.findall(skeleton))
+        named = set(re.findall(r"\b[A-Z][A-Z0-9_]{3,}\b", skeleton))
+        missing = sorted((set(constant.findall(reference.read_text())) & named) - defined)
+        assert not missing, f"{rel} names {missing}, which only the reference defines"

@@ -47,6 +47,9 @@ constexpr int DECODE_WARPS = 4;  // warps per block
 constexpr int UNROLL = 1;
 constexpr int MAX_HEAD_DIM = 128;
 constexpr int MAX_SPLITS = 256;  // the binding checks `splits` against this
+// With split-KV (step 3), no split is shorter than this many rows: below it, the combining kernel
+// and the partial outputs cost more than the split saves.
+[[maybe_unused]] constexpr int MIN_KEYS_PER_SPLIT = 512;  // used by decode_splits (step 3)
 
 constexpr int WARP = 32;
 static_assert(DECODE_WARPS * WARP >= MAX_HEAD_DIM && DECODE_WARPS * WARP <= 1024,
