@@ -207,27 +207,34 @@ def compare(out, ref, *, atol: float, rtol: float, name: str = "output", poisone
     if bad_values.any():
         nans = int(torch.isnan(got).sum())
         infs = int(bad_values.sum()) - nans
-        if nans == total and poisoned:
-            return CheckResult(False, f"{name} is entirely NaN: nothing was written to it (or NaN was computed "
-                               "everywhere)", mismatches=total, untouched=True)
-        if nans == total:
-            return CheckResult(False, f"{name} is entirely NaN (for example exp(-inf - (-inf)) in a row whose "
-                               "every score is -inf)", mismatches=total)
-        first = [_fmt_index(i, got.shape) for i in bad_values.flatten().nonzero()[:SHOW_FIRST, 0].tolist()]
         # Never written means still holding the fill's bits: a NaN the code computed is not that.
         filled = out.detach().to("cpu")
         filled = filled.contiguous().view(torch.int32) == GUARD_BITS if filled.dtype == torch.float32 else None
+        if nans == total and poisoned and (filled is None or bool(filled.all())):
+            return CheckResult(False, f"{name} is entirely NaN: nothing was written to it", mismatches=total,
+                               untouched=True)
+        if nans == total:
+            return CheckResult(False, f"{name} is entirely NaN{', computed by the code (not the fill)' if poisoned else ''}"
+                               " (for example exp(-inf - (-inf)) in a row whose every score is -inf, or inf / inf)",
+                               mismatches=total)
+        first = [_fmt_index(i, got.shape) for i in bad_values.flatten().nonzero()[:SHOW_FIRST, 0].tolist()]
         exact = poisoned and infs == 0 and filled is not None and bool((filled == torch.isnan(got)).all())
         pattern = unwritten(filled) if exact else None
         if pattern:
             return CheckResult(False, f"{name}: {nans} of {total} elements never written (still the NaN it was "
                                f"filled with): {pattern}", mismatches=nans)
-        return CheckResult(
-            False,
-            f"{name} has {nans} NaN and {infs} Inf of {total} elements (unwritten or overflowed); "
-            f"first at {', '.join(map(str, first))}",
-            mismatches=int(bad_values.sum()),
-        )
+        if poisoned and filled is not None:  # the fill's bits tell the two kinds of NaN apart
+            left = int(filled.sum())
+            computed = (torch.isnan(got) & ~filled).reshape(got.shape)
+            where = unwritten(computed)
+            kinds = [f"{nans - left} NaN computed by the code (0/0, inf - inf, or an overflow: not left unwritten)"
+                     + (f", in {where.split(':')[0]}" if where else ""), f"{infs} Inf",
+                     f"{left} never written (still the NaN it was filled with)"]
+            said = "; ".join(kind for kind in kinds if not kind.startswith("0 "))
+        else:
+            said = f"{nans} NaN and {infs} Inf (computed, or never written)"
+        return CheckResult(False, f"{name} has {int(bad_values.sum())} of {total} elements not finite: {said}; "
+                           f"first at {', '.join(map(str, first))}", mismatches=int(bad_values.sum()))
 
     diff = (got - want).abs()
     rel = diff / want.abs().clamp_min(1e-12)

@@ -5,8 +5,11 @@ compared with each in turn; the first one it matches names the mistake and the R
 step where it is made: "looks like attention without the 1/sqrt(head_dim) scale: see
 README, Task 1, step 2". A correct submission never pays for this: it runs only after a
 check failed. The one list below holds every mistake with its step in each task, so every
-task says the same thing; what a check looks at (the whole output, the scores alone, the
-mask alone, the heads' layout) picks the mistakes that can show there.
+task says the same thing, in PyTorch (tasks 1 and 3) and in CUDA (tasks 2, 4 and 5); what a
+check looks at (the whole output, the scores alone, the mask alone, the heads' layout) picks
+the mistakes that can show there. A kernel's slips in the online softmax depend on the order
+it visits the keys in: the checks pass the orders the student's constants say (a Schedule),
+and a slip is tried under each.
 """
 
 from __future__ import annotations
@@ -19,52 +22,147 @@ import torch
 from harness.checks import CheckResult, compare
 
 
+LOG2E, LN2 = 1 / math.log(2), math.log(2)
+# The scale a kernel really applied, from the one it was given: none at all, twice, exp() over scores
+# already scaled for exp2 (scale * log2 e), exp2() over unscaled scores (exp2(x) = exp(x ln 2)).
+SCALED = {"none": lambda s: 1.0, "twice": lambda s: s * s, "log2e": lambda s: s * LOG2E, "ln2": lambda s: LN2}
+
+
 def _future(seq_q: int, seq_k: int, mask: str = "end") -> torch.Tensor:
     """Which (query, key) pairs a causal mask hides. "end" is right: query i sees key j <= i + seq_k - seq_q.
     "start": aligned to the first key; "late"/"early": the diagonal one too high/low; "past": the keys a
-    query may see hidden instead (tril); "none": nothing hidden."""
+    query may see hidden instead (tril); "none": nothing hidden; "short": the last key hidden from every
+    query (a decode over one position too few)."""
     ones = torch.ones(seq_q, seq_k, dtype=torch.bool)
     if mask == "none":
         return ~ones
     if mask == "past":
         return ones.tril(diagonal=seq_k - seq_q)
+    if mask == "short":
+        return torch.arange(seq_k).expand(seq_q, seq_k) == seq_k - 1
     offset = seq_k - seq_q
     return ones.triu(diagonal={"end": 1 + offset, "start": 1, "late": 2 + offset, "early": offset}[mask])
 
 
-def _scores(q, k, causal, *, scale_power=1, mask="end"):
-    """The scaled, masked score matrix in float64, made as the keywords say (see _future)."""
-    scores = (q.double() @ k.double().transpose(-2, -1)) / math.sqrt(q.shape[-1]) ** scale_power
-    if causal:
+def _scores(q, k, causal, *, scale=None, scaled=None, mask="end"):
+    """The scaled, masked score matrix in float64, made as the keywords say (SCALED, _future)."""
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q.double() @ k.double().transpose(-2, -1)) * (SCALED[scaled](scale) if scaled else scale)
+    if causal or mask == "short":
         scores = scores.masked_fill(_future(q.shape[-2], k.shape[-2], mask), -math.inf)
     return scores
 
 
-def _attention(q, k, v, causal, softmax_dim=-1, scores=None, **how):
+def _attention(q, k, v, causal, softmax_dim=-1, scores=None, scale=None, **how):
     """(out, lse) of attention over `scores`, or over the scores made as `how` says."""
-    scores = _scores(q, k, causal, **how) if scores is None else scores
+    scores = _scores(q, k, causal, scale=scale, **how) if scores is None else scores
     return torch.softmax(scores, dim=softmax_dim) @ v.double(), torch.logsumexp(scores, dim=-1)
 
 
-def _tiled_slip(q, k, v, causal, tiles, slip: str):
-    """(out, lse) of the online softmax over key tiles of tiles[1] columns, with one slip, from the whole
-    score matrix (a shortcut for diagnosing, not a way to do Task 3). A key in tile t that was added while
-    the running maximum was R_t carries exp(s - R_t) where a rescaled sum carries exp(s - m), m the final one.
-    slip: "acc" or "l" (that sum not rescaled), "tail" (the last partial key tile left out), "lse" (no m)."""
-    scores, v = _scores(q, k, causal), v.double()
-    seq_k, width = scores.shape[-1], tiles[1]
+@dataclass(frozen=True)
+class Schedule:
+    """The order a kernel visits the keys of a row in, which decides what a slip in the online softmax does.
+
+    Key j is folded into running state `state[j]` at step `step[j]`; the states are merged at the
+    end with their own maxima (exactly, as the merge of a decode block's groups or of the splits is).
+    Tiles of `width` keys (tasks 3 and 4): one state, step j // width. Groups (task 5's decode): group
+    j % groups takes `per_round` of its keys per step. `split_rows`: the keys cut into splits of that
+    many first (split-KV), each split with its own groups."""
+    width: int = 0
+    groups: int = 1
+    per_round: int = 1
+    split_rows: int = 0
+
+    def assign(self, seq_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        j = torch.arange(seq_k)
+        if self.width:
+            return torch.zeros_like(j), j // self.width
+        split, j = (j // self.split_rows, j % self.split_rows) if self.split_rows else (torch.zeros_like(j), j)
+        return split * self.groups + j % self.groups, j // (self.groups * self.per_round)
+
+    def partial(self, seq_k: int) -> bool:
+        """Whether the last tile is partial (only tiles have one)."""
+        return bool(self.width) and seq_k > self.width and seq_k % self.width != 0
+
+
+def kernel_constants(rel: str, student_dir, solution: bool) -> dict[str, int]:
+    """The `constexpr int` sizes at the top of a kernel file (the tuner's reading of them); {} when unreadable.
+    Only read, never run: they say in which order the kernel visits the keys."""
+    from common.impl import source_of
+    from harness.tune import tunables
+
+    try:
+        return tunables(source_of(rel, student_dir, solution).read_text())
+    except (OSError, UnicodeDecodeError):
+        return {}
+
+
+def tile_schedules(*widths: int | None) -> list[Schedule]:
+    """Key tiles of each width given (the student's first), then the usual ones."""
+    return [Schedule(width=w) for w in dict.fromkeys([*widths, 32, 64, 128, 16]) if isinstance(w, int) and w > 0]
+
+
+def decode_schedules(constants: dict[str, int], head_dim: int, length: int, splits: int) -> list[Schedule]:
+    """Task 5's decode as its skeleton lays it out: groups of G lanes read a row each (G = head_dim / 4
+    rounded up to a power of two with float4 loads, else a whole warp), DECODE_WARPS warps a block,
+    UNROLL rows per group per round; with split-KV, each split of ceil(length / splits) rows so. Then
+    plain key tiles, for a kernel laid out otherwise."""
+    lanes = -(-head_dim // 4)
+    group = 32 if head_dim % 4 else 1 << (lanes - 1).bit_length()
+    warps, unroll = constants.get("DECODE_WARPS", 4), constants.get("UNROLL", 1)
+    rows = -(-length // splits) if splits > 1 else 0
+    laid_out = [Schedule(groups=max(1, warps * 32 // group), per_round=max(1, unroll), split_rows=rows)]
+    return laid_out + ([] if rows else tile_schedules())
+
+
+def _slipped(q, k, v, causal, schedule: Schedule, slip: str, scale=None):
+    """(out, lse) of the online softmax visiting the keys as `schedule` says, with one slip, from the whole
+    score matrix (a shortcut for diagnosing, not a way to do Task 3). A key folded in while its state's
+    running maximum was R carries exp(s - R) where a rescaled sum carries exp(s - m), m that state's final
+    maximum. slip: "acc" or "l" (that sum not rescaled), "lse" (the log-sum-exp without m), "tail" (the
+    last partial key tile left out), "unmasked" (the last partial tile's keys past the end not masked:
+    each scores 0 and holds a zero V row)."""
+    scores, v = _scores(q, k, causal, scale=scale), v.double()
+    seq_k = scores.shape[-1]
     if slip == "tail":
-        scores[..., seq_k - seq_k % width:] = -math.inf
+        scores[..., seq_k - seq_k % schedule.width:] = -math.inf
         return _attention(q, k, v, causal, scores=scores)
+    if slip == "unmasked":
+        pad = schedule.width - seq_k % schedule.width
+        scores = torch.cat([scores, scores.new_zeros(*scores.shape[:-1], pad)], dim=-1)
+        v = torch.cat([v, v.new_zeros(*v.shape[:-2], pad, v.shape[-1])], dim=-2)
+        return _attention(q, k, v, causal, scores=scores)
+    state, step = schedule.assign(seq_k)
+    states, steps = int(state.max()) + 1, int(step.max()) + 1
+    slot = (state * steps + step).expand_as(scores)
+    step_max = scores.new_full((*scores.shape[:-1], states * steps), -math.inf).scatter_reduce(
+        -1, slot, scores, "amax")
+    running = step_max.view(*scores.shape[:-1], states, steps).cummax(dim=-1).values
+    seen = running.flatten(-2).gather(-1, slot)  # R for every key
+    final = running[..., -1].gather(-1, state.expand_as(scores))  # its state's final maximum
     m = scores.amax(dim=-1, keepdim=True)
-    tile = torch.arange(seq_k) // width
-    tile_max = torch.stack([scores[..., tile == t].amax(dim=-1) for t in range(int(tile[-1]) + 1)], dim=-1)
-    running = tile_max.cummax(dim=-1).values[..., tile]  # R_t for every key
-    rescaled, kept = torch.exp(scores - m), torch.exp(scores - running)
+    rescaled = torch.exp(scores - m)
+    kept = rescaled * torch.exp(final - seen).nan_to_num(nan=1.0)  # a key that scored -inf stays 0
     acc = (kept if slip == "acc" else rescaled) @ v
     l = (kept if slip == "l" else rescaled).sum(dim=-1, keepdim=True)
     lse = torch.log(rescaled.sum(dim=-1)) + (0 if slip == "lse" else m[..., 0])
     return acc / l, lse
+
+
+def _combined(q, k, v, splits: int, how: str, scale=None):
+    """(out, None) of split-KV whose partial outputs (each normalised over its split's keys) are combined
+    without their log-sum-exp weights: "mean" (every split weighs the same, an empty one as a zero
+    output), "unnormalised" (weighted by exp(lse - max lse), but not divided by the weights' sum)."""
+    scores, v = _scores(q, k, False, scale=scale), v.double()
+    seq_k = scores.shape[-1]
+    rows = -(-seq_k // splits)
+    parts = [slice(s * rows, min(seq_k, (s + 1) * rows)) for s in range(splits) if s * rows < seq_k]
+    partial = [torch.softmax(scores[..., p], dim=-1) @ v[..., p, :] for p in parts]
+    if how == "mean":
+        return sum(partial) / splits, None
+    lse = torch.stack([torch.logsumexp(scores[..., p], dim=-1) for p in parts])
+    weights = torch.exp(lse - lse.amax(dim=0))
+    return sum(w[..., None] * o for w, o in zip(weights, partial)), None
 
 
 def _heads(x, heads: int, layout: str):
@@ -80,54 +178,77 @@ def _heads(x, heads: int, layout: str):
 class Mistake:
     says: str  # what the output looks like, after "looks like "
     steps: dict[int, int]  # task -> the README step where it is made
-    how: dict  # one of: scale_power, mask, softmax_dim (the reference made so), slip (task 3's tiles), layout
-    needs: set[str] = field(default_factory=set)  # "causal", "cross" (seq_q != seq_k), "partial" (a partial tile)
+    how: dict  # scaled, mask, softmax_dim (the reference made so), slip (a Schedule's), combine (split-KV), layout
+    needs: set[str] = field(default_factory=set)  # "causal", "plain" (not causal), "cross" (seq_q != seq_k),
+    #                                               "partial" (a partial key tile)
 
     @property
     def made_in(self) -> str:
-        """What a check must look at to see it: "scores", "mask", "softmax", "tiles" or "layout"."""
+        """What a check must look at to see it: "scores", "mask", "softmax", "tiles", "splits" or "layout"."""
         key = next(iter(self.how))
-        return {"scale_power": "scores", "softmax_dim": "softmax", "slip": "tiles"}.get(key, key)
+        return {"scaled": "scores", "softmax_dim": "softmax", "slip": "tiles", "combine": "splits"}.get(key, key)
 
-    def applies(self, causal: bool, seq_q: int, seq_k: int, tiles) -> bool:
-        partial = tiles is not None and seq_k % tiles[1] != 0 and seq_k > tiles[1]
-        return ((tiles is not None or self.made_in != "tiles") and (causal or "causal" not in self.needs)
+    def applies(self, causal: bool, seq_q: int, seq_k: int, schedule: Schedule | None = None) -> bool:
+        partial = schedule is not None and schedule.partial(seq_k)
+        return ((causal or "causal" not in self.needs) and (not causal or "plain" not in self.needs)
                 and (seq_q != seq_k or "cross" not in self.needs) and (partial or "partial" not in self.needs))
 
-    def attend(self, q, k, v, causal, tiles):
+    def attend(self, q, k, v, causal, schedule=None, splits=0, scale=None):
         """(out, lse) of attention with this mistake."""
         if "slip" in self.how:
-            return _tiled_slip(q, k, v, causal, tiles, self.how["slip"])
-        return _attention(q, k, v, causal, **self.how)
+            return _slipped(q, k, v, causal, schedule, self.how["slip"], scale)
+        if "combine" in self.how:
+            return _combined(q, k, v, splits, self.how["combine"], scale)
+        return _attention(q, k, v, causal, scale=scale, **self.how)
 
 
+ONE_FACTOR_PER_ROW = "l (the row sum) wrong while acc is right: each output row is the right one times a factor of its own"
 MISTAKES = [
-    Mistake("attention without the 1/sqrt(head_dim) scale", {1: 2, 3: 3}, {"scale_power": 0}),
-    Mistake("attention scaled by 1/head_dim (the 1/sqrt(head_dim) scale applied twice?)", {1: 2, 3: 3},
-            {"scale_power": 2}),
-    Mistake("attention with no causal mask at all", {1: 3, 3: 3}, {"mask": "none"}, {"causal"}),
+    Mistake("attention without the 1/sqrt(head_dim) scale", {1: 2, 3: 3, 4: 3, 5: 2}, {"scaled": "none"}),
+    Mistake("attention scaled by 1/head_dim (the 1/sqrt(head_dim) scale applied twice?)", {1: 2, 3: 3, 4: 3, 5: 2},
+            {"scaled": "twice"}),
+    Mistake("exp() over scores already scaled for exp2 (by scale * log2(e)): use exp2f there, or scale alone",
+            {4: 3, 5: 2}, {"scaled": "log2e"}),
+    Mistake("exp2f() over scores that were never scaled: multiply them by scale * log2(e) first", {4: 3, 5: 2},
+            {"scaled": "ln2"}),
+    Mistake("attention whose scores were neither scaled nor masked (is scale_and_mask launched?)", {2: 5},
+            {"scaled": "none", "mask": "none"}),
+    Mistake("attention with no causal mask at all", {1: 3, 3: 3, 4: 3}, {"mask": "none"}, {"causal"}),
     Mistake("a causal mask aligned to the first key instead of the last (triu's diagonal without seq_k - seq_q)",
-            {1: 3, 3: 3}, {"mask": "start"}, {"causal", "cross"}),
-    Mistake("a causal mask that lets each query see one future key (triu's diagonal one too high)", {1: 3, 3: 3},
-            {"mask": "late"}, {"causal"}),
-    Mistake("a causal mask that hides each query's own key too (triu's diagonal one too low)", {1: 3, 3: 3},
-            {"mask": "early"}, {"causal"}),
+            {1: 3, 3: 3, 4: 3}, {"mask": "start"}, {"causal", "cross"}),
+    Mistake("a causal mask that lets each query see one future key (triu's diagonal one too high)",
+            {1: 3, 3: 3, 4: 3}, {"mask": "late"}, {"causal"}),
+    Mistake("a causal mask that hides each query's own key too (triu's diagonal one too low; in a kernel, "
+            "col >= row + offset where col > row + offset is meant)", {1: 3, 3: 3, 4: 3}, {"mask": "early"}, {"causal"}),
     Mistake("a mask turned around: it hides the keys a query may see, not its future ones (tril, or ~mask?)",
-            {1: 3, 3: 3}, {"mask": "past"}, {"causal"}),
+            {1: 3, 3: 3, 4: 3}, {"mask": "past"}, {"causal"}),
+    Mistake("a decode over one position too few: the last cached key (position length - 1) left out", {5: 2},
+            {"mask": "short"}),
     Mistake("softmax over the queries (dim=-2) instead of the keys (dim=-1)", {1: 4}, {"softmax_dim": -2}),
-    Mistake("acc not rescaled by exp(m_old - m_new) when the maximum grows", {3: 4}, {"slip": "acc"}),
-    Mistake("l_i not rescaled by exp(m_old - m_new) when the maximum grows", {3: 4}, {"slip": "l"}),
-    Mistake("the last, partial key tile left out", {3: 2}, {"slip": "tail"}, {"partial"}),
+    Mistake("acc not rescaled by exp(m_old - m_new) when the maximum grows", {3: 4, 4: 4, 5: 2}, {"slip": "acc"}),
+    Mistake("l_i not rescaled by exp(m_old - m_new) when the maximum grows", {3: 4, 4: 4, 5: 2}, {"slip": "l"}),
+    Mistake("the last, partial key tile left out (count the tiles rounding up)", {3: 2, 4: 1}, {"slip": "tail"},
+            {"partial"}),
+    Mistake("the keys past seq_k in the last, partial tile not masked: each counts as a score of 0 (mask "
+            "col >= seq_k whether or not the attention is causal)", {4: 3}, {"slip": "unmasked"}, {"partial", "plain"}),
     Mistake("the log-sum-exp without m_i (log(l_i) alone)", {3: 5}, {"slip": "lse"}),
+    Mistake("split-KV partial outputs averaged without their log-sum-exp weights (weight each by "
+            "exp2(lse_s - max lse), then divide by the weights' sum)", {5: 3}, {"combine": "mean"}),
+    Mistake("split-KV partial outputs weighted by exp2(lse_s - max lse) but not divided by the weights' sum",
+            {5: 3}, {"combine": "unnormalised"}),
     Mistake("a view straight to (batch, heads, seq, head_dim), without the transpose: each head gets other "
             "tokens' values (view to (batch, seq, heads, head_dim), then transpose)", {1: 1}, {"layout": "split"}),
     Mistake("a reshape straight to (batch, seq, heads * head_dim), without the transpose: the heads' rows "
             "interleave (transpose to (batch, seq, heads, head_dim) first)", {1: 5}, {"layout": "merge"}),
 ]
+# The step a whole-row factor (ONE_FACTOR_PER_ROW) points to: where l is kept
+FACTOR_STEPS = {3: 4, 4: 4, 5: 2}
 
 
-def _say(result: CheckResult, task: int, mistake: Mistake) -> CheckResult:
-    result.message = f"looks like {mistake.says}: see README, Task {task}, step {mistake.steps[task]}. {result.message}"
+def _say(result: CheckResult, task: int, mistake: Mistake | str, step: int | None = None,
+         extra: str = "") -> CheckResult:
+    says, step = (mistake, step) if isinstance(mistake, str) else (mistake.says, mistake.steps[task])
+    result.message = f"looks like {says}: see README, Task {task}, step {step}.{extra} {result.message}"
     return result
 
 
@@ -135,24 +256,64 @@ def _candidates(task: int, made_in: tuple[str, ...]):
     return [m for m in MISTAKES if task in m.steps and m.made_in in made_in]
 
 
-def _matches(got, wrong, atol, rtol) -> bool:
-    # compare() ignores NaN in what it is compared with; a mistake whose result is NaN somewhere
-    # (a row that sees no key) cannot be told apart that way, so it is never matched
-    return bool(torch.isfinite(wrong).all()) and compare(got, wrong, atol=atol, rtol=rtol).passed
+def _as_float64(got) -> torch.Tensor:
+    return got.detach().to("cpu", torch.float64)
+
+
+def _matches(got, wrong, atol, rtol) -> tuple[bool, str]:
+    """Whether `got` is `wrong` within the tolerance, and what to add to the diagnosis. A row the mistake
+    leaves without any key (NaN in `wrong`: 0/0) matches a row of NaN, as a kernel computes it, or of
+    zeros, as a kernel that guards l == 0 writes it; the other rows must match, and there must be some."""
+    lost = torch.isnan(wrong).any(dim=-1)
+    if not lost.any():
+        return compare(got, wrong, atol=atol, rtol=rtol).passed, ""
+    got = _as_float64(got)
+    if bool(lost.all()) or got.shape != wrong.shape:
+        return False, ""
+    there = got[lost]
+    if not bool((torch.isnan(there) | (there == 0)).all()) or not compare(got[~lost], wrong[~lost], atol=atol,
+                                                                         rtol=rtol).passed:
+        return False, ""
+    return True, f" The rows that see no key at all come out {'NaN (0/0)' if torch.isnan(there).any() else 'zero'}."
+
+
+def _one_factor_per_row(got, want, atol: float, rtol: float) -> bool:
+    """Whether every row of `got` is its row of `want` times a factor of its own, some factor clearly not 1."""
+    got = _as_float64(got)
+    if got.shape != want.shape or not bool(torch.isfinite(got).all()):
+        return False
+    factor = (got * want).sum(dim=-1, keepdim=True) / (want * want).sum(dim=-1, keepdim=True).clamp_min(1e-300)
+    return (compare(got, factor * want, atol=atol, rtol=rtol).passed
+            and bool(((factor - 1).abs() > 1e-3).any()))
 
 
 def diagnose(task: int, result: CheckResult, got, q, k, v, causal: bool, *, atol: float, rtol: float,
-             tiles=None, of: str = "out") -> CheckResult:
+             tiles=None, of: str = "out", scale: float | None = None, schedules=(), splits: int = 0) -> CheckResult:
     """`result`, a failed comparison of `got` (the attention output, or with of="lse" its log-sum-exp),
-    with the first mistake it matches said in front."""
+    with the first mistake it matches said in front. tiles: task 3's (rows, cols); schedules: the
+    orders a kernel may visit the keys in (Schedule), tried in turn; splits: a split-KV decode's count;
+    scale: the scale the code was given (1/sqrt(head_dim) when None)."""
     if result.passed or result.untouched or not isinstance(got, torch.Tensor):
         return result
     seq_q, seq_k = q.shape[-2], k.shape[-2]
-    for mistake in _candidates(task, ("scores", "mask", "softmax", "tiles")):
-        if not mistake.applies(causal, seq_q, seq_k, tiles) or (mistake.how.get("slip") == "lse") != (of == "lse"):
+    schedules = [Schedule(width=tiles[1])] if tiles is not None else list(schedules)
+    pick = 1 if of == "lse" else 0
+    for mistake in _candidates(task, ("scores", "mask", "softmax", "tiles", "splits")):
+        if (mistake.how.get("slip") == "lse") != (of == "lse"):
             continue
-        if _matches(got, mistake.attend(q, k, v, causal, tiles)[1 if of == "lse" else 0], atol, rtol):
-            return _say(result, task, mistake)
+        if mistake.made_in == "tiles":
+            tries = [dict(schedule=s) for s in schedules if mistake.applies(causal, seq_q, seq_k, s)]
+        elif mistake.made_in == "splits":
+            tries = [dict(splits=splits)] if splits > 1 and not causal else []
+        else:
+            tries = [{}] if mistake.applies(causal, seq_q, seq_k) else []
+        for how in tries:
+            matched, extra = _matches(got, mistake.attend(q, k, v, causal, scale=scale, **how)[pick], atol, rtol)
+            if matched:
+                return _say(result, task, mistake, extra=extra)
+    if of == "out" and task in FACTOR_STEPS and _one_factor_per_row(
+            got, _attention(q, k, v, causal, scale=scale)[0], atol, rtol):
+        return _say(result, task, ONE_FACTOR_PER_ROW, FACTOR_STEPS[task])
     return result
 
 
@@ -161,7 +322,7 @@ def diagnose_scores(task: int, result: CheckResult, got, q, k, *, atol: float, r
     if result.passed or not isinstance(got, torch.Tensor):
         return result
     for mistake in _candidates(task, ("scores",)):
-        if _matches(got, _scores(q, k, False, **mistake.how), atol, rtol):
+        if _matches(got, _scores(q, k, False, **mistake.how), atol, rtol)[0]:
             return _say(result, task, mistake)
     return result
 
@@ -171,7 +332,7 @@ def diagnose_mask(task: int, result: CheckResult, hidden: torch.Tensor) -> Check
     (bool, (..., seq_q, seq_k): where the output was -inf or very negative)."""
     seq_q, seq_k = hidden.shape[-2:]
     for mistake in _candidates(task, ("mask",)):
-        if mistake.applies(True, seq_q, seq_k, None) and bool((hidden == _future(seq_q, seq_k, mistake.how["mask"])).all()):
+        if mistake.applies(True, seq_q, seq_k) and bool((hidden == _future(seq_q, seq_k, mistake.how["mask"])).all()):
             return _say(result, task, mistake)
     return result
 
@@ -182,6 +343,6 @@ def diagnose_layout(task: int, result: CheckResult, got, x, heads: int, layout: 
     if result.passed or not isinstance(got, torch.Tensor):
         return result
     for mistake in _candidates(task, ("layout",)):
-        if mistake.how["layout"] == layout and _matches(got, _heads(x.double(), heads, layout), 0.0, 0.0):
+        if mistake.how["layout"] == layout and _matches(got, _heads(x.double(), heads, layout), 0.0, 0.0)[0]:
             return _say(result, task, mistake)
     return result

@@ -29,6 +29,7 @@ from common.tasks import student_files
 
 # the lines that are not checks, counted apart so the summary adds up to the lines shown
 TODO_HINT = "; delete a step's TODO line once you have written it"  # said once, when the run ends
+SHOW_NAMES = 3  # how many more cases a line of failures (or of passes) names
 KIND_WORDS = {Kind.RULE: ("rule", "rules"), Kind.BENCHMARK: ("benchmark", "benchmarks"),
               Kind.GIVEN: ("check of given code", "checks of given code"),
               Kind.OPTIONAL: ("optional check", "optional checks")}
@@ -105,7 +106,7 @@ class Report:
         self.carried = False  # the part under test waits for a step an earlier part found missing
         self.passed_steps: set[int] = set()  # steps of parts that passed: a TODO line left on them is not the cause
         self.hint_said = False  # TODO_HINT, said with the first step found missing
-        self.failures: dict[str, list[tuple[str, str]]] = {}  # this part's failed checks by _signature
+        self.said = 0  # cases before this one have been printed (_say_checks)
         print(f"Task {task}: {title} — {label(solution)}")
 
     # -- recording -------------------------------------------------------------
@@ -113,31 +114,53 @@ class Report:
             cause: str | None = None):
         assert kind in Kind.ALL and cause in (None, *Cause.ALL), (kind, cause)
         self.cases.append(Case(name, kind, passed, message, metrics or {}, cause))
-        mark = "PASS" if passed else "FAIL"
-        if kind == Kind.BENCHMARK:
-            mark = "INFO" if passed else "FAIL"
-        shown = message
-        if kind not in (Kind.CHECK, Kind.OPTIONAL):
-            self._same_failures()  # the checks are done: their summary comes before benchmarks and rules
-        elif not passed:
-            same = self.failures.setdefault(_signature(message), [])
-            if same:  # said in full once; the record keeps every one
-                shown = f"{_lead(message)} (as above)" if _lead(message) else (message.splitlines() or [""])[0]
-            same.append((name, message))
-        print(f"  [{mark}] {name}: {shown}")
+        if kind in (Kind.CHECK, Kind.OPTIONAL):
+            return  # said with the others of its part, once they are done (_say_checks)
+        self._say_checks()
+        mark = ("INFO" if passed else "FAIL") if kind == Kind.BENCHMARK else "PASS" if passed else "FAIL"
+        print(f"  [{mark}] {name}: {message}")
 
-    def _same_failures(self) -> None:
-        """Say once when many checks since the part began failed the same way (the same words,
-        other numbers): it is one mistake, not many."""
-        checks = sum(c.kind in (Kind.CHECK, Kind.OPTIONAL) for c in self.cases[self.part_start:])
-        for same in self.failures.values():
-            if len(same) >= 3:
-                first, message = same[0]
-                print(f"  {len(same)} of these {checks} checks fail the same way: {_lead(message)}" if _lead(message) else
-                      f"  {len(same)} of these {checks} checks fail with the same kind of message; the first: {first}")
-        self.failures = {}
+    def _say_checks(self) -> None:
+        """Print the checks recorded since the last call. All passed: a line each. Otherwise the failures
+        lead, one line per kind of failure (the same diagnosis, or the same words with other numbers)
+        with how many failed so, then the first such case in full and the names of a few more, and
+        last the passed ones in one line: what is wrong is in the first lines, however many cases fail."""
+        checks = [c for c in self.cases[self.said:] if c.kind in (Kind.CHECK, Kind.OPTIONAL)]
+        self.said = len(self.cases)
+        failed = [c for c in checks if not c.passed]
+        if not failed:
+            for c in checks:
+                print(f"  [PASS] {c.name}: {c.message}")
+            return
+        kinds: dict[str, list[Case]] = {}
+        for c in failed:
+            kinds.setdefault(_lead(c.message) or _signature(c.message), []).append(c)
+        optional = "optional " if all(c.kind == Kind.OPTIONAL for c in checks) else ""
+        # diagnosed kinds first, then the most common
+        for same in sorted(kinds.values(), key=lambda cases: (not _lead(cases[0].message), -len(cases))):
+            first, lead = same[0], _lead(same[0].message)
+            if len(same) == 1 and not lead:
+                print(f"  [FAIL] {first.name}: {first.message}")
+                continue
+            count = f"{len(same)} of {len(checks)} {optional}checks"
+            if lead:
+                print(f"  [FAIL] {count}: {lead}")
+                print(f"      the first, {first.name}: {first.message[len(lead):].strip()}")
+            else:
+                print(f"  [FAIL] {count} fail the same way; the first, {first.name}: {first.message}")
+            if len(same) > 1:
+                names = [c.name for c in same[1:1 + SHOW_NAMES]]
+                more = len(same) - 1 - len(names)
+                print(f"      also: {'; '.join(names)}{f'; and {more} more' if more else ''}")
+        passed = [c for c in checks if c.passed]
+        if passed:
+            names = [c.name for c in passed[:SHOW_NAMES]]
+            more = len(passed) - len(names)
+            print(f"  [PASS] {len(passed)} of {len(checks)} {optional}checks: {'; '.join(names)}"
+                  f"{f'; and {more} more' if more else ''}")
 
     def note(self, message: str) -> None:
+        self._say_checks()
         self.notes.append(message)
         print(f"  note: {message}")
 
@@ -170,6 +193,7 @@ class Report:
             return None
         except NeedsCuda as err:
             self.needs_cuda = str(err)
+            self._say_checks()
             print(f"  [SKIP] {name}: {err}")
             return None
         except Exception as err:  # the checks' own code failed on what the worker returned: this case only
@@ -190,8 +214,8 @@ class Report:
         An optional part's cases are reported but not scored, and do not decide the status.
         """
         self.part_steps = steps
+        self._say_checks()
         self.part_start = len(self.cases)
-        self.failures = {}
         # A step an earlier part found missing is missing here too: its cases return at once
         # rather than build kernels to find the same TODO (tasks 6 and 7 run their GPU part on
         # the steps of their CPU part; task 5's layer runs steps 1 and 2).
@@ -206,7 +230,6 @@ class Report:
     def end_part(self, name: str) -> bool:
         """A part with a step still missing becomes one failed check, and the next part still runs.
         Returns whether every case of the part passed."""
-        self._same_failures()
         if self.not_implemented:
             self.missing_steps.setdefault(self.missing_step, self.not_implemented)
             said = (f"not run: it needs step {self.missing_step}, not implemented yet" if self.carried
@@ -217,6 +240,7 @@ class Report:
                 self.missing_parts += 1
                 self.missing_message = self.missing_message or self.not_implemented
             self.not_implemented = None
+        self._say_checks()
         passed = all(c.passed for c in self.cases[self.part_start:])
         if passed and self.part_steps:
             self.passed_steps.update(self.part_steps)
@@ -258,7 +282,7 @@ class Report:
         return Status.PASSED if required and all(c.passed for c in required) else Status.FAILED
 
     def finish(self, json_path: str | None) -> int:
-        self._same_failures()
+        self._say_checks()
         status = self.status()
         checks = [c for c in self.cases if c.kind == Kind.CHECK]
         passed = sum(c.passed for c in checks)
@@ -290,11 +314,14 @@ class Report:
         return 0 if status in (Status.PASSED, Status.NEEDS_CUDA) else 1
 
 
+_LEAD = re.compile(r"(looks like .*?: see README, Task \d+, step \d+\.|[^\n]*?fix that first\.)(?= |$)")
+
+
 def _lead(message: str) -> str:
     """What a failure says before its numbers, when it is a diagnosis ("looks like ...: see README,
     Task 1, step 2.") or a pointer to an earlier failure ("... fix that first.")."""
-    lead = message.split(". ")[0] + "."
-    return lead if ". " in message and ("see README" in lead or lead.endswith("first.")) else ""
+    found = _LEAD.match(message)
+    return found.group(1) if found else ""
 
 
 def _signature(message: str) -> str:

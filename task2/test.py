@@ -17,6 +17,7 @@ import math
 import torch
 
 from harness import cli, gpu_share, sanitize
+from harness.diagnose import diagnose
 from harness.checks import (compare, exact_float32, expect_errors, guard_damage, guarded_input, guarded_output,
                            random_tensor)
 from harness.records import Report
@@ -38,13 +39,34 @@ PARTS = {  # name: README steps
 
 def check_softmax(worker, case):
     rows, cols = case.shape
-    x = random_tensor(case.shape, case.seed) * 20  # large values: without the max subtracted, exp overflows
+    # large values: most rows reach past 88.7, where float32's exp overflows, so a softmax that does not
+    # subtract the row's maximum first shows (softmax itself does not change when every value moves up)
+    x = random_tensor(case.shape, case.seed) * 20 + 80
     if cols > 3:
         x[:, ::3] = -math.inf  # masked entries, as after the causal mask
     x_in, out = guarded_input("x", x), guarded_output("out", case.shape)
     worker.call("softmax", x_in.tensor, out.tensor)
-    return guard_damage(x_in, out) or compare(out.tensor, torch.softmax(x.double(), dim=-1), atol=ATOL, rtol=RTOL,
-                                              poisoned=True)
+    damage = guard_damage(x_in, out)
+    if damage:
+        return damage
+    expected = torch.softmax(x.double(), dim=-1)
+    result = compare(out.tensor, expected, atol=ATOL, rtol=RTOL, poisoned=True)
+    return result if result.passed else diagnose_overflow(result, out.tensor.cpu().double(), expected, x)
+
+
+EXP_OVERFLOWS = math.log(torch.finfo(torch.float32).max)  # 88.72: exp of more is inf in float32
+
+
+def diagnose_overflow(result, got, expected, x):
+    """A softmax whose wrong rows are those that reach past EXP_OVERFLOWS: exp(x) taken without the maximum."""
+    wrong = ~((got - expected).abs() <= ATOL + RTOL * expected.abs()).all(dim=-1)  # NaN is wrong too
+    overflows = x.amax(dim=-1) > EXP_OVERFLOWS
+    if result.untouched or not wrong.any() or bool((wrong & ~overflows).any()):
+        return result
+    result.message = (f"looks like exp(x) without the row's maximum subtracted first: the {int(wrong.sum())} wrong "
+                      f"rows are the ones that reach past {EXP_OVERFLOWS:.1f}, where float32's exp overflows to "
+                      f"inf: see README, Task 2, step 2. {result.message}")
+    return result
 
 
 def check_gemm(worker, which, case):
@@ -67,8 +89,12 @@ def check_attention(worker, case):
     out = guarded_output("out", q.shape)
     scale = 1.0 / math.sqrt(d)
     worker.call("attention_forward", *(t.tensor for t in inputs), out.tensor, case.causal, scale)
-    return guard_damage(*inputs, out) or compare(out.tensor, attention_reference(q, k, v, case.causal, scale)[0],
-                                                 atol=ATOL, rtol=RTOL, poisoned=True)
+    damage = guard_damage(*inputs, out)
+    if damage:
+        return damage
+    result = compare(out.tensor, attention_reference(q, k, v, case.causal, scale)[0], atol=ATOL, rtol=RTOL,
+                     poisoned=True)
+    return diagnose(2, result, out.tensor, q, k, v, case.causal, atol=ATOL, rtol=RTOL, scale=scale)
 
 
 def check_errors(worker):

@@ -30,6 +30,7 @@ from torch import nn
 from common import impl
 
 from harness import cli, gpu_share, sanitize
+from harness.diagnose import diagnose, kernel_constants, tile_schedules
 from harness.checks import compare, exact_float32, expect_errors, guard_damage, guarded_input, guarded_output, random_tensor
 from common.layer import mha_weights
 from harness.records import Report
@@ -69,14 +70,20 @@ def make_inputs(shape, seed, magnitude=1.0):
             random_tensor((b, h, sk, d), seed + 2))
 
 
-def check_case(worker, shape, causal, seed, scale=None, magnitude=1.0):
+def check_case(worker, shape, causal, seed, scale=None, magnitude=1.0, constants=None):
+    """One case; a wrong output is compared with the common mistakes (harness/diagnose.py), the online
+    softmax's slips under the student's BLOCK_COLS (`constants`, read from their file) and other widths."""
     q, k, v = make_inputs(shape, seed, magnitude)
     scale = 1.0 / math.sqrt(shape[-1]) if scale is None else scale
     inputs = [guarded_input(name, t) for name, t in zip("qkv", (q, k, v))]
     out = guarded_output("out", q.shape)
     worker.call("forward", *(t.tensor for t in inputs), out.tensor, causal, scale)
-    return guard_damage(*inputs, out) or compare(out.tensor, attention_reference(q, k, v, causal, scale)[0],
-                                                 atol=ATOL, rtol=RTOL, poisoned=True)
+    damage = guard_damage(*inputs, out)
+    if damage:
+        return damage
+    result = compare(out.tensor, attention_reference(q, k, v, causal, scale)[0], atol=ATOL, rtol=RTOL, poisoned=True)
+    return diagnose(4, result, out.tensor, q, k, v, causal, atol=ATOL, rtol=RTOL, scale=scale,
+                    schedules=tile_schedules((constants or {}).get("BLOCK_COLS")))
 
 
 def check_layer(worker, hidden, heads, seq, causal, seed):
@@ -143,11 +150,13 @@ def main(argv=None) -> int:
         if args.sanitize:
             sanitize.add_to_report(report, 4, args, sanitizer_calls(args.hidden), step_of)
             return report.finish(args.json)
+        constants = kernel_constants("task4/kernels/attention.cu", args.student_dir, args.solution)
         for case in cli.cases(4, "attention", CASES, args.hidden, shape_text, causal_ok=lambda s: s[2] <= s[3]):
-            report.run(case.name, lambda: check_case(worker, case.shape, case.causal, case.seed))
+            report.run(case.name, lambda: check_case(worker, case.shape, case.causal, case.seed, constants=constants))
         seed = cli.seed(7, args.hidden)
         report.run("scale 0.3 and large scores (q x 4)",
-                   lambda: check_case(worker, (2, 2, 150, 150, 64), True, seed, scale=0.3, magnitude=4.0))
+                   lambda: check_case(worker, (2, 2, 150, 150, 64), True, seed, scale=0.3, magnitude=4.0,
+                                      constants=constants))
         for hidden, heads, seq in ((256, 4, 100), (4096, 32, 65)):
             for causal in (False, True):
                 report.run(f"layer hidden {hidden} heads {heads} seq {seq}{' causal' if causal else ''} "

@@ -27,6 +27,7 @@ from torch import nn
 from common import impl
 
 from harness import cli, gpu_share, sanitize
+from harness.diagnose import decode_schedules, diagnose, kernel_constants
 from harness.checks import (GUARD_BITS, CheckResult, compare, exact_float32, expect_errors, guard_damage,
                            guarded_input, guarded_output, random_tensor)
 from common.layer import mha_weights
@@ -93,6 +94,14 @@ def check_update(worker, case):
         rows = sorted({int(r) for r in wrong.nonzero()[:, 2]})
         outside = [r for r in rows if not pos <= r < pos + n]
         shown = ", ".join(map(str, (outside or rows)[:5]))
+        landed = [at for at in range(max_seq - n + 1) if at != pos and torch.equal(
+            got[:, :, at:at + n].contiguous().view(torch.int32), new.view(torch.int32))]
+        if landed:
+            off = landed[0] - pos
+            return False, (f"looks like the new rows written {abs(off)} row{'s' if abs(off) > 1 else ''} "
+                           f"{'past' if off > 0 else 'before'} pos (row pos + t of the cache takes new row t): see "
+                           f"README, Task 5, step 1. `{cache.name}`: they landed at rows {landed[0]} to "
+                           f"{landed[0] + n - 1}, not {pos} to {pos + n - 1}"), {}
         if outside:
             return False, (f"`{cache.name}`: rows outside pos .. pos + n_new - 1 = {pos} .. {pos + n - 1} "
                            f"changed (rows {shown}); only the new positions may be written"), {}
@@ -107,7 +116,18 @@ def decode_inputs(shape, seed):
                                                                                   seed + 2)
 
 
-def check_decode(worker, shape, seed, splits):
+def launcher_splits(worker, shape, splits) -> int:
+    """The splits a decode ran with: `splits`, or for 0 what the student's launcher says it picks (a number
+    only used to name a mistake, so anything but a sensible int is taken as one split)."""
+    if splits:
+        return splits
+    chosen = worker.call("splits_for", shape[0] * shape[1], shape[3], shape[4])
+    return chosen if isinstance(chosen, int) and 1 <= chosen <= shape[3] else 1
+
+
+def check_decode(worker, shape, seed, splits, constants=None):
+    """One decode; a wrong output is compared with the common mistakes (harness/diagnose.py), the online
+    softmax's slips laid out as the student's DECODE_WARPS and UNROLL (`constants`) say."""
     b, h, max_seq, length, d = shape
     q, k_cache, v_cache = decode_inputs(shape, seed)
     inputs = [guarded_input(name, t) for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))]
@@ -122,9 +142,13 @@ def check_decode(worker, shape, seed, splits):
     result = compare(out.tensor, expected, atol=ATOL, rtol=RTOL, poisoned=bool((bits == GUARD_BITS).all()))
     computed_nan = torch.isnan(out.tensor) & (bits != GUARD_BITS)
     if not result.passed and computed_nan.any() and length < max_seq:
-        result.message += (f"; the cache holds NaN from position length = {length} on, so the kernel read past "
-                           "`length`: read rows 0 .. length - 1 only")
-    return result
+        result.message = (f"looks like a decode that reads past `length` (the cache holds NaN from that position "
+                          f"on, and NaN came out): read rows 0 to length - 1 only: see README, Task 5, step "
+                          f"{3 if splits > 1 else 2}. The cache holds NaN from position {length}; {result.message}")
+        return result
+    used = launcher_splits(worker, shape, splits) if not result.passed else 1
+    return diagnose(5, result, out.tensor, q, k_cache[:, :, :length], v_cache[:, :, :length], False, atol=ATOL,
+                    rtol=RTOL, scale=scale, splits=used, schedules=decode_schedules(constants or {}, d, length, used))
 
 
 def check_layer(worker, hidden, heads, max_seq, prompt_len, steps, seed):
@@ -252,6 +276,7 @@ def main(argv=None) -> int:
         if worker is None:
             return report.finish(args.json)
         split_passed = False
+        constants = kernel_constants("task5/kernels/decode.cu", args.student_dir, args.solution)
         for part in [] if args.sanitize else chosen:
             steps, optional = PARTS[part]
             report.begin_part(part, steps, optional=optional)
@@ -267,7 +292,7 @@ def main(argv=None) -> int:
                          lambda s: f"{describe_decode(s[:5])} splits {s[5] or 'chosen by the launcher'}")
                 for case in cli.cases(5, part, public, args.hidden, label, causal=(False,)):
                     splits = 1 if part == "decode" else case.shape[5]
-                    report.run(case.name, lambda: check_decode(worker, case.shape[:5], case.seed, splits))
+                    report.run(case.name, lambda: check_decode(worker, case.shape[:5], case.seed, splits, constants))
             else:
                 for i, (hidden, heads, max_seq, prompt_len, n) in enumerate(LAYER_CASES):
                     report.run(f"layer hidden {hidden} heads {heads} cache {max_seq}: prefill {prompt_len}, "

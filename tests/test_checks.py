@@ -58,11 +58,21 @@ def test_unwritten_rows_columns_and_matrices_are_named():
     assert "the whole 100 x 80 matrix at (1, 2) (1 of the 6" in left((1, 2))
     assert "row 5 of 100 of every matrix: a tile" in left((..., 5, slice(None)))
     scattered = ref.clone()
-    scattered[0, 0, 3, 4] = filled[0, 0, 3, 4]  # no pattern: the plain NaN message
-    assert "never written" not in compare(scattered, ref, atol=1, rtol=1, poisoned=True).message
+    scattered[0, 0, 3, 4] = filled[0, 0, 3, 4]  # no pattern: counted, with no hint
+    said = compare(scattered, ref, atol=1, rtol=1, poisoned=True).message
+    assert "1 never written (still the NaN it was filled with); first at (0, 0, 3, 4)" in said and "tile" not in said
     computed = ref.clone()
     computed[..., 0, :] = math.nan  # a NaN the code computed (a row that saw no key) is not "never written"
-    assert "never written" not in compare(computed, ref, atol=1, rtol=1, poisoned=True).message
+    said = compare(computed, ref, atol=1, rtol=1, poisoned=True).message
+    assert "never written" not in said and "unwritten or" not in said
+    assert "480 NaN computed by the code (0/0, inf - inf, or an overflow: not left unwritten), in row 0 of 100" in said
+    computed[0, 0, 3, 4] = filled[0, 0, 3, 4]  # both kinds: each counted
+    said = compare(computed, ref, atol=1, rtol=1, poisoned=True).message
+    assert "481 of 48000 elements not finite: 480 NaN computed" in said and "; 1 never written" in said
+    everywhere = torch.full_like(ref, math.nan)  # NaN computed everywhere is not a skeleton's untouched output
+    result = compare(everywhere, ref, atol=1, rtol=1, poisoned=True)
+    assert not result.untouched and "computed by the code" in result.message
+    assert compare(filled.clone(), ref, atol=1, rtol=1, poisoned=True).untouched
 
 
 def test_shape_and_type_mismatch_fail():

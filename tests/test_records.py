@@ -146,9 +146,10 @@ def test_the_same_failure_on_many_cases_is_said_once(capsys):
     out = capsys.readouterr().out
     assert out.count("File task1/attention.py") == 1  # the traceback once; the record keeps all four
     assert sum("File task1/attention.py" in c.message for c in report.cases) == 4
-    assert "4 of these 5 checks fail with the same kind of message; the first: part 0" in out
+    assert "[FAIL] 4 of 5 checks fail the same way; the first, part 0: raised ValueError: bad row 0" in out
+    assert "also: part 1; part 2; part 3\n" in out and "[FAIL] part 4: other" in out
     assert len(report.cases) == 5 and not any(c.passed for c in report.cases)
-    assert out.count("of these 5 checks") == 1
+    assert out.index("4 of 5 checks") < out.index("part 4: other")  # the most common kind first
 
 
 def test_a_repeated_diagnosis_is_said_in_full_once_and_summed_up_before_the_rules(capsys):
@@ -158,8 +159,34 @@ def test_a_repeated_diagnosis_is_said_in_full_once_and_summed_up_before_the_rule
         report.run(f"case {i}", lambda i=i: CheckResult(False, said.format(i + 1)))
     report.run("rule", lambda: (True, "kept", {}), kind="rule")
     out = capsys.readouterr().out
-    assert out.count("elements differ") == 1 and out.count("step 2. (as above)") == 2
-    assert out.index("3 of these 3 checks fail the same way: looks like no scale") < out.index("[PASS] rule")
+    assert out.count("elements differ") == 1 and out.count("looks like no scale") == 1
+    assert "[FAIL] 3 of 3 checks: looks like no scale: see README, Task 1, step 2.\n" in out
+    assert "the first, case 0: out: 1 of 9 elements differ\n      also: case 1; case 2\n" in out
+    assert out.index("looks like no scale") < out.index("[PASS] rule")
+
+
+def test_the_failures_lead_the_passes_and_a_run_that_passes_prints_a_line_a_check(capsys):
+    said = "looks like no mask: see README, Task 4, step 3. out: {} of 9 elements differ"
+    report = Report(9, solution=False, title="t")
+    for i in range(12):
+        report.run(f"pass {i}", lambda: (True, "exact", {}))
+    for i in range(8):
+        report.run(f"fail {i}", lambda i=i: CheckResult(False, said.format(i + 1)))
+    report.run("raises", lambda: (False, "raised ValueError: no", {}))
+    report.finish(None)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "  [FAIL] 8 of 21 checks: looks like no mask: see README, Task 4, step 3."
+    assert lines[2] == "      the first, fail 0: out: 1 of 9 elements differ"
+    assert lines[3] == "      also: fail 1; fail 2; fail 3; and 4 more"
+    assert lines[4] == "  [FAIL] raises: raised ValueError: no"
+    assert lines[5] == "  [PASS] 12 of 21 checks: pass 0; pass 1; pass 2; and 9 more"
+    assert lines[6].startswith("Task 9: 12/21 checks passed") and len(lines) == 7
+
+    report = Report(9, solution=False, title="t")
+    for i in range(3):
+        report.run(f"pass {i}", lambda: (True, "exact", {}))
+    report.finish(None)
+    assert capsys.readouterr().out.splitlines()[1:4] == [f"  [PASS] pass {i}: exact" for i in range(3)]
 
 
 def test_no_gpu_is_a_skip_not_a_failure():
