@@ -1,8 +1,8 @@
-"""python -m grader.calibrate [--tasks 4,5]   (instructors: once per GPU model, before exporting the handout)
+"""python -m grader.calibrate   (instructors: once per GPU model, before exporting the handout)
 
-Runs the reference solutions' tests of tasks 4 and 5 on this GPU and records, for each timed
-case that the grade scores, the reference's time over a baseline the student's own test also
-times: SDPA for task 4, a copy of the same bytes at the measured copy bandwidth for task 5.
+Runs the reference solution's test of task 4 on this GPU and records, for each timed case that
+the grade scores, the reference's time over a baseline the student's own test also times (SDPA).
+Task 5 needs none: its bar is the copy bandwidth measured in the student's own run.
 The ratios go to grader/calibration.json under this GPU's name, next to those of other models;
 the handout carries the file, and a student's `python -m taskN.test` and `python -m grader`
 estimate their performance points from it (harness/calibration.py). The grade itself never
@@ -25,7 +25,7 @@ from harness.view import scratch_dir
 from grader.rubric import RUBRIC
 from grader.runner import run_task
 
-TASKS = (4, 5)
+TASKS = (4,)  # task 5 is held to the copy bandwidth of its own run (harness/points.py)
 
 
 def ratios_of(task: int, record: dict) -> dict[str, float]:
@@ -41,9 +41,9 @@ def ratios_of(task: int, record: dict) -> dict[str, float]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grader.calibrate",
-                                     description="Record, for this GPU model, how the reference solutions of tasks 4 "
-                                                 "and 5 compare with the baselines a student's test times.")
-    parser.add_argument("--tasks", default=",".join(map(str, TASKS)), help="which of tasks 4 and 5 (default: both)")
+                                     description="Record, for this GPU model, how the reference solution of task 4 "
+                                                 "compares with the baseline a student's test times (SDPA).")
+    parser.add_argument("--tasks", default=",".join(map(str, TASKS)), help="only task 4 has a calibration")
     args = parser.parse_args(argv)
     tasks = [int(t) if t.strip().isdigit() else 0 for t in args.tasks.split(",") if t.strip()]
     if not tasks or any(t not in TASKS for t in tasks):

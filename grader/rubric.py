@@ -7,19 +7,17 @@ timed runs is wrong, its speed is physically impossible, or a causal run
 is not clearly faster than the full one). Breaking a rule (a
 "rule" case, such as calling PyTorch's own attention) scores 0 for the task. An
 optional part ("optional" cases, task 5's split-KV) is reported, never scored.
-Performance is scored against the reference solution timed in the same run
-(`vs_reference` = reference time / student time in each benchmark case), so the
-grade does not depend on which GPU ran it. In the handout, which has no reference, a
-student's run estimates that ratio from grader/calibration.json (harness/calibration.py)
-and the points it shows are labelled as an estimate.
+Performance is scored against a bar measured in the same run (harness/points.py), so the
+grade does not depend on which GPU ran it: task 4 against the reference solution's speed
+(in the handout, which has no reference, estimated from grader/calibration.json and
+labelled as an estimate), task 5 against the GPU's copy bandwidth.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.bench import VS_REFERENCE
-from harness.calibration import ESTIMATE
+from harness import points
 from harness.outcome import Kind, Status
 
 
@@ -42,8 +40,6 @@ RUBRIC = {
     7: TaskRubric("the kernels inside GPT-2", 1, needs_cuda=True, timeout_s=1200),
 }
 TOTAL_POINTS = sum(r.points for r in RUBRIC.values())
-# Full performance points at this fraction of the reference's speed, linear below it.
-FULL_SPEED_FRACTION = 0.8
 
 
 def parse_tasks(text: str) -> list[int]:
@@ -94,33 +90,15 @@ def _assess(task: int, record: dict) -> tuple[float, str, bool]:
         elif failed_benchmarks:
             why += f"; no performance points: {failed_benchmarks[0]['name']}: {failed_benchmarks[0]['message']}"
         else:
-            ratios, estimate = _speed_ratios(cases)
-            if not ratios:
+            found = points.performance(task, cases)
+            if found is None:
                 why += ("; performance not scored (no reference timing in this run, and no estimate: the benchmark "
                         "lines say why)")
             else:
-                fraction = sum(min(1.0, r / FULL_SPEED_FRACTION) for r in ratios) / len(ratios)
+                fraction, words, is_estimate = found
                 earned += rubric.performance_points * fraction
-                is_estimate = estimate
-                if estimate:
-                    why += (f"; speed about {sum(ratios) / len(ratios):.2f}x the reference on average, an ESTIMATE "
-                            f"from grader/calibration.json ({fraction:.0%} of the performance points, estimated; "
-                            "the instructor's grader times the reference itself)")
-                else:
-                    why += (f"; speed {sum(ratios) / len(ratios):.2f}x the reference on average "
-                            f"({fraction:.0%} of the performance points)")
+                why += f"; {words}" + ("; the instructor's grader times the reference itself" if is_estimate else "")
     return round(earned, 3), why, is_estimate
-
-
-def _ratios(cases: list[dict], metric: str) -> list[float]:
-    return [c["metrics"][metric] for c in cases if c["kind"] == Kind.BENCHMARK and c["metrics"].get(metric) is not None]
-
-
-def _speed_ratios(cases: list[dict]) -> tuple[list[float], bool]:
-    """The benchmarks' speeds relative to the reference, and whether they are estimates: the handout has no
-    reference to time, so its speed is estimated from grader/calibration.json."""
-    measured = _ratios(cases, VS_REFERENCE)
-    return (measured, False) if measured else (_ratios(cases, ESTIMATE), bool(_ratios(cases, ESTIMATE)))
 
 
 def estimated(task: int, record: dict) -> bool:

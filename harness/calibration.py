@@ -1,20 +1,17 @@
-"""The performance points a student would earn, estimated before submitting (tasks 4 and 5).
+"""Task 4's performance points, estimated before submitting.
 
-The grade's performance part compares the student's kernel with the reference solution
-timed in the same run (grader/rubric.py). The handout has no reference solution, so a
-student's own test cannot time it. Instead the instructor records, once per GPU model, how
-the reference compares with a baseline the student's test does time in the same run
-(`python -m grader.calibrate`, into grader/calibration.json, which the handout carries):
-
-- task 4: the reference's time over SDPA's (scaled_dot_product_attention), per timed case;
-- task 5: the reference's time over the time a copy of the same bytes takes at the copy
-  bandwidth measured in the run (the decode kernel is bound by memory).
+Task 4's bar is the reference solution timed in the same run (harness/points.py). The handout
+has no reference solution, so a student's own test cannot time it. Instead the instructor
+records, once per GPU model, how the reference compares with a baseline the student's test does
+time in the same run (`python -m grader.calibrate`, into grader/calibration.json, which the
+handout carries): the reference's time over SDPA's (scaled_dot_product_attention), per timed case.
 
 The student's test then estimates the reference's time as that ratio times the baseline it
 just measured, and the points from it, labelled as an estimate. Shipping ratios rather than
 reference binaries keeps the reference out of the handout altogether. A GPU the file has no
 entry for gets no estimate, and the report says so (the ratio to SDPA is shown anyway).
-The instructor's grader never reads this file: it times the reference itself.
+The instructor's grader never reads this file: it times the reference itself. (Task 5 needs
+none of this: its bar is the copy bandwidth, which the student's run measures.)
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ from pathlib import Path
 from common.impl import REPO
 
 PATH = REPO / "grader" / "calibration.json"  # the file each function reads unless given another
-BASELINE = {4: "sdpa_ms", 5: "copy_ms"}  # the metric each task's reference is calibrated against
+BASELINE = {4: "sdpa_ms"}  # the metric each task's reference is calibrated against
 ESTIMATE = "vs_reference_estimate"  # metric: estimated reference time / student time
 
 

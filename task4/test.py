@@ -29,7 +29,7 @@ from torch import nn
 
 from common import impl
 
-from harness import cli, gpu_share, sanitize
+from harness import cli, gpu_share, points, sanitize
 from harness.diagnose import diagnose, kernel_constants, tile_schedules
 from harness.checks import compare, exact_float32, expect_errors, guard_damage, guarded_input, guarded_output, random_tensor
 from common.layer import mha_weights
@@ -181,6 +181,9 @@ def main(argv=None) -> int:
             with gpu_share.alone(worker):
                 measure.run_benchmarks(report, worker, measure.benchmark_cases(args.solution),
                                        measure.layer_cases(args.grading), with_tensor_cores=args.solution)
+            said = points.estimate_note(4, report.cases)
+            if said:
+                report.note(said)
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(4, args.solution, args.student_dir, report.attention_ops), kind="rule")
     return report.finish(args.json)

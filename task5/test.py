@@ -26,7 +26,7 @@ from torch import nn
 
 from common import impl
 
-from harness import cli, gpu_share, sanitize
+from harness import cli, gpu_share, points, sanitize
 from harness.diagnose import decode_schedules, diagnose, kernel_constants
 from harness.checks import (GUARD_BITS, CheckResult, compare, exact_float32, expect_errors, guard_damage,
                            guarded_input, guarded_output, random_tensor)
@@ -319,6 +319,9 @@ def main(argv=None) -> int:
         else:
             with gpu_share.alone(worker):
                 measure.run_benchmarks(report, worker, split_passed)
+            said = points.estimate_note(5, report.cases)
+            if said:
+                report.note(said)
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(5, args.solution, args.student_dir, report.attention_ops), kind="rule")
     return report.finish(args.json)

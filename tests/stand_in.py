@@ -171,11 +171,11 @@ def _check_finite(scale):
 class Behaviour:
     """How a stand-in kernel module behaves: as the reference, or as a known-bad student's build.
 
-    slow: each call takes twice the stand-in GPU's time for its work;
+    slowdown: each call takes this many times the stand-in GPU's time for its work;
     wrong_head_dim: outputs of this head_dim (the timed cases') come out 1% too large.
     """
 
-    slow: bool = False
+    slowdown: float = 1.0
     wrong_head_dim: int | None = None
 
 
@@ -191,7 +191,7 @@ class StandInKernels:
         """On bench's clock the call lasts `seconds` (the stand-in GPU's time for its work; twice that when slow)."""
         started = time.perf_counter()
         yield
-        seconds *= 2 if self.behaviour.slow else 1
+        seconds *= self.behaviour.slowdown
         CLOCK.ahead += max(0.0, seconds - (time.perf_counter() - started))
 
     def write(self, out, result):
@@ -462,7 +462,7 @@ SMALL = {  # module: {name: the small value the stand-in uses}
     "task2.measure": {"TIMING_SHAPE": (2, 3, 96, 32)},
     "task4.measure": {"PERF_CASE": (1, 2, 1024, 24), "HEAD_DIM_CASES": [(1, 2, 256, 64), (1, 2, 200, 80)],
                    "HANDOUT_CASES": [(2, 64)], "HANDOUT_LAYER": (64, 4), "ESTIMATE_TFLOPS": FLOPS_PER_S / 1e12},
-    "task5.measure": {"DECODE_BENCHMARKS": [(1, 2, 2048, 48), (1, 1, 4096, 48)],
+    "task5.measure": {"DECODE_BENCHMARKS": [(1, 2, 2048, 48), (1, 1, 4096, 48)], "LONG_CACHE_NEEDS_SPLITS_BELOW": 2,
                    "HANDOUT": dict(batch=2, prompt=40, max_seq=64, hidden=64, heads=4, steps=8)},
 }
 
@@ -533,6 +533,12 @@ def stand_in(monkeypatch, tmp_path):
     monkeypatch.setattr("harness.sandbox.Worker", lambda *a, **kw: InProcessWorker(*a, harness=harness, **kw))
     monkeypatch.setattr(sanitize, "find_sanitizer", lambda: "compute-sanitizer (stand-in)")
     monkeypatch.setattr(bench, "COPY_BYTES", 16 << 20)
+    measured_copy = bench.copy_bandwidth_gbs
+
+    def copy_bandwidth_gbs(*args, **kwargs):
+        measured_copy(*args, **kwargs)  # its own lines run, copying on the CPU
+        return BYTES_PER_S / 1e9  # the stand-in GPU's: the rate its kernels are timed at reading the cache
+    monkeypatch.setattr(bench, "copy_bandwidth_gbs", copy_bandwidth_gbs)
     for module, values in SMALL.items():
         for name, value in values.items():
             monkeypatch.setattr(f"{module}.{name}", value)

@@ -37,7 +37,7 @@ def test_recording_one_gpu_keeps_the_others(tmp_path):
 def test_the_shipped_file_is_well_formed():
     data = json.loads(calibration.PATH.read_text())
     for gpu, entry in data["gpus"].items():
-        for task in ("4", "5"):
+        for task in ("4",):  # task 5's bar is the copy bandwidth of the same run: nothing to calibrate
             assert entry["tasks"][task] and all(0.2 < v < 5 for v in entry["tasks"][task].values()), (gpu, task)
 
 
@@ -48,7 +48,7 @@ def _record(metrics):
 
 
 def test_an_estimate_scores_points_labelled_as_an_estimate_and_a_real_ratio_wins():
-    points, why = score(4, _record({calibration.ESTIMATE: 0.6}))
+    points, why = score(4, _record({calibration.ESTIMATE: 0.8}))  # full at 0.9x, none at 0.5x (harness/points.py)
     assert points == 3 + 0.75 and "an ESTIMATE" in why and "75% of the performance points, estimated" in why
     points, why = score(4, _record({calibration.ESTIMATE: 0.6, VS_REFERENCE: 1.0}))
     assert points == 4 and "ESTIMATE" not in why

@@ -54,7 +54,7 @@ def test_the_reference_earns_every_point_through_the_whole_flow(stand_in, task):
     assert any(c["name"].startswith("memory-safe") and c["passed"] for c in record["cases"])
     if RUBRIC[task].performance_points:
         ratios = scored_ratios(record)
-        assert ratios and "speed" in why and "of the performance points" in why
+        assert ratios and "100% of the performance points" in why
         assert not any("could not be built" in note for note in record["notes"]), record["notes"]
 
 
@@ -75,15 +75,21 @@ def test_task4s_sweep_writes_a_row_per_timed_case(stand_in, tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("task", [4, 5])
-def test_a_kernel_twice_as_slow_as_the_reference_loses_performance_points(stand_in, task):
-    stand_in.student[task] = Behaviour(slow=True)
+@pytest.mark.parametrize("slowdown", [1.25, 2.0])
+def test_a_slower_kernel_loses_performance_points_on_the_bar(stand_in, task, slowdown):
+    """harness/points.py's bars: task 4 against the reference (full at 0.9x, none at 0.5x), task 5 against the copy
+    bandwidth (full at 90%, none at 60%); the stand-in reference is as fast as the stand-in GPU's copy."""
+    from harness.points import BARS
+    stand_in.student[task] = Behaviour(slowdown=slowdown)
     record = stand_in.run(task, *HIDDEN)
     points, why = score(task, record)
     assert record["status"] == "passed", failed(record)
-    ratios = scored_ratios(record)
-    assert ratios and all(0.48 < r < 0.52 for r in ratios), ratios
+    values = scored_ratios(record, BARS[task].metric)
+    assert values and all(abs(v - 1 / slowdown) < 0.03 for v in values), values
     correctness = RUBRIC[task].points - RUBRIC[task].performance_points
-    assert correctness < points < RUBRIC[task].points - 0.1, why
+    expected = correctness + RUBRIC[task].performance_points * BARS[task].fraction(1 / slowdown)
+    assert abs(points - expected) < 0.1 * RUBRIC[task].performance_points, why
+    assert (points < RUBRIC[task].points - 0.2) and (slowdown < 2 or points == correctness), why
 
 
 @pytest.mark.parametrize("task", [4, 5])
@@ -98,8 +104,8 @@ def test_a_kernel_whose_timed_outputs_are_wrong_gets_no_performance_points(stand
     assert "no performance points" in why
 
 
-@pytest.mark.parametrize("task", [4, 5])
-def test_the_handout_estimates_the_points_from_the_calibration(stand_in, task, tmp_path):
+def test_the_handout_estimates_the_points_from_the_calibration(stand_in, tmp_path):
+    task = 4
     reference = stand_in.run(task, "--solution")
     found = ratios_of(task, reference)  # what python -m grader.calibrate records
     assert found and all(value > 0 for value in found.values())
@@ -118,6 +124,35 @@ def test_the_handout_estimates_the_points_from_the_calibration(stand_in, task, t
     estimates = scored_ratios(record, calibration.ESTIMATE)
     assert all(0.1 < e < 10 for e in estimates), estimates
     assert all(not solution for _, solution, _ in stand_in.loads[loaded:]), "the handout has no reference to load"
+    said = [n for n in record["notes"] if n.startswith("performance points, an estimate from this run")]
+    assert len(said) == 1 and "an ESTIMATE from grader/calibration.json" in said[0], record["notes"]
+
+
+def test_task5s_points_in_the_handout_need_no_calibration_and_the_long_cache_counts_with_split_kv(stand_in):
+    """Task 5's bar is the copy bandwidth of the student's own run: the handout's points are the grader's rule
+    applied to its own numbers. Without split-KV the long cache of one sequence is reported, not scored."""
+    from harness.points import BARS, NOT_SCORED
+
+    stand_in.as_handout(REPO / "no calibration.json")
+    stand_in.student[5] = Behaviour(slowdown=1 / 0.75)  # 75% of the copy bandwidth: half the performance points
+    record = stand_in.run(5)
+    points, why = score(5, record)
+    assert record["status"] == "passed", failed(record)
+    assert not estimated(5, record) and "ESTIMATE" not in why and "of the copy bandwidth" in why, why
+    assert abs(points - (3 + BARS[5].fraction(0.75))) < 0.05, why
+    said = [n for n in record["notes"] if n.startswith("performance points, an estimate from this run")]
+    assert len(said) == 1 and "(50% of the performance points" in said[0], record["notes"]
+    timed = [c for c in record["cases"] if c["name"].startswith("decode batch")]
+    assert timed and not any(NOT_SCORED in c["metrics"] for c in timed)  # split-KV passed: every case counts
+
+    stand_in.student[5] = Behaviour(slowdown=1 / 0.75)
+    record = stand_in.run(5, "--decode", "--cache", "--layer")  # no split-KV tested: one block per head
+    points_without, why = score(5, record)
+    timed = {c["name"]: c for c in record["cases"] if c["name"].startswith("decode batch")}
+    long_cache = [c for name, c in timed.items() if name.startswith("decode batch 1 heads 1 ")]  # 1 x 1 < 2
+    assert long_cache and all(NOT_SCORED in c["metrics"] and "not scored" in c["message"] for c in long_cache)
+    assert any(NOT_SCORED not in c["metrics"] for c in timed.values())
+    assert abs(points_without - (3 + BARS[5].fraction(0.75))) < 0.05, why
 
 
 def test_no_real_run_can_reach_the_stand_ins():

@@ -161,4 +161,61 @@ def test_task5_decode_reading_past_length_is_told_so(tmp_path):
     record = run_test(5, submission(tmp_path, task5_kernel(T5_READ_PAST_LENGTH)), tmp_path, "--decode")
     failed = [c["message"] for c in value_checks(record) if not c["passed"]]
     # the cache holds NaN past `length` (and a guard band past a full one): every failure is a NaN
-    assert any("read past `length`" in m for m in failed) and all("NaN" in m for m in failed), failed
+    assert any("reads past `length`" in m and "Task 5, step 2." in m for m in failed), failed
+    assert all("NaN" in m for m in failed), failed
+
+
+# -- mistakes that give wrong answers: each is named, with its README step, in the first lines -------------
+
+DIAGNOSED = {  # id: (task, edits, flags, what the diagnosis says, its step)
+    "task4_diagonal_masked": (4, [("(causal && col > row + causal_offset)", "(causal && col >= row + causal_offset)")],
+                              [], "a causal mask that hides each query's own key too", 3),
+    "task4_acc_not_rescaled": (4, [("scale_vec(acc[i][c], alpha);", "(void)acc[i][c];")], [], "acc not rescaled", 4),
+    "task4_tail_masked_only_when_causal": (4, [("(col >= seq_k || (causal && col > row + causal_offset))",
+                                                "(causal && (col >= seq_k || col > row + causal_offset))")], [],
+                                           "the keys past seq_k in the last, partial tile not masked", 3),
+    "task4_scores_not_scaled": (4, [("        s[i][j] *= scale_log2;\n", "")], [],
+                                "exp2f() over scores that were never scaled", 3),
+    "task5_l_not_rescaled": (5, [("    l *= alpha;\n", "")], ["--decode"], "l_i not rescaled", 2),
+    "task5_decode_one_short": (5, [("head_dim, 0, length, scale_log2)", "head_dim, 0, length - 1, scale_log2)")],
+                               ["--decode"], "a decode over one position too few", 2),
+    "task5_splits_without_weights": (5, [("const float w = exp2f(lse[s] - big);", "const float w = 1.0f; (void)big;")],
+                                     ["--split"], "split-KV partial outputs averaged without their log-sum-exp", 3),
+    "task5_update_one_row_off": (5, [("(bh * max_seq + pos) * head_dim", "(bh * max_seq + pos + 1) * head_dim")],
+                                 ["--cache"], "the new rows written 1 row past pos", 1),
+    "task2_softmax_without_the_max": (2, [("expf(x[j] - row_max);", "expf(x[j]);"),
+                                          ("expf(x[j] - row_max) * inv_sum", "expf(x[j]) * inv_sum")],
+                                      ["--softmax"], "exp(x) without the row's maximum subtracted", 2),
+    "task2_no_scale_and_mask": (2, [("  err = scale_and_mask(scores, batch_heads, seq_q, seq_k, scale, causal, stream);\n"
+                                     "  if (err != cudaSuccess) return err;\n", "  (void)scale;\n")],
+                                ["--attention"], "neither scaled nor masked", 5),
+}
+
+
+def run_printing(task, student_dir, tmp_path, *extra):
+    """taskN.test on a checkout: (the record, the lines it printed)."""
+    import json
+    import subprocess
+    import sys
+
+    record = tmp_path / "record.json"
+    proc = subprocess.run([sys.executable, "-m", f"task{task}.test", "--student-dir", str(student_dir), "--scratch",
+                           str(tmp_path / "scratch"), "--json", str(record), *extra], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+    assert record.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(record.read_text()), proc.stdout.splitlines()
+
+
+@needs_solution(5)
+@pytest.mark.parametrize("name", list(DIAGNOSED))
+def test_a_kernel_mistake_is_named_with_its_step_in_the_first_lines(name, tmp_path):
+    task, edits, flags, says, step = DIAGNOSED[name]
+    files = task5_kernel(*edits) if task == 5 else kernel_file(task, *edits)
+    record, lines = run_printing(task, submission(tmp_path, files), tmp_path, *flags)
+    failed = [c["message"] for c in record["cases"] if c["kind"] in ("check", "optional") and not c["passed"]]
+    named = [m for m in failed if says in m and f"see README, Task {task}, step {step}." in m]
+    assert named, failed
+    assert record["status"] == "failed" or flags == ["--split"]  # the optional part does not decide it
+    first = "\n".join(lines[:5])  # the test's own first lines: the title, the part, then the failures
+    assert says in first and f"see README, Task {task}, step {step}." in first, "\n".join(lines[:30])
+    print("\n".join(lines[:5]))  # the closing note quotes them

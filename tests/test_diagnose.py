@@ -5,8 +5,10 @@ tasks' own shapes; two of them also go through the task's test and its worker, a
 """
 
 import importlib.util
+import math
 
 import pytest
+import torch
 
 from harness.checks import compare, random_tensor
 from harness.diagnose import diagnose
@@ -147,3 +149,174 @@ def test_a_student_without_the_rescale_is_told_so_by_the_task_test(tmp_path):
     record = run_test(3, sub, tmp_path)
     failed = [c for c in record["cases"] if c["kind"] == "check" and not c["passed"]]
     assert failed and all("acc not rescaled" in c["message"] and "Task 3, step 4" in c["message"] for c in failed)
+
+
+# -- the kernel tasks (2, 4, 5): what a kernel's slip does, simulated here one key at a time ---------------
+
+def online_softmax(q, k, v, causal, rows_of, *, slip=None, scale=None, score=None):
+    """Attention the way a kernel does it, in a plain loop independent of harness.diagnose: for every query,
+    each state (a row's tiles, a decode block's groups, a split) folds in its keys one step at a time with
+    a running maximum, then the states are merged exactly. rows_of(seq_k) -> [[keys of step 0, of step 1,
+    ...] for each state]. slip "acc" or "l": that sum not rescaled when the maximum grows. score(i, j, s):
+    the score a kernel computes for query i and key j (s: the right one), -inf when it masks the pair."""
+    b, h, seq_q, d = q.shape
+    seq_k = k.shape[-2]
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    out = torch.empty(b, h, seq_q, d, dtype=torch.float64)
+    for bi in range(b):
+        for hi in range(h):
+            for i in range(seq_q):
+                def s_of(j):
+                    s = float(q[bi, hi, i].double() @ k[bi, hi, j].double()) * scale
+                    if score is not None:
+                        return score(i, j, s)
+                    return -math.inf if causal and j > i + seq_k - seq_q else s
+                merged = []
+                for steps in rows_of(seq_k):
+                    m, l, acc = -math.inf, 0.0, torch.zeros(d, dtype=torch.float64)
+                    for keys in steps:
+                        s = torch.tensor([s_of(j) for j in keys], dtype=torch.float64)
+                        m_new = max(m, float(s.max()))
+                        if m_new == -math.inf:
+                            continue
+                        alpha, p = math.exp(m - m_new), torch.exp(s - m_new)
+                        l = (l if slip == "l" else l * alpha) + float(p.sum())
+                        acc = (acc if slip == "acc" else acc * alpha) + p @ v[bi, hi, list(keys)].double()
+                        m = m_new
+                    merged.append((m, l, acc))
+                top = max(m for m, _, _ in merged)
+                if top == -math.inf:  # every key masked: 0/0, as a kernel computes it
+                    out[bi, hi, i] = math.nan
+                    continue
+                out[bi, hi, i] = (sum(math.exp(m - top) * acc for m, _, acc in merged if m > -math.inf)
+                                  / sum(math.exp(m - top) * l for m, l, _ in merged if m > -math.inf))
+    return out.float()
+
+
+def tiles(width):
+    return lambda seq_k: [[range(t, min(seq_k, t + width)) for t in range(0, seq_k, width)]]
+
+
+def groups(count, per_round, splits=1):
+    """Task 5's layout: in each split, group g takes keys g, g + count, ..., per_round of them a step."""
+    def rows_of(seq_k):
+        size = -(-seq_k // splits)
+        states = []
+        for start in range(0, seq_k, size):
+            for g in range(count):
+                mine = list(range(start + g, min(seq_k, start + size), count))
+                states.append([mine[r:r + per_round] for r in range(0, len(mine), per_round)] or [])
+        return [s for s in states if s]
+    return rows_of
+
+
+def diagnosed(task, got, q, k, v, causal, **how):
+    from harness.diagnose import diagnose
+    right = attention_reference(q, k, v, causal, how.get("scale"))[0]
+    result = diagnose(task, compare(got, right, atol=ATOL, rtol=RTOL, poisoned=True), got, q, k, v, causal,
+                      atol=ATOL, rtol=RTOL, **how)
+    assert not result.passed
+    return result.message
+
+
+@pytest.mark.parametrize("slip, says", [("acc", "acc not rescaled"), ("l", "l_i not rescaled")])
+@pytest.mark.parametrize("causal", [False, True])
+def test_task4_a_slip_in_the_online_softmax_is_named_under_the_kernels_tile_width(slip, says, causal):
+    from harness.diagnose import tile_schedules
+    q, k, v = inputs(1, 2, 40, 100, 16)
+    got = online_softmax(q, k, v, causal, tiles(32), slip=slip)
+    assert f"looks like {says}" in diagnosed(4, got, q, k, v, causal, schedules=tile_schedules(32))
+    assert "step 4." in diagnosed(4, got, q, k, v, causal, schedules=tile_schedules(32))
+    if slip == "l":  # under a tile width it was not given, l's slip is still seen: a factor per row
+        said = diagnosed(4, got, q, k, v, causal, schedules=tile_schedules(48)[:1])
+        assert "l (the row sum) wrong while acc is right" in said and "Task 4, step 4." in said
+    else:
+        assert "looks like" not in diagnosed(4, got, q, k, v, causal, schedules=tile_schedules(48)[:1])
+
+
+def test_task4_the_last_partial_tile_unmasked_or_left_out_is_named():
+    from harness.diagnose import tile_schedules
+    q, k, v = inputs(1, 2, 30, 70, 8)  # 70 keys: a tile of 64 and one of 6
+    padded = torch.cat([k, torch.zeros(1, 2, 58, 8)], dim=-2), torch.cat([v, torch.zeros(1, 2, 58, 8)], dim=-2)
+    # the kernel's tile of 64 reads zeros past the end and scores them 0: one more state of 128 keys
+    got = online_softmax(q, *padded, False, tiles(64), score=lambda i, j, s: 0.0 if j >= 70 else s)
+    said = diagnosed(4, got, q, k, v, False, schedules=tile_schedules(64))
+    assert "keys past seq_k in the last, partial tile not masked" in said and "Task 4, step 3." in said
+    got = online_softmax(q, k, v, False, lambda seq_k: [[range(0, 64)]])
+    said = diagnosed(4, got, q, k, v, False, schedules=tile_schedules(64))
+    assert "the last, partial key tile left out" in said and "Task 4, step 1." in said
+
+
+@pytest.mark.parametrize("diagonal, says", [(0, "hides each query's own key too"), (2, "one future key")])
+def test_task4_a_mask_off_by_one_is_named_and_its_computed_nan_rows_are_not_unwritten(diagonal, says):
+    from harness.diagnose import tile_schedules
+    q, k, v = inputs(2, 2, 50, 50, 16)
+    # the kernel's own comparison: col > row + offset - 1 + diagonal hides the pair
+    got = online_softmax(q, k, v, True, tiles(16), score=lambda i, j, s: -math.inf if j >= i + diagonal else s)
+    said = diagnosed(4, got, q, k, v, True, schedules=tile_schedules(16))
+    assert said.startswith(f"looks like a causal mask that {'lets' if diagonal else 'hides'}") and says in said
+    assert "Task 4, step 3." in said
+    if diagonal == 0:  # row 0 sees no key: 0/0
+        assert "The rows that see no key at all come out NaN (0/0)" in said and "never written" not in said
+
+
+@pytest.mark.parametrize("applied, says", [  # the scale a kernel really applied, from the 0.3 it was given
+    (lambda s: s / math.log(2), "exp() over scores already scaled for exp2"),
+    (lambda s: math.log(2), "exp2f() over scores that were never scaled"),
+    (lambda s: s * s, "scaled by 1/head_dim"), (lambda s: 1.0, "without the 1/sqrt(head_dim) scale")])
+def test_task4_a_scale_applied_wrong_is_named(applied, says):
+    q, k, v = inputs(1, 2, 20, 20, 32)
+    got = attention_reference(q * (applied(0.3) / 0.3), k, v, True, 0.3)[0].float()
+    said = diagnosed(4, got, q, k, v, True, scale=0.3)
+    assert says in said and "Task 4, step 3." in said
+
+
+@pytest.mark.parametrize("slip, says", [("acc", "acc not rescaled"), ("l", "l_i not rescaled")])
+@pytest.mark.parametrize("head_dim, splits", [(128, 1), (12, 1), (64, 3)])
+def test_task5_a_slip_in_the_decode_is_named_under_its_warps_and_unroll(slip, says, head_dim, splits):
+    from harness.diagnose import decode_schedules
+    q, k, v = inputs(2, 2, 1, 300, head_dim)
+    # DECODE_WARPS 2, UNROLL 2: a row read by G = head_dim / 4 lanes (rounded up to a power of two)
+    per_warp = 32 // (1 << (head_dim // 4 - 1).bit_length())
+    got = online_softmax(q, k, v, False, groups(2 * per_warp, 2, splits), slip=slip)
+    schedules = decode_schedules({"DECODE_WARPS": 2, "UNROLL": 2}, head_dim, 300, splits)
+    said = diagnosed(5, got, q, k, v, False, schedules=schedules, splits=splits)
+    assert f"looks like {says}" in said and "Task 5, step 2." in said
+
+
+def test_task5_a_decode_one_short_and_splits_without_their_weights_are_named():
+    from harness.diagnose import decode_schedules
+    q, k, v = inputs(1, 3, 1, 77, 16)
+    short = attention_reference(q, k[:, :, :76], v[:, :, :76], False)[0]
+    said = diagnosed(5, short, q, k, v, False, schedules=decode_schedules({}, 16, 77, 1))
+    assert "decode over one position too few" in said and "Task 5, step 2." in said
+    splits, size = 4, 20  # 77 keys: 20, 20, 20, 17
+    parts = [attention_reference(q, k[:, :, s:s + size], v[:, :, s:s + size], False) for s in range(0, 77, size)]
+    mean = sum(out for out, _ in parts) / splits
+    said = diagnosed(5, mean, q, k, v, False, splits=splits)
+    assert "averaged without their log-sum-exp weights" in said and "Task 5, step 3." in said
+    top = torch.stack([lse for _, lse in parts]).amax(dim=0)
+    unnormalised = sum(out * torch.exp(lse - top)[..., None] for out, lse in parts)
+    said = diagnosed(5, unnormalised, q, k, v, False, splits=splits)
+    assert "not divided by the weights' sum" in said and "Task 5, step 3." in said
+
+
+def test_task2_attention_without_scale_and_mask_is_named():
+    q, k, v = inputs(1, 2, 9, 12, 8)
+    got = torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+    for causal in (False, True):
+        said = diagnosed(2, got, q, k, v, causal)
+        assert "neither scaled nor masked" in said and "Task 2, step 5." in said
+
+
+def test_a_noisy_or_unrelated_kernel_output_gets_no_kernel_diagnosis():
+    from harness.diagnose import decode_schedules, tile_schedules
+    q, k, v = inputs(1, 2, 40, 100, 16)
+    right = attention_reference(q, k, v, True)[0]
+    noise = right + 0.01 * random_tensor(right.shape, 9, dtype=right.dtype)
+    assert "looks like" not in diagnosed(4, noise, q, k, v, True, schedules=tile_schedules(64))
+    q1 = q[:, :, :1]
+    right = attention_reference(q1, k, v, False)[0]
+    other = right.flip(-1)
+    assert "looks like" not in diagnosed(5, other, q1, k, v, False, splits=3,
+                                         schedules=decode_schedules({}, 16, 100, 3))
