@@ -80,9 +80,9 @@ class Schedule:
         split, j = (j // self.split_rows, j % self.split_rows) if self.split_rows else (torch.zeros_like(j), j)
         return split * self.groups + j % self.groups, j // (self.groups * self.per_round)
 
-    def partial(self, seq_k: int) -> bool:
+    def ragged(self, seq_k: int) -> bool:
         """Whether the last tile is partial (only tiles have one)."""
-        return bool(self.width) and seq_k > self.width and seq_k % self.width != 0
+        return bool(self.width) and seq_k % self.width != 0
 
 
 def kernel_constants(rel: str, student_dir, solution: bool) -> dict[str, int]:
@@ -180,7 +180,7 @@ class Mistake:
     steps: dict[int, int]  # task -> the README step where it is made
     how: dict  # scaled, mask, softmax_dim (the reference made so), slip (a Schedule's), combine (split-KV), layout
     needs: set[str] = field(default_factory=set)  # "causal", "plain" (not causal), "cross" (seq_q != seq_k),
-    #                                               "partial" (a partial key tile)
+    #                       "ragged" (the last key tile partial), "partial" (and more than one tile)
 
     @property
     def made_in(self) -> str:
@@ -189,9 +189,10 @@ class Mistake:
         return {"scaled": "scores", "softmax_dim": "softmax", "slip": "tiles", "combine": "splits"}.get(key, key)
 
     def applies(self, causal: bool, seq_q: int, seq_k: int, schedule: Schedule | None = None) -> bool:
-        partial = schedule is not None and schedule.partial(seq_k)
+        ragged = schedule is not None and schedule.ragged(seq_k)
         return ((causal or "causal" not in self.needs) and (not causal or "plain" not in self.needs)
-                and (seq_q != seq_k or "cross" not in self.needs) and (partial or "partial" not in self.needs))
+                and (seq_q != seq_k or "cross" not in self.needs) and (ragged or "ragged" not in self.needs)
+                and (ragged and seq_k > schedule.width or "partial" not in self.needs))
 
     def attend(self, q, k, v, causal, schedule=None, splits=0, scale=None):
         """(out, lse) of attention with this mistake."""
@@ -230,7 +231,7 @@ MISTAKES = [
     Mistake("the last, partial key tile left out (count the tiles rounding up)", {3: 2, 4: 1}, {"slip": "tail"},
             {"partial"}),
     Mistake("the keys past seq_k in the last, partial tile not masked: each counts as a score of 0 (mask "
-            "col >= seq_k whether or not the attention is causal)", {4: 3}, {"slip": "unmasked"}, {"partial", "plain"}),
+            "col >= seq_k whether or not the attention is causal)", {4: 3}, {"slip": "unmasked"}, {"ragged", "plain"}),
     Mistake("the log-sum-exp without m_i (log(l_i) alone)", {3: 5}, {"slip": "lse"}),
     Mistake("split-KV partial outputs averaged without their log-sum-exp weights (weight each by "
             "exp2(lse_s - max lse), then divide by the weights' sum)", {5: 3}, {"combine": "mean"}),

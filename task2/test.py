@@ -63,9 +63,9 @@ def diagnose_overflow(result, got, expected, x):
     overflows = x.amax(dim=-1) > EXP_OVERFLOWS
     if result.untouched or not wrong.any() or bool((wrong & ~overflows).any()):
         return result
-    result.message = (f"looks like exp(x) without the row's maximum subtracted first: the {int(wrong.sum())} wrong "
-                      f"rows are the ones that reach past {EXP_OVERFLOWS:.1f}, where float32's exp overflows to "
-                      f"inf: see README, Task 2, step 2. {result.message}")
+    result.message = (f"looks like exp(x) without the row's maximum subtracted first: the wrong rows are the ones "
+                      f"that reach past {EXP_OVERFLOWS:.1f}, where float32's exp overflows to inf: see README, Task 2, "
+                      f"step 2. {int(wrong.sum())} such rows; {result.message}")
     return result
 
 

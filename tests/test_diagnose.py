@@ -245,6 +245,10 @@ def test_task4_the_last_partial_tile_unmasked_or_left_out_is_named():
     got = online_softmax(q, k, v, False, lambda seq_k: [[range(0, 64)]])
     said = diagnosed(4, got, q, k, v, False, schedules=tile_schedules(64))
     assert "the last, partial key tile left out" in said and "Task 4, step 1." in said
+    q, k, v = q[..., :50, :], k[..., :50, :], v[..., :50, :]  # a single tile, partial: the same slip
+    got = online_softmax(q, torch.cat([k, torch.zeros(1, 2, 14, 8)], dim=-2), torch.cat([v, torch.zeros(1, 2, 14, 8)],
+                         dim=-2), False, tiles(64), score=lambda i, j, s: 0.0 if j >= 50 else s)
+    assert "keys past seq_k in the last, partial tile" in diagnosed(4, got, q, k, v, False, schedules=tile_schedules(64))
 
 
 @pytest.mark.parametrize("diagonal, says", [(0, "hides each query's own key too"), (2, "one future key")])
