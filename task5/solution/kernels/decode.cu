@@ -44,7 +44,7 @@ constexpr int DECODE_WARPS = 8;  // warps per block [skeleton: 4]
 // Each lane loads UNROLL rows of K (and of V) before it uses any of them, so a warp has
 // UNROLL loads of each in flight instead of one: memory latency is hidden by loads, not
 // by arithmetic, in a kernel that does almost none.
-constexpr int UNROLL = 4;  // [skeleton: 1]
+constexpr int UNROLL = 2;  // [skeleton: 1]
 constexpr int MAX_HEAD_DIM = 128;
 constexpr int MAX_SPLITS = 256;  // the binding checks `splits` against this
 // With split-KV (step 3), no split is shorter than this many rows: below it, the combining kernel
