@@ -395,8 +395,32 @@ def compile_main(task: int, argv: list[str] | None = None) -> int:
     if args.kernels and not (args.solution and kernel_sources(task, True, args.kernels)):
         parser.error(f"--kernels: the reference has no folder task{task}/solution/{args.kernels} of kernel files")
     try:
-        load_extension(task, args.solution, verbose=args.verbose, kernels=args.kernels)
+        if (torch.version.cuda is None or not torch.cuda.is_available()) and find_nvcc() is not None:
+            compile_only(task, args.solution, args.verbose, args.kernels)
+        else:
+            load_extension(task, args.solution, verbose=args.verbose, kernels=args.kernels)
     except BuildError as err:
         print(f"task {task}: {err}")
         return 1
     return 0
+
+
+def compile_only(task: int, solution: bool, verbose: bool = False, kernels: str | None = None) -> None:
+    """Without a GPU (or a CUDA build of PyTorch) but with nvcc: compile the kernel files alone, so their
+    compiler errors, the kernel rules and (verbose) their registers show on a laptop. The binding needs
+    a CUDA PyTorch, and running needs the GPU: both wait for the GPU machine."""
+    sources = kernel_sources(task, solution, kernels)
+    if not sources:
+        raise BuildError(f"task {task}: source files missing: no {_shown(kernel_folder(task, solution, kernels))}/*.cu")
+    check_plain_cuda(sources)
+    arch = cuda_arch(without_gpu="90")  # no GPU to ask: sm_90 unless TORCH_CUDA_ARCH_LIST says otherwise
+    folder = build_dir(task, solution, kernels) / "compile-only"
+    folder.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    objects = compile_kernels(sources, folder, arch, CUDA_FLAGS)
+    why = ("this PyTorch is a CPU-only build" if torch.version.cuda is None else "no CUDA GPU is visible")
+    print(f"task {task} ({label(solution)}): compiled {', '.join(_shown(s) for s in sources)} for sm_{arch} with nvcc "
+          f"({time.perf_counter() - started:.1f} s). Only the kernels: {why}, so the binding is built and the "
+          f"kernels run on a GPU machine (python -m task{task}.test there).")
+    if verbose:
+        print("\n".join(resource_report(objects, arch)))

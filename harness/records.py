@@ -270,6 +270,18 @@ class Report:
         self.not_implemented = f"see README, Task {self.task}, {todos[0]}{more}"
         return None  # said once: by end_part in a part, else by finish
 
+    def _left_to_do(self) -> list[str]:
+        """Without a GPU: the steps the student's files still mark TODO, and what can run here."""
+        if self.solution:
+            return []
+        todos = [f"{rel}: {step}" for rel in student_files(self.task) for step in remaining_todos(self.student_dir / rel)]
+        lines = (["still marked TODO in your files (README, Task {}):".format(self.task)] + [f"  {t}" for t in todos]
+                 if todos else ["no step is marked TODO in your files"])
+        from common.build import find_nvcc
+
+        can = "compiles" if find_nvcc() else "would compile, once the CUDA toolkit (nvcc) is installed,"
+        return lines + [f"here, without a GPU: python -m task{self.task}.compile {can} your kernels alone"]
+
     # -- summary ---------------------------------------------------------------
     def status(self) -> str:
         if self.parts and self.missing_parts == self.parts:  # every part is still a skeleton
@@ -291,6 +303,8 @@ class Report:
             print(f"Task {self.task}: not implemented yet: {self.not_implemented if self.hint_said else missing}")
         elif status == Status.NEEDS_CUDA:
             print(f"Task {self.task}: needs a CUDA GPU ({self.needs_cuda})")
+            for line in self._left_to_do():
+                print(f"  {line}")
         else:
             others = Counter(c.kind for c in self.cases if c.kind != Kind.CHECK)
             also = "".join(f", {n} {KIND_WORDS[kind][n > 1]}" for kind, n in sorted(others.items()))

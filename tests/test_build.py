@@ -5,7 +5,7 @@ import torch
 
 from common import build
 from common.build import BuildError
-from tests.conftest import REPO, needs_cuda, needs_solution
+from tests.conftest import REPO, needs_cuda, needs_nvcc, needs_solution
 
 
 def test_no_gpu_gives_a_clear_error():
@@ -68,15 +68,18 @@ def test_kernels_that_include_torch_are_refused(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("task", [2, 4, 5])
-def test_cuda_task_tests_skip_cleanly_without_a_gpu(task, tmp_path):
+def test_cuda_task_tests_skip_cleanly_without_a_gpu_and_list_the_steps_left(task, tmp_path, capsys):
     import importlib
     import json
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     test = importlib.import_module(f"task{task}.test")
-    assert test.main(["--json", str(tmp_path / "r.json")]) == 0
+    assert test.main(["--json", str(tmp_path / "r.json")]) == 0  # the skeleton, in this checkout
     assert json.loads((tmp_path / "r.json").read_text())["status"] == "needs_cuda"
+    said = capsys.readouterr().out
+    assert f"still marked TODO in your files (README, Task {task}):" in said
+    assert f"task{task}/kernels/" in said and ": step 1: " in said and f"python -m task{task}.compile" in said
 
 
 def test_the_published_reference_build_is_named_by_every_input(tmp_path, monkeypatch):
@@ -182,3 +185,20 @@ def test_only_the_perf_case_is_scored_and_the_other_head_sizes_only_time_the_ref
                       "attention batch {} heads {} seq {} head_dim {} causal".format(*PERF_CASE)]  # calibration's keys
     assert {c.head_dim for c in benchmark_cases(False)} == {128}
     assert {c.head_dim for c in benchmark_cases(True)} == {64, 80, 128}
+
+
+@needs_nvcc
+def test_compile_without_a_gpu_compiles_the_kernels_alone_and_says_what_is_left(tmp_path, monkeypatch, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: compile builds the whole extension")
+    monkeypatch.setattr(build, "BUILD_ROOT", tmp_path)
+    assert build.compile_main(5, []) == 0  # the skeleton compiles
+    said = capsys.readouterr().out
+    assert "compiled task5/kernels/decode.cu for sm_" in said and "python -m task5.test there" in said
+    broken = tmp_path / "kernels" / "decode.cu"
+    broken.parent.mkdir()
+    broken.write_text("#include <cuda_runtime.h>\n__global__ void k() { int x = ; }\n")
+    monkeypatch.setattr(build, "kernel_sources", lambda task, solution, kernels=None: [broken])
+    assert build.compile_main(5, []) == 1
+    said = capsys.readouterr().out
+    assert "compiling" in said and "decode.cu(2): error" in said and "Traceback" not in said
