@@ -32,6 +32,7 @@ from harness.checks import (GUARD_BITS, CheckResult, compare, exact_float32, exp
                            guarded_input, guarded_output, random_tensor)
 from common.layer import mha_weights
 from harness.records import Report
+from harness.sandbox import WorkerError
 from harness.reference import attention_reference, causal_mask
 from task5 import measure
 from task5.measure import ATOL, RTOL
@@ -151,30 +152,53 @@ def check_decode(worker, shape, seed, splits, constants=None):
                     rtol=RTOL, scale=scale, splits=used, schedules=decode_schedules(constants or {}, d, length, used))
 
 
-def check_layer(worker, hidden, heads, max_seq, prompt_len, steps, seed):
+def check_layer(worker, hidden, heads, max_seq, prompt_len, steps, seed, prefill):
+    """The layer's prefill (your Task 4 kernel) and decode steps against nn.MultiheadAttention. When the
+    prefill is wrong, the steps are checked again after a prefill in plain PyTorch: Task 5's kernels are
+    graded here on their own, Task 4's by its test. prefill: {"by": "task4" or "pytorch", "why": ...},
+    what the layers of this run use (the first layer whose prefill fails switches it, and says why)."""
     torch.manual_seed(seed)
     reference = nn.MultiheadAttention(hidden, heads, bias=False, batch_first=True)
-    worker.call("make_layer", hidden, heads, max_seq, [w.cuda() for w in mha_weights(reference)])
+    weights = [w.cuda() for w in mha_weights(reference)]
     x = random_tensor((2, prompt_len + steps, hidden), seed + 1)
-    out_prompt = torch.full((2, prompt_len, hidden), math.nan, device="cuda")
-    out_steps = torch.full((2, steps, hidden), math.nan, device="cuda")
-    worker.call("prefill", x[:, :prompt_len].cuda(), out_prompt)
-    worker.call("steps", x[:, prompt_len:].cuda().contiguous(), out_steps)
     with torch.no_grad(), exact_float32():
         seq = prompt_len + steps
         x64 = x.double()
         expected, _ = reference.double()(x64, x64, x64, attn_mask=causal_mask(seq, seq), need_weights=False)
     atol = ATOL * float(expected.abs().max())
-    prompt = compare(out_prompt, expected[:, :prompt_len], atol=atol, rtol=RTOL, name="prefill output")
-    if not prompt.passed:
-        prompt.message += "; the prefill runs your Task 4 kernel: does python -m task4.test pass?"
-        prompt.untouched = False
-        return prompt
+
+    def generate():
+        worker.call("make_layer", hidden, heads, max_seq, weights, prefill["by"])
+        out_prompt = torch.full((2, prompt_len, hidden), math.nan, device="cuda")
+        out_steps = torch.full((2, steps, hidden), math.nan, device="cuda")
+        worker.call("prefill", x[:, :prompt_len].cuda(), out_prompt)
+        worker.call("steps", x[:, prompt_len:].cuda().contiguous(), out_steps)
+        return out_prompt, out_steps
+
+    def prompt_wrong(out_prompt):
+        checked = compare(out_prompt, expected[:, :prompt_len], atol=atol, rtol=RTOL, name="prefill output")
+        return None if checked.passed else checked.message
+
+    try:
+        out_prompt, out_steps = generate()
+        failed = prompt_wrong(out_prompt)
+    except WorkerError as err:
+        if prefill["by"] == "pytorch" or "Task 4 kernel" not in err.message:  # entry.py's words for its build
+            raise
+        failed = err.message.splitlines()[0]
+    if failed and prefill["by"] == "task4":  # Task 4's kernel is wrong: check Task 5's steps without it
+        prefill.update(by="pytorch", why=failed)
+        out_prompt, out_steps = generate()
+        failed = prompt_wrong(out_prompt)
+    if failed:  # the prompt's attention was plain PyTorch's: the layer around it is wrong
+        return CheckResult(False, f"{failed}; the prefill's attention was plain PyTorch's, so the projections or "
+                                  "the layer's code around the kernels is wrong")
     result = compare(out_steps, expected[:, prompt_len:], atol=atol, rtol=RTOL, name="decode steps' output",
                      poisoned=True)
     if result.passed:
         full = " (the cache is full at the end)" if seq == max_seq else ""
-        result.message = f"prefill of {prompt_len} and {steps} steps match{full}; {result.message}"
+        by = "" if prefill["by"] == "task4" else " (the prefill in plain PyTorch: your Task 4 kernel's was wrong)"
+        result.message = f"prefill of {prompt_len} and {steps} steps match{full}{by}; {result.message}"
     return result
 
 
@@ -276,6 +300,7 @@ def main(argv=None) -> int:
         if worker is None:
             return report.finish(args.json)
         split_passed = False
+        prefill = {"by": "task4", "why": ""}  # the layer's prefill: your Task 4 kernel, unless it fails
         constants = kernel_constants("task5/kernels/decode.cu", args.student_dir, args.solution)
         for part in [] if args.sanitize else chosen:
             steps, optional = PARTS[part]
@@ -298,7 +323,11 @@ def main(argv=None) -> int:
                     report.run(f"layer hidden {hidden} heads {heads} cache {max_seq}: prefill {prompt_len}, "
                                f"{n} steps vs nn.MultiheadAttention",
                                lambda: check_layer(worker, hidden, heads, max_seq, prompt_len, n,
-                                                   cli.seed(13 + i, args.hidden)))
+                                                   cli.seed(13 + i, args.hidden), prefill))
+                if prefill["by"] == "pytorch":
+                    report.note(f"the layer's prefill runs your Task 4 kernel, which was wrong ({prefill['why'][:300]}); "
+                                "these checks and the generation benchmark used a prefill in plain PyTorch instead, "
+                                "so Task 5's kernels are graded on their own: python -m task4.test shows Task 4's")
             report.end_part(part)
             if part == "split":
                 split_passed = len(report.cases) > first and all(c.passed for c in report.cases[first:])
@@ -318,7 +347,7 @@ def main(argv=None) -> int:
             report.note("benchmarks skipped until every check passes")
         else:
             with gpu_share.alone(worker):
-                measure.run_benchmarks(report, worker, split_passed)
+                measure.run_benchmarks(report, worker, split_passed, prefill["by"])
             said = points.estimate_note(5, report.cases)
             if said:
                 report.note(said)

@@ -177,3 +177,17 @@ def test_the_grader_leaves_out_only_the_largest_layer_timing(stand_in, monkeypat
     assert any(c["name"].startswith("attention alone batch 3 ") and c["passed"] for c in record["cases"])
     assert any("the grader leaves out" in note for note in record["notes"])
     assert scored_ratios(record)
+
+
+def test_task5_is_graded_on_its_own_kernels_when_task4s_prefill_is_wrong(stand_in):
+    """Task 5's layer runs the prompt through Task 4's kernel. When that is wrong, the layer's checks and the
+    generation run again with a prefill in plain PyTorch, labelled so: Task 5's kernels keep their points."""
+    stand_in.student[4] = Behaviour(wrong_head_dim=64)  # the first layer case's head_dim (hidden 256, 4 heads)
+    record = stand_in.run(5, *HIDDEN)
+    points, why = score(5, record)
+    assert record["status"] == "passed" and points == RUBRIC[5].points, (why, failed(record))
+    layers = [c for c in record["cases"] if c["name"].startswith("layer hidden")]
+    assert layers and all("the prefill in plain PyTorch" in c["message"] for c in layers)
+    assert any("your Task 4 kernel, which was wrong (prefill output:" in n for n in record["notes"]), record["notes"]
+    generation = [c for c in record["cases"] if c["name"].startswith("generation")]
+    assert generation and "TTFT with a prefill in plain PyTorch" in generation[0]["message"]
