@@ -131,6 +131,7 @@ class Row:
     kernel: KernelResources | None = None  # the timed kernel's resources (ptxas)
     occupancy: dict[str, int] = field(default_factory=dict)  # common/occupancy.py's figures for it
     measured: Measured | None = None
+    also: list[str] = field(default_factory=list)  # Plan.also's lines (row #1 only)
 
     @property
     def ok(self) -> bool:
@@ -149,6 +150,7 @@ class Plan:
     limit: str  # what `share` is a percentage of
     configs: list[dict[str, int]]  # the default list
     measure: object  # callable(worker) -> Measured, run in this (trusted) process against the worker
+    also: object = None  # callable(worker) -> lines, run on the file as it is (#1) after its measure: more timings
 
 
 def _config_dir(root: Path, task: int, kernel_file: str, text: str, student_dir: Path, solution: bool) -> Path:
@@ -254,6 +256,9 @@ def run(plan: Plan, configs: list[dict[str, int]], *, student_dir: Path, solutio
         try:
             row.measured = plan.measure(worker)
             row.occupancy = _occupancy(worker, row.kernel)
+            if plan.also and row.number == 1 and row.ok:
+                say(f"  #1 (the file as it is): {plan.also.__doc__.splitlines()[0]} ...")
+                row.also = plan.also(worker)
         except Exception as err:  # noqa: BLE001  a crash or hang of one configuration is its row's reason
             row.measured = Measured(error=f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
         finally:
@@ -411,6 +416,8 @@ def main(plan: Plan, argv=None) -> int:
               f"the {plan.limit}). To use it, set these lines in {plan.kernel_file}:")
         print("\n".join("  " + line for line in paste_lines(text, {n: v for n, v in (tunables(text) | top.config).items()
                                                                  if n in names})))
+    if rows and rows[0].also:
+        print("\n" + "\n".join(rows[0].also))
     write_csv(args.csv, plan, rows, names)
     print(f"wrote {args.csv}")
     title = f"task {plan.task} ({label(args.solution)}), {plan.what}, {torch.cuda.get_device_name()}"

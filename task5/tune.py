@@ -5,7 +5,9 @@ per block, rows each lane loads before using them), side by side, then checks ea
 cases and times it at batch 16, 32 heads, 4096 cached tokens, head_dim 128, one block per head,
 one at a time. One row per configuration: registers, spills, shared memory, threads and blocks per
 SM, time, GB/s of K and V read, and the share of the copy bandwidth measured in the same run; the
-fastest correct one is marked with the lines to paste into your file. Writes task5-tune.csv (and
+fastest correct one is marked with the lines to paste into your file. Then, with the file as it
+is and once its split-KV passes a check, the long cache of one sequence (batch 1, 32 heads, 32768
+cached tokens) at 1 to 64 splits and at your launcher's choice. Writes task5-tune.csv (and
 task5-tune.png when matplotlib is installed). README, Task 5, step 4.
 """
 
@@ -44,9 +46,36 @@ def measure(worker) -> tune.Measured:
     return tune.Measured(ms=timing.median_ms, throughput=gbs, share=100 * gbs / copy_gbs())
 
 
+SPLITS = (1, 2, 4, 8, 16, 32, 64, 0)  # 0: the launcher's own choice (decode_splits)
+
+
+def split_counts(worker) -> list[str]:
+    """the long cache of one sequence at several split counts (split-KV, README step 3)"""
+    batch, heads, length, d = DECODE_BENCHMARKS[1]
+    title = f"split-KV at decode batch {batch} heads {heads} cached tokens {length} head_dim {d} (the file as it is):"
+    checked = check_decode(worker, (1, 2, 300, 257, 64), 790, 5)
+    if not checked.passed:
+        return [title, f"  not timed: split-KV fails a check ({checked.message.splitlines()[0][:200]}); python -m "
+                       "task5.test --split"]
+    timed = TimedDecode(batch, heads, length, d)
+    lines = [title, "  splits   ms      GB/s   % copy"]
+    for splits in SPLITS:
+        used = worker.call("splits_for", batch * heads, length, d) if splits == 0 else splits
+        timing = time_student_decode(worker, timed, splits)
+        if isinstance(timing, str):
+            lines.append(f"  {splits:>6}  not timed: {timing.splitlines()[0][:200]}")
+            continue
+        gbs = timed.bytes_read / (timing.median_ms * 1e-3) / 1e9
+        name = f"{str(used)[:12]} (the launcher's choice)" if splits == 0 else str(splits)
+        lines.append(f"  {name:>6}  {timing.median_ms:.3f}  {gbs:6.0f}  {100 * gbs / copy_gbs():5.0f}%")
+    return lines + ["  decode_splits picks the count: MIN_KEYS_PER_SPLIT and the SM count are its inputs (README, "
+                    "Task 5, step 4)"]
+
+
 PLAN = tune.Plan(task=5, kernel_file="task5/kernels/decode.cu", timed_kernel="decode_kernel<4, 32>",
                  what="decode batch {} heads {} cached tokens {} head_dim {}, one block per head".format(
-                     *DECODE_BENCHMARKS[0]), unit="GB/s", limit="copy bandwidth", configs=CONFIGS, measure=measure)
+                     *DECODE_BENCHMARKS[0]), unit="GB/s", limit="copy bandwidth", configs=CONFIGS, measure=measure,
+                 also=split_counts)
 
 if __name__ == "__main__":
     sys.exit(tune.main(PLAN))
