@@ -86,6 +86,9 @@ def parse_ncu(text: str) -> list[Launch]:
     return launches
 
 
+AT_THE_BOUND = 80  # percent of peak at which a kernel is said to run at the memory or the compute bound
+
+
 def _count(x: float) -> str:
     for size, suffix in ((1e9, " G"), (1e6, " M"), (1e3, " k")):
         if x >= size:
@@ -102,10 +105,20 @@ def summary(launch: Launch) -> list[str]:
         lines.append(f"  duration {duration:g} {launch.unit('Duration')} under ncu"
                      + (f", which fixes the SM clock at {clock:g} GHz: time it with the task's test, not here" if clock else ""))
     sm, mem, dram = g("Compute (SM) Throughput"), g("Memory Throughput", "GPU Speed Of Light Throughput"), g("DRAM Throughput")
+    # At one of the bounds, what does not limit the kernel is left out: the rest of it is the bound
+    memory_bound = mem is not None and mem >= AT_THE_BOUND
+    compute_bound = sm is not None and sm >= AT_THE_BOUND and not memory_bound
     if sm is not None and mem is not None:
         lines.append(f"  compute (SM) {sm:g}% of peak, memory {mem:g}% of peak" + (f" (DRAM {dram:g}%)" if dram is not None else ""))
+    if memory_bound:
+        lines.append(f"  at the memory bound (memory {mem:g}% >= {AT_THE_BOUND}% of peak): instructions, shared-memory "
+                     "bank conflicts and occupancy do not limit it; only reading fewer bytes would (the DRAM read below "
+                     "against what it must read)")
+    elif compute_bound:
+        lines.append(f"  at the compute bound (SM {sm:g}% >= {AT_THE_BOUND}% of peak): memory does not limit it; fewer "
+                     "or cheaper instructions would (the stalls below)")
     issued = g("Issue Slots Busy")
-    if issued is not None:
+    if issued is not None and not memory_bound:
         lines.append(f"  issue slots busy {issued:g}%: the share of cycles in which a scheduler issued an instruction")
     achieved, theoretical = g("Achieved Active Warps Per SM"), g("Theoretical Active Warps per SM")
     limits = {what: g(f"Block Limit {name}") for name, what in (("Registers", "registers"), ("Shared Mem", "shared memory"),
@@ -130,7 +143,7 @@ def summary(launch: Launch) -> list[str]:
     if top:
         lines.append("  cycles a warp waited per instruction it issued, by reason:")
         lines += [f"    {value:.2f}  {STALL_WORDS.get(name, name.replace('_', ' '))}" for value, name in top]
-    for op, what in (("ld", "loads"), ("st", "stores")):
+    for op, what in (() if memory_bound else (("ld", "loads"), ("st", "stores"))):
         conflicts = g(f"l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_{op}.sum")
         count = g(f"smsp__inst_executed_op_shared_{op}.sum")
         if conflicts is not None and count:
@@ -138,7 +151,7 @@ def summary(launch: Launch) -> list[str]:
             lines.append(f"  shared-memory {what}: {_count(count)} warp instructions, {_count(conflicts)} bank conflicts "
                          f"({extra:.2g} extra pass{'' if extra == 1 else 'es'} per instruction)")
     read = g("dram__bytes_read.sum")
-    if read is not None:
+    if read is not None and not compute_bound:
         unit = launch.unit("dram__bytes_read.sum")
         scale = BYTES.get(unit.lower() or "byte")
         lines.append(f"  DRAM read: {read * scale / 1e9:.3g} GB" if scale else f"  DRAM read: {read:g} {unit}")

@@ -41,3 +41,18 @@ def test_byte_counts_are_read_in_the_unit_ncu_gives():
                                   ("", "1,000,000", "DRAM read: 0.001 GB")):
         report = f"{header}\n    Section: Command line profiler metrics\n    dram__bytes_read.sum   {unit}   {value}\n"
         assert expected in "\n".join(summary(parse_ncu(report)[0]))
+
+
+def test_at_the_memory_or_compute_bound_what_does_not_limit_the_kernel_is_left_out():
+    (launch,) = parse_ncu(RECORDED)
+    key = next(k for k in launch.metrics if k[1] == "Memory Throughput" and k[0] == "GPU Speed Of Light Throughput")
+    launch.metrics[key] = (launch.metrics[key][0], 92.0)  # a decode at 92% of DRAM peak
+    text = "\n".join(summary(launch))
+    assert "at the memory bound (memory 92% >= 80% of peak)" in text and "DRAM read" in text
+    assert "bank conflicts (" not in text and "issue slots busy" not in text
+    (launch,) = parse_ncu(RECORDED)
+    key = next(k for k in launch.metrics if k[1] == "Compute (SM) Throughput")
+    launch.metrics[key] = (launch.metrics[key][0], 85.0)
+    text = "\n".join(summary(launch))
+    assert "at the compute bound (SM 85% >= 80% of peak)" in text and "DRAM read" not in text
+    assert "bank conflicts (" in text and "issue slots busy" in text
