@@ -391,11 +391,13 @@ def compile_main(task: int, argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", action="store_true",
                         help="print each kernel's registers, spills and shared memory, as the compiler reports them")
     parser.add_argument("--kernels", metavar="NAME", help=argparse.SUPPRESS)  # the reference's taskN/solution/NAME
+    # the whole extension or an error, never the kernels alone (a class's prebuild imports what it builds)
+    parser.add_argument("--extension", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.kernels and not (args.solution and kernel_sources(task, True, args.kernels)):
         parser.error(f"--kernels: the reference has no folder task{task}/solution/{args.kernels} of kernel files")
     try:
-        if (torch.version.cuda is None or not torch.cuda.is_available()) and find_nvcc() is not None:
+        if not args.extension and (torch.version.cuda is None or not torch.cuda.is_available()) and find_nvcc():
             compile_only(task, args.solution, args.verbose, args.kernels)
         else:
             load_extension(task, args.solution, verbose=args.verbose, kernels=args.kernels)

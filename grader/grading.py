@@ -207,7 +207,7 @@ def prebuild(out: Path) -> int:
     """
     for task in reference_builds(load_class(out)["tasks"]):
         started = time.perf_counter()
-        proc = subprocess.Popen(with_parent([sys.executable, "-m", f"task{task}.compile", "--solution"]), cwd=REPO,
+        proc = subprocess.Popen(with_parent([sys.executable, "-m", f"task{task}.compile", "--solution", "--extension"]), cwd=REPO,
                                 text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             said = proc.communicate(timeout=PREBUILD_TIMEOUT_S)[0].strip().splitlines()

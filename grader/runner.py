@@ -209,7 +209,8 @@ def reference_extensions(tasks, solution: bool) -> list[tuple[int, str | None]]:
 
 
 def _reference_build(task: int, kernels: str | None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", f"task{task}.compile", "--solution", *(["--kernels", kernels] if kernels else [])]
+    cmd = [sys.executable, "-m", f"task{task}.compile", "--solution", "--extension",
+           *(["--kernels", kernels] if kernels else [])]
     return subprocess.Popen(with_parent(cmd), cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 

@@ -195,6 +195,9 @@ def test_compile_without_a_gpu_compiles_the_kernels_alone_and_says_what_is_left(
     assert build.compile_main(5, []) == 0  # the skeleton compiles
     said = capsys.readouterr().out
     assert "compiled task5/kernels/decode.cu for sm_" in said and "python -m task5.test there" in said
+    assert build.compile_main(5, ["--extension"]) == 1  # a class's prebuild needs the extension, or to be told
+    said = capsys.readouterr().out
+    assert "CPU-only build" in said or "no CUDA GPU" in said
     broken = tmp_path / "kernels" / "decode.cu"
     broken.parent.mkdir()
     broken.write_text("#include <cuda_runtime.h>\n__global__ void k() { int x = ; }\n")
