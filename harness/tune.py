@@ -439,5 +439,5 @@ def _distinct(configs: list[dict[str, int]], base: dict[str, int]) -> list[dict[
 
 def _full(row: Row, text: str) -> Row:
     """The row with every constant's value (those it does not set are the file's)."""
-    return Row(row.number, tunables(text) | row.config, row.error, row.kernel, row.occupancy, row.measured)
+    return Row(row.number, tunables(text) | row.config, row.error, row.kernel, row.occupancy, row.measured, row.also)
 

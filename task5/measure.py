@@ -169,6 +169,9 @@ def generation_inputs(rng_seed):
     return x[:, :g["prompt"]].contiguous(), x[:, g["prompt"]:].contiguous(), x
 
 
+PREFILL_WRONG = "prefill output"  # how check_generation's message starts when the prompt's outputs are wrong
+
+
 def check_generation(reference, x, out_prompt, out_steps):
     """The handout run's outputs against float64 nn.MultiheadAttention on the whole sequence."""
     g = HANDOUT
@@ -177,7 +180,7 @@ def check_generation(reference, x, out_prompt, out_steps):
         x64 = x.double()
         expected, _ = reference(x64, x64, x64, attn_mask=causal_mask(seq, seq, "cuda"), need_weights=False)
     atol = ATOL * float(expected.abs().max())
-    for name, got, want in (("prefill output", out_prompt, expected[:, :g["prompt"]]),
+    for name, got, want in ((PREFILL_WRONG, out_prompt, expected[:, :g["prompt"]]),
                             ("decode steps' output", out_steps, expected[:, g["prompt"]:])):
         result = compare(got, want, atol=atol, rtol=RTOL, name=name)
         if not result.passed:
@@ -185,13 +188,16 @@ def check_generation(reference, x, out_prompt, out_steps):
 
 
 def time_student_generation(worker, prefill: str = "task4"):
-    """TTFT and TBT of your layer in the worker, every output checked; (ttft, tbt) Timings or a message.
-    prefill "pytorch": the prompt's attention in plain PyTorch (your Task 4 kernel failed the layer's checks)."""
+    """TTFT and TBT of your layer in the worker, every output checked: (ttft, tbt, prefill) with the Timings
+    and what the prompt ran, or a message. prefill "pytorch": the prompt's attention in plain PyTorch (your
+    Task 4 kernel failed the layer's checks); a Task 4 kernel that is wrong only at this size is run once,
+    then replaced the same way, so Task 5's timings do not wait for it."""
     g = HANDOUT
     torch.manual_seed(0)
     mha = nn.MultiheadAttention(g["hidden"], g["heads"], bias=False, batch_first=True)
-    worker.call("make_layer", g["hidden"], g["heads"], g["max_seq"], [w.cuda() for w in mha_weights(mha)], prefill)
+    weights = [w.cuda() for w in mha_weights(mha)]
     reference = mha.to("cuda", torch.float64)
+    worker.call("make_layer", g["hidden"], g["heads"], g["max_seq"], weights, prefill)
     ttft, tbt = [], []
     try:
         for rep in range(REPS - 2):
@@ -203,21 +209,23 @@ def time_student_generation(worker, prefill: str = "task4"):
                                         per_request=g["steps"]))
             check_generation(reference, x, out_prompt, out_steps)
     except AssertionError as err:
+        if prefill == "task4" and str(err).startswith(PREFILL_WRONG):
+            return time_student_generation(worker, "pytorch")
         return str(err)
-    return median_of(ttft), median_of(tbt)
+    return median_of(ttft), median_of(tbt), prefill
 
 
 def median_of(timings):
     return sorted(timings, key=lambda t: t.median_ms)[len(timings) // 2]
 
 
-def generation_result(student, prefill: str = "task4"):
+def generation_result(student):
     """The handout's numbers: TTFT and TBT against nn.MultiheadAttention and SDPA over the same cache."""
     if isinstance(student, str):
         return False, student, {}
-    ttft, tbt = student
+    ttft, tbt, prefill = student
     g = HANDOUT
-    by = "" if prefill == "task4" else " (TTFT with a prefill in plain PyTorch, not your Task 4 kernel)"
+    by = "" if prefill == "task4" else " (TTFT with a prefill in plain PyTorch: your Task 4 kernel's was wrong)"
     torch.manual_seed(0)
     mha = nn.MultiheadAttention(g["hidden"], g["heads"], bias=False, batch_first=True, device="cuda")
     prompt, steps, x = generation_inputs(0)
@@ -311,5 +319,5 @@ def run_benchmarks(report, worker, split_passed: bool, prefill: str = "task4"):
                                                scored), kind="benchmark")
         del timed_sets[(batch, length)]
         torch.cuda.empty_cache()
-    report.run("generation: time to first token and between tokens", lambda: generation_result(generation, prefill),
+    report.run("generation: time to first token and between tokens", lambda: generation_result(generation),
                kind="benchmark")

@@ -191,3 +191,14 @@ def test_task5_is_graded_on_its_own_kernels_when_task4s_prefill_is_wrong(stand_i
     assert any("your Task 4 kernel, which was wrong (prefill output:" in n for n in record["notes"]), record["notes"]
     generation = [c for c in record["cases"] if c["name"].startswith("generation")]
     assert generation and "TTFT with a prefill in plain PyTorch" in generation[0]["message"]
+
+
+def test_task5s_generation_does_not_wait_for_a_task4_kernel_wrong_only_at_its_size(stand_in):
+    stand_in.student[4] = Behaviour(wrong_head_dim=16)  # the stand-in generation's head_dim: no layer check's
+    record = stand_in.run(5, *HIDDEN)
+    points, why = score(5, record)
+    assert record["status"] == "passed" and points == RUBRIC[5].points, (why, failed(record))
+    layers = [c for c in record["cases"] if c["name"].startswith("layer hidden")]
+    assert layers and not any("plain PyTorch" in c["message"] for c in layers)  # Task 4's kernel was right there
+    generation = [c for c in record["cases"] if c["name"].startswith("generation")]
+    assert generation and "TTFT with a prefill in plain PyTorch: your Task 4 kernel's was wrong" in generation[0]["message"]
