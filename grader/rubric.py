@@ -92,8 +92,7 @@ def _assess(task: int, record: dict) -> tuple[float, str, bool]:
         else:
             found = points.performance(task, cases)
             if found is None:
-                why += ("; performance not scored (no reference timing in this run, and no estimate: the benchmark "
-                        "lines say why)")
+                why += f"; performance not scored ({points.missing(task, cases)})"
             else:
                 fraction, words, is_estimate = found
                 earned += rubric.performance_points * fraction

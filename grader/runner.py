@@ -143,8 +143,17 @@ STOPPING = threading.Event()  # set when the grader is stopped: no test starts a
 _LOCK = threading.Lock()
 
 
+TERM_GRACE_S = 3  # a test still running is asked to stop first: it prints the checks it finished (harness/records.py)
+
+
 def _kill(proc: subprocess.Popen) -> None:
     """The test and anything it left behind (ninja, nvcc, a student's stray process)."""
+    if proc.poll() is None:
+        try:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=TERM_GRACE_S)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:

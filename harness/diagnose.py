@@ -85,6 +85,9 @@ class Schedule:
         return bool(self.width) and seq_k % self.width != 0
 
 
+SANE_CONSTANT = 1024  # larger sizes are no tile or warp count a kernel can have: ignored, not modelled
+
+
 def kernel_constants(rel: str, student_dir, solution: bool) -> dict[str, int]:
     """The `constexpr int` sizes at the top of a kernel file (the tuner's reading of them); {} when unreadable.
     Only read, never run: they say in which order the kernel visits the keys."""
@@ -92,9 +95,10 @@ def kernel_constants(rel: str, student_dir, solution: bool) -> dict[str, int]:
     from harness.tune import tunables
 
     try:
-        return tunables(source_of(rel, student_dir, solution).read_text())
-    except (OSError, UnicodeDecodeError):
+        found = tunables(source_of(rel, student_dir, solution).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
         return {}
+    return {name: value for name, value in found.items() if 0 < value <= SANE_CONSTANT}
 
 
 def tile_schedules(*widths: int | None) -> list[Schedule]:
@@ -109,7 +113,7 @@ def decode_schedules(constants: dict[str, int], head_dim: int, length: int, spli
     plain key tiles, for a kernel laid out otherwise."""
     lanes = -(-head_dim // 4)
     group = 32 if head_dim % 4 else 1 << (lanes - 1).bit_length()
-    warps, unroll = constants.get("DECODE_WARPS", 4), constants.get("UNROLL", 1)
+    warps, unroll = min(constants.get("DECODE_WARPS", 4), 32), min(constants.get("UNROLL", 1), 64)
     rows = -(-length // splits) if splits > 1 else 0
     laid_out = [Schedule(groups=max(1, warps * 32 // group), per_round=max(1, unroll), split_rows=rows)]
     return laid_out + ([] if rows else tile_schedules())
@@ -279,13 +283,14 @@ def _matches(got, wrong, atol, rtol) -> tuple[bool, str]:
 
 
 def _one_factor_per_row(got, want, atol: float, rtol: float) -> bool:
-    """Whether every row of `got` is its row of `want` times a factor of its own, some factor clearly not 1."""
+    """Whether every row of `got` is its row of `want` times a positive factor of its own (a normaliser that
+    is off: 1 / l_wrong where 1 / l is meant), some factor clearly not 1. Zeros or a sign flipped are not that."""
     got = _as_float64(got)
     if got.shape != want.shape or not bool(torch.isfinite(got).all()):
         return False
     factor = (got * want).sum(dim=-1, keepdim=True) / (want * want).sum(dim=-1, keepdim=True).clamp_min(1e-300)
-    return (compare(got, factor * want, atol=atol, rtol=rtol).passed
-            and bool(((factor - 1).abs() > 1e-3).any()))
+    return (bool(((factor > 1e-3) & (factor < 1e3)).all()) and bool(((factor - 1).abs() > 1e-3).any())
+            and compare(got, factor * want, atol=atol, rtol=rtol).passed)
 
 
 def diagnose(task: int, result: CheckResult, got, q, k, v, causal: bool, *, atol: float, rtol: float,

@@ -106,12 +106,13 @@ def summary(launch: Launch) -> list[str]:
                      + (f", which fixes the SM clock at {clock:g} GHz: time it with the task's test, not here" if clock else ""))
     sm, mem, dram = g("Compute (SM) Throughput"), g("Memory Throughput", "GPU Speed Of Light Throughput"), g("DRAM Throughput")
     # At one of the bounds, what does not limit the kernel is left out: the rest of it is the bound
-    memory_bound = mem is not None and mem >= AT_THE_BOUND
+    # DRAM's share, not "Memory Throughput" (the busiest of DRAM, L2 and L1, which shared-memory traffic can fill)
+    memory_bound = dram is not None and dram >= AT_THE_BOUND
     compute_bound = sm is not None and sm >= AT_THE_BOUND and not memory_bound
     if sm is not None and mem is not None:
         lines.append(f"  compute (SM) {sm:g}% of peak, memory {mem:g}% of peak" + (f" (DRAM {dram:g}%)" if dram is not None else ""))
     if memory_bound:
-        lines.append(f"  at the memory bound (memory {mem:g}% >= {AT_THE_BOUND}% of peak): instructions, shared-memory "
+        lines.append(f"  at the memory bound (DRAM {dram:g}% >= {AT_THE_BOUND}% of peak): instructions, shared-memory "
                      "bank conflicts and occupancy do not limit it; only reading fewer bytes would (the DRAM read below "
                      "against what it must read)")
     elif compute_bound:

@@ -8,11 +8,15 @@ the end writes the JSON record (`--json PATH`) and returns the exit code.
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import platform
 import re
+import signal
 import subprocess
+import threading
+import weakref
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -108,6 +112,12 @@ class Report:
         self.hint_said = False  # TODO_HINT, said with the first step found missing
         self.said = 0  # cases before this one have been printed (_say_checks)
         print(f"Task {task}: {title} — {label(solution)}")
+        # Checks are printed when their part ends: a run stopped before that (Ctrl-C, the grader's time
+        # limit, which sends SIGTERM first) still prints the ones it finished
+        atexit.register(lambda said=weakref.WeakMethod(self._say_checks): said() and said()())
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _stop_on_sigterm)
 
     # -- recording -------------------------------------------------------------
     def add(self, name: str, passed: bool, message: str, metrics: dict | None = None, kind: str = Kind.CHECK,
@@ -329,6 +339,10 @@ class Report:
 
 
 _LEAD = re.compile(r"(looks like .*?: see README, Task \d+, step \d+\.|[^\n]*?fix that first\.)(?= |$)")
+
+
+def _stop_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds: the worker is stopped, then atexit prints the checks done
 
 
 def _lead(message: str) -> str:

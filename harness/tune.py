@@ -258,7 +258,11 @@ def run(plan: Plan, configs: list[dict[str, int]], *, student_dir: Path, solutio
             row.occupancy = _occupancy(worker, row.kernel)
             if plan.also and row.number == 1 and row.ok:
                 say(f"  #1 (the file as it is): {plan.also.__doc__.splitlines()[0]} ...")
-                row.also = plan.also(worker)
+                try:
+                    row.also = plan.also(worker)
+                except Exception as err:  # noqa: BLE001  the extra timings fail alone: the row keeps its own
+                    row.also = [f"{plan.also.__doc__.splitlines()[0]}: not measured ({type(err).__name__}: "
+                                f"{str(err).splitlines()[0] if str(err) else ''})"]
         except Exception as err:  # noqa: BLE001  a crash or hang of one configuration is its row's reason
             row.measured = Measured(error=f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
         finally:

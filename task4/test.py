@@ -181,7 +181,7 @@ def main(argv=None) -> int:
             with gpu_share.alone(worker):
                 measure.run_benchmarks(report, worker, measure.benchmark_cases(args.solution),
                                        measure.layer_cases(args.grading), with_tensor_cores=args.solution)
-            said = None if args.solution else points.estimate_note(4, report.cases)
+            said = None if args.solution or args.grading else points.estimate_note(4, report.cases)
             if said:
                 report.note(said)
     report.run("own work: no PyTorch attention, no reference solution",

@@ -32,7 +32,7 @@ from harness.checks import (GUARD_BITS, CheckResult, compare, exact_float32, exp
                            guarded_input, guarded_output, random_tensor)
 from common.layer import mha_weights
 from harness.records import Report
-from harness.sandbox import WorkerError
+from harness.sandbox import WorkerDied, WorkerError
 from harness.reference import attention_reference, causal_mask
 from task5 import measure
 from task5.measure import ATOL, RTOL
@@ -95,14 +95,16 @@ def check_update(worker, case):
         rows = sorted({int(r) for r in wrong.nonzero()[:, 2]})
         outside = [r for r in rows if not pos <= r < pos + n]
         shown = ", ".join(map(str, (outside or rows)[:5]))
-        landed = [at for at in range(max_seq - n + 1) if at != pos and torch.equal(
-            got[:, :, at:at + n].contiguous().view(torch.int32), new.view(torch.int32))]
-        if landed:
+        def holds_new(at):
+            return torch.equal(got[:, :, at:at + n].contiguous().view(torch.int32), new.view(torch.int32))
+
+        landed = [at for at in range(max_seq - n + 1) if at != pos and holds_new(at)]
+        if landed and not holds_new(pos):
             off = landed[0] - pos
-            return False, (f"looks like the new rows written {abs(off)} row{'s' if abs(off) > 1 else ''} "
-                           f"{'past' if off > 0 else 'before'} pos (row pos + t of the cache takes new row t): see "
-                           f"README, Task 5, step 1. `{cache.name}`: they landed at rows {landed[0]} to "
-                           f"{landed[0] + n - 1}, not {pos} to {pos + n - 1}"), {}
+            return False, (f"looks like the new rows written at other rows than pos .. pos + n_new - 1 (row pos + t "
+                           f"of the cache takes new row t): see README, Task 5, step 1. `{cache.name}`: they landed "
+                           f"{abs(off)} row{'s' if abs(off) > 1 else ''} {'past' if off > 0 else 'before'} pos, at rows "
+                           f"{landed[0]} to {landed[0] + n - 1}, not {pos} to {pos + n - 1}"), {}
         if outside:
             return False, (f"`{cache.name}`: rows outside pos .. pos + n_new - 1 = {pos} .. {pos + n - 1} "
                            f"changed (rows {shown}); only the new positions may be written"), {}
@@ -122,7 +124,10 @@ def launcher_splits(worker, shape, splits) -> int:
     only used to name a mistake, so anything but a sensible int is taken as one split)."""
     if splits:
         return splits
-    chosen = worker.call("splits_for", shape[0] * shape[1], shape[3], shape[4])
+    try:
+        chosen = worker.call("splits_for", shape[0] * shape[1], shape[3], shape[4])
+    except (WorkerError, WorkerDied):  # the case's own failure is what it reports
+        return 1
     return chosen if isinstance(chosen, int) and 1 <= chosen <= shape[3] else 1
 
 
@@ -141,15 +146,33 @@ def check_decode(worker, shape, seed, splits, constants=None):
     expected = attention_reference(q, k_cache[:, :, :length], v_cache[:, :, :length], False, scale)[0]
     bits = out.tensor.view(torch.int32)
     result = compare(out.tensor, expected, atol=ATOL, rtol=RTOL, poisoned=bool((bits == GUARD_BITS).all()))
-    computed_nan = torch.isnan(out.tensor) & (bits != GUARD_BITS)
-    if not result.passed and computed_nan.any() and length < max_seq:
-        result.message = (f"looks like a decode that reads past `length` (the cache holds NaN from that position "
-                          f"on, and NaN came out): read rows 0 to length - 1 only: see README, Task 5, step "
-                          f"{3 if splits > 1 else 2}. The cache holds NaN from position {length}; {result.message}")
+    if result.passed:
         return result
-    used = launcher_splits(worker, shape, splits) if not result.passed else 1
+    used = launcher_splits(worker, shape, splits)
+    step = 3 if used > 1 else 2
+    if (torch.isnan(out.tensor) & (bits != GUARD_BITS)).any():  # NaN the kernel computed: from where?
+        if length < max_seq and not nan_without_the_tail(worker, q, k_cache, v_cache, length, scale, splits):
+            result.message = (f"looks like a decode that reads past `length` (the cache holds NaN from that position "
+                              f"on, and NaN came out; with zeros there, none does): read rows 0 to length - 1 only: "
+                              f"see README, Task 5, step {step}. The cache holds NaN from position {length}; "
+                              f"{result.message}")
+            return result
+        if used > 1 and -(-length // used) * (used - 1) >= length:  # the last splits get no row
+            result.message = (f"looks like a split with no rows that computed 0/0 (with more splits than "
+                              f"ceil(length / rows per split), the last ones are empty: give them lse = -inf and a "
+                              f"zero output): see README, Task 5, step 3. {used} splits over {length} rows; "
+                              f"{result.message}")
+            return result
     return diagnose(5, result, out.tensor, q, k_cache[:, :, :length], v_cache[:, :, :length], False, atol=ATOL,
                     rtol=RTOL, scale=scale, splits=used, schedules=decode_schedules(constants or {}, d, length, used))
+
+
+def nan_without_the_tail(worker, q, k_cache, v_cache, length, scale, splits) -> bool:
+    """Whether the decode still computes NaN when the cache past `length` holds zeros instead of NaN."""
+    caches = [guarded_input(name, t.nan_to_num(0.0)) for name, t in (("k_cache", k_cache), ("v_cache", v_cache))]
+    q_in, out = guarded_input("q", q), guarded_output("out", q.shape)
+    worker.call("decode", q_in.tensor, *(c.tensor for c in caches), out.tensor, length, scale, splits)
+    return bool((torch.isnan(out.tensor) & (out.tensor.view(torch.int32) != GUARD_BITS)).any())
 
 
 def check_layer(worker, hidden, heads, max_seq, prompt_len, steps, seed, prefill):
@@ -191,8 +214,8 @@ def check_layer(worker, hidden, heads, max_seq, prompt_len, steps, seed, prefill
         out_prompt, out_steps = generate()
         failed = prompt_wrong(out_prompt)
     if failed:  # the prompt's attention was plain PyTorch's: the layer around it is wrong
-        return CheckResult(False, f"{failed}; the prefill's attention was plain PyTorch's, so the projections or "
-                                  "the layer's code around the kernels is wrong")
+        return CheckResult(False, f"{failed}; the prefill's attention was plain PyTorch's here and its output is still "
+                                  "wrong: does a kernel write outside its rows (python -m task5.test --cache)?")
     result = compare(out_steps, expected[:, prompt_len:], atol=atol, rtol=RTOL, name="decode steps' output",
                      poisoned=True)
     if result.passed:
@@ -204,7 +227,7 @@ def check_layer(worker, hidden, heads, max_seq, prompt_len, steps, seed, prefill
 
 def small_layer(worker):
     """A fresh layer in the worker: hidden 64, 2 heads, a cache of 4 positions."""
-    worker.call("make_layer", 64, 2, 4, [torch.eye(64, device="cuda") for _ in range(4)])
+    worker.call("make_layer", 64, 2, 4, [torch.eye(64, device="cuda") for _ in range(4)], "pytorch")  # given code only
 
 
 def check_errors(worker):
@@ -325,7 +348,7 @@ def main(argv=None) -> int:
                                lambda: check_layer(worker, hidden, heads, max_seq, prompt_len, n,
                                                    cli.seed(13 + i, args.hidden), prefill))
                 if prefill["by"] == "pytorch":
-                    report.note(f"the layer's prefill runs your Task 4 kernel, which was wrong ({prefill['why'][:300]}); "
+                    report.note(f"the layer's prefill runs your Task 4 kernel, which failed here ({prefill['why'][:300]}); "
                                 "these checks and the generation benchmark used a prefill in plain PyTorch instead, "
                                 "so Task 5's kernels are graded on their own: python -m task4.test shows Task 4's")
             report.end_part(part)
@@ -348,7 +371,7 @@ def main(argv=None) -> int:
         else:
             with gpu_share.alone(worker):
                 measure.run_benchmarks(report, worker, split_passed, prefill["by"])
-            said = None if args.solution else points.estimate_note(5, report.cases)
+            said = None if args.solution or args.grading else points.estimate_note(5, report.cases)
             if said:
                 report.note(said)
     report.run("own work: no PyTorch attention, no reference solution",

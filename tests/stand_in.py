@@ -172,11 +172,13 @@ class Behaviour:
     """How a stand-in kernel module behaves: as the reference, or as a known-bad student's build.
 
     slowdown: each call takes this many times the stand-in GPU's time for its work;
-    wrong_head_dim: outputs of this head_dim (the timed cases') come out 1% too large.
+    wrong_head_dim: outputs of this head_dim (the timed cases') come out 1% too large;
+    build_error: the student's build of these kernels fails with this message.
     """
 
     slowdown: float = 1.0
     wrong_head_dim: int | None = None
+    build_error: str | None = None
 
 
 class StandInKernels:
@@ -492,6 +494,8 @@ class Harness:
             raise build.BuildError(f"task {task}: source files missing: no task{task}/solution/{kernels}/*.cu")
         if solution:
             return KERNELS[task]()  # the reference, built and run by the trusted side
+        if self.worker_kernels[task].behaviour.build_error:
+            raise build.BuildError(self.worker_kernels[task].behaviour.build_error)
         return self.worker_kernels[task]
 
     def run(self, task: int, *args: str) -> dict:

@@ -67,3 +67,23 @@ def test_calibrate_takes_the_reference_over_the_baseline_of_passed_benchmarks():
         {"name": "c", "kind": "benchmark", "passed": True, "metrics": {"sdpa_ms": 46.0}},
         {"name": "d", "kind": "check", "passed": True, "metrics": {"reference_ms": 1.0, "sdpa_ms": 1.0}}]}
     assert ratios_of(4, record) == {"a": 55.0 / 46.0}
+
+
+def _task5(*cases):
+    checks = [{"name": "c", "kind": "check", "passed": True, "message": "", "metrics": {}}]
+    return {"status": "passed", "cases": checks + [{"name": f"decode {i}", "kind": "benchmark", "passed": True,
+                                                   "message": "", "metrics": m} for i, m in enumerate(cases)]}
+
+
+def test_task5s_bar_is_the_copy_bandwidth_and_the_optional_part_never_costs_points():
+    from harness.points import NOT_SCORED, OPTIONAL_PART
+
+    points, why = score(5, _task5({"of_copy": 0.75}))  # halfway between none (60%) and full (90%)
+    assert points == 3.5 and "K and V read at 75% of the copy bandwidth" in why and "ESTIMATE" not in why
+    assert score(5, _task5({"of_copy": 0.95}, {"of_copy": 0.3, NOT_SCORED: "one block per head"}))[0] == 4
+    # split-KV's case counts where it raises the share, never where it lowers it
+    assert score(5, _task5({"of_copy": 0.95}, {"of_copy": 0.65, OPTIONAL_PART: "split-KV"}))[0] == 4
+    assert score(5, _task5({"of_copy": 0.75}, {"of_copy": 0.95, OPTIONAL_PART: "split-KV"}))[0] == 3.75
+    assert score(5, _task5({"of_copy": 0.55}))[0] == 3  # below the bar: none
+    points, why = score(5, {"status": "passed", "cases": _task5()["cases"]})
+    assert points == 3 and "the benchmarks did not run" in why

@@ -202,3 +202,14 @@ def test_task5s_generation_does_not_wait_for_a_task4_kernel_wrong_only_at_its_si
     assert layers and not any("plain PyTorch" in c["message"] for c in layers)  # Task 4's kernel was right there
     generation = [c for c in record["cases"] if c["name"].startswith("generation")]
     assert generation and "TTFT with a prefill in plain PyTorch: your Task 4 kernel's was wrong" in generation[0]["message"]
+
+
+def test_task5_keeps_its_points_when_task4_does_not_build(stand_in):
+    stand_in.student[4] = Behaviour(build_error="compiling task4/kernels/attention.cu failed: error: expected ';'")
+    record = stand_in.run(5, *HIDDEN)
+    points, why = score(5, record)
+    assert record["status"] == "passed" and points == RUBRIC[5].points, (why, failed(record))
+    assert any("your Task 4 kernel, which failed here (the prefill runs your Task 4 kernel, which did not build" in n
+               for n in record["notes"]), record["notes"]
+    given = [c for c in record["cases"] if c["kind"] == "given"]
+    assert given and all(c["passed"] for c in given)  # the given layer's checks need no Task 4 kernel

@@ -182,7 +182,7 @@ DIAGNOSED = {  # id: (task, edits, flags, what the diagnosis says, its step)
     "task5_splits_without_weights": (5, [("const float w = exp2f(lse[s] - big);", "const float w = 1.0f; (void)big;")],
                                      ["--split"], "split-KV partial outputs averaged without their log-sum-exp", 3),
     "task5_update_one_row_off": (5, [("(bh * max_seq + pos) * head_dim", "(bh * max_seq + pos + 1) * head_dim")],
-                                 ["--cache"], "the new rows written 1 row past pos", 1),
+                                 ["--cache"], "the new rows written at other rows than pos", 1),
     "task2_softmax_without_the_max": (2, [("expf(x[j] - row_max);", "expf(x[j]);"),
                                           ("expf(x[j] - row_max) * inv_sum", "expf(x[j]) * inv_sum")],
                                       ["--softmax"], "exp(x) without the row's maximum subtracted", 2),

@@ -324,3 +324,12 @@ def test_a_noisy_or_unrelated_kernel_output_gets_no_kernel_diagnosis():
     other = right.flip(-1)
     assert "looks like" not in diagnosed(5, other, q1, k, v, False, splits=3,
                                          schedules=decode_schedules({}, 16, 100, 3))
+
+
+def test_zeros_a_flipped_sign_or_noise_are_not_called_a_wrong_row_sum():
+    q, k, v = inputs(1, 2, 20, 40, 16)
+    right = attention_reference(q, k, v, False)[0]
+    for wrong in (torch.zeros_like(right), -right, right * 1e-6):
+        assert "looks like" not in diagnosed(4, wrong, q, k, v, False)
+    rows = torch.rand(*right.shape[:-1], 1, dtype=right.dtype) * 0.5 + 0.25  # each row scaled: l is off
+    assert "l (the row sum) wrong while acc is right" in diagnosed(4, right * rows, q, k, v, False)

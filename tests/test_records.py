@@ -8,6 +8,7 @@ from harness.checks import CheckResult
 from harness.records import NeedsCuda
 from harness.records import Report as _Report
 from harness.sandbox import WorkerDied, WorkerError
+from tests.conftest import REPO
 
 
 @pytest.fixture(autouse=True)
@@ -255,3 +256,21 @@ def test_a_failure_carries_its_cause_into_the_record_the_grader_accepts(tmp_path
         valid_record(record, 1)
     with pytest.raises(AssertionError):  # a kind or cause outside the vocabulary is a bug of the test
         report.add("x", False, "", kind="checks")
+
+
+def test_checks_finished_before_a_sigterm_are_still_printed():
+    """The grader's time limit sends SIGTERM before it kills: the log then says which checks finished."""
+    import subprocess
+    import sys
+
+    script = ("import os, signal\n"
+              "from harness.checks import CheckResult\n"
+              "from harness.records import Report\n"
+              "r = Report(9, solution=False, title='t')\n"
+              "r.run('first case', lambda: (True, 'fine', {}))\n"
+              "r.run('second case', lambda: CheckResult(False, 'wrong'))\n"
+              "os.kill(os.getpid(), signal.SIGTERM)\n"
+              "print('not reached')\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 143 and "not reached" not in proc.stdout, proc.stdout + proc.stderr
+    assert "[FAIL] second case: wrong" in proc.stdout and "[PASS] 1 of 2 checks: first case" in proc.stdout
