@@ -188,7 +188,7 @@ def test_task5_is_graded_on_its_own_kernels_when_task4s_prefill_is_wrong(stand_i
     assert record["status"] == "passed" and points == RUBRIC[5].points, (why, failed(record))
     layers = [c for c in record["cases"] if c["name"].startswith("layer hidden")]
     assert layers and all("the prefill in plain PyTorch" in c["message"] for c in layers)
-    assert any("your Task 4 kernel, which was wrong (prefill output:" in n for n in record["notes"]), record["notes"]
+    assert any("your Task 4 kernel, which failed here (prefill output:" in n for n in record["notes"]), record["notes"]
     generation = [c for c in record["cases"] if c["name"].startswith("generation")]
     assert generation and "TTFT with a prefill in plain PyTorch" in generation[0]["message"]
 
