@@ -565,8 +565,10 @@ def test_a_failure_shows_the_lines_after_its_first():
 
 
 def test_performance_points_need_every_check_and_follow_the_reference_ratio():
-    assert score(4, _record([True, True], [0.8, 1.3]))[0] == 4
-    assert score(4, _record([True, True], [0.4, 0.4]))[0] == 3.5
+    # harness/points.py: full at 0.9x the reference, none at 0.5x or below, in proportion between
+    assert score(4, _record([True, True], [0.9, 1.3]))[0] == 4
+    assert score(4, _record([True, True], [0.7, 0.7]))[0] == 3.5
+    assert score(4, _record([True, True], [0.5, 0.4]))[0] == 3
     points, why = score(4, _record([True, False], [2.0]))
     assert points == 1.5 and "until every check passes" in why
     assert score(4, _record([True], []))[0] == 3  # no reference timing: correctness only
