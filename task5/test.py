@@ -95,6 +95,7 @@ def check_update(worker, case):
         rows = sorted({int(r) for r in wrong.nonzero()[:, 2]})
         outside = [r for r in rows if not pos <= r < pos + n]
         shown = ", ".join(map(str, (outside or rows)[:5]))
+
         def holds_new(at):
             return torch.equal(got[:, :, at:at + n].contiguous().view(torch.int32), new.view(torch.int32))
 
