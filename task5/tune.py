@@ -58,16 +58,16 @@ def split_counts(worker) -> list[str]:
         return [title, f"  not timed: split-KV fails a check ({checked.message.splitlines()[0][:200]}); python -m "
                        "task5.test --split"]
     timed = TimedDecode(batch, heads, length, d)
-    lines = [title, "  splits   ms      GB/s   % copy"]
+    lines = [title, f"  {'splits':>28}  {'ms':>6}  {'GB/s':>6}  % copy"]
     for splits in SPLITS:
         used = worker.call("splits_for", batch * heads, length, d) if splits == 0 else splits
         timing = time_student_decode(worker, timed, splits)
         if isinstance(timing, str):
-            lines.append(f"  {splits:>6}  not timed: {timing.splitlines()[0][:200]}")
+            lines.append(f"  {splits:>28}  not timed: {timing.splitlines()[0][:200]}")
             continue
         gbs = timed.bytes_read / (timing.median_ms * 1e-3) / 1e9
         name = f"{str(used)[:12]} (the launcher's choice)" if splits == 0 else str(splits)
-        lines.append(f"  {name:>6}  {timing.median_ms:.3f}  {gbs:6.0f}  {100 * gbs / copy_gbs():5.0f}%")
+        lines.append(f"  {name:>28}  {timing.median_ms:6.3f}  {gbs:6.0f}  {100 * gbs / copy_gbs():5.0f}%")
     return lines + ["  decode_splits picks the count: MIN_KEYS_PER_SPLIT and the SM count are its inputs (README, "
                     "Task 5, step 4)"]
 
