@@ -43,14 +43,17 @@ class Bar:
         return f"{value:.0%}" if self.metric != VS_REFERENCE else f"{value:.2f}x"
 
     def show(self, value: float) -> str:
-        return f"{self.short(value)} {self.unit}" if self.metric != VS_REFERENCE else f"{value:.2f}{self.unit}"
+        return f"{self.short(value)} {self.unit}"
+
+    def mean_fraction(self, values: list[float]) -> float:
+        return sum(self.fraction(v) for v in values) / len(values)
 
     def rule(self) -> str:
         return f"full points at {self.short(self.full)}, none at {self.short(self.none)} or below"
 
 
 BARS = {
-    4: Bar(VS_REFERENCE, none=0.5, full=0.9, unit="x the reference's speed", estimate=ESTIMATE),
+    4: Bar(VS_REFERENCE, none=0.5, full=0.9, unit="the reference's speed", estimate=ESTIMATE),
     5: Bar("of_copy", none=0.6, full=0.9, unit="of the copy bandwidth"),
 }
 
@@ -75,10 +78,10 @@ def performance(task: int, cases: list[dict]) -> tuple[float, str, bool] | None:
     if not values:
         return None
     bar = BARS[task]
-    fraction = sum(bar.fraction(v) for v in values) / len(values)
+    fraction = bar.mean_fraction(values)
     without, _ = scored(task, cases, optional=False)
-    if without and sum(bar.fraction(v) for v in without) / len(without) > fraction:
-        values, fraction = without, sum(bar.fraction(v) for v in without) / len(without)
+    if without and bar.mean_fraction(without) > fraction:
+        values, fraction = without, bar.mean_fraction(without)
     mean = sum(values) / len(values)
     what = "speed" if bar.metric == VS_REFERENCE else "K and V read at"
     words = (f"{what} {bar.show(mean)} on average{', an ESTIMATE from grader/calibration.json' if estimated else ''} "
@@ -107,5 +110,4 @@ def estimate_note(task: int, cases: list) -> str | None:
     found = performance(task, records)
     if found is None:
         return f"performance points: not estimated here ({missing(task, records)})"
-    fraction, words, _ = found
-    return f"performance points, an estimate from this run (the grader measures its own): {words}"
+    return f"performance points, an estimate from this run (the grader measures its own): {found[1]}"

@@ -89,12 +89,10 @@ def check_attention(worker, case):
     out = guarded_output("out", q.shape)
     scale = 1.0 / math.sqrt(d)
     worker.call("attention_forward", *(t.tensor for t in inputs), out.tensor, case.causal, scale)
-    damage = guard_damage(*inputs, out)
-    if damage:
-        return damage
     result = compare(out.tensor, attention_reference(q, k, v, case.causal, scale)[0], atol=ATOL, rtol=RTOL,
                      poisoned=True)
-    return diagnose(2, result, out.tensor, q, k, v, case.causal, atol=ATOL, rtol=RTOL, scale=scale)
+    return guard_damage(*inputs, out) or diagnose(2, result, out.tensor, q, k, v, case.causal, atol=ATOL, rtol=RTOL,
+                                                  scale=scale)
 
 
 def check_errors(worker):

@@ -78,12 +78,9 @@ def check_case(worker, shape, causal, seed, scale=None, magnitude=1.0, constants
     inputs = [guarded_input(name, t) for name, t in zip("qkv", (q, k, v))]
     out = guarded_output("out", q.shape)
     worker.call("forward", *(t.tensor for t in inputs), out.tensor, causal, scale)
-    damage = guard_damage(*inputs, out)
-    if damage:
-        return damage
     result = compare(out.tensor, attention_reference(q, k, v, causal, scale)[0], atol=ATOL, rtol=RTOL, poisoned=True)
-    return diagnose(4, result, out.tensor, q, k, v, causal, atol=ATOL, rtol=RTOL, scale=scale,
-                    schedules=tile_schedules((constants or {}).get("BLOCK_COLS")))
+    return guard_damage(*inputs, out) or diagnose(4, result, out.tensor, q, k, v, causal, atol=ATOL, rtol=RTOL,
+                                                  scale=scale, schedules=tile_schedules((constants or {}).get("BLOCK_COLS")))
 
 
 def check_layer(worker, hidden, heads, seq, causal, seed):

@@ -40,6 +40,10 @@ def decode(q, k_cache, v_cache, length: int, scale: float | None = None, out=Non
     return out
 
 
+# What the layer's prefill raises when Task 4's kernel does not build: task5/test.py and measure.py read it
+TASK4_DID_NOT_BUILD = "the prefill runs your Task 4 kernel, which did not build"
+
+
 class CudaKernels:
     """The kernels a cached layer runs: task 4's for the prompt, task 5's for the cache and each step.
     prefill="pytorch": the prompt's attention in plain PyTorch instead (task 5's test, when task 4's kernel

@@ -52,7 +52,7 @@ def prefill(x, out):
         try:
             out.copy_(_layer.prefill(x))
         except BuildError as err:
-            raise RuntimeError(f"the prefill runs your Task 4 kernel, which did not build: {err}") from None
+            raise RuntimeError(f"{attention.TASK4_DID_NOT_BUILD}: {err}") from None
     torch.cuda.synchronize()
 
 
