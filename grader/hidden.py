@@ -16,7 +16,11 @@ CASES = {
     },
     # (batch, heads, seq_q, seq_k, head_dim, block_rows, block_cols)
     3: {"attention": [(2, 3, 65, 65, 48, 32, 48), (1, 2, 3, 190, 24, 16, 64), (1, 1, 33, 33, 16, 33, 1)]},
-    4: {"attention": [(3, 1, 191, 191, 96), (1, 2, 5, 700, 128), (2, 1, 256, 256, 40)]},  # (b, h, sq, sk, d)
+    4: {
+        "attention": [(3, 1, 191, 191, 96), (1, 2, 5, 700, 128), (2, 1, 256, 256, 40)],  # (b, h, sq, sk, d)
+        # (batch, heads, kv_heads, seq_q, seq_k, head_dim, key_start or None)
+        "grouped": [(2, 10, 5, 77, 77, 48, None), (1, 24, 3, 33, 190, 128, (170,)), (3, 9, 1, 50, 50, 40, (49, 0, 17))],
+    },
     5: {
         "cache": [(3, 2, 70, 69, 1, 96), (1, 4, 130, 1, 128, 40)],  # (batch, heads, max_seq, pos, n_new, head_dim)
         "decode": [(3, 5, 600, 511, 96), (1, 1, 2100, 2049, 128), (2, 3, 50, 47, 24)],  # (b, h, max_seq, length, d)

@@ -19,16 +19,49 @@ def causal_mask(seq_q: int, seq_k: int, device=None) -> torch.Tensor:
     return torch.ones(seq_q, seq_k, dtype=torch.bool, device=device).triu(diagonal=1 + seq_k - seq_q)
 
 
-def attention_reference(q, k, v, causal: bool = False, scale: float | None = None):
-    """softmax(scale * q k^T + mask) v in float64; returns (out, logsumexp) in float64."""
+def expand_kv_heads(k, heads: int):
+    """k (or v) of (batch, kv_heads, seq, head_dim) with each key/value head repeated for the heads / kv_heads
+    query heads that share it (grouped-query attention): query head h reads head h // (heads // kv_heads).
+    For the trusted side only (references, diagnoses): the kernels read the shared heads in place."""
+    kv_heads = k.shape[-3]
+    return k if kv_heads == heads else k.repeat_interleave(heads // kv_heads, dim=-3)
+
+
+def padding_mask(key_start, seq_q: int, seq_k: int) -> torch.Tensor:
+    """Boolean (batch, 1, seq_q, seq_k), True where a key is padding: before its sequence's first valid key
+    key_start[b] (left padding). A query is padding too when its position, seq_k - seq_q + i, is."""
+    keys = torch.arange(seq_k, device=key_start.device)
+    return (keys < key_start.long()[:, None]).view(-1, 1, 1, seq_k).expand(-1, 1, seq_q, seq_k)
+
+
+def padded_queries(key_start, seq_q: int, seq_k: int) -> torch.Tensor:
+    """Boolean (batch, 1, seq_q, 1), True for the queries whose position is before key_start: they see no key,
+    and their output is defined as zero."""
+    positions = torch.arange(seq_q, device=key_start.device) + (seq_k - seq_q)
+    return (positions < key_start.long()[:, None]).view(-1, 1, seq_q, 1)
+
+
+def attention_reference(q, k, v, causal: bool = False, scale: float | None = None, key_start=None):
+    """softmax(scale * q k^T + mask) v in float64; returns (out, logsumexp) in float64.
+
+    k and v may have fewer heads than q (grouped-query attention). key_start: each sequence's first valid
+    key (left padding); the padded queries' rows are zeros, their logsumexp -inf."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     with exact_float32():
         q, k, v = (t.detach().double() for t in (q, k, v))
+        if q.dim() >= 3:
+            k, v = expand_kv_heads(k, q.shape[-3]), expand_kv_heads(v, q.shape[-3])
         scores = (q @ k.transpose(-2, -1)) * scale
         if causal:
             scores = scores.masked_fill(causal_mask(q.shape[-2], k.shape[-2], q.device), -math.inf)
-        lse = torch.logsumexp(scores, dim=-1)
-        return torch.softmax(scores, dim=-1) @ v, lse
+        if key_start is None:
+            return torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1)
+        key_start = key_start.to(q.device)
+        scores = scores.masked_fill(padding_mask(key_start, q.shape[-2], k.shape[-2]), -math.inf)
+        padded = padded_queries(key_start, q.shape[-2], k.shape[-2])
+        scores = scores.masked_fill(padded, 0.0)  # any finite row: its result is replaced below
+        out = (torch.softmax(scores, dim=-1) @ v).masked_fill(padded, 0.0)
+        return out, torch.logsumexp(scores, dim=-1).masked_fill(padded[..., 0], -math.inf)
 
 
 def naive_attention(q, k, v, causal: bool = False, scale: float | None = None):

@@ -15,21 +15,27 @@
 #include "../common/csrc/checks.h"
 
 // Defined in kernels/attention.cu.
-// q: (batch_heads, seq_q, head_dim); k, v: (batch_heads, seq_k, head_dim); out: (batch_heads, seq_q, head_dim)
-// all contiguous float32 on the device. Returns the launch's cudaError_t (cudaGetLastError after the launch).
+// q: (batch, heads, seq_q, head_dim); k, v: (batch, kv_heads, seq_k, head_dim), heads a multiple of
+// kv_heads; out: (batch, heads, seq_q, head_dim); all contiguous float32 on the device. key_start:
+// nullptr, or (batch,) int32 on the device. Returns the launch's cudaError_t (cudaGetLastError after
+// the launch).
 cudaError_t flash_attention_forward(const float* q, const float* k, const float* v, float* out,
-                                    int batch_heads, int seq_q, int seq_k, int head_dim,
-                                    float scale, bool causal, cudaStream_t stream);
+                                    int batch, int heads, int kv_heads, const int* key_start,
+                                    int seq_q, int seq_k, int head_dim, float scale, bool causal,
+                                    cudaStream_t stream);
 int flash_attention_block_rows();
 int flash_attention_block_cols();
 int flash_attention_max_head_dim();
 
 static bool fits_int(int64_t x) { return x <= std::numeric_limits<int>::max(); }
 
-// q: (batch, heads, seq_q, head_dim); k, v: (batch, heads, seq_k, head_dim);
-// out: (batch, heads, seq_q, head_dim), written in place.
+// q: (batch, heads, seq_q, head_dim); k, v: (batch, kv_heads, seq_k, head_dim) with heads a
+// multiple of kv_heads (grouped-query attention; kv_heads == heads is plain multi-head);
+// out: (batch, heads, seq_q, head_dim), written in place. key_start: none, or (batch,) int32,
+// each sequence's first valid key (left padding).
 void forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-             torch::Tensor& out, bool causal, double scale) {
+             torch::Tensor& out, bool causal, double scale,
+             const std::optional<torch::Tensor>& key_start) {
   // q first and completely: the other tensors are measured against it. Then the
   // shapes, and only then the layout of k, v and out: a slice of the wrong length is
   // usually not contiguous either, and its length is the mistake to report.
@@ -40,10 +46,14 @@ void forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
   check_dim(out, "out", 4);
 
   const int64_t batch = q.size(0), heads = q.size(1), seq_q = q.size(2), head_dim = q.size(3);
-  const int64_t seq_k = k.size(2);
-  TORCH_CHECK(k.size(0) == batch && k.size(1) == heads && k.size(3) == head_dim,
-              "k must be (batch, heads, seq_k, head_dim) with q's batch, heads and head_dim (q is ",
+  const int64_t kv_heads = k.size(1), seq_k = k.size(2);
+  TORCH_CHECK(k.size(0) == batch && k.size(3) == head_dim,
+              "k must be (batch, kv_heads, seq_k, head_dim) with q's batch and head_dim (q is ",
               shape(q), "), got ", shape(k));
+  TORCH_CHECK(kv_heads >= 1 && heads % kv_heads == 0,
+              "k's heads (kv_heads = k.size(1)) must divide q's heads: each group of heads / kv_heads ",
+              "query heads shares one key/value head; got heads = ", num(heads), " and kv_heads = ",
+              num(kv_heads));
   TORCH_CHECK(v.sizes() == k.sizes(), "v must have k's shape ", shape(k), ", got ", shape(v));
   TORCH_CHECK(out.sizes() == q.sizes(), "out must have q's shape ", shape(q), ", got ",
               shape(out));
@@ -75,23 +85,26 @@ void forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
   check_no_overlap(out, "out", q, "q");
   check_no_overlap(out, "out", k, "k");
   check_no_overlap(out, "out", v, "v");
+  const c10::cuda::CUDAGuard guard(q.device());
+  const int* first_key = check_key_start(key_start, batch, seq_k, "seq_k", q, "q");
   if (q.numel() == 0) return;  // batch or heads is 0: nothing to do
 
-  const c10::cuda::CUDAGuard guard(q.device());
   check_launch(flash_attention_forward(q.data_ptr<float>(), k.data_ptr<float>(),
-                                       v.data_ptr<float>(), out.data_ptr<float>(),
-                                       (int)(batch * heads), (int)seq_q, (int)seq_k,
-                                       (int)head_dim, (float)scale, causal,
+                                       v.data_ptr<float>(), out.data_ptr<float>(), (int)batch,
+                                       (int)heads, (int)kv_heads, first_key, (int)seq_q,
+                                       (int)seq_k, (int)head_dim, (float)scale, causal,
                                        at::cuda::getCurrentCUDAStream()),
                "flash_attention_forward");
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward,
-        "out = softmax(scale * q k^T + mask) v, fused (FlashAttention-2 forward); q, k, v, out "
-        "are (batch, heads, seq, head_dim) float32 CUDA tensors, out is written in place",
+        "out = softmax(scale * q k^T + mask) v, fused (FlashAttention-2 forward); q and out are "
+        "(batch, heads, seq_q, head_dim), k and v (batch, kv_heads, seq_k, head_dim), float32 CUDA "
+        "tensors; out is written in place. key_start (optional, int32 (batch,)): each sequence's "
+        "first valid key; queries before it are padding and get zeros",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("causal"),
-        py::arg("scale"));
+        py::arg("scale"), py::arg("key_start") = py::none());
   m.def("max_head_dim", &flash_attention_max_head_dim, "the largest head_dim the kernel supports");
   m.def(
       "tile_sizes",

@@ -34,7 +34,7 @@ from harness.diagnose import diagnose, kernel_constants, tile_schedules
 from harness.checks import compare, exact_float32, expect_errors, guard_damage, guarded_input, guarded_output, random_tensor
 from common.layer import mha_weights
 from harness.records import Report
-from harness.reference import attention_reference, causal_mask
+from harness.reference import attention_reference, causal_mask, expand_kv_heads
 from task4 import measure
 from task4.measure import ATOL, RTOL
 
@@ -59,9 +59,33 @@ CASES = [
     (1, 2, 1000, 1000, 32),
 ]
 
+# Grouped-query attention and padding: (batch, heads, kv_heads, seq_q, seq_k, head_dim, key_start).
+# kv_heads divides heads (query head h reads key/value head h // (heads // kv_heads)); key_start is
+# each sequence's first valid key (left padding) or None. Group sizes 1, 2, 3, 4, 8 and MQA, head
+# counts that are not powers of two; padding that leaves whole tiles, one key, or no key at all.
+GROUPED_CASES = [
+    (2, 8, 4, 65, 65, 64, None),
+    (1, 8, 2, 129, 129, 128, None),
+    (1, 16, 2, 100, 300, 80, None),
+    (2, 6, 1, 70, 70, 64, None),  # MQA
+    (1, 12, 3, 131, 131, 85, None),
+    (1, 12, 4, 64, 64, 72, None),
+    (4, 4, 2, 40, 40, 64, (0, 35, 12, 39)),  # prompts of 40, 5, 28 and 1 tokens
+    (2, 4, 4, 150, 150, 96, (0, 129)),
+    (3, 4, 1, 30, 200, 64, (0, 180, 199)),  # seq_q < seq_k: some queries are padding, one is not
+    (2, 2, 2, 9, 9, 32, (9, 0)),  # the first sequence is padding throughout: all zeros
+]
+
 
 def shape_text(shape) -> str:
     return "batch {} heads {} seq {}x{} head_dim {}".format(*shape)
+
+
+def grouped_text(shape) -> str:
+    b, h, kvh, sq, sk, d, starts = shape
+    group = "MQA" if kvh == 1 else f"{kvh} kv heads"
+    padding = f" key_start {','.join(map(str, starts))}" if starts is not None else ""
+    return f"batch {b} heads {h} ({group}) seq {sq}x{sk} head_dim {d}{padding}"
 
 
 def make_inputs(shape, seed, magnitude=1.0):
@@ -79,6 +103,26 @@ def check_case(worker, shape, causal, seed, scale=None, magnitude=1.0, constants
     out = guarded_output("out", q.shape)
     worker.call("forward", *(t.tensor for t in inputs), out.tensor, causal, scale)
     result = compare(out.tensor, attention_reference(q, k, v, causal, scale)[0], atol=ATOL, rtol=RTOL, poisoned=True)
+    return guard_damage(*inputs, out) or diagnose(4, result, out.tensor, q, k, v, causal, atol=ATOL, rtol=RTOL,
+                                                  scale=scale, schedules=tile_schedules((constants or {}).get("BLOCK_COLS")))
+
+
+def check_grouped(worker, shape, causal, seed, constants=None):
+    """A grouped-query case, padded or not: k and v have kv_heads heads, read in place by the kernel."""
+    b, h, kvh, sq, sk, d, starts = shape
+    q, k, v = random_tensor((b, h, sq, d), seed), random_tensor((b, kvh, sk, d), seed + 1), \
+        random_tensor((b, kvh, sk, d), seed + 2)
+    key_start = None if starts is None else torch.tensor(starts, dtype=torch.int32)
+    scale = 1.0 / math.sqrt(d)
+    inputs = [guarded_input(name, t) for name, t in zip("qkv", (q, k, v))]
+    out = guarded_output("out", q.shape)
+    worker.call("forward", *(t.tensor for t in inputs), out.tensor, causal, scale,
+                None if key_start is None else key_start.cuda())
+    result = compare(out.tensor, attention_reference(q, k, v, causal, scale, key_start)[0], atol=ATOL, rtol=RTOL,
+                     poisoned=True)
+    if key_start is not None:  # the known mistakes are modelled without padding
+        return guard_damage(*inputs, out) or result
+    k, v = expand_kv_heads(k, h), expand_kv_heads(v, h)
     return guard_damage(*inputs, out) or diagnose(4, result, out.tensor, q, k, v, causal, atol=ATOL, rtol=RTOL,
                                                   scale=scale, schedules=tile_schedules((constants or {}).get("BLOCK_COLS")))
 
@@ -110,8 +154,19 @@ def check_errors(worker):
         "wrong out shape": ((q, q, q, q[:, :1]), "out"),
         "out is q": ((q, q.clone(), q.clone(), q), "must not share memory"),
         "causal with seq_q > seq_k": ((q, q[:, :, :4], q[:, :, :4], q.clone()), "seq_q <= seq_k"),
+        "kv_heads not dividing heads": ((torch.randn(1, 3, 8, 64, device="cuda"), q, q, torch.empty(1, 3, 8, 64,
+                                                                                                  device="cuda")),
+                                        "must divide q's heads"),
     }
     calls = [(what, (*args, what.startswith("causal"), 0.125), words) for what, (args, words) in bad.items()]
+    two = (q, q.clone(), q.clone(), torch.empty_like(q), True, 0.125)
+    calls += [(f"key_start {what}", (*two, key_start), words) for what, key_start, words in [
+        ("int64", torch.zeros(1, dtype=torch.int64, device="cuda"), "must be int32"),
+        ("on the CPU", torch.zeros(1, dtype=torch.int32), "must be a CUDA tensor"),
+        ("of two values for a batch of one", torch.zeros(2, dtype=torch.int32, device="cuda"), "must have shape [1]"),
+        ("past seq_k", torch.tensor([9], dtype=torch.int32, device="cuda"), "between 0 and seq_k = 8"),
+        ("negative", torch.tensor([-1], dtype=torch.int32, device="cuda"), "between 0 and seq_k = 8"),
+    ]]
     calls += [(f"scale {scale}", (q, q.clone(), q.clone(), torch.empty_like(q), False, scale), "scale must be finite")
               for scale in (math.nan, math.inf)]
     return expect_errors(lambda *args: worker.call("forward", *args), calls)
@@ -128,6 +183,14 @@ def sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
             calls.append(sanitize.Call(f"{shape_text((b, h, sq, sk, d))}{' causal' if causal else ''}", "forward",
                                        (q, k, v, torch.empty_like(q), causal, 1 / math.sqrt(d)),
                                        ("q", "k", "v", "out")))
+    # grouped-query attention (MQA, then 3 query heads per key/value head) with padding, causal
+    for b, h, kvh, sq, sk, d, starts in [(2, 4, 1, 40, 40, 64, (0, 35)), (2, 6, 2, 30, 140, 80, (0, 130))]:
+        seed = cli.seed(sq + sk + d + h, hidden)
+        q = random_tensor((b, h, sq, d), seed)
+        k, v = random_tensor((b, kvh, sk, d), seed + 1), random_tensor((b, kvh, sk, d), seed + 2)
+        calls.append(sanitize.Call(f"{grouped_text((b, h, kvh, sq, sk, d, starts))} causal", "forward",
+                                   (q, k, v, torch.empty_like(q), True, 1 / math.sqrt(d),
+                                    torch.tensor(starts, dtype=torch.int32)), ("q", "k", "v", "out", "key_start")))
     return calls
 
 
@@ -150,6 +213,8 @@ def main(argv=None) -> int:
         constants = kernel_constants("task4/kernels/attention.cu", args.student_dir, args.solution)
         for case in cli.cases(4, "attention", CASES, args.hidden, shape_text, causal_ok=lambda s: s[2] <= s[3]):
             report.run(case.name, lambda: check_case(worker, case.shape, case.causal, case.seed, constants=constants))
+        for case in cli.cases(4, "grouped", GROUPED_CASES, args.hidden, grouped_text, causal_ok=lambda s: s[3] <= s[4]):
+            report.run(case.name, lambda: check_grouped(worker, case.shape, case.causal, case.seed, constants))
         seed = cli.seed(7, args.hidden)
         report.run("scale 0.3 and large scores (q x 4)",
                    lambda: check_case(worker, (2, 2, 150, 150, 64), True, seed, scale=0.3, magnitude=4.0,

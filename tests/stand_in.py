@@ -49,7 +49,7 @@ from torch.overrides import TorchFunctionMode
 from common import build, impl, wire
 
 from harness import bench, calibration, sanitize
-from harness.reference import attention_flops
+from harness.reference import attention_flops, expand_kv_heads
 from harness.sandbox import WorkerDied, WorkerError
 from common.worker import _resolve
 
@@ -167,6 +167,36 @@ def _check_finite(scale):
         raise RuntimeError(f"scale must be finite, got {scale}")
 
 
+def _check_key_start(key_start, batch, most, most_what):
+    """common/csrc/checks.h's check_key_start: int32 (batch,) on the GPU, values in [0, most]."""
+    if key_start is None:
+        return
+    if getattr(key_start, "on_host", False):
+        raise RuntimeError("key_start must be a CUDA tensor, got one on cpu")
+    if key_start.dtype != torch.int32:
+        raise RuntimeError(f"key_start must be int32 (one first valid key per sequence), got {key_start.dtype}")
+    if tuple(key_start.shape) != (batch,):
+        raise RuntimeError(f"key_start must have shape [{batch}] (one value per sequence of the batch), "
+                           f"got {list(key_start.shape)}")
+    if batch and not (int(key_start.min()) >= 0 and int(key_start.max()) <= most):
+        raise RuntimeError(f"key_start must hold values between 0 and {most_what} = {most}, got values from "
+                           f"{int(key_start.min())} to {int(key_start.max())}")
+
+
+def _padded(attend, q, k, v, key_start):
+    """attend(q, k, v) over each sequence's valid keys and queries, as the kernels move past left padding:
+    keys before key_start[b] are skipped, and so are the queries at those positions (their rows are zeros)."""
+    if key_start is None:
+        return attend(q, k, v)
+    seq_q, seq_k = q.shape[-2], k.shape[-2]
+    out = torch.zeros_like(q)
+    for b, first in enumerate(key_start.tolist()):
+        skip = min(seq_q, max(0, first - (seq_k - seq_q)))
+        if skip < seq_q:
+            out[b:b + 1, :, skip:] = attend(q[b:b + 1, :, skip:], k[b:b + 1, :, first:], v[b:b + 1, :, first:])
+    return out
+
+
 @dataclass
 class Behaviour:
     """How a stand-in kernel module behaves: as the reference, or as a known-bad student's build.
@@ -225,14 +255,19 @@ def _attention_seconds(q, k, causal):
 class Task4Kernels(StandInKernels):
     """task4/binding.cpp's `forward`, computed in PyTorch."""
 
-    def forward(self, q, k, v, out, causal, scale):
+    def forward(self, q, k, v, out, causal, scale, key_start=None):
         _check_cuda_float32(q, "q")
         for t, name in ((q, "q"), (k, "k"), (v, "v"), (out, "out")):
             _check_dim(t, name, 4)
         batch, heads, seq_q, head_dim = q.shape
-        if k.shape[0] != batch or k.shape[1] != heads or k.shape[3] != head_dim:
-            raise RuntimeError(f"k must be (batch, heads, seq_k, head_dim) with q's batch, heads and head_dim "
+        kv_heads = k.shape[1]
+        if k.shape[0] != batch or k.shape[3] != head_dim:
+            raise RuntimeError(f"k must be (batch, kv_heads, seq_k, head_dim) with q's batch and head_dim "
                                f"(q is {list(q.shape)}), got {list(k.shape)}")
+        if kv_heads < 1 or heads % kv_heads:
+            raise RuntimeError(f"k's heads (kv_heads = k.size(1)) must divide q's heads: each group of heads / "
+                               f"kv_heads query heads shares one key/value head; got heads = {heads} and "
+                               f"kv_heads = {kv_heads}")
         if v.shape != k.shape:
             raise RuntimeError(f"v must have k's shape {list(k.shape)}, got {list(v.shape)}")
         if out.shape != q.shape:
@@ -246,8 +281,10 @@ class Task4Kernels(StandInKernels):
             _check_cuda_float32(t, name)
         for t, name in ((q, "q"), (k, "k"), (v, "v")):
             _check_no_overlap(out, "out", t, name)
+        _check_key_start(key_start, batch, k.shape[2], "seq_k")
+        k, v = expand_kv_heads(k, heads), expand_kv_heads(v, heads)
         with self.work(_attention_seconds(q, k, causal)):
-            self.write(out, _attention(q, k, v, causal, scale))
+            self.write(out, _padded(lambda *qkv: _attention(*qkv, causal, scale), q, k, v, key_start))
 
     def max_head_dim(self):
         return 128

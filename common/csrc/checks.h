@@ -17,6 +17,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 inline std::string num(int64_t x) { return std::to_string(x); }
@@ -87,4 +88,28 @@ inline void check_no_overlap(const torch::Tensor& out, const char* out_name, con
 // Every launcher returns the cudaError_t of its launch; this turns it into a Python error.
 inline void check_launch(cudaError_t err, const char* what) {
   TORCH_CHECK(err == cudaSuccess, what, " failed to launch: ", cudaGetErrorString(err));
+}
+
+// key_start: none, or each sequence's first valid key (a batch padded on the left), int32,
+// (batch,), on like's device, every value between 0 and `most` (`most_what` says what that
+// bound is). Returns the pointer the kernels take: nullptr for none. The values are read
+// back to check them (one synchronisation): a kernel trusts them to stay inside the keys.
+inline const int* check_key_start(const std::optional<torch::Tensor>& key_start, int64_t batch,
+                                  int64_t most, const char* most_what, const torch::Tensor& like,
+                                  const char* like_name) {
+  if (!key_start.has_value()) return nullptr;
+  const torch::Tensor& t = *key_start;
+  TORCH_CHECK(t.is_cuda(), "key_start must be a CUDA tensor, got one on ", t.device().str());
+  TORCH_CHECK(t.scalar_type() == torch::kInt32, "key_start must be int32 (one first valid key per ",
+              "sequence), got ", c10::toString(t.scalar_type()));
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == batch, "key_start must have shape [", num(batch),
+              "] (one value per sequence of the batch), got ", shape(t));
+  TORCH_CHECK(t.is_contiguous(), "key_start must be contiguous (call .contiguous() first)");
+  check_same_device(t, "key_start", like, like_name);
+  if (batch == 0) return t.data_ptr<int>();
+  const torch::Tensor range = torch::stack({t.min(), t.max()}).cpu();
+  const int64_t low = range[0].item<int>(), high = range[1].item<int>();
+  TORCH_CHECK(low >= 0 && high <= most, "key_start must hold values between 0 and ", most_what, " = ",
+              num(most), ", got values from ", num(low), " to ", num(high));
+  return t.data_ptr<int>();
 }

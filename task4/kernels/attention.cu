@@ -207,14 +207,19 @@ __device__ __forceinline__ void store_first(float* dst, float x, int) { dst[0] =
 // ----------------------------------------------------------------------------
 // The kernel
 
-// q, out: (BH, seq_q, head_dim); k, v: (BH, seq_k, head_dim). D is head_dim padded up.
-// grid (BH, ceil(seq_q / Br)), NUM_THREADS threads, smem_bytes<D>() of shared memory.
+// q, out: (batch * heads, seq_q, head_dim); k, v: (batch * kv_heads, seq_k, head_dim). D is
+// head_dim padded up. PADDED: key_start holds each sequence's first valid key (left padding); a
+// kernel of its own, because the lengths it changes per block then take registers, which the
+// kernel without padding keeps free (they stay kernel parameters: about 4% of its speed at
+// head_dim 128, where every register counts).
+// grid (batch * heads, ceil(seq_q / Br)), NUM_THREADS threads, smem_bytes<D>() of shared memory.
 // scale_log2 = scale * log2(e).
-template <int D>
+template <int D, bool PADDED>
 __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS_PER_SM)
     flash_attention_kernel(const float* __restrict__ q, const float* __restrict__ k,
-                           const float* __restrict__ v, float* __restrict__ out, int seq_q,
-                           int seq_k, int head_dim, float scale_log2, bool causal) {
+                           const float* __restrict__ v, float* __restrict__ out, int heads,
+                           int kv_heads, const int* __restrict__ key_start, int seq_q, int seq_k,
+                           int head_dim, float scale_log2, bool causal) {
   constexpr int LD = D + PAD;                // row stride of the Q, K and V tiles
   constexpr int LDP = BLOCK_COLS + PAD;      // row stride of the P tile
   using vec = out_vec<D>;                    // O's columns are held in these
@@ -234,14 +239,39 @@ __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS_PER_SM)
   // blockIdx.y counts down: with a causal mask the last query tiles have the most
   // K/V tiles to visit, and starting them first keeps the GPU busy to the end.
   const int q_start = (gridDim.y - 1 - blockIdx.y) * BLOCK_ROWS;
-  const int causal_offset = seq_k - seq_q;  // query i sees keys j <= i + causal_offset
 
-  // This block's (batch, head). The binding checks that one head fits in int; the
-  // whole tensor may not, hence size_t.
+  // This block's (batch, head), and the key/value head that query head reads: with
+  // grouped-query attention (kv_heads < heads) each group of heads / kv_heads neighbouring
+  // query heads shares one, read in place (never copied per query head). The binding
+  // checks that one head fits in int; the whole tensor may not, hence size_t.
+  const int batch = blockIdx.x / heads, head = blockIdx.x % heads;
+  const int kv_head = head / (heads / kv_heads);
   q += (size_t)blockIdx.x * seq_q * head_dim;
-  k += (size_t)blockIdx.x * seq_k * head_dim;
-  v += (size_t)blockIdx.x * seq_k * head_dim;
   out += (size_t)blockIdx.x * seq_q * head_dim;
+  k += ((size_t)batch * kv_heads + kv_head) * seq_k * head_dim;
+  v += ((size_t)batch * kv_heads + kv_head) * seq_k * head_dim;
+
+  // Padding: this sequence's keys start at key_start[batch] (a batch of prompts of different
+  // lengths, padded on the left). The queries are the last seq_q positions, so the ones
+  // before that key are padding too: they see no key, and their output is defined as zero.
+  // The rest is plain attention over a shorter sequence, so the pointers and lengths move
+  // past the padding here and steps 1-6 never see it (no mask, no wasted tile).
+  if constexpr (PADDED) {
+    const int first = key_start[batch];  // 0 <= first <= seq_k: the binding checks it
+    const int skip = min(seq_q, max(0, first - (seq_k - seq_q)));  // padded queries
+    for (int idx = threadIdx.x; idx < BLOCK_ROWS * head_dim; idx += NUM_THREADS) {
+      const int row = q_start + idx / head_dim;  // this block's rows, before the move
+      if (row < skip) out[(size_t)row * head_dim + idx % head_dim] = 0.0f;
+    }
+    k += (size_t)first * head_dim;
+    v += (size_t)first * head_dim;
+    seq_k -= first;
+    q += (size_t)skip * head_dim;
+    out += (size_t)skip * head_dim;
+    seq_q -= skip;
+    if (q_start >= seq_q) return;  // every row of this tile was padding (the whole block leaves)
+  }
+  const int causal_offset = seq_k - seq_q;  // query i sees keys j <= i + causal_offset
 
   // Row i of this thread is query q_start + ty + i * ROW_THREADS.
   float m_i[THREAD_ROWS];          // running max of the scores, in log2 units
@@ -295,33 +325,40 @@ static cudaError_t with_head_dim_tile(int head_dim, LaunchFor launch_for) {
   return launch_for(std::integral_constant<int, MAX_HEAD_DIM>());
 }
 
-template <int D>
-static cudaError_t launch(const float* q, const float* k, const float* v, float* out,
-                          int batch_heads, int seq_q, int seq_k, int head_dim, float scale,
-                          bool causal, cudaStream_t stream) {
+template <int D, bool PADDED>
+static cudaError_t launch(const float* q, const float* k, const float* v, float* out, int batch,
+                          int heads, int kv_heads, const int* key_start, int seq_q, int seq_k,
+                          int head_dim, float scale, bool causal, cudaStream_t stream) {
   // More than 48 KB of dynamic shared memory needs an explicit opt-in.
   const size_t smem = smem_bytes<D>();
-  cudaError_t err = cudaFuncSetAttribute(flash_attention_kernel<D>,
+  cudaError_t err = cudaFuncSetAttribute(flash_attention_kernel<D, PADDED>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != cudaSuccess) return err;
-  const dim3 grid(batch_heads, ceil_div(seq_q, BLOCK_ROWS));
-  flash_attention_kernel<D><<<grid, NUM_THREADS, smem, stream>>>(
-      q, k, v, out, seq_q, seq_k, head_dim, scale * LOG2E, causal);
+  const dim3 grid(batch * heads, ceil_div(seq_q, BLOCK_ROWS));
+  flash_attention_kernel<D, PADDED><<<grid, NUM_THREADS, smem, stream>>>(
+      q, k, v, out, heads, kv_heads, key_start, seq_q, seq_k, head_dim, scale * LOG2E, causal);
   return cudaGetLastError();
 }
 
-// q: (batch_heads, seq_q, head_dim); k, v: (batch_heads, seq_k, head_dim);
-// out: (batch_heads, seq_q, head_dim).
+// q: (batch, heads, seq_q, head_dim); k, v: (batch, kv_heads, seq_k, head_dim), heads a
+// multiple of kv_heads; out: (batch, heads, seq_q, head_dim). key_start: nullptr (no
+// padding) or (batch,) ints on the device, each between 0 and seq_k.
 cudaError_t flash_attention_forward(const float* q, const float* k, const float* v, float* out,
-                                    int batch_heads, int seq_q, int seq_k, int head_dim,
-                                    float scale, bool causal, cudaStream_t stream) {
-  if (batch_heads < 0 || seq_q < 1 || seq_k < 1 || head_dim < 1 || head_dim > MAX_HEAD_DIM ||
-      (causal && seq_q > seq_k) || (seq_q - 1) / BLOCK_ROWS >= 65535)
+                                    int batch, int heads, int kv_heads, const int* key_start,
+                                    int seq_q, int seq_k, int head_dim, float scale, bool causal,
+                                    cudaStream_t stream) {
+  if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || seq_q < 1 || seq_k < 1 ||
+      head_dim < 1 || head_dim > MAX_HEAD_DIM || (causal && seq_q > seq_k) ||
+      (seq_q - 1) / BLOCK_ROWS >= 65535)
     return cudaErrorInvalidValue;
-  if (batch_heads == 0) return cudaSuccess;
+  if (batch == 0) return cudaSuccess;
   return with_head_dim_tile(head_dim, [&](auto tile) {
-    return launch<decltype(tile)::value>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale,
-                                         causal, stream);
+    constexpr int D = decltype(tile)::value;
+    return key_start != nullptr
+               ? launch<D, true>(q, k, v, out, batch, heads, kv_heads, key_start, seq_q, seq_k,
+                                 head_dim, scale, causal, stream)
+               : launch<D, false>(q, k, v, out, batch, heads, kv_heads, key_start, seq_q, seq_k,
+                                  head_dim, scale, causal, stream);
   });
 }
 

@@ -113,14 +113,16 @@ __device__ __forceinline__ void mma_3xtf32(float (&c)[4], const uint32_t (&a_big
   mma_tf32(c, a_big, b0_big, b1_big);
 }
 
-// q, out: (BH, seq_q, head_dim); k, v: (BH, seq_k, head_dim); D is head_dim padded up to a
-// multiple of 8. grid (BH, ceil(seq_q / BLOCK_ROWS)), NUM_THREADS threads, smem_bytes<D>().
+// q, out: (batch * heads, seq_q, head_dim); k, v: (batch * kv_heads, seq_k, head_dim); key_start:
+// nullptr or (batch,) first valid keys; D is head_dim padded up to a multiple of 8.
+// grid (batch * heads, ceil(seq_q / BLOCK_ROWS)), NUM_THREADS threads, smem_bytes<D>().
 // CAUSAL is a template parameter: compiled into the non-causal kernel too, the warps' skipping
 // of tiles (below) made it slower (45.6 ms against 42.7-43.6 at D128, one run each).
 template <int D, bool CAUSAL>
 __global__ void __launch_bounds__(NUM_THREADS, 1)
     flash_attention_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                           float* __restrict__ out, int seq_q, int seq_k, int head_dim, float scale_log2) {
+                           float* __restrict__ out, int heads, int kv_heads, const int* __restrict__ key_start,
+                           int seq_q, int seq_k, int head_dim, float scale_log2) {
   constexpr int LD = D + 4;
   constexpr int D_STEPS = D / 8;          // k-steps of Q K^T, n-tiles of O
   constexpr int KEY_STEPS = BLOCK_COLS / 8;  // n-tiles of S, k-steps of P V
@@ -134,13 +136,30 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   const int g = lane / 4, t = lane % 4;
   // As in the FFMA reference: the last query tiles have the most K/V tiles under a causal mask.
   const int q_start = (gridDim.y - 1 - blockIdx.y) * BLOCK_ROWS;
+
+  // The (batch, head), its key/value head and the padding, as in the FFMA reference.
+  const int batch = blockIdx.x / heads, kv_head = blockIdx.x % heads / (heads / kv_heads);
+  q += (size_t)blockIdx.x * seq_q * head_dim;
+  out += (size_t)blockIdx.x * seq_q * head_dim;
+  k += ((size_t)batch * kv_heads + kv_head) * seq_k * head_dim;
+  v += ((size_t)batch * kv_heads + kv_head) * seq_k * head_dim;
+  if (key_start != nullptr) {
+    const int first = key_start[batch];
+    const int skip = min(seq_q, max(0, first - (seq_k - seq_q)));
+    for (int idx = threadIdx.x; idx < BLOCK_ROWS * head_dim; idx += NUM_THREADS) {
+      const int row = q_start + idx / head_dim;
+      if (row < skip) out[(size_t)row * head_dim + idx % head_dim] = 0.0f;
+    }
+    k += (size_t)first * head_dim;
+    v += (size_t)first * head_dim;
+    seq_k -= first;
+    q += (size_t)skip * head_dim;
+    out += (size_t)skip * head_dim;
+    seq_q -= skip;
+    if (q_start >= seq_q) return;
+  }
   const int row0 = q_start + warp * 16 + g;  // this lane's rows of S and O: row0 and row0 + 8
   const int causal_offset = seq_k - seq_q;   // query i sees keys j <= i + causal_offset
-
-  q += (size_t)blockIdx.x * seq_q * head_dim;
-  k += (size_t)blockIdx.x * seq_k * head_dim;
-  v += (size_t)blockIdx.x * seq_k * head_dim;
-  out += (size_t)blockIdx.x * seq_q * head_dim;
 
   int kv_end = seq_k;
   if (CAUSAL) kv_end = min(seq_k, min(q_start + BLOCK_ROWS, seq_q) + causal_offset);
@@ -266,15 +285,16 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
 }
 
 template <int D, bool CAUSAL>
-static cudaError_t launch_as(const float* q, const float* k, const float* v, float* out, int batch_heads,
-                             int seq_q, int seq_k, int head_dim, float scale, cudaStream_t stream) {
+static cudaError_t launch_as(const float* q, const float* k, const float* v, float* out, int batch, int heads,
+                             int kv_heads, const int* key_start, int seq_q, int seq_k, int head_dim, float scale,
+                             cudaStream_t stream) {
   const size_t smem = smem_bytes<D>();
   cudaError_t err = cudaFuncSetAttribute(flash_attention_kernel<D, CAUSAL>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != cudaSuccess) return err;
-  const dim3 grid(batch_heads, ceil_div(seq_q, BLOCK_ROWS));
-  flash_attention_kernel<D, CAUSAL><<<grid, NUM_THREADS, smem, stream>>>(q, k, v, out, seq_q, seq_k, head_dim,
-                                                                          scale * LOG2E);
+  const dim3 grid(batch * heads, ceil_div(seq_q, BLOCK_ROWS));
+  flash_attention_kernel<D, CAUSAL><<<grid, NUM_THREADS, smem, stream>>>(
+      q, k, v, out, heads, kv_heads, key_start, seq_q, seq_k, head_dim, scale * LOG2E);
   return cudaGetLastError();
 }
 
@@ -290,17 +310,19 @@ static cudaError_t with_head_dim_tile(int head_dim, LaunchFor launch_for) {
 }
 
 // The launcher task4/binding.cpp calls, as in the FFMA reference.
-cudaError_t flash_attention_forward(const float* q, const float* k, const float* v, float* out, int batch_heads,
-                                    int seq_q, int seq_k, int head_dim, float scale, bool causal,
-                                    cudaStream_t stream) {
-  if (batch_heads < 0 || seq_q < 1 || seq_k < 1 || head_dim < 1 || head_dim > MAX_HEAD_DIM ||
-      (causal && seq_q > seq_k) || (seq_q - 1) / BLOCK_ROWS >= 65535)
+cudaError_t flash_attention_forward(const float* q, const float* k, const float* v, float* out, int batch,
+                                    int heads, int kv_heads, const int* key_start, int seq_q, int seq_k,
+                                    int head_dim, float scale, bool causal, cudaStream_t stream) {
+  if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || seq_q < 1 || seq_k < 1 ||
+      head_dim < 1 || head_dim > MAX_HEAD_DIM || (causal && seq_q > seq_k) || (seq_q - 1) / BLOCK_ROWS >= 65535)
     return cudaErrorInvalidValue;
-  if (batch_heads == 0) return cudaSuccess;
+  if (batch == 0) return cudaSuccess;
   return with_head_dim_tile(head_dim, [&](auto tile) {
     constexpr int D = decltype(tile)::value;
-    return causal ? launch_as<D, true>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale, stream)
-                  : launch_as<D, false>(q, k, v, out, batch_heads, seq_q, seq_k, head_dim, scale, stream);
+    return causal ? launch_as<D, true>(q, k, v, out, batch, heads, kv_heads, key_start, seq_q, seq_k, head_dim,
+                                       scale, stream)
+                  : launch_as<D, false>(q, k, v, out, batch, heads, kv_heads, key_start, seq_q, seq_k, head_dim,
+                                        scale, stream);
   });
 }
 
