@@ -1,8 +1,10 @@
 """The kernels of tasks 4 and 5 as their bindings define them, in plain PyTorch: what runs on the CPU.
 
 Given code (not graded). Tasks 6 and 7 call three kernels through one small interface:
-`attention(q, k, v, causal)` (task 4), `update_cache(k_new, v_new, k_cache, v_cache, pos)`
-and `decode(q, k_cache, v_cache, length)` (task 5), all with the scale 1/sqrt(head_dim).
+`attention(q, k, v, causal, key_start=None)` (task 4), `update_cache(k_new, v_new, k_cache,
+v_cache, pos)` and `decode(q, k_cache, v_cache, length, key_start=None)` (task 5), all with the
+scale 1/sqrt(head_dim); k, v and the caches may have fewer heads than q (grouped-query
+attention), and key_start marks each sequence's left padding.
 On a GPU that is task5/attention.py's `CudaKernels`; on the CPU this class plays them.
 """
 
@@ -20,14 +22,29 @@ class PyTorchKernels:
     non-contiguous tensors), so code that works with it asks the CUDA kernels for the same.
     """
 
-    def attention(self, q, k, v, causal: bool):
+    def attention(self, q, k, v, causal: bool, key_start=None):
         self._contiguous(q=q, k=k, v=v)
+        heads, kv_heads = q.shape[1], k.shape[1]
+        if heads % kv_heads:
+            raise ValueError(f"k's heads (kv_heads = {kv_heads}) must divide q's heads ({heads})")
+        # Grouped-query attention: query head h reads key/value head h // (heads // kv_heads). A copy per
+        # query head is fine here (plain PyTorch on the CPU); the kernels read the shared heads in place.
+        k, v = (t.repeat_interleave(heads // kv_heads, dim=1) for t in (k, v))
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        seq_q, seq_k = q.shape[-2], k.shape[-2]
+        hidden = torch.zeros(seq_q, seq_k, dtype=torch.bool, device=q.device)
         if causal:
-            seq_q, seq_k = q.shape[-2], k.shape[-2]
-            future = torch.ones(seq_q, seq_k, dtype=torch.bool, device=q.device).triu(seq_k - seq_q + 1)
-            scores = scores.masked_fill(future, -math.inf)
-        return torch.softmax(scores, dim=-1) @ v
+            hidden = torch.ones(seq_q, seq_k, dtype=torch.bool, device=q.device).triu(seq_k - seq_q + 1)
+        if key_start is None:
+            return torch.softmax(scores.masked_fill(hidden, -math.inf), dim=-1) @ v
+        # Left padding: keys before key_start[b] are hidden, and so are the queries at those positions,
+        # whose rows are zeros (they see no key).
+        first = self._key_start(key_start, q.shape[0], seq_k, "seq_k")[:, None, None, None]
+        padded_key = torch.arange(seq_k, device=q.device) < first
+        padded_query = (torch.arange(seq_q, device=q.device) + seq_k - seq_q)[:, None] < first
+        scores = scores.masked_fill(hidden | padded_key | padded_query, -math.inf)
+        scores = scores.masked_fill(padded_query, 0.0)  # a finite row, replaced by zeros below
+        return (torch.softmax(scores, dim=-1) @ v).masked_fill(padded_query, 0.0)
 
     def update_cache(self, k_new, v_new, k_cache, v_cache, pos: int) -> None:
         self._contiguous(k_new=k_new, v_new=v_new, k_cache=k_cache, v_cache=v_cache)
@@ -38,13 +55,27 @@ class PyTorchKernels:
         k_cache[:, :, pos:pos + n] = k_new
         v_cache[:, :, pos:pos + n] = v_new
 
-    def decode(self, q, k_cache, v_cache, length: int):
+    def decode(self, q, k_cache, v_cache, length: int, key_start=None):
         self._contiguous(q=q, k_cache=k_cache, v_cache=v_cache)
         if q.shape[2] != 1:
             raise ValueError(f"decode: q must hold one query per (batch, head), got {tuple(q.shape)}")
         if not 1 <= length <= k_cache.shape[2]:
             raise ValueError(f"decode: length must be between 1 and max_seq = {k_cache.shape[2]}, got {length}")
-        return self.attention(q, k_cache[:, :, :length].contiguous(), v_cache[:, :, :length].contiguous(), False)
+        if key_start is not None:  # the newest position is the query's own: never padding
+            self._key_start(key_start, q.shape[0], length - 1, "length - 1")
+        return self.attention(q, k_cache[:, :, :length].contiguous(), v_cache[:, :, :length].contiguous(), False,
+                              key_start)
+
+    @staticmethod
+    def _key_start(key_start, batch: int, most: int, most_what: str):
+        """key_start as the bindings take it: int32, (batch,), values between 0 and `most`."""
+        if key_start.dtype != torch.int32 or tuple(key_start.shape) != (batch,):
+            raise ValueError(f"key_start must be int32 of shape ({batch},), got {key_start.dtype} of shape "
+                             f"{tuple(key_start.shape)}")
+        if batch and not (int(key_start.min()) >= 0 and int(key_start.max()) <= most):
+            raise ValueError(f"key_start must hold values between 0 and {most_what} = {most}, got "
+                             f"{key_start.tolist()}")
+        return key_start.long()
 
     @staticmethod
     def _contiguous(**tensors):

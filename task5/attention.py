@@ -23,20 +23,22 @@ extension = TaskExtension(5)
 
 
 def update_cache(k_new, v_new, k_cache, v_cache, pos: int, solution: bool = False) -> None:
-    """Write k_new, v_new (batch, heads, n_new, head_dim) into the caches at positions pos .. pos + n_new - 1."""
+    """Write k_new, v_new (batch, kv_heads, n_new, head_dim) into the caches at positions pos .. pos + n_new - 1."""
     extension(solution).update_cache(k_new, v_new, k_cache, v_cache, pos)
 
 
 def decode(q, k_cache, v_cache, length: int, scale: float | None = None, out=None, splits: int = 0,
-           solution: bool = False):
-    """One query per (batch, head), q (batch, heads, 1, head_dim), over positions 0 .. length - 1 of the cache.
+           solution: bool = False, key_start=None):
+    """One query per (batch, head), q (batch, heads, 1, head_dim), over positions 0 .. length - 1 of the cache
+    (batch, kv_heads, max_seq, head_dim); kv_heads divides heads (grouped-query attention).
 
-    splits: 1 = one block per (batch, head) (step 2), 0 = the launcher's choice, more =
-    split-KV with that many splits (step 3).
+    splits: 1 = no split (step 2), 0 = the launcher's choice, more = split-KV with that many
+    splits (step 3). key_start, int32 (batch,) on the GPU: each sequence's first valid
+    position (a batch padded on the left); the positions before it take no weight.
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     out = torch.full_like(q, math.nan) if out is None else out  # NaN: an element the kernel never wrote shows
-    extension(solution).decode(q, k_cache, v_cache, out, length, scale, splits)
+    extension(solution).decode(q, k_cache, v_cache, out, length, scale, splits, key_start)
     return out
 
 
@@ -52,20 +54,20 @@ class CudaKernels:
     def __init__(self, solution: bool = False, prefill: str = "task4"):
         self.solution, self.prefill = solution, prefill
 
-    def attention(self, q, k, v, causal: bool):
+    def attention(self, q, k, v, causal: bool, key_start=None):
         if self.prefill == "pytorch":
             from common.torch_kernels import PyTorchKernels
 
-            return PyTorchKernels().attention(q, k, v, causal)
+            return PyTorchKernels().attention(q, k, v, causal, key_start)
         from task4.attention import flash_attention
 
-        return flash_attention(q, k, v, causal, solution=self.solution)
+        return flash_attention(q, k, v, causal, solution=self.solution, key_start=key_start)
 
     def update_cache(self, k_new, v_new, k_cache, v_cache, pos: int) -> None:
         update_cache(k_new, v_new, k_cache, v_cache, pos, solution=self.solution)
 
-    def decode(self, q, k_cache, v_cache, length: int):
-        return decode(q, k_cache, v_cache, length, solution=self.solution)
+    def decode(self, q, k_cache, v_cache, length: int, key_start=None):
+        return decode(q, k_cache, v_cache, length, solution=self.solution, key_start=key_start)
 
 
 def built_kernels(solution: bool = False) -> CudaKernels:

@@ -19,8 +19,8 @@ def update_cache(k_new, v_new, k_cache, v_cache, pos):
     torch.cuda.synchronize()
 
 
-def decode(q, k_cache, v_cache, out, length, scale, splits):
-    ext.decode(q, k_cache, v_cache, out, length, scale, splits)
+def decode(q, k_cache, v_cache, out, length, scale, splits, key_start=None):
+    ext.decode(q, k_cache, v_cache, out, length, scale, splits, key_start)
     torch.cuda.synchronize()
 
 
@@ -31,8 +31,8 @@ def decode_batch(sets, caches, length, scale, splits):
     torch.cuda.synchronize()
 
 
-def splits_for(batch_heads, length, head_dim):
-    return ext.splits_for(batch_heads, length, head_dim)
+def splits_for(batch, heads, kv_heads, length, head_dim):
+    return ext.splits_for(batch, heads, kv_heads, length, head_dim)
 
 
 _layer = None
@@ -75,9 +75,9 @@ def occupancy(symbols):
     return blocks_per_sm(ext.__file__, symbols)
 
 
-def profile_launch(batch, heads, length, head_dim, splits):
+def profile_launch(batch, heads, length, head_dim, splits, kv_heads=None):
     """One decode on a cache made here, for python -m task5.profile (ncu profiles it)."""
     q = torch.randn(batch, heads, 1, head_dim, device="cuda")
-    k, v = (torch.randn(batch, heads, length, head_dim, device="cuda") for _ in range(2))
+    k, v = (torch.randn(batch, kv_heads or heads, length, head_dim, device="cuda") for _ in range(2))
     ext.decode(q, k, v, torch.empty_like(q), length, head_dim ** -0.5, splits)
     torch.cuda.synchronize()

@@ -23,7 +23,9 @@ from harness.sandbox import WorkerError
 from task5.attention import TASK4_DID_NOT_BUILD
 
 ATOL, RTOL = 2e-5, 1e-4  # what every output is held to, checked (task5/test.py) or timed (here)
-DECODE_BENCHMARKS = [(16, 32, 4096, 128), (1, 32, 32768, 128)]  # (batch, heads, cached tokens, head_dim)
+# (batch, heads, kv_heads, cached tokens, head_dim). The last has grouped-query attention: 4 query heads per
+# key/value head (Llama 3's 32 and 8), each cached byte read once for its group; reported, not scored.
+DECODE_BENCHMARKS = [(16, 32, 32, 4096, 128), (1, 32, 32, 32768, 128), (16, 32, 8, 4096, 128)]
 HANDOUT = dict(batch=16, prompt=1024, max_seq=2048, hidden=4096, heads=32, steps=100)
 REPS = 5  # timed requests per benchmark
 LONG_CACHE_NEEDS_SPLITS_BELOW = 128  # batch x heads under which one block per head leaves most SMs idle
@@ -40,10 +42,10 @@ class TimedDecode:
     (bit sums), every output written, and the copied heads right (float64).
     """
 
-    def __init__(self, batch, heads, length, head_dim):
-        self.shape, self.length = (batch, heads, length, head_dim), length
-        cache_bytes = 2 * batch * heads * length * head_dim * 4
-        self.caches = [tuple(torch.randn(batch, heads, length, head_dim, device="cuda") for _ in range(2))
+    def __init__(self, batch, heads, kv_heads, length, head_dim):
+        self.shape, self.kv_heads, self.length = (batch, heads, length, head_dim), kv_heads, length
+        cache_bytes = 2 * batch * kv_heads * length * head_dim * 4
+        self.caches = [tuple(torch.randn(batch, kv_heads, length, head_dim, device="cuda") for _ in range(2))
                        for _ in range(max(1, min(4, bench.SET_MEMORY_BUDGET // cache_bytes)))]
         estimate_ms = cache_bytes / 3e12 * 1e3  # at about 3 TB/s: sizes a request, nothing else
         self.count = bench.sets_for(batch * heads * head_dim * 8, estimate_ms, most=128)
@@ -56,8 +58,9 @@ class TimedDecode:
 
     @property
     def bytes_read(self) -> int:
-        batch, heads, length, head_dim = self.shape
-        return 2 * batch * heads * length * head_dim * 4
+        """K and V as stored: with grouped-query attention, each key/value head once, not once per query head."""
+        batch, _, length, head_dim = self.shape
+        return 2 * batch * self.kv_heads * length * head_dim * 4
 
     def refresh(self):
         self.picked = []
@@ -77,7 +80,8 @@ class TimedDecode:
             if not torch.isfinite(out).all():
                 raise AssertionError(f"{where}: not every element was written (or NaN was computed)")
             k, v = self.caches[c]
-            expected = attention_reference(q_bh.to(k.device), k[b, h], v[b, h], False, scale)[0]
+            kv = h // (q.shape[1] // self.kv_heads)  # the key/value head query head h reads
+            expected = attention_reference(q_bh.to(k.device), k[b, kv], v[b, kv], False, scale)[0]
             result = compare(out[b, h], expected, atol=ATOL, rtol=RTOL, name=f"{where}, head ({b}, {h})")
             if not result.passed:
                 raise AssertionError(result.message)
@@ -126,7 +130,10 @@ def decode_result(timing, timed: TimedDecode, reference, copy_gbs, splits: int, 
     metrics = {"kernel_ms": timing.median_ms, "gbs": gbs, "copy_gbs": copy_gbs, "of_copy": gbs / copy_gbs,
                "copy_ms": timed.bytes_read / (copy_gbs * 1e9) * 1e3, "splits": splits,
                "calls_per_request": timed.count}
-    message = (f"kernel {timing.median_ms:.3f} ms, {gbs:.0f} GB/s of K and V ({gbs / copy_gbs:.0%} of the "
+    heads = timed.shape[1]
+    counted = ("" if timed.kv_heads == heads else
+               f", each byte once for its {heads // timed.kv_heads} query heads: {timed.kv_heads} key/value heads")
+    message = (f"kernel {timing.median_ms:.3f} ms, {gbs:.0f} GB/s of K and V{counted} ({gbs / copy_gbs:.0%} of the "
                f"{copy_gbs:.0f} GB/s copy bandwidth; {how})")
     if reference is not None:
         t_ref = time_decode_here(lambda q, k, v, o: reference.decode(q, k, v, o, timed.length, scale, 0), timed)
@@ -136,16 +143,17 @@ def decode_result(timing, timed: TimedDecode, reference, copy_gbs, splits: int, 
                         bench.VS_REFERENCE: t_ref.median_ms / timing.median_ms}
             message += (f", reference kernel {t_ref.median_ms:.3f} ms ({ref_gbs:.0f} GB/s; "
                         f"{metrics[bench.VS_REFERENCE]:.2f}x its speed)")
-    t_naive = time_decode_here(lambda q, k, v, o: torch.softmax((q @ k.transpose(-2, -1)) * scale, dim=-1) @ v,
-                               timed)
-    t_sdpa = time_decode_here(lambda q, k, v, o: F.scaled_dot_product_attention(q, k, v, scale=scale), timed)
+    t_naive = time_decode_here(lambda q, k, v, o: naive_decode(q, k, v, scale), timed)
+    t_sdpa = time_decode_here(lambda q, k, v, o: F.scaled_dot_product_attention(
+        q, k, v, scale=scale, enable_gqa=k.shape[1] != q.shape[1]), timed)
     for key, label, t in (("naive", "naive PyTorch", t_naive), ("sdpa", "SDPA", t_sdpa)):
         if not isinstance(t, str):
             metrics[f"{key}_gbs"] = timed.bytes_read / (t.median_ms * 1e-3) / 1e9
             metrics[f"speedup_vs_{key}"] = bench.ratio(t, timing)
             message += f"; {label} {t.median_ms:.3f} ms ({metrics[f'{key}_gbs']:.0f} GB/s)"
     if not scored:
-        metrics[points.NOT_SCORED] = "one block per head: this case counts once split-KV (step 3) runs it"
+        metrics[points.NOT_SCORED] = ("one block per head: this case counts once split-KV (step 3) runs it"
+                                      if timed.kv_heads == heads else "grouped-query attention is reported only")
         message += f"; not scored: {metrics[points.NOT_SCORED]}"
     elif optional:
         metrics[points.OPTIONAL_PART] = "split-KV"
@@ -153,6 +161,14 @@ def decode_result(timing, timed: TimedDecode, reference, copy_gbs, splits: int, 
         return False, message + (f": faster than {FASTEST_VS_COPY}x the copy bandwidth, more than the GPU can "
                                  "read, so work was skipped"), metrics
     return True, message, metrics
+
+
+def naive_decode(q, k, v, scale):
+    """Matmul, softmax, matmul, with each group's query heads as rows against their one key/value head."""
+    batch, heads, _, head_dim = q.shape
+    q = q.view(batch, k.shape[1], heads // k.shape[1], head_dim)  # (batch, kv_heads, group, head_dim)
+    out = torch.softmax((q @ k.transpose(-2, -1)) * scale, dim=-1) @ v
+    return out.view(batch, heads, 1, head_dim)
 
 
 class SdpaKernels:
@@ -308,28 +324,33 @@ def run_benchmarks(report, worker, split_passed: bool, prefill: str = "task4"):
     the generation's prompt runs ("task4": your Task 4 kernel; "pytorch": plain PyTorch, when it failed)."""
     splits = 0 if split_passed else 1
     student, timed_sets = {}, {}
-    for batch, heads, length, d in DECODE_BENCHMARKS:
-        timed = TimedDecode(batch, heads, length, d)
-        chosen = worker.call("splits_for", batch * heads, length, d) if splits == 0 else 1
-        student[(batch, length)] = time_student_decode(worker, timed, splits), chosen
-        timed_sets[(batch, length)] = timed
+    for case in DECODE_BENCHMARKS:
+        batch, heads, kv_heads, length, d = case
+        timed = TimedDecode(batch, heads, kv_heads, length, d)
+        chosen = worker.call("splits_for", batch, heads, kv_heads, length, d) if splits == 0 else 1
+        student[case] = time_student_decode(worker, timed, splits), chosen
+        timed_sets[case] = timed
     generation = time_student_generation(worker, prefill)
     worker.stop()  # its context is gone, and any work it had queued with it: the GPU is ours alone now
 
     copy_gbs = bench.copy_bandwidth_gbs()
     reference = bench.load_reference(report, 5)
-    for batch, heads, length, d in DECODE_BENCHMARKS:
-        timing, chosen = student[(batch, length)]
+    for case in DECODE_BENCHMARKS:
+        batch, heads, kv_heads, length, d = case
+        timing, chosen = student[case]
         how = (f"{chosen} split{'s' if chosen > 1 else ''} per head, the launcher's choice" if splits == 0 else
                "one block per head: split-KV is used once its checks pass")
-        name = f"decode batch {batch} heads {heads} cached tokens {length} head_dim {d}"
+        grouped = kv_heads != heads
+        name = (f"decode batch {batch} heads {heads}{f' ({kv_heads} kv heads)' if grouped else ''} cached tokens "
+                f"{length} head_dim {d}")
         # one block per (batch, head) fills the GPU only with many heads: the long cache of one
         # sequence counts when split-KV runs it (harness/points.py)
         long_cache = batch * heads < LONG_CACHE_NEEDS_SPLITS_BELOW
-        report.run(name, lambda: decode_result(timing, timed_sets[(batch, length)], reference, copy_gbs, chosen, how,
-                                               scored=splits == 0 or not long_cache, optional=long_cache),
+        report.run(name, lambda: decode_result(timing, timed_sets[case], reference, copy_gbs, chosen, how,
+                                               scored=not grouped and (splits == 0 or not long_cache),
+                                               optional=long_cache and not grouped),
                    kind="benchmark")
-        del timed_sets[(batch, length)]
+        del timed_sets[case]
         torch.cuda.empty_cache()
     report.run("generation: time to first token and between tokens", lambda: generation_result(generation),
                kind="benchmark")

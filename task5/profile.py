@@ -12,8 +12,11 @@ import sys
 from harness import profile
 from task5.measure import DECODE_BENCHMARKS
 
+BATCH, HEADS, _, LENGTH, HEAD_DIM = DECODE_BENCHMARKS[0]  # as many key/value heads as query heads
+SHAPE = (BATCH, HEADS, LENGTH, HEAD_DIM)
+
 if __name__ == "__main__":
     sys.exit(profile.main(
-        5, "decode_kernel", "profile_launch", lambda o: (*DECODE_BENCHMARKS[0], 1),
-        lambda o: "decode batch {} heads {} cached tokens {} head_dim {}".format(*DECODE_BENCHMARKS[0]),
+        5, "decode_kernel", "profile_launch", lambda o: (*SHAPE, 1),
+        lambda o: "decode batch {} heads {} cached tokens {} head_dim {}".format(*SHAPE),
         causal=False))

@@ -33,7 +33,7 @@ from harness.checks import (GUARD_BITS, CheckResult, compare, exact_float32, exp
 from common.layer import mha_weights
 from harness.records import Report
 from harness.sandbox import WorkerDied, WorkerError
-from harness.reference import attention_reference, causal_mask
+from harness.reference import attention_reference, causal_mask, expand_kv_heads
 from task5 import measure
 from task5.attention import TASK4_DID_NOT_BUILD
 from task5.measure import ATOL, RTOL
@@ -56,12 +56,36 @@ DECODE_CASES = [(1, 1, 8, 1, 128), (1, 1, 8, 2, 64), (2, 3, 100, 31, 128), (2, 3
 SPLIT_CASES = [(1, 1, 8, 1, 128, 64), (1, 1, 8, 2, 64, 3), (2, 3, 100, 33, 128, 2), (1, 2, 200, 65, 64, 7),
                (1, 1, 4100, 4097, 128, 64), (1, 1, 4100, 4097, 128, 0), (2, 2, 300, 300, 80, 3),
                (1, 3, 150, 129, 17, 5), (1, 1, 40, 37, 3, 2), (1, 2, 9000, 8999, 128, 0), (8, 32, 300, 257, 128, 2)]
+# Grouped-query attention and padding: (batch, heads, kv_heads, max_seq, length, head_dim, key_start).
+# kv_heads divides heads (query head h reads cache head h // (heads // kv_heads)); a block serves up to
+# 8 query heads of a group, so 12 and 32 heads per cache head take several blocks. key_start: each
+# sequence's first valid position (left padding; at most length - 1) or None.
+GROUPED_DECODE_CASES = [(2, 8, 4, 100, 33, 128, None), (1, 8, 2, 200, 65, 64, None), (2, 16, 2, 70, 50, 32, None),
+                        (2, 6, 1, 90, 77, 12, None), (1, 12, 1, 150, 129, 17, None), (1, 12, 3, 60, 41, 4, None),
+                        (1, 32, 1, 300, 257, 128, None), (4, 8, 2, 64, 40, 64, (0, 35, 12, 39)),
+                        (2, 6, 3, 600, 513, 80, (0, 500))]
+# the same with splits: (..., splits); 0 lets the launcher choose
+GROUPED_SPLIT_CASES = [(2, 8, 4, 100, 33, 128, None, 2), (1, 16, 2, 4100, 4097, 128, None, 0),
+                       (1, 12, 1, 150, 129, 17, None, 5), (3, 8, 2, 600, 600, 64, (0, 300, 599), 7)]
 # (hidden, heads, max_seq, prompt_len, steps): steps that end exactly at a full cache included
 LAYER_CASES = [(256, 4, 80, 50, 30), (256, 4, 40, 1, 20), (4096, 32, 48, 33, 15)]
 
 
 def describe_decode(shape) -> str:
     return "batch {} heads {} cache {} length {} head_dim {}".format(*shape)
+
+
+def describe_grouped(shape) -> str:
+    b, h, kvh, max_seq, length, d, starts = shape[:7]
+    group = "MQA" if kvh == 1 else f"{kvh} kv heads"
+    padding = f" key_start {','.join(map(str, starts))}" if starts is not None else ""
+    splits = f" splits {shape[7] or 'chosen by the launcher'}" if len(shape) > 7 else ""
+    return f"batch {b} heads {h} ({group}) cache {max_seq} length {length} head_dim {d}{padding}{splits}"
+
+
+def grouped(shape):
+    """A decode case as (batch, heads, kv_heads, max_seq, length, head_dim, key_start)."""
+    return shape if len(shape) >= 7 else (shape[0], shape[1], shape[1], *shape[2:5], None)
 
 
 def cache_with_tail(shape, length, seed):
@@ -115,10 +139,10 @@ def check_update(worker, case):
 
 
 def decode_inputs(shape, seed):
-    b, h, max_seq, length, d = shape
+    b, h, kvh, max_seq, length, d, _ = grouped(shape)
     q = random_tensor((b, h, 1, d), seed)
-    return q, cache_with_tail((b, h, max_seq, d), length, seed + 1), cache_with_tail((b, h, max_seq, d), length,
-                                                                                  seed + 2)
+    return q, cache_with_tail((b, kvh, max_seq, d), length, seed + 1), cache_with_tail((b, kvh, max_seq, d), length,
+                                                                                    seed + 2)
 
 
 def launcher_splits(worker, shape, splits) -> int:
@@ -126,29 +150,35 @@ def launcher_splits(worker, shape, splits) -> int:
     only used to name a mistake, so anything but a sensible int is taken as one split)."""
     if splits:
         return splits
+    b, h, kvh, _, length, d, _ = grouped(shape)
     try:
-        chosen = worker.call("splits_for", shape[0] * shape[1], shape[3], shape[4])
+        chosen = worker.call("splits_for", b, h, kvh, length, d)
     except (WorkerError, WorkerDied):  # the case's own failure is what it reports
         return 1
-    return chosen if isinstance(chosen, int) and 1 <= chosen <= shape[3] else 1
+    return chosen if isinstance(chosen, int) and 1 <= chosen <= length else 1
 
 
 def check_decode(worker, shape, seed, splits, constants=None):
     """One decode; a wrong output is compared with the common mistakes (harness/diagnose.py), the online
-    softmax's slips laid out as the student's DECODE_WARPS and UNROLL (`constants`) say."""
-    b, h, max_seq, length, d = shape
+    softmax's slips laid out as the student's DECODE_WARPS and UNROLL (`constants`) say. shape: (batch,
+    heads, max_seq, length, head_dim), or grouped-query and padded as `grouped` says."""
+    b, h, kvh, max_seq, length, d, starts = grouped(shape)
     q, k_cache, v_cache = decode_inputs(shape, seed)
+    key_start = None if starts is None else torch.tensor(starts, dtype=torch.int32)
     inputs = [guarded_input(name, t) for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))]
     out = guarded_output("out", q.shape)
     scale = 1.0 / math.sqrt(d)
-    worker.call("decode", *(t.tensor for t in inputs), out.tensor, length, scale, splits)
+    worker.call("decode", *(t.tensor for t in inputs), out.tensor, length, scale, splits,
+                None if key_start is None else key_start.cuda())
     damage = guard_damage(*inputs, out)
     if damage:
         return damage
-    expected = attention_reference(q, k_cache[:, :, :length], v_cache[:, :, :length], False, scale)[0]
+    # each query head's cache head repeated for it: the checks' float64 side only
+    k_seen, v_seen = (expand_kv_heads(c[:, :, :length], h) for c in (k_cache, v_cache))
+    expected = attention_reference(q, k_seen, v_seen, False, scale, key_start)[0]
     bits = out.tensor.view(torch.int32)
     result = compare(out.tensor, expected, atol=ATOL, rtol=RTOL, poisoned=bool((bits == GUARD_BITS).all()))
-    if result.passed:
+    if result.passed or key_start is not None:  # the known mistakes are modelled without padding
         return result
     used = launcher_splits(worker, shape, splits)
     step = 3 if used > 1 else 2
@@ -165,7 +195,7 @@ def check_decode(worker, shape, seed, splits, constants=None):
                               f"zero output): see README, Task 5, step 3. {used} splits over {length} rows; "
                               f"{result.message}")
             return result
-    return diagnose(5, result, out.tensor, q, k_cache[:, :, :length], v_cache[:, :, :length], False, atol=ATOL,
+    return diagnose(5, result, out.tensor, q, k_seen, v_seen, False, atol=ATOL,
                     rtol=RTOL, scale=scale, splits=used, schedules=decode_schedules(constants or {}, d, length, used))
 
 
@@ -261,6 +291,12 @@ def check_errors(worker):
                                 2, 0, torch.zeros(1, 1, 1, 256, device="cuda")), "at most 128"),
         ("out is q", decode(q, cache, 4, 0, q), "must not share memory"),
         ("scale NaN", ("decode", q, cache, cache.clone(), out, 4, math.nan, 0), "scale must be finite"),
+        ("a cache of 2 heads for 3 query heads", decode(torch.zeros(1, 3, 1, 64, device="cuda"), cache, 4, 0,
+                                                        torch.zeros(1, 3, 1, 64, device="cuda")), "must divide q's heads"),
+        ("key_start int64", ("decode", q, cache, cache.clone(), out, 4, 0.125, 0,
+                             torch.zeros(1, dtype=torch.int64, device="cuda")), "must be int32"),
+        ("key_start at length", ("decode", q, cache, cache.clone(), out, 4, 0.125, 0,
+                                 torch.tensor([4], dtype=torch.int32, device="cuda")), "between 0 and length - 1 = 3"),
     ]
     ok, message, metrics = expect_errors(lambda *call: worker.call(*call), bad)
     if not ok:
@@ -301,12 +337,19 @@ def sanitizer_calls(hidden: cli.Hidden | None, with_splits: bool) -> list[saniti
                                    (k_new, v_new, torch.zeros(b, h, max_seq, d), torch.zeros(b, h, max_seq, d), pos),
                                    ("k_new", "v_new", "k_cache", "v_cache")))
     shapes = [(1, 2, 40, 40, 128), (1, 1, 70, 65, 17), (2, 1, 20, 3, 12), (1, 2, 33, 33, 64)]
+    grouped_shapes = [(2, 6, 2, 40, 37, 64, (0, 30)), (1, 12, 1, 20, 9, 12, None)]  # 3 and 12 heads per cache head
     for splits in (1, 3, 64) if with_splits else (1,):
         for shape in shapes:
             q, k_cache, v_cache = (t.nan_to_num() for t in decode_inputs(shape, cli.seed(sum(shape), hidden)))
             calls.append(sanitize.Call(f"decode {describe_decode(shape)} splits {splits}", "decode",
                                        (q, k_cache, v_cache, torch.empty_like(q), shape[3], 1 / math.sqrt(shape[4]),
                                         splits), ("q", "k_cache", "v_cache", "out")))
+        for shape in grouped_shapes:
+            q, k_cache, v_cache = (t.nan_to_num() for t in decode_inputs(shape, cli.seed(sum(shape[:6]), hidden)))
+            starts = None if shape[6] is None else torch.tensor(shape[6], dtype=torch.int32)
+            calls.append(sanitize.Call(f"decode {describe_grouped(shape)} splits {splits}", "decode",
+                                       (q, k_cache, v_cache, torch.empty_like(q), shape[4], 1 / math.sqrt(shape[5]),
+                                        splits, starts), ("q", "k_cache", "v_cache", "out", "key_start")))
     return calls
 
 
@@ -343,6 +386,11 @@ def main(argv=None) -> int:
                 for case in cli.cases(5, part, public, args.hidden, label, causal=(False,)):
                     splits = 1 if part == "decode" else case.shape[5]
                     report.run(case.name, lambda: check_decode(worker, case.shape[:5], case.seed, splits, constants))
+                grouped_public = GROUPED_DECODE_CASES if part == "decode" else GROUPED_SPLIT_CASES
+                for case in cli.cases(5, f"{part} grouped", grouped_public, args.hidden, describe_grouped,
+                                      causal=(False,)):
+                    splits = 1 if part == "decode" else case.shape[7]
+                    report.run(case.name, lambda: check_decode(worker, case.shape[:7], case.seed, splits, constants))
             else:
                 for i, (hidden, heads, max_seq, prompt_len, n) in enumerate(LAYER_CASES):
                     report.run(f"layer hidden {hidden} heads {heads} cache {max_seq}: prefill {prompt_len}, "

@@ -16,13 +16,14 @@ import sys
 
 from harness import bench, tune
 from task5.measure import DECODE_BENCHMARKS, TimedDecode, time_student_decode
-from task5.test import check_decode, describe_decode
+from task5.test import check_decode, describe_decode, describe_grouped
 
 # Each sets both constants; the first is the skeleton's untuned start. (Fewer than 4 warps cannot merge a
 # head_dim of 128, one column per thread: the kernel's static_assert refuses them.)
 CONFIGS = [{"DECODE_WARPS": w, "UNROLL": u} for w, u in ((4, 1), (8, 1), (8, 2), (16, 2), (4, 4), (8, 4), (16, 4),
                                                           (8, 8))]
-CHECKS = [((2, 3, 100, 33, 128), 1), ((1, 2, 200, 65, 64), 1), ((1, 3, 150, 129, 17), 1), ((2, 2, 300, 300, 80), 1)]
+CHECKS = [((2, 3, 100, 33, 128), 1), ((1, 2, 200, 65, 64), 1), ((1, 3, 150, 129, 17), 1), ((2, 2, 300, 300, 80), 1),
+          ((2, 8, 2, 100, 33, 128, None), 1)]  # the last: 4 query heads per cached head
 
 
 @functools.cache
@@ -36,9 +37,9 @@ def measure(worker) -> tune.Measured:
     for n, (shape, splits) in enumerate(CHECKS):
         result = check_decode(worker, shape, 700 + 10 * n, splits)
         if not result.passed:
-            return tune.Measured(error=f"wrong at {describe_decode(shape)}: {result.message.splitlines()[0]}")
-    batch, heads, length, d = DECODE_BENCHMARKS[0]
-    timed = TimedDecode(batch, heads, length, d)
+            described = describe_grouped(shape) if len(shape) > 5 else describe_decode(shape)
+            return tune.Measured(error=f"wrong at {described}: {result.message.splitlines()[0]}")
+    timed = TimedDecode(*DECODE_BENCHMARKS[0])
     timing = time_student_decode(worker, timed, 1)
     if isinstance(timing, str):
         return tune.Measured(error=f"timed run failed: {timing.splitlines()[0]}")
@@ -51,16 +52,16 @@ SPLITS = (1, 2, 4, 8, 16, 32, 64, 0)  # 0: the launcher's own choice (decode_spl
 
 def split_counts(worker) -> list[str]:
     """the long cache of one sequence at several split counts (split-KV, README step 3)"""
-    batch, heads, length, d = DECODE_BENCHMARKS[1]
+    batch, heads, kv_heads, length, d = DECODE_BENCHMARKS[1]
     title = f"split-KV at decode batch {batch} heads {heads} cached tokens {length} head_dim {d} (the file as it is):"
     checked = check_decode(worker, (1, 2, 300, 257, 64), 790, 5)
     if not checked.passed:
         return [title, f"  not timed: split-KV fails a check ({checked.message.splitlines()[0][:200]}); python -m "
                        "task5.test --split"]
-    timed = TimedDecode(batch, heads, length, d)
+    timed = TimedDecode(batch, heads, kv_heads, length, d)
     lines = [title, f"  {'splits':>28}  {'ms':>6}  {'GB/s':>6}  % copy"]
     for splits in SPLITS:
-        used = worker.call("splits_for", batch * heads, length, d) if splits == 0 else splits
+        used = worker.call("splits_for", batch, heads, kv_heads, length, d) if splits == 0 else splits
         timing = time_student_decode(worker, timed, splits)
         if isinstance(timing, str):
             lines.append(f"  {splits:>28}  not timed: {timing.splitlines()[0][:200]}")
@@ -72,9 +73,10 @@ def split_counts(worker) -> list[str]:
                     "Task 5, step 4)"]
 
 
-PLAN = tune.Plan(task=5, kernel_file="task5/kernels/decode.cu", timed_kernel="decode_kernel<4, 32>",
+BENCHMARK_SHAPE = [n for i, n in enumerate(DECODE_BENCHMARKS[0]) if i != 2]  # kv_heads == heads: left out
+PLAN = tune.Plan(task=5, kernel_file="task5/kernels/decode.cu", timed_kernel="decode_kernel<4, 32, 1>",
                  what="decode batch {} heads {} cached tokens {} head_dim {}, one block per head".format(
-                     *DECODE_BENCHMARKS[0]), unit="GB/s", limit="copy bandwidth", configs=CONFIGS, measure=measure,
+                     *BENCHMARK_SHAPE), unit="GB/s", limit="copy bandwidth", configs=CONFIGS, measure=measure,
                  also=split_counts)
 
 if __name__ == "__main__":

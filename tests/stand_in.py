@@ -334,9 +334,18 @@ class Task5Kernels(StandInKernels):
             k_cache[:, :, pos:pos + n_new] = k_new
             v_cache[:, :, pos:pos + n_new] = v_new
 
-    def decode(self, q, k_cache, v_cache, out, length, scale, splits=0):
+    def decode(self, q, k_cache, v_cache, out, length, scale, splits=0, key_start=None):
         self._check_cache(k_cache, v_cache)
-        self._check_matches(q, "q", k_cache, "(batch, heads, 1, head_dim)")
+        _check_cuda_float32(q, "q")
+        _check_dim(q, "q", 4)
+        if q.shape[0] != k_cache.shape[0] or q.shape[3] != k_cache.shape[3]:
+            raise RuntimeError(f"q must be (batch, heads, 1, head_dim) with the cache's batch and head_dim (k_cache "
+                               f"is {list(k_cache.shape)}), got {list(q.shape)}")
+        heads, kv_heads = q.shape[1], k_cache.shape[1]
+        if heads % kv_heads:
+            raise RuntimeError(f"the cache's heads (kv_heads = k_cache.size(1)) must divide q's heads: each group of "
+                               f"heads / kv_heads query heads shares one key/value head; got heads = {heads} and "
+                               f"kv_heads = {kv_heads}")
         if q.shape[2] != 1:
             raise RuntimeError(f"q must hold one query per (batch, head) (q.size(2) == 1), got shape {list(q.shape)}")
         _check_cuda_float32(out, "out")
@@ -351,10 +360,12 @@ class Task5Kernels(StandInKernels):
         _check_finite(scale)
         for t, name in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")):
             _check_no_overlap(out, "out", t, name)
-        with self.work(2 * k_cache[:, :, :length].nbytes / BYTES_PER_S):  # K and V read once
-            self.write(out, _attention(q, k_cache[:, :, :length], v_cache[:, :, :length], False, scale))
+        _check_key_start(key_start, q.shape[0], length - 1, "length - 1")
+        with self.work(2 * k_cache[:, :, :length].nbytes / BYTES_PER_S):  # K and V read once, each head once
+            k, v = (expand_kv_heads(c[:, :, :length], heads) for c in (k_cache, v_cache))
+            self.write(out, _padded(lambda *qkv: _attention(*qkv, False, scale), q, k, v, key_start))
 
-    def splits_for(self, batch_heads, length, head_dim):
+    def splits_for(self, batch, heads, kv_heads, length, head_dim):
         return max(1, min(self.MAX_SPLITS, length // 512))
 
     def max_head_dim(self):
@@ -501,7 +512,7 @@ SMALL = {  # module: {name: the small value the stand-in uses}
     "task2.measure": {"TIMING_SHAPE": (2, 3, 96, 32)},
     "task4.measure": {"PERF_CASE": (1, 2, 1024, 24), "HEAD_DIM_CASES": [(1, 2, 256, 64), (1, 2, 200, 80)],
                    "HANDOUT_CASES": [(2, 64)], "HANDOUT_LAYER": (64, 4), "ESTIMATE_TFLOPS": FLOPS_PER_S / 1e12},
-    "task5.measure": {"DECODE_BENCHMARKS": [(1, 2, 2048, 48), (1, 1, 4096, 48)], "LONG_CACHE_NEEDS_SPLITS_BELOW": 2,
+    "task5.measure": {"DECODE_BENCHMARKS": [(1, 2, 2, 2048, 48), (1, 1, 1, 4096, 48), (1, 4, 2, 2048, 48)], "LONG_CACHE_NEEDS_SPLITS_BELOW": 2,
                    "HANDOUT": dict(batch=2, prompt=40, max_seq=64, hidden=64, heads=4, steps=8)},
 }
 

@@ -7,9 +7,16 @@
 //
 //   out = softmax(scale * q K[0:length]^T) V[0:length]       for every (batch, head)
 //
-// The cache is (batch, heads, max_seq, head_dim), row-major: the keys of one head are
+// The cache is (batch, kv_heads, max_seq, head_dim), row-major: the keys of one head are
 // max_seq consecutive rows, so reading positions 0 .. length-1 of a head reads one
 // contiguous stretch of memory, and neighbouring lanes read neighbouring floats.
+//
+// With grouped-query attention (Llama 3, Mistral, Qwen) the cache has fewer heads than the
+// queries: kv_heads divides heads, and the heads / kv_heads query heads of a group share
+// one key/value head (query head h reads h / (heads / kv_heads)). A block then attends
+// with up to QUERIES query heads of one group at once, so each row of the cache it loads
+// serves all of them: the cache is read once per group, not once per query head. That is
+// what makes GQA decode fast, and kv_heads == heads is the plain case (one query a block).
 //
 // A decode step does little arithmetic (two multiply-adds per cached float) and reads
 // the whole of K and V once: its speed is the rate it reads memory. So the kernel
@@ -45,6 +52,14 @@ constexpr int DECODE_WARPS = 4;  // warps per block
 // UNROLL loads of each in flight instead of one: memory latency is hidden by loads, not
 // by arithmetic, in a kernel that does almost none.
 constexpr int UNROLL = 1;
+// Query heads a block attends with at once (grouped-query attention): the launcher takes the
+// group's size rounded up to a power of two, at most this (1, 2, 4 or 8). Each lane keeps an
+// online softmax per query, about 20 registers each, so a larger group takes several blocks,
+// each reading the group's cache once: 8 query heads per cached head read it twice at 4. That is
+// still the faster choice here (H100, 32 query heads over 4 cached ones: 78% of the copy bandwidth
+// counting each byte once, against 60% with 8 queries a block, which needs 8 warps: with 16 a
+// thread may use at most 128 registers, and 8 queries spill). README, Task 5, step 4.
+constexpr int MAX_QUERIES = 4;
 constexpr int MAX_HEAD_DIM = 128;
 constexpr int MAX_SPLITS = 256;  // the binding checks `splits` against this
 // With split-KV (step 3), no split is shorter than this many rows: below it, the combining kernel
@@ -55,6 +70,8 @@ constexpr int WARP = 32;
 static_assert(DECODE_WARPS * WARP >= MAX_HEAD_DIM && DECODE_WARPS * WARP <= 1024,
               "the groups are merged one output column per thread: at least MAX_HEAD_DIM threads, at most 1024");
 static_assert(UNROLL >= 1, "at least one row per lane in flight");
+static_assert(MAX_QUERIES == 1 || MAX_QUERIES == 2 || MAX_QUERIES == 4 || MAX_QUERIES == 8,
+              "the launcher compiles blocks of 1, 2, 4 or 8 queries");
 constexpr float LOG2E = 1.4426950408889634f;
 
 // A lane works on up to 4 elements of a row. With float4 loads (head_dim a multiple of
@@ -70,6 +87,49 @@ struct RowSplit {
 
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// Given: one row's Q partial dot products (this lane's columns of q_i . k), each summed over the
+// G lanes of the group, the Q sums in every lane of it. One butterfly per query would take
+// Q log2(G) shuffles per row, and with 4 or 8 queries that, not memory, bounds the kernel. So
+// while there are several values, each pair of lanes splits them: the lane with the bit of O
+// set keeps the upper half and adds its partner's copy of it, the other lane the lower half
+// (Q - 1 shuffles in all, halving the values per lane each time). Then lane g holds query
+// g / (G / Q)'s sum over the bits it split on; a butterfly over the remaining lanes completes
+// it, and each query's sum is broadcast from a lane that holds it: Q - 1 + log2(G / Q) + Q
+// shuffles (10 instead of 20 for 4 queries at G = 32). Every lane of the warp must call it.
+// The first N values of v: the lanes with the bit O of g set keep (and complete) the upper half.
+template <int N, int O>
+__device__ __forceinline__ void keep_half(float* v, int g) {
+  const bool upper = (g & O) != 0;
+#pragma unroll
+  for (int j = 0; j < N / 2; ++j) {
+    const float keep = upper ? v[j + N / 2] : v[j];
+    const float send = upper ? v[j] : v[j + N / 2];
+    v[j] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+  }
+}
+
+template <int G, int Q>
+__device__ __forceinline__ void sum_over_group(float (&dot)[Q], int g) {
+  if constexpr (Q == 1 || G < Q) {  // a butterfly per query (too few lanes to split Q values)
+#pragma unroll
+    for (int i = 0; i < Q; ++i)
+#pragma unroll
+      for (int offset = G / 2; offset > 0; offset /= 2) dot[i] += __shfl_xor_sync(0xffffffffu, dot[i], offset);
+  } else {
+    float v[Q];
+#pragma unroll
+    for (int i = 0; i < Q; ++i) v[i] = dot[i];
+    static_assert(Q <= 8, "sum_over_group splits at most 8 values");
+    keep_half<Q, G / 2>(v, g);  // v[j]: query (g & G/2 ? Q/2 : 0) + j
+    if constexpr (Q >= 4) keep_half<Q / 2, G / 4>(v, g);
+    if constexpr (Q >= 8) keep_half<Q / 4, G / 8>(v, g);
+#pragma unroll
+    for (int offset = G / Q / 2; offset > 0; offset /= 2) v[0] += __shfl_xor_sync(0xffffffffu, v[0], offset);
+#pragma unroll
+    for (int i = 0; i < Q; ++i) dot[i] = __shfl_sync(0xffffffffu, v[0], i * (G / Q), G);
+  }
+}
+
 // ----------------------------------------------------------------------------
 // Step 1: append new keys and values at position pos.
 //
@@ -83,73 +143,109 @@ __global__ void update_cache_kernel(const float* __restrict__ k_new, const float
 }
 
 // ----------------------------------------------------------------------------
-// Steps 2 and 3: one query against rows [begin, end) of one head's cache.
+// Steps 2 and 3: Q queries (query heads of one group) against rows [begin, end) of
+// their key/value head's cache.
 //
 // The block's lanes are split into groups of G, each reading one row at a time; group
 // `grp` of the block reads rows begin + grp, begin + grp + GROUPS, ...; each group keeps
-// its own online softmax (m, l and the unnormalised acc for its lanes' columns), as in
-// task 4. At the end the groups' states are merged through shared memory:
+// its own online softmax per query (m, l and the unnormalised acc for its lanes' columns),
+// as in task 4: a row, once loaded, is scored against every query. At the end the groups'
+// states are merged through shared memory, for each query:
 //
 //   M = max m_grp,   L = sum l_grp exp(m_grp - M),   O = sum acc_grp exp(m_grp - M)
 //
-// and thread t < head_dim returns (M, L, O[t]) for column t. Scores are kept in base 2
-// (q is pre-multiplied by scale * log2 e), so exp2f does the exponentials.
+// and thread t < head_dim returns (M, L, O[t]) of each query for column t. Scores are kept
+// in base 2 (q is pre-multiplied by scale * log2 e), so exp2f does the exponentials.
 
+template <int Q>
 struct Merged {
-  float m, l, o;  // row max, row sum, numerator of column threadIdx.x (valid for threadIdx.x < head_dim)
+  // per query: row max, row sum, numerator of column threadIdx.x (valid for threadIdx.x < head_dim)
+  float m[Q], l[Q], o[Q];
 };
 
-template <int VEC, int G>
-__device__ Merged attend_rows(const float* __restrict__ q, const float* __restrict__ k,
-                              const float* __restrict__ v, int head_dim, int begin, int end,
-                              float scale_log2) {
+// q: `queries` (at most Q) consecutive rows of head_dim floats; the slots past them are
+// computed on zeros and never written.
+template <int VEC, int G, int Q>
+__device__ Merged<Q> attend_rows(const float* __restrict__ q, int queries, const float* __restrict__ k,
+                                 const float* __restrict__ v, int head_dim, int begin, int end,
+                                 float scale_log2) {
   using Split = RowSplit<VEC, G>;
   constexpr int GROUPS = DECODE_WARPS * Split::ROWS;
+  // One query's states at a time (the merge goes query by query): Q times this would not fit.
   __shared__ float group_m[GROUPS], group_l[GROUPS];
   __shared__ float group_acc[DECODE_WARPS * WARP * 4];  // GROUPS * head_dim <= this
 
   const int lane = threadIdx.x % WARP, g = lane % G;
   const int grp = threadIdx.x / G;  // this lane's group in the block
-  Merged result{-INFINITY, 0.0f, 0.0f};
+  Merged<Q> result;
+#pragma unroll
+  for (int i = 0; i < Q; ++i) result.m[i] = -INFINITY, result.l[i] = 0.0f, result.o[i] = 0.0f;
 
   // TODO (README, Task 5, step 2: this group's online softmax over its rows, then merge the groups)
-  (void)q, (void)k, (void)v, (void)begin, (void)end, (void)scale_log2, (void)group_m, (void)group_l;
-  (void)group_acc, (void)lane, (void)g, (void)grp, (void)UNROLL;
+  (void)q, (void)queries, (void)k, (void)v, (void)begin, (void)end, (void)scale_log2, (void)group_m;
+  (void)group_l, (void)group_acc, (void)lane, (void)g, (void)grp, (void)UNROLL;
   return result;
 }
 
-// Step 2: one block per (batch, head), over all `length` cached rows.
-// q, out: (batch_heads, head_dim); k, v: (batch_heads, max_seq, head_dim).
-template <int VEC, int G>
-__global__ void __launch_bounds__(DECODE_WARPS * WARP)
+// Where a block's queries and cache rows are, given: blockIdx.x counts (batch, kv_head,
+// chunk), a chunk being up to Q of the group's query heads.
+//   q, out:  (batch, heads, head_dim);  k_cache, v_cache: (batch, kv_heads, max_seq, head_dim)
+// key_start (nullptr, or one int per sequence): a batch padded on the left; sequence b's
+// keys start at key_start[b] and the rows before it never take weight.
+struct BlockRows {
+  size_t first_query;  // index of the block's first query head in (batch * heads)
+  int queries;         // how many query heads it has (at most Q)
+  size_t cache_head;   // index of the key/value head in (batch * kv_heads)
+  int begin;           // the first cached row that counts (key_start, or 0)
+};
+
+template <int Q>
+__device__ BlockRows block_rows(int heads, int kv_heads, const int* key_start) {
+  const int group = heads / kv_heads, chunks = (group + Q - 1) / Q;
+  const int cache_head = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
+  const int batch = cache_head / kv_heads, kv_head = cache_head % kv_heads;
+  const int head = kv_head * group + chunk * Q;  // the first query head, within its sequence
+  return BlockRows{(size_t)batch * heads + head, min(Q, group - chunk * Q), (size_t)cache_head,
+                   key_start != nullptr ? key_start[batch] : 0};
+}
+
+// Step 2: one block per (batch, key/value head, chunk of its query heads), over the cached
+// rows [begin, length).
+template <int VEC, int G, int Q>
+__global__ void __launch_bounds__(DECODE_WARPS * WARP, 1)
     decode_kernel(const float* __restrict__ q, const float* __restrict__ k_cache,
-                  const float* __restrict__ v_cache, float* __restrict__ out, int max_seq, int length,
-                  int head_dim, float scale_log2) {
-  const size_t bh = blockIdx.x;
-  const float* k = k_cache + bh * max_seq * head_dim;  // the cache itself: no copy, no slice
-  const float* v = v_cache + bh * max_seq * head_dim;
-  const Merged r = attend_rows<VEC, G>(q + bh * head_dim, k, v, head_dim, 0, length, scale_log2);
-  // TODO (README, Task 5, step 2: write out = O / L for this block's head)
+                  const float* __restrict__ v_cache, float* __restrict__ out, int heads, int kv_heads,
+                  const int* __restrict__ key_start, int max_seq, int length, int head_dim,
+                  float scale_log2) {
+  const BlockRows b = block_rows<Q>(heads, kv_heads, key_start);
+  const float* k = k_cache + b.cache_head * max_seq * head_dim;  // the cache itself: no copy, no slice
+  const float* v = v_cache + b.cache_head * max_seq * head_dim;
+  const Merged<Q> r = attend_rows<VEC, G, Q>(q + b.first_query * head_dim, b.queries, k, v, head_dim,
+                                             b.begin, length, scale_log2);
+  // TODO (README, Task 5, step 2: write out = O / L for each of this block's query heads)
   (void)r, (void)out;
 }
 
-// Step 3 (optional): split-KV. Block (bh, split) attends over its share of the rows and
-// writes its normalised partial output and log-sum-exp (base 2); an empty share writes
-// lse = -inf, which gives it no weight when the partials are combined.
-// partial_out: (batch_heads, splits, head_dim); partial_lse: (batch_heads, splits).
-template <int VEC, int G>
-__global__ void __launch_bounds__(DECODE_WARPS * WARP)
+// Step 3 (optional): split-KV. Block (x, split) attends over its share of the rows and
+// writes, for each of its queries, the normalised partial output and log-sum-exp (base 2);
+// an empty share writes lse = -inf, which gives it no weight when the partials are combined.
+// partial_out: (batch * heads, splits, head_dim); partial_lse: (batch * heads, splits).
+template <int VEC, int G, int Q>
+__global__ void __launch_bounds__(DECODE_WARPS * WARP, 1)
     decode_split_kernel(const float* __restrict__ q, const float* __restrict__ k_cache,
                         const float* __restrict__ v_cache, float* __restrict__ partial_out,
-                        float* __restrict__ partial_lse, int max_seq, int length, int head_dim,
-                        float scale_log2, int rows_per_split) {
-  const size_t bh = blockIdx.x;
+                        float* __restrict__ partial_lse, int heads, int kv_heads,
+                        const int* __restrict__ key_start, int max_seq, int length, int head_dim,
+                        float scale_log2) {
+  const BlockRows b = block_rows<Q>(heads, kv_heads, key_start);
   const int split = blockIdx.y, splits = gridDim.y;
-  const int begin = min(length, split * rows_per_split), end = min(length, begin + rows_per_split);
-  const float* k = k_cache + bh * max_seq * head_dim;
-  const float* v = v_cache + bh * max_seq * head_dim;
-  const Merged r = attend_rows<VEC, G>(q + bh * head_dim, k, v, head_dim, begin, end, scale_log2);
-  // TODO (README, Task 5, step 3: write this split's partial output O / L and its log-sum-exp M + log2 L)
+  const int rows_per_split = (length - b.begin + splits - 1) / splits;
+  const int begin = min(length, b.begin + split * rows_per_split), end = min(length, begin + rows_per_split);
+  const float* k = k_cache + b.cache_head * max_seq * head_dim;
+  const float* v = v_cache + b.cache_head * max_seq * head_dim;
+  const Merged<Q> r = attend_rows<VEC, G, Q>(q + b.first_query * head_dim, b.queries, k, v, head_dim, begin,
+                                             end, scale_log2);
+  // TODO (README, Task 5, step 3: write each query's partial output O / L and its log-sum-exp M + log2 L)
   (void)r, (void)partial_out, (void)partial_lse, (void)splits;
 }
 
@@ -183,43 +279,65 @@ cudaError_t update_cache(const float* k_new, const float* v_new, float* k_cache,
   return cudaGetLastError();
 }
 
-// One launch of the decode kernels for a row split: one block per (batch, head) when
-// splits == 1, else `splits` blocks per (batch, head) and the combining kernel.
-template <int VEC, int G>
+// Query heads per block for a group of `group` query heads per key/value head: the group
+// rounded up to a power of two (a compiled size), at most MAX_QUERIES.
+static int queries_per_block(int group) {
+  int q = 1;
+  while (q < group && q < MAX_QUERIES) q *= 2;
+  return q;
+}
+
+// Blocks of the decode without splits: one per (batch, key/value head, chunk of its group).
+static int decode_blocks(int batch, int heads, int kv_heads) {
+  const int group = heads / kv_heads;
+  return batch * kv_heads * ceil_div(group, queries_per_block(group));
+}
+
+// One launch of the decode kernels for a row split and Q queries per block: one block per
+// (batch, kv_head, chunk) when splits == 1, else `splits` of them and the combining kernel.
+template <int VEC, int G, int Q>
 static cudaError_t launch_decode(const float* q, const float* k_cache, const float* v_cache, float* out,
-                                 int batch_heads, int max_seq, int length, int head_dim, float scale,
-                                 int splits, float* partial_out, float* partial_lse, cudaStream_t stream) {
-  const int threads = DECODE_WARPS * WARP;
+                                 int batch, int heads, int kv_heads, const int* key_start, int max_seq,
+                                 int length, int head_dim, float scale, int splits, float* partial_out,
+                                 float* partial_lse, cudaStream_t stream) {
+  const int threads = DECODE_WARPS * WARP, blocks = decode_blocks(batch, heads, kv_heads);
   if (splits == 1) {
-    decode_kernel<VEC, G><<<batch_heads, threads, 0, stream>>>(q, k_cache, v_cache, out, max_seq, length,
-                                                                head_dim, scale * LOG2E);
+    decode_kernel<VEC, G, Q><<<blocks, threads, 0, stream>>>(q, k_cache, v_cache, out, heads, kv_heads,
+                                                              key_start, max_seq, length, head_dim,
+                                                              scale * LOG2E);
     return cudaGetLastError();
   }
-  decode_split_kernel<VEC, G><<<dim3(batch_heads, splits), threads, 0, stream>>>(
-      q, k_cache, v_cache, partial_out, partial_lse, max_seq, length, head_dim, scale * LOG2E,
-      ceil_div(length, splits));
+  decode_split_kernel<VEC, G, Q><<<dim3(blocks, splits), threads, 0, stream>>>(
+      q, k_cache, v_cache, partial_out, partial_lse, heads, kv_heads, key_start, max_seq, length, head_dim,
+      scale * LOG2E);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  combine_splits_kernel<<<batch_heads, MAX_HEAD_DIM, 0, stream>>>(partial_out, partial_lse, out, splits,
-                                                                  head_dim);
+  combine_splits_kernel<<<batch * heads, MAX_HEAD_DIM, 0, stream>>>(partial_out, partial_lse, out, splits,
+                                                                    head_dim);
   return cudaGetLastError();
 }
 
-// Picks the row split from head_dim: float4 loads need head_dim % 4 == 0 and 16-byte
-// aligned rows; then G = head_dim / 4 lanes per row, rounded up to a power of two.
-static cudaError_t launch(const float* q, const float* k_cache, const float* v_cache, float* out,
-                          int batch_heads, int max_seq, int length, int head_dim, float scale, int splits,
-                          float* partial_out, float* partial_lse, cudaStream_t stream) {
-  if (batch_heads < 0 || length < 1 || length > max_seq || head_dim < 1 || head_dim > MAX_HEAD_DIM ||
-      splits < 1 || splits > MAX_SPLITS)
+// Picks the row split from head_dim (float4 loads need head_dim % 4 == 0 and 16-byte aligned
+// rows; then G = head_dim / 4 lanes per row, rounded up to a power of two), and the queries per
+// block from the group size.
+static cudaError_t launch(const float* q, const float* k_cache, const float* v_cache, float* out, int batch,
+                          int heads, int kv_heads, const int* key_start, int max_seq, int length, int head_dim,
+                          float scale, int splits, float* partial_out, float* partial_lse, cudaStream_t stream) {
+  if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || length < 1 || length > max_seq ||
+      head_dim < 1 || head_dim > MAX_HEAD_DIM || splits < 1 || splits > MAX_SPLITS)
     return cudaErrorInvalidValue;
-  if (batch_heads == 0) return cudaSuccess;
+  if (batch == 0) return cudaSuccess;
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool vec4 = head_dim % 4 == 0 && aligned(q) && aligned(k_cache) && aligned(v_cache);
-  const int lanes = (head_dim + 3) / 4;
-#define LAUNCH(VEC, G) \
-  launch_decode<VEC, G>(q, k_cache, v_cache, out, batch_heads, max_seq, length, head_dim, scale, splits, \
-                        partial_out, partial_lse, stream)
+  const int lanes = (head_dim + 3) / 4, queries = queries_per_block(heads / kv_heads);
+#define LAUNCH_Q(VEC, G, Q)                                                                               \
+  launch_decode<VEC, G, Q>(q, k_cache, v_cache, out, batch, heads, kv_heads, key_start, max_seq, length,  \
+                           head_dim, scale, splits, partial_out, partial_lse, stream)
+#define LAUNCH(VEC, G)                                             \
+  (queries == 1   ? LAUNCH_Q(VEC, G, 1)                            \
+   : queries == 2 ? LAUNCH_Q(VEC, G, (MAX_QUERIES < 2 ? 1 : 2))    \
+   : queries == 4 ? LAUNCH_Q(VEC, G, (MAX_QUERIES < 4 ? 1 : 4))    \
+                  : LAUNCH_Q(VEC, G, MAX_QUERIES))
   if (!vec4) return LAUNCH(1, 32);
   if (lanes > 16) return LAUNCH(4, 32);
   if (lanes > 8) return LAUNCH(4, 16);
@@ -228,33 +346,37 @@ static cudaError_t launch(const float* q, const float* k_cache, const float* v_c
   if (lanes > 1) return LAUNCH(4, 2);
   return LAUNCH(4, 1);
 #undef LAUNCH
+#undef LAUNCH_Q
 }
 
-// q, out: (batch_heads, head_dim); k_cache, v_cache: (batch_heads, max_seq, head_dim).
-cudaError_t decode_forward(const float* q, const float* k_cache, const float* v_cache, float* out,
-                           int batch_heads, int max_seq, int length, int head_dim, float scale,
-                           cudaStream_t stream) {
-  return launch(q, k_cache, v_cache, out, batch_heads, max_seq, length, head_dim, scale, 1, nullptr, nullptr,
-                stream);
+// q, out: (batch, heads, head_dim); k_cache, v_cache: (batch, kv_heads, max_seq, head_dim);
+// key_start: nullptr or (batch,) ints, each below length.
+cudaError_t decode_forward(const float* q, const float* k_cache, const float* v_cache, float* out, int batch,
+                           int heads, int kv_heads, const int* key_start, int max_seq, int length, int head_dim,
+                           float scale, cudaStream_t stream) {
+  return launch(q, k_cache, v_cache, out, batch, heads, kv_heads, key_start, max_seq, length, head_dim, scale,
+                1, nullptr, nullptr, stream);
 }
 
-// The number of splits the launcher would use: enough blocks to keep every SM busy
-// with several blocks, but no split shorter than MIN_KEYS_PER_SPLIT rows.
-int decode_splits(int batch_heads, int length, int head_dim) {
-  // TODO (README, Task 5, step 3: choose the number of splits from batch * heads, length and the SM count)
-  (void)batch_heads, (void)length, (void)head_dim;
-  return 1;  // one block per (batch, head) until step 3 is written
+// The number of splits the launcher would use: about as many blocks as SMs, but no split
+// shorter than MIN_KEYS_PER_SPLIT rows.
+int decode_splits(int batch, int heads, int kv_heads, int length, int head_dim) {
+  const int blocks = decode_blocks(batch, heads, kv_heads);  // without splitting
+  // TODO (README, Task 5, step 3: choose the number of splits from the blocks, length and the SM count)
+  (void)blocks, (void)length, (void)head_dim;
+  return 1;  // one block per (batch, key/value head) until step 3 is written
 }
 
-// As decode_forward, over `splits` blocks per (batch, head). partial_out holds
-// batch_heads * splits * head_dim floats, partial_lse batch_heads * splits (the binding
+// As decode_forward, over `splits` blocks per (batch, kv_head, chunk). partial_out holds
+// batch * heads * splits * head_dim floats, partial_lse batch * heads * splits (the binding
 // allocates them).
-cudaError_t decode_split_forward(const float* q, const float* k_cache, const float* v_cache, float* out,
-                                 int batch_heads, int max_seq, int length, int head_dim, float scale,
-                                 int splits, float* partial_out, float* partial_lse, cudaStream_t stream) {
+cudaError_t decode_split_forward(const float* q, const float* k_cache, const float* v_cache, float* out, int batch,
+                                 int heads, int kv_heads, const int* key_start, int max_seq, int length,
+                                 int head_dim, float scale, int splits, float* partial_out, float* partial_lse,
+                                 cudaStream_t stream) {
   if (splits < 2) return cudaErrorInvalidValue;
-  return launch(q, k_cache, v_cache, out, batch_heads, max_seq, length, head_dim, scale, splits, partial_out,
-                partial_lse, stream);
+  return launch(q, k_cache, v_cache, out, batch, heads, kv_heads, key_start, max_seq, length, head_dim, scale,
+                splits, partial_out, partial_lse, stream);
 }
 
 int decode_max_head_dim() { return MAX_HEAD_DIM; }
