@@ -25,7 +25,7 @@ class PyTorchKernels:
     def attention(self, q, k, v, causal: bool, key_start=None):
         self._contiguous(q=q, k=k, v=v)
         heads, kv_heads = q.shape[1], k.shape[1]
-        if heads % kv_heads:
+        if kv_heads < 1 or heads % kv_heads:
             raise ValueError(f"k's heads (kv_heads = {kv_heads}) must divide q's heads ({heads})")
         # Grouped-query attention: query head h reads key/value head h // (heads // kv_heads). A copy per
         # query head is fine here (plain PyTorch on the CPU); the kernels read the shared heads in place.
@@ -37,6 +37,9 @@ class PyTorchKernels:
             hidden = torch.ones(seq_q, seq_k, dtype=torch.bool, device=q.device).triu(seq_k - seq_q + 1)
         if key_start is None:
             return torch.softmax(scores.masked_fill(hidden, -math.inf), dim=-1) @ v
+        if seq_q > seq_k:
+            raise ValueError(f"key_start needs seq_q <= seq_k (the queries are the last seq_q positions of the keys), "
+                             f"got seq_q = {seq_q} and seq_k = {seq_k}")
         # Left padding: keys before key_start[b] are hidden, and so are the queries at those positions,
         # whose rows are zeros (they see no key).
         first = self._key_start(key_start, q.shape[0], seq_k, "seq_k")[:, None, None, None]

@@ -301,6 +301,8 @@ def compare_logits(got, expected, prompt_len: int, first: int = 0, hints=("", ""
     weights make such near-ties common). A failure names the first wrong position, in the
     prompt or at which decode step, with `hints` (prompt, decode) saying what to look at.
     """
+    if not torch.isfinite(expected).all():  # the checks' own reference: never a pass against it
+        return False, "the reference's logits are not all finite: the check itself is wrong (report it)", {}
     atol = LOGITS_ATOL * float(expected.abs().max())
     result = compare(got, expected, atol=atol, rtol=LOGITS_RTOL, name="logits")
     if not result.passed:

@@ -50,7 +50,7 @@ void forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
   TORCH_CHECK(k.size(0) == batch && k.size(3) == head_dim,
               "k must be (batch, kv_heads, seq_k, head_dim) with q's batch and head_dim (q is ",
               shape(q), "), got ", shape(k));
-  TORCH_CHECK(kv_heads >= 1 && heads % kv_heads == 0,
+  TORCH_CHECK((kv_heads >= 1 && heads % kv_heads == 0) || heads == 0,
               "k's heads (kv_heads = k.size(1)) must divide q's heads: each group of heads / kv_heads ",
               "query heads shares one key/value head; got heads = ", num(heads), " and kv_heads = ",
               num(kv_heads));
@@ -86,6 +86,10 @@ void forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
   check_no_overlap(out, "out", k, "k");
   check_no_overlap(out, "out", v, "v");
   const c10::cuda::CUDAGuard guard(q.device());
+  // Padding is defined by positions: queries are the last seq_q of the keys, so more queries than keys
+  // would put some before key 0, which key_start cannot describe.
+  TORCH_CHECK(!key_start.has_value() || seq_q <= seq_k, "key_start needs seq_q <= seq_k (the queries are the ",
+              "last seq_q positions of the keys), got seq_q = ", num(seq_q), " and seq_k = ", num(seq_k));
   const int* first_key = check_key_start(key_start, batch, seq_k, "seq_k", q, "q");
   if (q.numel() == 0) return;  // batch or heads is 0: nothing to do
 

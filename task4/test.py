@@ -167,6 +167,9 @@ def check_errors(worker):
         ("past seq_k", torch.tensor([9], dtype=torch.int32, device="cuda"), "between 0 and seq_k = 8"),
         ("negative", torch.tensor([-1], dtype=torch.int32, device="cuda"), "between 0 and seq_k = 8"),
     ]]
+    more_queries = (q, q[:, :, :4].contiguous(), q[:, :, :4].contiguous(), torch.empty_like(q), False, 0.125,
+                    torch.zeros(1, dtype=torch.int32, device="cuda"))
+    calls.append(("key_start with more queries than keys", more_queries, "key_start needs seq_q <= seq_k"))
     calls += [(f"scale {scale}", (q, q.clone(), q.clone(), torch.empty_like(q), False, scale), "scale must be finite")
               for scale in (math.nan, math.inf)]
     return expect_errors(lambda *args: worker.call("forward", *args), calls)

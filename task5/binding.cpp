@@ -128,6 +128,7 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
   const c10::cuda::CUDAGuard guard(q.device());
   // The newest position is the query's own key, so it is never padding: key_start < length.
   const int* first_key = check_key_start(key_start, batch, length - 1, "length - 1", q, "q");
+  if (q.numel() == 0) return;  // no query heads: nothing to do
   if (splits == 0) {
     splits = decode_splits((int)batch, (int)heads, (int)kv_heads, (int)length, head_dim);
     TORCH_CHECK(splits >= 1 && splits <= max_splits, "decode_splits returned ", num(splits),
@@ -154,11 +155,11 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("update_cache", &update,
-        "write k_new and v_new (batch, heads, n_new, head_dim) into the caches (batch, heads, max_seq, "
+        "write k_new and v_new (batch, kv_heads, n_new, head_dim) into the caches (batch, kv_heads, max_seq, "
         "head_dim) at positions pos .. pos + n_new - 1",
         py::arg("k_new"), py::arg("v_new"), py::arg("k_cache"), py::arg("v_cache"), py::arg("pos"));
   m.def("decode", &decode,
-        "out = softmax(scale * q K^T) V over the first `length` positions of the cache, read in place; q and "
+        "out = softmax(scale * q K^T) V over positions key_start .. length - 1 of the cache, read in place; q and "
         "out are (batch, heads, 1, head_dim), the caches (batch, kv_heads, max_seq, head_dim) with kv_heads "
         "dividing heads; splits: 1 = no split, 0 = the launcher's choice, more = split-KV with that many "
         "splits; key_start (optional, int32 (batch,)): each sequence's first valid position",

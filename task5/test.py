@@ -58,12 +58,12 @@ SPLIT_CASES = [(1, 1, 8, 1, 128, 64), (1, 1, 8, 2, 64, 3), (2, 3, 100, 33, 128, 
                (1, 3, 150, 129, 17, 5), (1, 1, 40, 37, 3, 2), (1, 2, 9000, 8999, 128, 0), (8, 32, 300, 257, 128, 2)]
 # Grouped-query attention and padding: (batch, heads, kv_heads, max_seq, length, head_dim, key_start).
 # kv_heads divides heads (query head h reads cache head h // (heads // kv_heads)); a block serves up to
-# 8 query heads of a group, so 12 and 32 heads per cache head take several blocks. key_start: each
-# sequence's first valid position (left padding; at most length - 1) or None.
+# MAX_QUERIES (4 in the reference) query heads of a group, so 6, 8, 12 and 32 per cache head take several
+# blocks. key_start: each sequence's first valid position (left padding; at most length - 1) or None.
 GROUPED_DECODE_CASES = [(2, 8, 4, 100, 33, 128, None), (1, 8, 2, 200, 65, 64, None), (2, 16, 2, 70, 50, 32, None),
                         (2, 6, 1, 90, 77, 12, None), (1, 12, 1, 150, 129, 17, None), (1, 12, 3, 60, 41, 4, None),
                         (1, 32, 1, 300, 257, 128, None), (4, 8, 2, 64, 40, 64, (0, 35, 12, 39)),
-                        (2, 6, 3, 600, 513, 80, (0, 500))]
+                        (2, 6, 3, 600, 513, 80, (0, 500)), (1, 9, 3, 120, 100, 64, None)]
 # the same with splits: (..., splits); 0 lets the launcher choose
 GROUPED_SPLIT_CASES = [(2, 8, 4, 100, 33, 128, None, 2), (1, 16, 2, 4100, 4097, 128, None, 0),
                        (1, 12, 1, 150, 129, 17, None, 5), (3, 8, 2, 600, 600, 64, (0, 300, 599), 7)]

@@ -1,7 +1,7 @@
 """Task 7's entry points: how the checks call GPT-2 with your attention (task7/attention.py).
 
 Given: not graded; edits here are not submitted. This runs in the worker process: it makes a
-GPT-2 from the configuration and weights the checks send, routes its attention through your
+GPT-2 or a Llama from the configuration and weights the checks send, routes its attention through your
 `kernel_attention` (task7/gpt2.py's `use_kernels`), with PyTorch in place of the kernels on
 the CPU and your Task 4 and Task 5 kernels on the GPU, and generates greedily.
 """
@@ -26,9 +26,10 @@ def make_model(config: dict, state: dict, device: str) -> None:
     _model = gpt2.use_kernels(gpt2.from_state(config, state, device), student.kernel_attention, _kernels)
 
 
-def generate(ids, new_tokens):
-    """Greedy generation after the prompts ids (batch, n): [tokens (batch, new_tokens), logits (batch, new_tokens, vocab)]."""
-    out = gpt2.greedy(_model, ids, new_tokens, return_dict_in_generate=True, output_logits=True)
+def generate(ids, new_tokens, attention_mask=None):
+    """Greedy generation after the prompts ids (batch, n), padded on the left where attention_mask (batch, n)
+    is 0: [tokens (batch, new_tokens), logits (batch, new_tokens, vocab)]."""
+    out = gpt2.greedy(_model, ids, new_tokens, attention_mask, return_dict_in_generate=True, output_logits=True)
     tokens = out.sequences[:, ids.shape[1]:]
     return [tokens.cpu(), torch.stack(out.logits, dim=1).float().cpu()]
 

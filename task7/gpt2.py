@@ -1,4 +1,5 @@
-"""Task 7: Hugging Face GPT-2 with your kernels inside, through the library's own extension point.
+"""Task 7: Hugging Face GPT-2 (and a Llama-family model) with your kernels inside, through the library's own
+extension point.
 
 Given: not graded; edits here are not submitted.
 
@@ -25,6 +26,20 @@ NAME = "course_kernels"
 # A GPT-2 small enough for any CPU, and GPT-2's own size (124M parameters, head_dim 64).
 SMALL = dict(n_layer=2, n_embd=128, n_head=4, vocab_size=1000, n_positions=256, bos_token_id=0, eos_token_id=0)
 GPT2_SIZE = dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024)
+# Llama-family models (Llama 3, SmolLM, Qwen, Mistral: rotary positions, SwiGLU, grouped-query
+# attention, so key and value arrive with fewer heads than the query). A small one, and one with
+# Llama 3.2 1B's attention (32 query heads, 8 key/value heads, head_dim 64) in 2 layers, with a smaller MLP
+# and vocabulary (80M parameters: the checks send the weights to the worker).
+LLAMA_SMALL = dict(model_type="llama", hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
+                   num_hidden_layers=2, intermediate_size=256, vocab_size=1000, max_position_embeddings=256,
+                   bos_token_id=0, eos_token_id=0, pad_token_id=0)
+LLAMA_1B_ATTENTION = dict(model_type="llama", hidden_size=2048, num_attention_heads=32, num_key_value_heads=8,
+                          num_hidden_layers=2, intermediate_size=2048, vocab_size=8192,
+                          max_position_embeddings=2048, rope_theta=500000.0, bos_token_id=0, eos_token_id=0,
+                          pad_token_id=0)
+# A small public Llama-family checkpoint with its real weights (9 query heads over 3 key/value
+# heads), for python -m task7.inference --model; fetched as the README says, never by the tests.
+LLAMA_CHECKPOINT = "HuggingFaceTB/SmolLM2-135M"
 DEFAULT_PROMPT = "The attention mechanism lets a language model"
 
 
@@ -39,40 +54,81 @@ def use_kernels(model, attention, kernels):
     return model
 
 
-def hides_only_the_future(mask: torch.Tensor, q_len: int, kv_len: int) -> bool:
-    """Whether a (batch, 1, q_len, kv_len) mask (boolean: True = attend; or additive) is plain causal attention."""
-    allowed = mask if mask.dtype == torch.bool else mask == 0
+def key_start_of(mask: torch.Tensor, q_len: int, kv_len: int) -> torch.Tensor | None:
+    """Each sequence's first real key, int32 (batch,) on the mask's device, from a (batch, 1, q_len, kv_len)
+    mask (boolean: True = attend; or additive) of causal attention over a batch padded on the left, as
+    `generate` pads prompts of different lengths; None when no sequence is padded. The queries are the last
+    q_len positions; those before a sequence's first real key are padding and see no key at all.
+    Any other mask raises ValueError: the kernels take key ranges, not masks."""
+    allowed = (mask if mask.dtype == torch.bool else mask == 0)[:, 0]
+    batch = allowed.shape[0]
+    allowed = allowed.expand(batch, q_len, kv_len)
+    last = allowed[:, -1]  # the newest query sees every real key of its sequence
+    none = torch.full((batch,), kv_len, dtype=torch.long, device=mask.device)  # every key padding
+    first = torch.where(last.any(dim=-1), last.int().argmax(dim=-1), none)
+    keys = torch.arange(kv_len, device=mask.device)
     causal = torch.ones(q_len, kv_len, dtype=torch.bool, device=mask.device).tril(kv_len - q_len)
-    return bool((allowed == causal).all())
+    if not bool((allowed == (causal & (keys >= first[:, None, None]))).all()):
+        raise ValueError("attention_mask is not causal attention over a batch padded on the left (it hides keys in "
+                         "the middle or at the end of a sequence, or shows a query its future): the kernels take "
+                         "each sequence's first real key, not a mask")
+    return None if bool((first == 0).all()) else first.to(torch.int32)
 
 
-def greedy(model, ids: torch.Tensor, new_tokens: int, **options):
-    """model.generate: exactly `new_tokens` greedy tokens after the unpadded prompts ids (batch, n).
+def greedy(model, ids: torch.Tensor, new_tokens: int, attention_mask: torch.Tensor | None = None, **options):
+    """model.generate: exactly `new_tokens` greedy tokens after the prompts ids (batch, n).
 
-    The mask says no prompt token is padding: GPT-2 pads with its end-of-text token, so without
-    it transformers cannot tell, and warns.
+    attention_mask (batch, n), 1 for a real token and 0 for padding: prompts of different lengths
+    padded on the left (`left_pad`). None: no prompt token is padding. The mask is always passed:
+    GPT-2 pads with its end-of-text token, so without it transformers cannot tell, and warns.
     """
     ids = ids.to(model.device)
+    mask = torch.ones_like(ids) if attention_mask is None else attention_mask.to(model.device)
     with torch.no_grad():
-        return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+        return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
                               min_new_tokens=new_tokens, do_sample=False, pad_token_id=model.config.eos_token_id,
                               **options)
 
 
-def random_gpt2(config: dict, seed: int):
-    """A GPT-2 with random weights from a seed (the tests' model: they never download)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+def left_pad(prompts: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention_mask), both (batch, longest): token-id prompts of different lengths padded on the left."""
+    longest = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), longest), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), longest), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, longest - len(p):] = p
+        mask[b, longest - len(p):] = 1
+    return ids, mask
 
+
+def positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Each token's position in its own sequence, as generate counts them: padding does not count."""
+    return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+
+
+def _model_of(config: dict):
+    """An untrained model of `config`: GPT-2 unless its model_type says otherwise ("llama")."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    settings = dict(config)
+    return AutoModelForCausalLM.from_config(AutoConfig.for_model(settings.pop("model_type", "gpt2"), **settings))
+
+
+def random_model(config: dict, seed: int):
+    """A GPT-2 or Llama with random weights from a seed (the tests' models: they never download)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return GPT2LMHeadModel(GPT2Config(**config)).eval()
+        return _model_of(config).eval()
+
+
+def random_gpt2(config: dict, seed: int):
+    return random_model(config, seed)
 
 
 def from_state(config: dict, state: dict, device):
-    """A GPT-2 of `config` holding the weights `state` (what the checks send the worker)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    model = GPT2LMHeadModel(GPT2Config(**config))
+    """A model of `config` (GPT-2 unless its model_type says otherwise) holding the weights `state` (what the
+    checks send the worker)."""
+    model = _model_of(config)
     model.load_state_dict(state)
     return model.to(device).eval()
 
@@ -81,24 +137,26 @@ class WeightsMissing(Exception):
     """No GPT-2 weights could be found or fetched; the message says what to do."""
 
 
-def pretrained(path: str | None = None, download: bool = True):
-    """(model, tokenizer) of GPT-2: from `path`, else the Hugging Face cache, else the usual download."""
-    from transformers import AutoTokenizer, GPT2LMHeadModel
+def pretrained(path: str | None = None, download: bool = True, name: str = "gpt2"):
+    """(model, tokenizer): from `path`, else `name` (GPT-2, or a Llama-family checkpoint such as
+    LLAMA_CHECKPOINT) from the Hugging Face cache, else the usual download."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    where = path or "gpt2"
+    where = path or name
     if path and not Path(path).is_dir():
         raise WeightsMissing(f"--model {path}: no such folder (it should hold config.json and the weights)")
     tries = [True, False] if download and not path else [True]
     for local_only in tries:
         try:
-            model = GPT2LMHeadModel.from_pretrained(where, local_files_only=local_only).eval()
+            # float32 as the kernels take it (SmolLM2 is stored in bfloat16, which transformers would keep)
+            model = AutoModelForCausalLM.from_pretrained(where, local_files_only=local_only, dtype=torch.float32).eval()
             return model, AutoTokenizer.from_pretrained(where, local_files_only=local_only)
-        except OSError as err:
+        except (OSError, ValueError) as err:  # ValueError: a folder without a model's config.json
             last = err
     raise WeightsMissing(
-        f"GPT-2's weights are not here ({type(last).__name__}: {str(last).splitlines()[0]}). They are not in the "
+        f"{where}'s weights are not here ({type(last).__name__}: {str(last).splitlines()[0]}). They are not in the "
         "Hugging Face cache and could not be downloaded (no network?). On a machine with network run\n"
-        "    python -c \"from transformers import AutoTokenizer, GPT2LMHeadModel; "
-        "GPT2LMHeadModel.from_pretrained('gpt2'); AutoTokenizer.from_pretrained('gpt2')\"\n"
-        "to fill the cache (about 550 MB in ~/.cache/huggingface), or save them with save_pretrained(FOLDER), "
-        "copy the folder here and pass --model FOLDER.")
+        "    python -c \"from transformers import AutoTokenizer, AutoModelForCausalLM; "
+        f"AutoModelForCausalLM.from_pretrained('{where}'); AutoTokenizer.from_pretrained('{where}')\"\n"
+        "to fill the cache (~/.cache/huggingface: about 550 MB for gpt2, 270 MB for SmolLM2-135M), or save them "
+        "with save_pretrained(FOLDER), copy the folder here and pass --model FOLDER.")

@@ -1,10 +1,11 @@
-"""python -m task7.inference [--prompt TEXT] [--max-new-tokens N] [--model PATH] [--solution]
+"""python -m task7.inference [--prompt TEXT] [--max-new-tokens N] [--model PATH] [--llama] [--solution]
 
-GPT-2 writes text with your kernels as its attention (task7/attention.py; your Task 4 and 5
-kernels on a GPU, PyTorch in their place on the CPU), and prints the text and the time per
-token. `python -m task7.inference_ref` does the same with the model's own attention.
+GPT-2 (or with --llama a Llama-family model) writes text with your kernels as its attention (task7/attention.py; your
+Task 4 and 5 kernels on a GPU, PyTorch in their place on the CPU), and prints the text and the time per token.
+`python -m task7.inference_ref` does the same with the model's own attention.
 Weights: --model PATH (a folder from save_pretrained), else the Hugging Face cache, else the
-usual download of `gpt2`.
+usual download of `gpt2`, or with --llama of HuggingFaceTB/SmolLM2-135M (a Llama-family model:
+9 query heads over 3 key/value heads).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ def parser(prog: str, doc: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[2])
     p.add_argument("--prompt", default=gpt2.DEFAULT_PROMPT, help="the text to continue")
     p.add_argument("--max-new-tokens", type=int, default=40, metavar="N", help="tokens to generate (default 40)")
-    p.add_argument("--model", metavar="PATH", help="a folder holding GPT-2 (config.json, weights, tokenizer)")
+    p.add_argument("--model", metavar="PATH", help="a folder holding the model (config.json, weights, tokenizer)")
+    p.add_argument("--llama", action="store_true",
+                   help=f"a Llama-family model, {gpt2.LLAMA_CHECKPOINT} (grouped-query attention), instead of GPT-2")
     return p
 
 
@@ -45,7 +48,7 @@ def run(args, own_attention: bool) -> int:
         print(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}", file=sys.stderr)
         return 2
     try:
-        model, tokenizer = gpt2.pretrained(args.model)
+        model, tokenizer = gpt2.pretrained(args.model, name=gpt2.LLAMA_CHECKPOINT if args.llama else "gpt2")
     except gpt2.WeightsMissing as err:
         print(err, file=sys.stderr)
         return 1

@@ -1,6 +1,7 @@
-"""python -m task7.inference_ref [--prompt TEXT] [--max-new-tokens N] [--model PATH]
+"""python -m task7.inference_ref [--prompt TEXT] [--max-new-tokens N] [--model PATH] [--llama]
 
-GPT-2 writes text with the model's own attention, and prints the text and the time per token:
+GPT-2 (or with --llama a Llama-family model) writes text with the model's own attention, and prints
+the text and the time per token:
 the baseline for python -m task7.inference, which runs your kernels instead.
 """
 

@@ -1,14 +1,18 @@
 """python -m task7.test [--solution] [--json PATH]
 
-Checks Task 7's attention function inside Hugging Face GPT-2 (transformers' own model, its
-attention routed through your `kernel_attention`): the model generates greedily in the worker,
-and the same weights with the model's own attention, in float64, are teacher-forced on the
-tokens it generated; logits must agree at every step, and so must the greedy token wherever
-the reference's two best logits are further apart than the tolerance (Task 6's rule).
-- on the CPU, PyTorch plays the kernels: a small random GPT-2, a layer-dependent scale, a
-  one-token prompt, and what must be refused (padding, dropout, several new tokens);
-- on the GPU, your Task 4 and Task 5 kernels: a small GPT-2 and GPT-2 itself (124M
-  parameters), with its real weights when they are in the Hugging Face cache (tests never
+Checks Task 7's attention function inside Hugging Face GPT-2 and a Llama-family model
+(transformers' own models, their attention routed through your `kernel_attention`): the model
+generates greedily in the worker, and the same weights with the model's own attention, in
+float64, are teacher-forced on the tokens it generated; logits must agree at every step, and so
+must the greedy token wherever the reference's two best logits are further apart than the
+tolerance (Task 6's rule). A batch of prompts of different lengths, padded on the left, must
+also give each sequence the tokens it gets generated alone.
+- on the CPU, PyTorch plays the kernels: small random GPT-2s and Llamas (grouped-query
+  attention), a layer-dependent scale, a one-token prompt, padded batches, and what must be
+  refused (a mask that is not left padding, dropout, several new tokens);
+- on the GPU, your Task 4 and Task 5 kernels: the same, 4 prompts of 5 to 40 tokens padded, a
+  Llama with Llama 3.2 1B's attention (32 query heads over 8 key/value heads), and GPT-2 itself
+  (124M parameters) with its real weights when they are in the Hugging Face cache (tests never
   download), else random ones; then the time per generated token against the model's own
   attention, and the generated text.
 Your code runs in a worker process (task7/entry.py).
@@ -23,16 +27,23 @@ import torch
 from common import impl
 
 from harness import bench, cli, gpu_share
-from harness.checks import compare_logits, exact_float32, expect_errors
+from harness.checks import LOGITS_ATOL, LOGITS_RTOL, compare_logits, exact_float32, expect_errors
 from harness.records import NeedsCuda, Report
 from task7 import gpt2
 
 HINTS = (" (a prompt: steps 2 and 3)", " (a new token over the cache: steps 2 and 3)")
-# (name, config, batch, prompt_len, new_tokens)
+# (name, config, batch, prompt_len, new_tokens); prompt_len a tuple: prompts of those lengths, padded on the left
 CPU_CASES = [("small GPT-2", gpt2.SMALL, 2, 7, 12),
              ("small GPT-2, scale 1/(sqrt(head_dim) x (layer + 1))", gpt2.SMALL | {"scale_attn_by_inverse_layer_idx": True},
-              1, 1, 10)]
-GPU_CASES = [("small GPT-2", gpt2.SMALL, 2, 33, 20)]
+              1, 1, 10),
+             ("small GPT-2, padded", gpt2.SMALL, 3, (5, 12, 1), 8),
+             ("small Llama (4 query heads over 2 key/value heads)", gpt2.LLAMA_SMALL, 2, 7, 12),
+             ("small Llama, padded", gpt2.LLAMA_SMALL, 3, (9, 2, 6), 8)]
+GPU_CASES = [("small GPT-2", gpt2.SMALL, 2, 33, 20),
+             ("small Llama (4 query heads over 2 key/value heads)", gpt2.LLAMA_SMALL, 2, 33, 20),
+             ("small GPT-2, padded", gpt2.SMALL, 4, (5, 17, 40, 28), 12),
+             ("Llama with Llama 3.2 1B's attention (32 query heads over 8 key/value heads, head_dim 64), padded",
+              gpt2.LLAMA_1B_ATTENTION, 4, (5, 17, 40, 28), 12)]
 GPT2_RUN = dict(batch=1, new_tokens=40, random_prompt=16)
 REPS = 3
 BUILD_TIMEOUT_S = 900  # the first GPU model builds your Task 4 and Task 5 kernels
@@ -45,41 +56,89 @@ def reference_of(model, device):
     return reference
 
 
-def check_generation(worker, model, config: dict, prompt: torch.Tensor, new_tokens: int, device: str):
-    """The worker's greedy generation against the float64 reference, teacher-forced; (passed, message, metrics)."""
-    worker.call("make_model", config, model.state_dict(), device, timeout=BUILD_TIMEOUT_S)
-    reply = worker.call("generate", prompt, new_tokens)
-    batch, vocab = prompt.shape[0], model.config.vocab_size
+def generated(worker, prompt, new_tokens, mask, vocab):
+    """The worker's (tokens, logits), or a message when it returned anything else."""
+    reply = worker.call("generate", prompt, new_tokens, mask)
+    batch = prompt.shape[0]
     if (not isinstance(reply, list) or len(reply) != 2 or not all(isinstance(t, torch.Tensor) for t in reply)
             or tuple(reply[0].shape) != (batch, new_tokens) or reply[0].dtype != torch.long
             or tuple(reply[1].shape) != (batch, new_tokens, vocab) or reply[1].dtype != torch.float32):
-        return False, "generate did not return the tokens and logits asked for (does the function return " \
-                      "(output of (batch, q_len, heads, head_dim), None)?)", {}
+        return ("generate did not return the tokens and logits asked for (does the function return "
+                "(output of (batch, q_len, heads, head_dim), None)?)")
+    if ((reply[0] < 0) | (reply[0] >= vocab)).any():
+        return "the generated token ids are not in the vocabulary"
+    return reply
+
+
+def check_generation(worker, model, config: dict, prompt: torch.Tensor, new_tokens: int, device: str,
+                     mask: torch.Tensor | None = None):
+    """The worker's greedy generation against the float64 reference, teacher-forced; (passed, message, metrics).
+    mask (batch, prompt_len): prompts padded on the left; then each sequence must also get, generated alone,
+    the tokens it got in the batch."""
+    worker.call("make_model", config, model.state_dict(), device, timeout=BUILD_TIMEOUT_S)
+    vocab = model.config.vocab_size
+    reply = generated(worker, prompt, new_tokens, mask, vocab)
+    if isinstance(reply, str):
+        return False, reply, {}
     tokens, logits = reply
-    if ((tokens < 0) | (tokens >= vocab)).any():
-        return False, "the generated token ids are not in the vocabulary", {}
     reference = reference_of(model, device)
+    ids = torch.cat((prompt, tokens), dim=1)
     with torch.no_grad(), exact_float32():
-        expected = reference(torch.cat((prompt, tokens), dim=1).to(device)).logits[:, prompt.shape[1] - 1:-1].cpu()
+        if mask is None:
+            expected = reference(ids.to(device)).logits[:, prompt.shape[1] - 1:-1].cpu()
+        else:  # each sequence on its own, without its padding: what the padded batch must give
+            expected = torch.stack([reference(ids[b:b + 1, torch.cat((mask[b], torch.ones_like(tokens[b]))) == 1]
+                                              .to(device)).logits[0, -new_tokens - 1:-1].cpu()
+                                    for b in range(prompt.shape[0])])
     passed, message, metrics = compare_logits(logits, expected, prompt.shape[1], first=prompt.shape[1] - 1,
                                               hints=HINTS)
+    if passed and mask is not None:
+        passed, alone = each_alone(worker, prompt, mask, tokens, expected, vocab)
+        message += f"; {alone}"
     if not passed and device == "cuda":
-        message += ("; on the GPU GPT-2 runs your Task 4 and Task 5 kernels: if the CPU cases pass, check "
+        message += ("; on the GPU the model runs your Task 4 and Task 5 kernels: if the CPU cases pass, check "
                     "python -m task4.test and python -m task5.test")
     return passed, message, metrics
+
+
+def each_alone(worker, prompt, mask, tokens, expected, vocab) -> tuple[bool, str]:
+    """Each padded sequence generated alone, without padding, must give the batch's tokens up to the first
+    near-tie of the reference's logits (there float32 may pick either, and the two runs part)."""
+    new_tokens = tokens.shape[1]
+    for b in range(prompt.shape[0]):
+        alone = generated(worker, prompt[b:b + 1, mask[b] == 1], new_tokens, None, vocab)
+        if isinstance(alone, str):
+            return False, f"sequence {b} generated alone: {alone}"
+        differ = (alone[0][0] != tokens[b]).nonzero().flatten()
+        if len(differ):
+            t = int(differ[0])
+            top2 = expected[b, t].topk(2).values
+            if float(top2[0] - top2[1]) > 2 * (LOGITS_ATOL * float(expected.abs().max()) +
+                                               LOGITS_RTOL * float(top2[0].abs())):
+                padding = int((mask[b] == 0).sum())
+                return False, (f"sequence {b} (a prompt of {int(mask[b].sum())} tokens after {padding} "
+                               f"of padding) generated alone gives another token at step {t + 1} than in the padded "
+                               "batch: the padding took weight (step 1: the mask as each sequence's first real key)")
+    return True, f"each of the {prompt.shape[0]} padded sequences gives the same tokens generated alone"
 
 
 def random_prompt(batch, length, vocab, seed):
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
+def random_prompts(lengths, vocab, seed, pad_id):
+    """(ids, mask): prompts of the given lengths, padded on the left with pad_id."""
+    generator = torch.Generator().manual_seed(seed)
+    return gpt2.left_pad([torch.randint(1, vocab, (n,), generator=generator) for n in lengths], pad_id)
+
+
 def check_refusals(worker):
     """What the kernels cannot do must raise a clear error, never give a wrong answer."""
     q = torch.randn(2, 4, 5, 16)
-    padded = torch.ones(5, 5, dtype=torch.bool).tril().expand(2, 1, 5, 5).clone()
-    padded[0, :, :, :2] = False  # the first sequence starts with two padding tokens
+    holed = torch.ones(5, 5, dtype=torch.bool).tril().expand(2, 1, 5, 5).clone()
+    holed[0, :, 2:, 1] = False  # a key in the middle of the first sequence hidden: not left padding
     return expect_errors(lambda *call: worker.call(*call), [
-        ("a mask with padding", ("attend", q, q, q, padded, None, 0.0), "padding"),
+        ("a mask hiding a key in the middle", ("attend", q, q, q, holed, None, 0.0), "padded on the left"),
         ("dropout in training", ("attend", q, q, q, None, None, 0.1), "dropout"),
         ("three new tokens after two cached", ("attend", q[:, :, :3], q, q, None, None, 0.0), "new tokens"),
     ])
@@ -94,6 +153,20 @@ def gpt2_model(report, seed: int):
         report.note("GPT-2's weights are not in the Hugging Face cache, so GPT-2's size ran with random weights "
                     "(python -m task7.inference says how to fetch them)")
         return gpt2.random_gpt2(gpt2.GPT2_SIZE, seed), None, "GPT-2's size (124M) with random weights"
+
+
+def llama_model(report, seed: int):
+    """(model, tokenizer or None, what it is): a small public Llama-family checkpoint if cached here, else a
+    Llama with Llama 3.2 1B's attention and random weights."""
+    try:
+        model, tokenizer = gpt2.pretrained(name=gpt2.LLAMA_CHECKPOINT, download=False)
+        return model, tokenizer, f"{gpt2.LLAMA_CHECKPOINT} with its weights"
+    except gpt2.WeightsMissing:
+        report.note(f"{gpt2.LLAMA_CHECKPOINT}'s weights are not in the Hugging Face cache, so the Llama-family "
+                    "timing ran with Llama 3.2 1B's attention and random weights (python -m task7.inference "
+                    f"--llama says how to fetch them)")
+        return gpt2.random_model(gpt2.LLAMA_1B_ATTENTION, seed), None, \
+            "a Llama with Llama 3.2 1B's attention (32 query heads over 8 key/value heads) and random weights"
 
 
 def time_per_token(worker, model, tokenizer, what: str, prompt):
@@ -124,9 +197,13 @@ def run_cases(report, worker, cases, first_seed: int, device: str, hidden: cli.H
     for i, (name, config, batch, prompt_len, n) in enumerate(cases):
         seed = cli.seed(first_seed + i, hidden)
         prefix = "cpu " if device == "cpu" else ""
-        report.run(f"{prefix}{name}: batch {batch}, prompt {prompt_len}, {n} new tokens",
-                   lambda: check_generation(worker, gpt2.random_gpt2(config, seed), config,
-                                            random_prompt(batch, prompt_len, config["vocab_size"], seed), n, device))
+        if isinstance(prompt_len, tuple):  # prompts of different lengths, padded on the left
+            prompt, mask = random_prompts(prompt_len, config["vocab_size"], seed, pad_id=0)
+            what = f"prompts of {', '.join(map(str, prompt_len))} tokens"
+        else:
+            prompt, mask, what = random_prompt(batch, prompt_len, config["vocab_size"], seed), None, f"prompt {prompt_len}"
+        report.run(f"{prefix}{name}: batch {batch}, {what}, {n} new tokens",
+                   lambda: check_generation(worker, gpt2.random_model(config, seed), config, prompt, n, device, mask))
 
 
 def run_on_gpu(report, worker, args):
@@ -147,11 +224,20 @@ def run_on_gpu(report, worker, args):
               random_prompt(GPT2_RUN["batch"], GPT2_RUN["random_prompt"], model.config.vocab_size, seed))
     report.run(f"{what}: prompt {prompt.shape[1]}, {GPT2_RUN['new_tokens']} new tokens",
                lambda: check_generation(worker, model, model.config.to_dict(), prompt, GPT2_RUN["new_tokens"], "cuda"))
+    llama, llama_tokenizer, llama_what = llama_model(report, seed)
+    llama_prompt = (llama_tokenizer(gpt2.DEFAULT_PROMPT, return_tensors="pt").input_ids if llama_tokenizer is not None
+                    else random_prompt(GPT2_RUN["batch"], GPT2_RUN["random_prompt"], llama.config.vocab_size, seed))
+    report.run(f"{llama_what}: prompt {llama_prompt.shape[1]}, {GPT2_RUN['new_tokens']} new tokens",
+               lambda: check_generation(worker, llama, llama.config.to_dict(), llama_prompt, GPT2_RUN["new_tokens"],
+                                        "cuda"))
     report.end_part("gpu")
     if all(c.passed for c in report.cases):
         with gpu_share.alone(worker):  # the worker starts again in there: time_per_token makes its model
             report.run("generation: time per token, and the text",
                        lambda: time_per_token(worker, model, tokenizer, what, prompt), kind="benchmark")
+            report.run("generation with grouped-query attention: time per token, and the text",
+                       lambda: time_per_token(worker, llama, llama_tokenizer, llama_what, llama_prompt),
+                       kind="benchmark")
     else:
         report.note("the time per token is measured once every check passes")
 

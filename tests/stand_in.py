@@ -173,6 +173,8 @@ def _check_key_start(key_start, batch, most, most_what):
         return
     if getattr(key_start, "on_host", False):
         raise RuntimeError("key_start must be a CUDA tensor, got one on cpu")
+    if not key_start.is_contiguous():
+        raise RuntimeError("key_start must be contiguous (call .contiguous() first)")
     if key_start.dtype != torch.int32:
         raise RuntimeError(f"key_start must be int32 (one first valid key per sequence), got {key_start.dtype}")
     if tuple(key_start.shape) != (batch,):
@@ -264,7 +266,7 @@ class Task4Kernels(StandInKernels):
         if k.shape[0] != batch or k.shape[3] != head_dim:
             raise RuntimeError(f"k must be (batch, kv_heads, seq_k, head_dim) with q's batch and head_dim "
                                f"(q is {list(q.shape)}), got {list(k.shape)}")
-        if kv_heads < 1 or heads % kv_heads:
+        if heads and (kv_heads < 1 or heads % kv_heads):
             raise RuntimeError(f"k's heads (kv_heads = k.size(1)) must divide q's heads: each group of heads / "
                                f"kv_heads query heads shares one key/value head; got heads = {heads} and "
                                f"kv_heads = {kv_heads}")
@@ -281,7 +283,12 @@ class Task4Kernels(StandInKernels):
             _check_cuda_float32(t, name)
         for t, name in ((q, "q"), (k, "k"), (v, "v")):
             _check_no_overlap(out, "out", t, name)
+        if key_start is not None and seq_q > k.shape[2]:
+            raise RuntimeError(f"key_start needs seq_q <= seq_k (the queries are the last seq_q positions of the "
+                               f"keys), got seq_q = {seq_q} and seq_k = {k.shape[2]}")
         _check_key_start(key_start, batch, k.shape[2], "seq_k")
+        if not heads:
+            return
         k, v = expand_kv_heads(k, heads), expand_kv_heads(v, heads)
         with self.work(_attention_seconds(q, k, causal)):
             self.write(out, _padded(lambda *qkv: _attention(*qkv, causal, scale), q, k, v, key_start))

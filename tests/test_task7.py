@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from harness.checks import compare_logits
+from common.torch_kernels import PyTorchKernels
 from task7 import gpt2
 from task7 import test as task7_test
 from tests.conftest import bad_variant, needs_solution, run_test, submission
@@ -21,15 +22,19 @@ pytestmark = needs_solution(7)
 
 
 class AttentionOf:
-    """A plain attention(q, k, v, causal) playing the three kernels (decode slices the cache)."""
+    """A plain attention(q, k, v, causal) playing the three kernels (decode slices the cache); no padding."""
 
     def __init__(self, attention):
-        self.attention = attention
+        self.plain = attention
         self.calls = []
 
-    def decode(self, q, k_cache, v_cache, length):
+    def attention(self, q, k, v, causal, key_start=None):
+        assert key_start is None, "an unpadded batch must reach the kernels without key_start"
+        return self.plain(q, k, v, causal)
+
+    def decode(self, q, k_cache, v_cache, length, key_start=None):
         self.calls.append(("decode", q.shape[2], length))
-        return self.attention(q, k_cache[:, :, :length], v_cache[:, :, :length], False)
+        return self.attention(q, k_cache[:, :, :length], v_cache[:, :, :length], False, key_start)
 
 
 def task1_kernels():
@@ -66,27 +71,53 @@ def test_gpt2_generates_the_same_with_tasks_1_and_3_inside(kernels, extra):
     assert len(decodes) == 8 * config["n_layer"] and decodes[-1] == ("decode", 1, 14)  # one token over 14 cached
 
 
-def test_a_padded_batch_reaches_the_function_as_a_mask_and_is_refused():
+class Recording(PyTorchKernels):
+    """PyTorch playing the kernels, keeping each call's key_start."""
+
+    def __init__(self):
+        self.starts = []
+
+    def attention(self, q, k, v, causal, key_start=None):
+        self.starts.append(("attention", k.shape[1], None if key_start is None else key_start.tolist()))
+        return super().attention(q, k, v, causal, key_start)
+
+    def decode(self, q, k_cache, v_cache, length, key_start=None):
+        self.starts.append(("decode", k_cache.shape[1], None if key_start is None else key_start.tolist()))
+        return PyTorchKernels().decode(q, k_cache, v_cache, length, key_start)  # not through self.attention
+
+
+@pytest.mark.parametrize("config", [gpt2.SMALL, gpt2.LLAMA_SMALL], ids=["gpt2", "llama"])
+def test_a_padded_batch_reaches_the_kernels_as_each_sequences_first_key(config):
     from task7.solution.attention import kernel_attention
 
-    model = gpt2.use_kernels(gpt2.random_gpt2(gpt2.SMALL, seed=2), kernel_attention, task1_kernels())
-    prompt = torch.randint(0, 1000, (2, 5), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones(2, 5, dtype=torch.long)
-    mask[0, :2] = 0
-    with torch.no_grad(), pytest.raises(ValueError, match="padding"):
-        model.generate(prompt, attention_mask=mask, max_new_tokens=2, do_sample=False, pad_token_id=0)
-    with torch.no_grad():  # the same batch without padding: no mask, no refusal
-        model.generate(prompt, attention_mask=torch.ones_like(mask), max_new_tokens=2, do_sample=False, pad_token_id=0)
+    kernels = Recording()
+    model = gpt2.use_kernels(gpt2.random_model(config, seed=2), kernel_attention, kernels)
+    ids, mask = gpt2.left_pad([torch.arange(1, 4), torch.arange(1, 6)], pad_id=0)  # 3 and 5 tokens
+    gpt2.greedy(model, ids, 2, mask)
+    kv_heads = config.get("num_key_value_heads", config.get("n_head"))
+    assert kernels.starts[0] == ("attention", kv_heads, [2, 0])  # the prompt: two padding tokens before the first
+    assert kernels.starts[-1] == ("decode", kv_heads, [2, 0])  # a step: the same first keys
+    kernels.starts.clear()
+    gpt2.greedy(model, ids[1:], 2)  # one prompt, no padding: no key_start
+    assert {s[2] for s in kernels.starts} == {None}
 
 
-def test_hides_only_the_future():
+def test_key_start_of_reads_left_padding_and_refuses_other_masks():
     causal = torch.ones(4, 6, dtype=torch.bool).tril(2).expand(2, 1, 4, 6)
-    assert gpt2.hides_only_the_future(causal, 4, 6)
-    assert gpt2.hides_only_the_future(torch.zeros(2, 1, 4, 6).masked_fill(~causal, -torch.inf), 4, 6)
+    assert gpt2.key_start_of(causal, 4, 6) is None
+    assert gpt2.key_start_of(torch.zeros(2, 1, 4, 6).masked_fill(~causal, -torch.inf), 4, 6) is None  # additive
     padded = causal.clone()
-    padded[1, :, :, 0] = False
-    assert not gpt2.hides_only_the_future(padded, 4, 6)
-    assert gpt2.hides_only_the_future(torch.ones(3, 1, 1, 9, dtype=torch.bool), 1, 9)
+    padded[1, :, :, :3] = False  # keys 0-2 of sequence 1 are padding (and so is its first query, at position 2)
+    assert gpt2.key_start_of(padded, 4, 6).tolist() == [0, 3]
+    assert gpt2.key_start_of(torch.ones(3, 1, 1, 9, dtype=torch.bool), 1, 9) is None
+    holed = padded.clone()
+    holed[0, :, 3:, 1] = False  # a key in the middle: not left padding
+    with pytest.raises(ValueError, match="padded on the left"):
+        gpt2.key_start_of(holed, 4, 6)
+    future = causal.clone()
+    future[0, :, 0, 5] = True  # a query seeing its future
+    with pytest.raises(ValueError, match="padded on the left"):
+        gpt2.key_start_of(future, 4, 6)
 
 
 def test_missing_weights_are_one_clear_paragraph(tmp_path, capsys):
@@ -116,7 +147,8 @@ def test_the_demo_generates_and_times_with_the_function(monkeypatch, capsys):
             return " ".join(map(str, ids.tolist()))
 
     model = gpt2.random_gpt2(gpt2.SMALL, seed=3)
-    monkeypatch.setattr(gpt2, "pretrained", lambda path=None, download=True: (copy.deepcopy(model), Tokenizer()))
+    monkeypatch.setattr(gpt2, "pretrained",
+                        lambda path=None, download=True, name="gpt2": (copy.deepcopy(model), Tokenizer()))
     assert inference.main(["--solution", "--max-new-tokens", "5"]) == 0
     ours = capsys.readouterr().out
     assert "5 tokens" in ours and "ms per token" in ours and "PyTorch in place of the kernels" in ours
@@ -136,11 +168,11 @@ def test_reference_passes_and_skeleton_names_step_1(tmp_path, capsys):
 
 @pytest.mark.parametrize("old, new, case_words, words", [
     ("        query = query * (scaling * head_dim ** 0.5)\n", "        pass\n", "scale", "decode step"),
-    ("out = kernels.decode(q, k, v, kv_len)", "out = kernels.decode(q, k, v, kv_len - 1)", "small GPT-2: batch 2",
-     "decode step 1"),
+    ("out = kernels.decode(q, k, v, kv_len, key_start)", "out = kernels.decode(q, k, v, kv_len - 1, key_start)",
+     "small GPT-2: batch 2", "decode step 1"),
     ('bool(getattr(module, "is_causal", True))', "False", "small GPT-2: batch 2", "in the prompt"),
-    ("    if attention_mask is not None and not hides_only_the_future(attention_mask, q_len, kv_len):",
-     "    if False:", "refuses", "padding"),
+    ("key_start = None if attention_mask is None else key_start_of(attention_mask, q_len, kv_len)",
+     "key_start = None", "small GPT-2, padded", "logits"),
 ])
 def test_known_bad_functions_fail(tmp_path, old, new, case_words, words):
     text = bad_variant(7, "attention.py", old, new)

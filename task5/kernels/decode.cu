@@ -14,7 +14,7 @@
 // With grouped-query attention (Llama 3, Mistral, Qwen) the cache has fewer heads than the
 // queries: kv_heads divides heads, and the heads / kv_heads query heads of a group share
 // one key/value head (query head h reads h / (heads / kv_heads)). A block then attends
-// with up to QUERIES query heads of one group at once, so each row of the cache it loads
+// with up to MAX_QUERIES query heads of one group at once, so each row of the cache it loads
 // serves all of them: the cache is read once per group, not once per query head. That is
 // what makes GQA decode fast, and kv_heads == heads is the plain case (one query a block).
 //

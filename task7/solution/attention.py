@@ -1,11 +1,15 @@
-"""Task 7: your kernels as GPT-2's attention, through transformers' AttentionInterface.
+"""Task 7: your kernels as the attention of GPT-2 and of a Llama-family model, through transformers'
+AttentionInterface.
 
-GPT-2 (transformers' own code, untouched) projects q, k and v, appends k and v to its KV cache
-and calls `kernel_attention` (registered by task7/gpt2.py's `use_kernels`) with:
+The model (transformers' own code, untouched) projects q, k and v (Llama also rotates them:
+RoPE), appends k and v to its KV cache and calls `kernel_attention` (registered by
+task7/gpt2.py's `use_kernels`) with:
 - query (batch, heads, q_len, head_dim): the new tokens, a transposed view (not contiguous);
-- key, value (batch, heads, kv_len, head_dim): every token so far, the cache included;
+- key, value (batch, kv_heads, kv_len, head_dim): every token so far, the cache included; a
+  Llama-family model has fewer key/value heads than query heads (grouped-query attention), and
+  the kernels read them as they are: never repeat them per query head;
 - attention_mask: None when causality alone decides, else a boolean (batch, 1, q_len, kv_len)
-  mask, True where a query may attend (padding makes one);
+  mask, True where a query may attend: a batch of prompts padded on the left makes one;
 - scaling: the factor of q k^T (older transformers may pass none), dropout: 0 in eval mode.
 It returns (output (batch, q_len, heads, head_dim), None): no attention weights, which a
 fused kernel never holds. A prompt (q_len == kv_len) goes to task 4's kernel, each new token
@@ -15,18 +19,16 @@ trio as in tasks 5 and 6 (attention, update_cache, decode), scale 1/sqrt(head_di
 
 from __future__ import annotations
 
-from task7.gpt2 import hides_only_the_future
+from task7.gpt2 import key_start_of
 
 
 def kernel_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0, *, kernels,
                      **kwargs):
     q_len, kv_len, head_dim = query.shape[2], key.shape[2], query.shape[3]
-    # BEGIN SOLUTION "step 1: refuse what the kernels cannot do (dropout, a mask that hides more than the future, several new tokens after a prompt)"
+    # BEGIN SOLUTION "step 1: the mask as each sequence's first real key (left padding); refuse what the kernels cannot do (dropout, any other mask, several new tokens after a prompt)"
     if dropout:
         raise ValueError(f"dropout = {dropout}: the kernels have no dropout; run the model in eval mode (model.eval())")
-    if attention_mask is not None and not hides_only_the_future(attention_mask, q_len, kv_len):
-        raise ValueError("attention_mask hides keys a causal mask would not (padding?): the kernels take no mask; "
-                         "generate from prompts of one length without padding")
+    key_start = None if attention_mask is None else key_start_of(attention_mask, q_len, kv_len)  # raises for others
     if q_len not in (1, kv_len):
         raise ValueError(f"{q_len} new tokens after {kv_len - q_len} cached ones: the kernels take a whole prompt "
                          "or one new token")
@@ -38,10 +40,10 @@ def kernel_attention(module, query, key, value, attention_mask=None, scaling=Non
         query = query * (scaling * head_dim ** 0.5)
     # END SOLUTION
     q, k, v = (t.contiguous() for t in (query, key, value))
-    # BEGIN SOLUTION "step 3: a prompt through task 4's kernel (causal if the module is), one new token through task 5's decode"
+    # BEGIN SOLUTION "step 3: a prompt through task 4's kernel (causal if the module is), one new token through task 5's decode, both with key_start"
     if q_len == kv_len:
-        out = kernels.attention(q, k, v, bool(getattr(module, "is_causal", True)))
+        out = kernels.attention(q, k, v, bool(getattr(module, "is_causal", True)), key_start)
     else:
-        out = kernels.decode(q, k, v, kv_len)
+        out = kernels.decode(q, k, v, kv_len, key_start)
     return out.transpose(1, 2), None
     # END SOLUTION
