@@ -26,7 +26,7 @@
 // output with its log-sum-exp, and a second kernel combines them.
 //
 // All tensors are contiguous float32; the kernels trust their arguments:
-// task5/binding.cpp checks the tensors, `pos` and `length`.
+// task5/binding.cpp checks the tensors, `pos`, `length` and `key_start`.
 //
 // Build and test:
 //   python -m task5.compile            build this file (task5/kernels/decode.cu)
@@ -326,7 +326,9 @@ __device__ BlockRows block_rows(int heads, int kv_heads, const int* key_start) {
 }
 
 // Step 2: one block per (batch, key/value head, chunk of its query heads), over the cached
-// rows [begin, length).
+// rows [begin, length). (__launch_bounds__'s 1 asks for at least one block per SM, which 16
+// warps get at up to 128 registers a thread anyway; without it ptxas spilled a few bytes in
+// two of the kernels.)
 template <int VEC, int G, int Q>
 __global__ void __launch_bounds__(DECODE_WARPS * WARP, 1)
     decode_kernel(const float* __restrict__ q, const float* __restrict__ k_cache,
