@@ -208,7 +208,7 @@ def run_cases(report, worker, cases, first_seed: int, device: str, hidden: cli.H
 
 def run_on_gpu(report, worker, args):
     worker.take_kernels_built_ahead()  # graded: the kernels the grader built while the CPU part ran
-    report.begin_part("your Task 4 and Task 5 kernels inside GPT-2, on the GPU", (1, 2, 3))
+    report.begin_part("your Task 4 and Task 5 kernels inside GPT-2 and Llama, on the GPU", (1, 2, 3))
     if report.stopped:  # a step the CPU part found missing: nothing to build GPT-2 for
         report.end_part("gpu")
         return
@@ -243,12 +243,12 @@ def run_on_gpu(report, worker, args):
 
 
 def needs_gpu():
-    raise NeedsCuda("no CUDA GPU is visible: GPT-2 with your kernels runs on the GPU")
+    raise NeedsCuda("no CUDA GPU is visible: GPT-2 and Llama with your kernels run on the GPU")
 
 
 def main(argv=None) -> int:
     args = cli.parser(7, __doc__.splitlines()[2]).parse_args(argv)
-    report = Report(7, args.solution, "the kernels inside Hugging Face GPT-2", args.student_dir)
+    report = Report(7, args.solution, "the kernels inside Hugging Face GPT-2 and Llama", args.student_dir)
     with cli.worker(report, 7, args, cuda=torch.cuda.is_available()) as worker:
         if worker is None:
             return report.finish(args.json)
@@ -259,7 +259,7 @@ def main(argv=None) -> int:
         if torch.cuda.is_available():
             run_on_gpu(report, worker, args)
         else:
-            report.run("GPT-2 with your kernels", needs_gpu)
+            report.run("GPT-2 and Llama with your kernels", needs_gpu)
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(7, args.solution, args.student_dir, report.attention_ops), kind="rule")
     return report.finish(args.json)
