@@ -88,43 +88,38 @@ def grouped_text(shape) -> str:
     return f"batch {b} heads {h} ({group}) seq {sq}x{sk} head_dim {d}{padding}"
 
 
+def grouped(shape):
+    """A case as (batch, heads, kv_heads, seq_q, seq_k, head_dim, key_start): a CASES shape has
+    kv_heads == heads and no padding."""
+    return shape if len(shape) == 7 else (shape[0], shape[1], shape[1], *shape[2:5], None)
+
+
 def make_inputs(shape, seed, magnitude=1.0):
-    b, h, sq, sk, d = shape
-    return (random_tensor((b, h, sq, d), seed) * magnitude, random_tensor((b, h, sk, d), seed + 1),
-            random_tensor((b, h, sk, d), seed + 2))
+    b, h, kvh, sq, sk, d, _ = grouped(shape)
+    return (random_tensor((b, h, sq, d), seed) * magnitude, random_tensor((b, kvh, sk, d), seed + 1),
+            random_tensor((b, kvh, sk, d), seed + 2))
 
 
 def check_case(worker, shape, causal, seed, scale=None, magnitude=1.0, constants=None):
-    """One case; a wrong output is compared with the common mistakes (harness/diagnose.py), the online
-    softmax's slips under the student's BLOCK_COLS (`constants`, read from their file) and other widths."""
+    """One case, plain or grouped-query and padded (`grouped`); a wrong output is compared with the common
+    mistakes (harness/diagnose.py), the online softmax's slips under the student's BLOCK_COLS (`constants`,
+    read from their file) and other widths. The mistakes are modelled without padding."""
+    heads, starts = grouped(shape)[1], grouped(shape)[6]
     q, k, v = make_inputs(shape, seed, magnitude)
-    scale = 1.0 / math.sqrt(shape[-1]) if scale is None else scale
-    inputs = [guarded_input(name, t) for name, t in zip("qkv", (q, k, v))]
-    out = guarded_output("out", q.shape)
-    worker.call("forward", *(t.tensor for t in inputs), out.tensor, causal, scale)
-    result = compare(out.tensor, attention_reference(q, k, v, causal, scale)[0], atol=ATOL, rtol=RTOL, poisoned=True)
-    return guard_damage(*inputs, out) or diagnose(4, result, out.tensor, q, k, v, causal, atol=ATOL, rtol=RTOL,
-                                                  scale=scale, schedules=tile_schedules((constants or {}).get("BLOCK_COLS")))
-
-
-def check_grouped(worker, shape, causal, seed, constants=None):
-    """A grouped-query case, padded or not: k and v have kv_heads heads, read in place by the kernel."""
-    b, h, kvh, sq, sk, d, starts = shape
-    q, k, v = random_tensor((b, h, sq, d), seed), random_tensor((b, kvh, sk, d), seed + 1), \
-        random_tensor((b, kvh, sk, d), seed + 2)
     key_start = None if starts is None else torch.tensor(starts, dtype=torch.int32)
-    scale = 1.0 / math.sqrt(d)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     inputs = [guarded_input(name, t) for name, t in zip("qkv", (q, k, v))]
     out = guarded_output("out", q.shape)
     worker.call("forward", *(t.tensor for t in inputs), out.tensor, causal, scale,
                 None if key_start is None else key_start.cuda())
     result = compare(out.tensor, attention_reference(q, k, v, causal, scale, key_start)[0], atol=ATOL, rtol=RTOL,
                      poisoned=True)
-    if key_start is not None:  # the known mistakes are modelled without padding
-        return guard_damage(*inputs, out) or result
-    k, v = expand_kv_heads(k, h), expand_kv_heads(v, h)
-    return guard_damage(*inputs, out) or diagnose(4, result, out.tensor, q, k, v, causal, atol=ATOL, rtol=RTOL,
-                                                  scale=scale, schedules=tile_schedules((constants or {}).get("BLOCK_COLS")))
+    damage = guard_damage(*inputs, out)
+    if damage or key_start is not None:
+        return damage or result
+    k, v = expand_kv_heads(k, heads), expand_kv_heads(v, heads)  # the float64 side only
+    return diagnose(4, result, out.tensor, q, k, v, causal, atol=ATOL, rtol=RTOL, scale=scale,
+                    schedules=tile_schedules((constants or {}).get("BLOCK_COLS")))
 
 
 def check_layer(worker, hidden, heads, seq, causal, seed):
@@ -187,11 +182,10 @@ def sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
                                        (q, k, v, torch.empty_like(q), causal, 1 / math.sqrt(d)),
                                        ("q", "k", "v", "out")))
     # grouped-query attention (MQA, then 3 query heads per key/value head) with padding, causal
-    for b, h, kvh, sq, sk, d, starts in [(2, 4, 1, 40, 40, 64, (0, 35)), (2, 6, 2, 30, 140, 80, (0, 130))]:
-        seed = cli.seed(sq + sk + d + h, hidden)
-        q = random_tensor((b, h, sq, d), seed)
-        k, v = random_tensor((b, kvh, sk, d), seed + 1), random_tensor((b, kvh, sk, d), seed + 2)
-        calls.append(sanitize.Call(f"{grouped_text((b, h, kvh, sq, sk, d, starts))} causal", "forward",
+    for shape in [(2, 4, 1, 40, 40, 64, (0, 35)), (2, 6, 2, 30, 140, 80, (0, 130))]:
+        _, h, _, sq, sk, d, starts = shape
+        q, k, v = make_inputs(shape, cli.seed(sq + sk + d + h, hidden))
+        calls.append(sanitize.Call(f"{grouped_text(shape)} causal", "forward",
                                    (q, k, v, torch.empty_like(q), True, 1 / math.sqrt(d),
                                     torch.tensor(starts, dtype=torch.int32)), ("q", "k", "v", "out", "key_start")))
     return calls
@@ -217,7 +211,7 @@ def main(argv=None) -> int:
         for case in cli.cases(4, "attention", CASES, args.hidden, shape_text, causal_ok=lambda s: s[2] <= s[3]):
             report.run(case.name, lambda: check_case(worker, case.shape, case.causal, case.seed, constants=constants))
         for case in cli.cases(4, "grouped", GROUPED_CASES, args.hidden, grouped_text, causal_ok=lambda s: s[3] <= s[4]):
-            report.run(case.name, lambda: check_grouped(worker, case.shape, case.causal, case.seed, constants))
+            report.run(case.name, lambda: check_case(worker, case.shape, case.causal, case.seed, constants=constants))
         seed = cli.seed(7, args.hidden)
         report.run("scale 0.3 and large scores (q x 4)",
                    lambda: check_case(worker, (2, 2, 150, 150, 64), True, seed, scale=0.3, magnitude=4.0,

@@ -101,11 +101,6 @@ def left_pad(prompts: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, to
     return ids, mask
 
 
-def positions(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Each token's position in its own sequence, as generate counts them: padding does not count."""
-    return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
-
-
 def _model_of(config: dict):
     """An untrained model of `config`: GPT-2 unless its model_type says otherwise ("llama")."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -119,10 +114,6 @@ def random_model(config: dict, seed: int):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return _model_of(config).eval()
-
-
-def random_gpt2(config: dict, seed: int):
-    return random_model(config, seed)
 
 
 def from_state(config: dict, state: dict, device):

@@ -55,7 +55,7 @@ def test_gpt2_generates_the_same_with_tasks_1_and_3_inside(kernels, extra):
     from task7.solution.attention import kernel_attention
 
     config = gpt2.SMALL | extra
-    ours = gpt2.random_gpt2(config, seed=1)
+    ours = gpt2.random_model(config, seed=1)
     reference = task7_test.reference_of(ours, "cpu")
     stand_in = kernels()
     gpt2.use_kernels(ours, kernel_attention, stand_in)
@@ -146,7 +146,7 @@ def test_the_demo_generates_and_times_with_the_function(monkeypatch, capsys):
         def decode(self, ids):
             return " ".join(map(str, ids.tolist()))
 
-    model = gpt2.random_gpt2(gpt2.SMALL, seed=3)
+    model = gpt2.random_model(gpt2.SMALL, seed=3)
     monkeypatch.setattr(gpt2, "pretrained",
                         lambda path=None, download=True, name="gpt2": (copy.deepcopy(model), Tokenizer()))
     assert inference.main(["--solution", "--max-new-tokens", "5"]) == 0

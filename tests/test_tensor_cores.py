@@ -42,7 +42,7 @@ def tensor_cores():
 
 def test_it_passes_task4s_checks(tensor_cores):
     from harness import cli
-    from task4.test import CASES, GROUPED_CASES, check_case, check_grouped, grouped_text, shape_text
+    from task4.test import CASES, GROUPED_CASES, check_case, grouped_text, shape_text
 
     here = Here(tensor_cores)
     failed = []
@@ -53,7 +53,7 @@ def test_it_passes_task4s_checks(tensor_cores):
     result = check_case(here, (2, 2, 150, 150, 64), True, seed=7, scale=0.3, magnitude=4.0)
     failed += [] if result.passed else [f"large scores: {result.message}"]
     for case in cli.cases(4, "grouped", GROUPED_CASES, hidden, grouped_text, causal_ok=lambda s: s[3] <= s[4]):
-        result = check_grouped(here, case.shape, case.causal, case.seed)
+        result = check_case(here, case.shape, case.causal, case.seed)
         failed += [] if result.passed else [f"{case.name}: {result.message}"]
     assert not failed, "\n".join(failed)
 
@@ -63,12 +63,12 @@ import sys, torch
 sys.path.insert(0, {str(REPO)!r})
 from task4 import attention
 from task4.measure import TENSOR_CORES
-from task4.test import check_case, check_grouped
+from task4.test import check_case
 from tests.test_tensor_cores import Here, SMALL_CASES
 here = Here(attention.extension(solution=True, kernels=TENSOR_CORES))
 for n, (shape, causal) in enumerate(SMALL_CASES):
     assert check_case(here, shape, causal, seed=n).passed, shape
-assert check_grouped(here, (2, 6, 2, 30, 140, 80, (0, 130)), True, seed=9).passed
+assert check_case(here, (2, 6, 2, 30, 140, 80, (0, 130)), True, seed=9).passed
 """
 
 
