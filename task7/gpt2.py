@@ -128,6 +128,12 @@ class WeightsMissing(Exception):
     """No GPT-2 weights could be found or fetched; the message says what to do."""
 
 
+def _in_cache(name: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(name, "config.json"), str)
+
+
 def pretrained(path: str | None = None, download: bool = True, name: str = "gpt2"):
     """(model, tokenizer): from `path`, else `name` (GPT-2, or a Llama-family checkpoint such as
     LLAMA_CHECKPOINT) from the Hugging Face cache, else the usual download."""
@@ -137,6 +143,11 @@ def pretrained(path: str | None = None, download: bool = True, name: str = "gpt2
     if path and not Path(path).is_dir():
         raise WeightsMissing(f"--model {path}: no such folder (it should hold config.json and the weights)")
     tries = [True, False] if download and not path else [True]
+    if not path and not _in_cache(name):
+        # transformers asks the hub about adapter files even with local_files_only on some versions,
+        # retrying for about 25 s per model where there is no network: look in the cache ourselves
+        tries = [False] if download else []
+    last = FileNotFoundError(f"{name} is not in the Hugging Face cache")
     for local_only in tries:
         try:
             # float32 as the kernels take it (SmolLM2 is stored in bfloat16, which transformers would keep)

@@ -130,6 +130,20 @@ def test_missing_weights_are_one_clear_paragraph(tmp_path, capsys):
         gpt2.pretrained(str(_empty_model_folder(tmp_path)), download=False)
 
 
+def test_a_checkpoint_not_in_the_cache_is_not_asked_of_the_network(monkeypatch):
+    # transformers retries the hub for ~25 s per model where there is no network, even when told
+    # local_files_only on some versions: without download, a model not in the cache must not reach it
+    import transformers
+
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("from_pretrained was called for a model that is not in the cache")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_network)
+    with pytest.raises(gpt2.WeightsMissing, match="not in the Hugging Face cache"):
+        gpt2.pretrained(name="nobody/no-such-model", download=False)
+
+
 def _empty_model_folder(tmp_path):
     folder = tmp_path / "model"
     folder.mkdir()
