@@ -135,7 +135,6 @@ def test_a_checkpoint_not_in_the_cache_is_not_asked_of_the_network(monkeypatch):
     # local_files_only on some versions: without download, a model not in the cache must not reach it
     import transformers
 
-
     def no_network(*args, **kwargs):
         raise AssertionError("from_pretrained was called for a model that is not in the cache")
 
