@@ -8,8 +8,13 @@ layer's `KVCache` (task6/model.py), and runs in one of two phases:
   and V to the cache with task 5's `update_cache`, then attend over the whole cache with
   task 5's `decode`, which reads the cache in place.
 Rotary embeddings turn q and k by each token's position in the sequence, so the new
-tokens' positions start where the cache ends. `self.kernels` holds the kernels
-(`attention`, `update_cache`, `decode`, as in task5/attention.py's `CudaKernels`).
+tokens' positions start where the cache ends. In a batch padded on the left,
+`cache.key_start` (int32 (batch,), or None) gives each sequence's padding: the kernels must
+not let a padded key take weight. (Its tokens then sit key_start[b] positions later than
+alone, which RoPE does not see: a score depends only on the distance between query and key.)
+`self.kernels` holds the kernels (`attention`, `update_cache`, `decode`, as in
+task5/attention.py's `CudaKernels`); k, v and the cache may have fewer heads than q
+(grouped-query attention), which the kernels read as they are.
 """
 
 from __future__ import annotations
@@ -33,11 +38,13 @@ class CachedAttention(Attention):
         raise NotImplementedError("see README, Task 6, step 1: the new tokens sit at positions start .. start + n - 1: rotate q and k there")
 
     def prefill(self, q, k, v, cache: KVCache):
-        """The prompt: store its k and v from position 0, and attend causally over it (task 4's kernel)."""
-        # TODO (README, Task 6, step 3: prefill: k and v into the cache at position 0, causal attention over the prompt)
-        raise NotImplementedError("see README, Task 6, step 3: prefill: k and v into the cache at position 0, causal attention over the prompt")
+        """The prompt: store its k and v from position 0, and attend causally over it (task 4's kernel),
+        each sequence from its first real key."""
+        # TODO (README, Task 6, step 3: prefill: k and v into the cache at position 0, causal attention over the prompt past its padding)
+        raise NotImplementedError("see README, Task 6, step 3: prefill: k and v into the cache at position 0, causal attention over the prompt past its padding")
 
     def decode(self, q, k, v, cache: KVCache):
-        """One new token: append its k and v at position cache.length, attend over the cache in place (task 5's)."""
-        # TODO (README, Task 6, step 4: decode: append k and v at position cache.length, then attend over the whole cache)
-        raise NotImplementedError("see README, Task 6, step 4: decode: append k and v at position cache.length, then attend over the whole cache")
+        """One new token: append its k and v at position cache.length, attend over the cache in place (task 5's),
+        each sequence from its first real key."""
+        # TODO (README, Task 6, step 4: decode: append k and v at position cache.length, then attend over the cache past its padding)
+        raise NotImplementedError("see README, Task 6, step 4: decode: append k and v at position cache.length, then attend over the cache past its padding")

@@ -27,21 +27,22 @@ def make_model(config: dict, seed: int, device: str) -> None:
     _model = SmallLM(Config(**config), student.CachedAttention, kernels, device=device, seed=seed)
 
 
-def teacher_force(tokens, prompt_len):
-    """Prefill tokens[:, :prompt_len], then feed the rest one at a time: the logits of every position."""
+def teacher_force(tokens, prompt_len, key_start=None):
+    """Prefill tokens[:, :prompt_len], then feed the rest one at a time: the logits of every position.
+    key_start (batch,): the prompts are padded on the left, sequence b's first key_start[b] tokens."""
     tokens = tokens.to(_model.embed.weight.device)
     with torch.no_grad():
-        cache = _model.new_cache(tokens.shape[0])
+        cache = _model.new_cache(tokens.shape[0], key_start)
         logits = [_model(tokens[:, :prompt_len], cache)]
         for i in range(prompt_len, tokens.shape[1]):
             logits.append(_model(tokens[:, i:i + 1], cache))
         return torch.cat(logits, dim=1).cpu()
 
 
-def feed(chunks):
+def feed(chunks, key_start=None):
     """A new cache, then each chunk of tokens in turn (the checks' bad inputs)."""
     with torch.no_grad():
-        cache = _model.new_cache(chunks[0].shape[0])
+        cache = _model.new_cache(chunks[0].shape[0], key_start)
         for chunk in chunks:
             _model(chunk.to(_model.embed.weight.device), cache)
 

@@ -43,7 +43,7 @@ class FullAttention(Attention):
         if x.dtype == torch.float64:
             out = PyTorchKernels().attention(q, k, v, True)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
         return self.o_proj(self.merge_heads(out))
 
 
@@ -59,7 +59,7 @@ class SdpaCachedAttention(Attention):
         cache.v[:, :, start:start + n] = v
         cache.length = start + n
         out = F.scaled_dot_product_attention(q, cache.k[:, :, :start + n], cache.v[:, :, :start + n],
-                                             is_causal=start == 0)
+                                             is_causal=start == 0, enable_gqa=self.kv_heads != self.heads)
         return self.o_proj(self.merge_heads(out))
 
 
@@ -203,7 +203,7 @@ def floor_ms(config: Config, run: Run, copy_gbs: float) -> tuple[float, float]:
     The embedding table is left out: a step reads only its tokens' rows of it.
     """
     mean_length = run.prompt + (run.steps + 1) / 2
-    cache = 2 * config.layers * run.batch * config.hidden * mean_length * 4
+    cache = 2 * config.layers * run.batch * config.kv_heads * config.head_dim * mean_length * 4
     nbytes = (config.parameters() - config.vocab * config.hidden) * 4 + cache
     return nbytes, nbytes / (copy_gbs * 1e9) * 1e3
 

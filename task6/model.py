@@ -14,6 +14,10 @@ tested anywhere.
 
 Generation is `logits = model(prompt, cache)` once (prefill: every prompt token at once),
 then `logits = model(token, cache)` per new token (decode), with `cache = model.new_cache(batch)`.
+A batch of prompts of different lengths is padded on the left: `model.new_cache(batch, key_start)`
+with key_start[b] the padding tokens before sequence b's prompt (`generate` takes it too).
+`Config.kv_heads` below `heads` makes a grouped-query model: query head h reads key/value head
+h // (heads // kv_heads), the layout of Llama 3, Mistral and Qwen.
 """
 
 from __future__ import annotations
@@ -34,16 +38,25 @@ class Config:
     hidden: int = 4096
     heads: int = 32
     layers: int = 24
+    kv_heads: int | None = None  # key/value heads: None is `heads` (one per query head), fewer is grouped-query
     mlp: int = 16384  # the SwiGLU's inner width: 4 x hidden
     max_seq: int = 1124  # positions the cache holds: the prompt and every new token
     rope_base: float = 10000.0
+
+    def __post_init__(self):
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if not isinstance(self.kv_heads, int) or self.kv_heads < 1 or self.heads % self.kv_heads:
+            raise ValueError(f"kv_heads must be a positive int dividing heads = {self.heads}, got {self.kv_heads!r}")
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
     def parameters(self) -> int:
-        per_layer = 4 * self.hidden**2 + 3 * self.hidden * self.mlp + 4 * self.hidden
+        kv_width = self.kv_heads * self.head_dim  # what k and v each project to
+        per_layer = (2 * self.hidden**2 + 2 * self.hidden * kv_width + 3 * self.hidden * self.mlp
+                     + 4 * self.hidden)
         return self.layers * per_layer + 2 * self.vocab * self.hidden + 2 * self.hidden
 
     def as_dict(self) -> dict:
@@ -83,18 +96,21 @@ class Rope:
 
 
 class KVCache:
-    """One layer's cache: K and V of every position so far, (batch, heads, max_seq, head_dim) each.
+    """One layer's cache: K and V of every position so far, (batch, kv_heads, max_seq, head_dim) each.
 
     `length` is how many positions are written: positions 0 .. length - 1 hold the
     rotated keys and the values of the tokens seen so far. A head's keys are consecutive
     rows, so task 5's decode kernel reads them in one coalesced sweep.
+    `key_start` is None, or int32 (batch,) on the cache's device for a batch padded on the left:
+    sequence b's first key_start[b] positions are padding, its prompt starts after them.
     """
 
-    def __init__(self, batch: int, config: Config, device=None, dtype=torch.float32):
-        shape = (batch, config.heads, config.max_seq, config.head_dim)
+    def __init__(self, batch: int, config: Config, device=None, dtype=torch.float32, key_start=None):
+        shape = (batch, config.kv_heads, config.max_seq, config.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.length = 0
+        self.key_start = key_start
 
     @property
     def max_seq(self) -> int:
@@ -111,16 +127,23 @@ class Attention(nn.Module):
     def __init__(self, config: Config, rope: Rope, kernels=None, device=None, dtype=None):
         super().__init__()
         self.heads, self.head_dim = config.heads, check_hidden(config.hidden, config.heads)
+        self.kv_heads = config.kv_heads
         # q, k and v come from one matrix: one product reads the weights at a better bandwidth than three
-        self.qkv_proj = nn.Linear(config.hidden, 3 * config.hidden, bias=False, device=device, dtype=dtype)
+        width = (self.heads + 2 * self.kv_heads) * self.head_dim
+        self.qkv_proj = nn.Linear(config.hidden, width, bias=False, device=device, dtype=dtype)
         self.o_proj = nn.Linear(config.hidden, config.hidden, bias=False, device=device, dtype=dtype)
         self.rope, self.kernels = rope, kernels
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v of x (batch, n, hidden), each (batch, heads, n, head_dim) and contiguous, before RoPE."""
+        """q (batch, heads, n, head_dim), k and v (batch, kv_heads, n, head_dim) of x (batch, n, hidden), each
+        contiguous, before RoPE."""
         batch, n, _ = x.shape
-        qkv = self.qkv_proj(x).view(batch, n, 3, self.heads, self.head_dim)
-        return tuple(qkv.permute(2, 0, 3, 1, 4).contiguous())  # one copy; each of the three is contiguous
+        qkv = self.qkv_proj(x)
+        if self.kv_heads == self.heads:
+            qkv = qkv.view(batch, n, 3, self.heads, self.head_dim)
+            return tuple(qkv.permute(2, 0, 3, 1, 4).contiguous())  # one copy; each of the three is contiguous
+        q, k, v = qkv.view(batch, n, -1, self.head_dim).split([self.heads, self.kv_heads, self.kv_heads], dim=2)
+        return tuple(t.transpose(1, 2).contiguous() for t in (q, k, v))
 
     def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
         """(batch, heads, n, head_dim) -> (batch, n, hidden)"""
@@ -198,12 +221,23 @@ class SmallLM(nn.Module):
             block.attention.kernels = kernels
         return self
 
-    def new_cache(self, batch: int) -> list[KVCache]:
-        """An empty cache for a new generation: one KVCache per layer."""
+    def new_cache(self, batch: int, key_start: torch.Tensor | None = None) -> list[KVCache]:
+        """An empty cache for a new generation: one KVCache per layer.
+
+        key_start (batch,) of ints: prompts padded on the left, sequence b's first key_start[b]
+        tokens padding (None: no padding). Every layer shares it, as int32 on the model's device.
+        """
         if not isinstance(batch, int) or batch < 1:
             raise ValueError(f"batch must be a positive int, got {batch!r}")
         w = self.embed.weight
-        return [KVCache(batch, self.config, w.device, w.dtype) for _ in self.blocks]
+        if key_start is not None:
+            if (not isinstance(key_start, torch.Tensor) or key_start.shape != (batch,) or key_start.is_floating_point()
+                    or key_start.is_complex() or bool((key_start < 0).any())):
+                got = (f"{key_start.dtype} of shape {tuple(key_start.shape)}" if isinstance(key_start, torch.Tensor)
+                       else type(key_start).__name__)
+                raise ValueError(f"key_start must hold one int >= 0 per sequence, shape ({batch},), got {got}")
+            key_start = key_start.to(device=w.device, dtype=torch.int32)
+        return [KVCache(batch, self.config, w.device, w.dtype, key_start) for _ in self.blocks]
 
     def forward(self, tokens: torch.Tensor, cache: list[KVCache] | None = None, last: bool = False) -> torch.Tensor:
         """tokens (batch, n) -> logits (batch, n, vocab). With a cache, the tokens come after what it holds.
@@ -237,6 +271,10 @@ class SmallLM(nn.Module):
             raise ValueError(f"cache must be model.new_cache(batch) for this model and the tokens' batch "
                              f"{tokens.shape[0]}")
         start, n = cache[0].length, tokens.shape[1]
+        key_start = cache[0].key_start
+        if start == 0 and key_start is not None and int(key_start.max()) > n:
+            raise ValueError(f"key_start says {int(key_start.max())} padding tokens, but the prompt has {n}: "
+                             "a padded prompt holds its padding and then its tokens")
         if start + n > cache[0].max_seq:
             raise ValueError(f"the cache is full: it holds max_seq = {cache[0].max_seq} positions, {start} written, "
                              f"and {n} more token(s) do not fit; make the model with a larger Config.max_seq")
@@ -245,9 +283,12 @@ class SmallLM(nn.Module):
                              "(or start a new generation with model.new_cache)")
 
     @torch.no_grad()
-    def generate(self, prompt: torch.Tensor, steps: int) -> torch.Tensor:
-        """Greedy generation: prompt (batch, n) -> the `steps` new tokens (batch, steps)."""
-        cache = self.new_cache(prompt.shape[0])
+    def generate(self, prompt: torch.Tensor, steps: int, key_start: torch.Tensor | None = None) -> torch.Tensor:
+        """Greedy generation: prompt (batch, n) -> the `steps` new tokens (batch, steps).
+
+        key_start (batch,): prompts of different lengths padded on the left (see new_cache).
+        """
+        cache = self.new_cache(prompt.shape[0], key_start)
         token = self(prompt, cache, last=True)[:, -1].argmax(-1, keepdim=True)
         out = [token]
         for _ in range(steps - 1):

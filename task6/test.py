@@ -8,6 +8,9 @@ wherever the reference's two best logits are further apart than the tolerance.
 - on the CPU, PyTorch plays the kernels (common/torch_kernels.py's PyTorchKernels): the logic of
   steps 1-4, on any machine;
 - on the GPU, your Task 4 and Task 5 kernels run inside the model.
+Some models are grouped-query (fewer key/value heads than query heads), and some batches hold
+prompts of different lengths padded on the left: each such sequence's logits must be those of the
+same sequence alone, without its padding.
 Then the handout's generation run (batch 4, prompt 1024, 100 new tokens, hidden 4096,
 32 heads, 24 layers; `--size small` for a GPU with 16 GB): time to first token and time
 between tokens, against the same model with PyTorch's attention (recomputing the sequence
@@ -28,22 +31,39 @@ from task6.measure import BUILD_TIMEOUT_S, HANDOUT, HINTS, FullAttention, choose
 from task6.model import SIZES, Config, SmallLM
 
 CPU_VOCAB, GPU_VOCAB = 97, 1000
-# (hidden, heads, layers, batch, max_seq, prompt_len, steps); MLP 4 x hidden. Some end with the cache full.
+# (hidden, heads, layers, batch, max_seq, prompt_len, steps[, kv_heads[, padding]]); MLP 4 x hidden. kv_heads
+# below heads: grouped-query; padding: each sequence's padding tokens before its prompt (a batch padded on the
+# left; a sequence may be all padding). Some end with the cache full.
 CPU_CASES = [(32, 4, 2, 2, 24, 5, 7), (32, 4, 2, 2, 24, 1, 10), (32, 4, 2, 1, 24, 24, 0), (32, 4, 2, 3, 24, 23, 1),
-             (48, 3, 2, 2, 20, 9, 11)]
+             (48, 3, 2, 2, 20, 9, 11), (32, 4, 2, 2, 24, 6, 9, 2), (48, 6, 2, 2, 20, 7, 5, 1),
+             (32, 4, 2, 3, 24, 9, 8, 4, (0, 3, 8)), (32, 4, 2, 4, 24, 10, 14, 2, (2, 10, 0, 7))]
 GPU_CASES = [(256, 4, 2, 2, 200, 130, 20), (512, 4, 3, 2, 120, 77, 16), (96, 3, 2, 3, 48, 33, 15),
-             (256, 2, 2, 1, 40, 1, 39), (4096, 32, 1, 1, 80, 65, 15)]
+             (256, 2, 2, 1, 40, 1, 39), (4096, 32, 1, 1, 80, 65, 15), (256, 4, 2, 2, 60, 30, 10, 1),
+             (1024, 8, 2, 4, 60, 40, 12, 2, (35, 23, 0, 12)), (2048, 32, 1, 4, 52, 40, 12, 8, (35, 23, 0, 12))]
+
+
+def unpack(shape):
+    """(hidden, heads, layers, batch, max_seq, prompt_len, steps, kv_heads, padding) of a case's shape, which may
+    leave out the last two (kv_heads = heads, no padding)."""
+    hidden, heads, layers, batch, max_seq, prompt_len, steps, *rest = shape
+    kv_heads = rest[0] if rest else heads
+    padding = tuple(rest[1]) if len(rest) > 1 and rest[1] is not None else None
+    return hidden, heads, layers, batch, max_seq, prompt_len, steps, kv_heads, padding
 
 
 def shape_text(shape) -> str:
-    hidden, heads, layers, batch, max_seq, prompt_len, steps = shape
-    return (f"hidden {hidden} heads {heads} layers {layers}, cache {max_seq}: batch {batch}, prompt {prompt_len}, "
+    hidden, heads, layers, batch, max_seq, prompt_len, steps, kv_heads, padding = unpack(shape)
+    grouped = f" over {kv_heads} key/value heads" if kv_heads != heads else ""
+    prompts = (f"prompts of {', '.join(str(prompt_len - p) for p in padding)} tokens padded to {prompt_len}"
+               if padding else f"prompt {prompt_len}")
+    return (f"hidden {hidden} heads {heads}{grouped} layers {layers}, cache {max_seq}: batch {batch}, {prompts}, "
             f"{steps} steps")
 
 
 def config_of(shape, vocab: int) -> Config:
-    hidden, heads, layers, _, max_seq, _, _ = shape
-    return Config(vocab=vocab, hidden=hidden, heads=heads, layers=layers, mlp=4 * hidden, max_seq=max_seq)
+    hidden, heads, layers, _, max_seq, _, _, kv_heads, _ = unpack(shape)
+    return Config(vocab=vocab, hidden=hidden, heads=heads, layers=layers, mlp=4 * hidden, max_seq=max_seq,
+                  kv_heads=kv_heads)
 
 
 def reference_model(config: Config, seed: int, device) -> SmallLM:
@@ -57,22 +77,44 @@ def reference_model(config: Config, seed: int, device) -> SmallLM:
 # -- checks -------------------------------------------------------------------------------------
 
 def check_teacher_forced(worker, case, vocab: int):
-    hidden, heads, layers, batch, max_seq, prompt_len, steps = case.shape
+    _, _, _, batch, _, prompt_len, steps, _, padding = unpack(case.shape)
     config = config_of(case.shape, vocab)
-    tokens = random_tokens((batch, prompt_len + steps), vocab, case.seed + 1)
+    tokens = random_tokens((batch, prompt_len + steps), vocab, case.seed + 1)  # random padding tokens: never read
+    key_start = None if padding is None else torch.tensor(padding, dtype=torch.int32)
     worker.call("make_model", config.as_dict(), case.seed, case.device, timeout=BUILD_TIMEOUT_S)
-    got = worker.call("teacher_force", tokens, prompt_len)
+    got = worker.call("teacher_force", tokens, prompt_len, key_start)
     want_shape = (batch, prompt_len + steps, vocab)
     if not isinstance(got, torch.Tensor) or tuple(got.shape) != want_shape or got.dtype != torch.float32:
         what = f"{tuple(got.shape)} {got.dtype}" if isinstance(got, torch.Tensor) else type(got).__name__
         return False, f"the model's logits are {what}, expected {want_shape} float32 (does forward return (batch, n, hidden)?)", {}
-    with torch.no_grad(), exact_float32():
-        expected = reference_model(config, case.seed, case.device)(tokens.to(case.device)).cpu()
-    passed, message, metrics = compare_logits(got, expected, prompt_len, hints=HINTS)
+    reference = reference_model(config, case.seed, case.device)
+    if padding is None:
+        with torch.no_grad(), exact_float32():
+            expected = reference(tokens.to(case.device)).cpu()
+        passed, message, metrics = compare_logits(got, expected, prompt_len, hints=HINTS)
+    else:
+        passed, message, metrics = compare_padded(got, tokens, padding, prompt_len, reference, case.device)
     if not passed and case.device == "cuda":
         message += ("; on the GPU the model runs your Task 4 and Task 5 kernels: if the CPU cases pass, "
                     "check python -m task4.test and python -m task5.test")
     return passed, message, metrics
+
+
+def compare_padded(got, tokens, padding, prompt_len: int, reference, device):
+    """Each sequence of a batch padded on the left against the reference of that sequence alone, without its
+    padding (its positions from 0): the padding must change nothing. Returns the worst sequence's numbers."""
+    worst = None
+    for b, pad in enumerate(padding):
+        with torch.no_grad(), exact_float32():
+            expected = reference(tokens[b:b + 1, pad:].to(device)).cpu()
+        passed, message, metrics = compare_logits(got[b:b + 1, pad:], expected, prompt_len - pad, hints=HINTS)
+        if not passed:
+            return False, (f"sequence {b} (a prompt of {prompt_len - pad} tokens after {pad} of padding), against "
+                           f"itself alone: {message} (a padded batch: step 1 counts a sequence's positions from its "
+                           "first real token, steps 3 and 4 pass cache.key_start to the kernels)"), metrics
+        if worst is None or metrics["max_abs_err"] > worst[1]["max_abs_err"]:
+            worst = message, metrics
+    return True, f"each of the {len(padding)} sequences as alone; the worst: {worst[0]}", worst[1]
 
 
 def check_errors(worker):
@@ -86,6 +128,8 @@ def check_errors(worker):
         ("a prompt longer than the cache", ("feed", [tokens(config.max_seq + 1)]), "the cache is full"),
         ("two tokens after the prompt", ("feed", [tokens(3), tokens(2)]), "decode one token at a time"),
         ("tokens of float32", ("feed", [torch.zeros(2, 3)]), "torch.long"),
+        ("more padding than the prompt holds", ("feed", [tokens(3)], torch.tensor([0, 4])), "the prompt has 3"),
+        ("padding of float32", ("feed", [tokens(3)], torch.tensor([0.0, 1.0])), "one int >= 0 per sequence"),
     ])
 
 

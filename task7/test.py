@@ -173,7 +173,7 @@ def time_per_token(worker, model, tokenizer, what: str, prompt):
     worker.call("make_model", model.config.to_dict(), model.state_dict(), "cuda", timeout=BUILD_TIMEOUT_S)
     tokens = worker.call("generate", prompt, n)[0]  # also the warm-up
     ours = bench.host_clock(lambda: worker.call("generate_only", prompt, n), reps=REPS, per_request=n)
-    worker.stop()
+    worker.stop_until_next_call()  # the GPU's memory for the model's own run; the next timing starts it again
     own = model.to("cuda")
 
     def run():

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import sys
 import importlib.util
 import inspect
 import math
@@ -84,7 +85,8 @@ class CudaOnTheCpu(TorchFunctionMode):
         if _on_cuda(device):
             kwargs["device"] = "cpu"
         to_gpu = func is torch.Tensor.cuda or (func is torch.Tensor.to and (_on_cuda(device) or
-                                                                             any(_on_cuda(a) for a in args[1:])))
+                                                                             any(_on_cuda(a) for a in args[1:])
+                                                                             or _to_a_tensors_device(args, kwargs)))
         if to_gpu:  # a host tensor is copied to the GPU, a GPU tensor is itself (in the dtype asked for)
             t, args = args[0], tuple("cpu" if _on_cuda(a) else a for a in args)
             result = t if func is torch.Tensor.cuda else func(*args, **kwargs)
@@ -93,6 +95,13 @@ class CudaOnTheCpu(TorchFunctionMode):
         # made for the host: no device, or "cpu" in words (a torch.device is another tensor's `.device`, which
         # here is the GPU's as often as not, so it is not marked)
         return _host(result) if func in FACTORIES and (device is None or device == "cpu") else result
+
+
+def _to_a_tensors_device(args, kwargs) -> bool:
+    """A host tensor moved `.to(model.device)`, a torch.device, is moved to the model's: here the stand-in GPU's
+    as a rule (the checks move their tensors back with .cpu() or .to("cpu"), which stay host tensors)."""
+    device = kwargs.get("device", args[1] if len(args) > 1 else None)
+    return getattr(args[0], "on_host", False) and isinstance(device, torch.device) and device.type == "cpu"
 
 
 def _host(t):
@@ -132,8 +141,17 @@ class HostEvent:
 _REAL_GENERATOR = torch.Generator
 
 
-def _generator(device=None):
-    return _REAL_GENERATOR()  # a generator asked for on "cuda" is the CPU's, like the tensors
+class _GeneratorType(type):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, _REAL_GENERATOR)
+
+
+class StandInGenerator(metaclass=_GeneratorType):
+    """torch.Generator: one asked for on "cuda" is the CPU's, like the tensors. A class, as libraries imported
+    later (transformers, torch.distributed) name torch.Generator in their types and isinstance checks."""
+
+    def __new__(cls, device=None):
+        return _REAL_GENERATOR()
 
 
 # -- the kernels: the bindings' checks, then PyTorch ------------------------------------------
@@ -438,6 +456,8 @@ class Task2Kernels(StandInKernels):
 
 
 KERNELS = {2: Task2Kernels, 4: Task4Kernels, 5: Task5Kernels}
+KERNELS_OF = {5: (5, 4), 6: (5, 4), 7: (5, 4)}  # the kernels a task's worker builds: task 5's layer runs task 4's
+PYTHON_OVER_KERNELS = (6, 7)  # the student writes Python that runs tasks 4 and 5's kernels
 
 
 # -- the worker -----------------------------------------------------------------------------
@@ -449,10 +469,14 @@ class InProcessWorker:
         self.task, self.solution, self.sanitize, self.harness = task, solution, sanitize, harness
         self.file_notes, self.notes, self.attention_ops = [], [], set()
         self.last_ranges, self.sanitizer_log, self.exit_code = [], bytearray(), None
-        self.entry, self.kept = None, {}
+        self.entry, self.kept, self.resume = None, {}, False
 
     def start(self):
         self.harness.worker_started(self.task, self.solution)
+        if self.task in PYTHON_OVER_KERNELS:  # the worker's view holds the reference's file as the student's
+            name = f"task{self.task}.attention"
+            module = importlib.import_module(f"task{self.task}.solution.attention" if self.solution else name)
+            self.harness.monkeypatch.setitem(sys.modules, name, module)
         path = REPO / f"task{self.task}" / "entry.py"
         spec = importlib.util.spec_from_file_location(f"task{self.task}.entry", path)
         entry = importlib.util.module_from_spec(spec)
@@ -463,6 +487,9 @@ class InProcessWorker:
         self.entry = entry
 
     def call(self, name, *args, timeout=None, **kwargs):
+        if self.entry is None and self.resume:
+            self.resume = False
+            self.start()
         if self.entry is None:
             raise WorkerDied("the worker is not running")
         try:
@@ -478,6 +505,13 @@ class InProcessWorker:
         args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # each its own allocation
         self.last_ranges = [(a.data_ptr(), a.nbytes) for a in args if isinstance(a, torch.Tensor)]
         return self.call(name, *args)
+
+    def take_kernels_built_ahead(self):
+        pass  # the stand-in kernels are made when the worker starts
+
+    def stop_until_next_call(self):
+        self.stop()
+        self.resume = True
 
     def keep(self, name, value):
         self.kept[name] = value
@@ -535,7 +569,7 @@ class Harness:
 
     def worker_started(self, task, solution):
         """A new worker builds the kernels of its view: the reference's under --solution, else the student's."""
-        for number in (task, *(4,) * (task == 5)):
+        for number in KERNELS_OF.get(task, (task,)):
             self.worker_kernels[number] = KERNELS[number](Behaviour() if solution else self.student[number])
             module = importlib.import_module(f"task{number}.attention")
             for key in [key for key in module.extension.built if not key[0]]:
@@ -582,7 +616,7 @@ def stand_in(monkeypatch, tmp_path):
                         ("get_device_name", lambda device=None: GPU_NAME),
                         ("get_device_properties", lambda device=None: GPU), ("Event", HostEvent)):
         monkeypatch.setattr(torch.cuda, name, value)
-    monkeypatch.setattr(torch, "Generator", _generator)
+    monkeypatch.setattr(torch, "Generator", StandInGenerator)
     monkeypatch.setattr(build, "load_extension", harness.load_extension)
     clock = StandInClock()
     monkeypatch.setattr(f"{__name__}.CLOCK", clock)

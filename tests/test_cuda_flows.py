@@ -1,4 +1,5 @@
-"""Tasks 2, 4 and 5 graded on the CPU from end to end, with PyTorch standing in for the kernels (tests/stand_in.py).
+"""Tasks 2, 4, 5, 6 and 7 graded on the CPU from end to end, with PyTorch standing in for the kernels
+(tests/stand_in.py).
 
 The part of a CUDA task's test that runs after its checks (the benchmarks, loading the reference,
 the estimate from the calibration, the record's speed fields) is never reached on a machine
@@ -56,6 +57,30 @@ def test_the_reference_earns_every_point_through_the_whole_flow(stand_in, task):
         ratios = scored_ratios(record)
         assert ratios and "100% of the performance points" in why
         assert not any("could not be built" in note for note in record["notes"]), record["notes"]
+
+
+@needs_solution(6)
+@needs_solution(7)
+@pytest.mark.parametrize("task", [6, 7])
+def test_the_models_earn_their_points_on_the_gpu_path(stand_in, monkeypatch, task):
+    """Tasks 6 and 7's GPU part (the checks with your kernels inside the model, the timings), every line of it,
+    with the stand-in kernels; task 6's handout generation at the tiny size."""
+    from task6 import measure, test as task6_test
+    from task6.model import SIZES
+
+    monkeypatch.setattr(task6_test, "HANDOUT", measure.Run(batch=2, prompt=10, steps=6))
+    monkeypatch.setitem(SIZES, "small", SIZES["tiny"])
+    monkeypatch.setattr(bench, "copy_bandwidth_gbs", lambda *args, **kwargs: 1e3)  # the floor of a model run here
+    record = stand_in.run(task, "--solution", *HIDDEN, *(("--size", "small") if task == 6 else ()))
+    assert record["status"] == "passed", failed(record)
+    points, why = score(task, record)
+    assert points == RUBRIC[task].points, why
+    gpu = [c for c in record["cases"] if c["kind"] == "check" and not c["name"].startswith("cpu")]
+    assert len(gpu) >= 6 and any("padded" in c["name"] or "prompts of" in c["name"] for c in gpu)
+    timed = [c for c in record["cases"] if c["kind"] == "benchmark"]
+    assert timed and all(c["passed"] for c in timed)
+    if task == 7:  # GPT-2's size and the Llama-family model, each against its own attention
+        assert [("ms_per_token" in c["metrics"]) for c in timed] == [True, True]
 
 
 def test_task4s_sweep_writes_a_row_per_timed_case(stand_in, tmp_path, monkeypatch):

@@ -6,6 +6,8 @@ positions, a decode over one position too few, a prefill that never fills the ca
 cache length never advanced, PyTorch's own attention) get a checked verdict.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -18,6 +20,7 @@ from tests.conftest import bad_variant, needs_solution, run_test, submission
 
 pytestmark = needs_solution(6)
 TINY = SIZES["tiny"]
+GROUPED = dataclasses.replace(TINY, kv_heads=2)
 
 
 def model_and_reference(config=TINY, seed=3):
@@ -74,6 +77,28 @@ def test_generate_is_greedy_over_the_cache():
     assert new.shape == (3, 10) and torch.equal(new, logits.argmax(dim=-1))
 
 
+def test_a_padded_grouped_batch_generates_what_each_sequence_generates_alone():
+    """Prompts of 6, 2 and 9 tokens padded on the left to 9 (random padding tokens: the kernels never read them),
+    in a model with 4 query heads over 2 key/value heads."""
+    model, reference = model_and_reference(GROUPED)
+    prompt = torch.randint(0, GROUPED.vocab, (3, 9), generator=torch.Generator().manual_seed(4))
+    padding = torch.tensor([3, 7, 0])
+    new = model.generate(prompt, 8, key_start=padding)
+    for b, pad in enumerate(padding.tolist()):
+        alone = torch.cat((prompt[b:b + 1, pad:], new[b:b + 1, :-1]), dim=1)
+        with torch.no_grad():
+            expected = reference(alone)[0, -8:].argmax(-1)
+        assert torch.equal(new[b], expected), b
+
+
+def test_a_grouped_model_holds_fewer_key_value_weights():
+    model, _ = model_and_reference(GROUPED)
+    assert sum(p.numel() for p in model.parameters()) == GROUPED.parameters()
+    assert model.new_cache(1)[0].k.shape == (1, 2, GROUPED.max_seq, GROUPED.head_dim)
+    with pytest.raises(ValueError, match="kv_heads must be a positive int dividing heads = 4, got 3"):
+        dataclasses.replace(TINY, kv_heads=3)
+
+
 def test_a_full_cache_and_bad_tokens_raise_clear_errors():
     model, _ = model_and_reference()
     cache = model.new_cache(1)
@@ -115,10 +140,11 @@ def test_weights_are_the_seeds_and_shared_without_copies():
     assert 25e9 < SIZES["handout"].parameters() * 4 < 27e9  # "about 26 GB of float32 weights"
 
 
-def test_the_sdpa_baseline_with_a_cache_matches_the_reference():
-    model, reference = model_and_reference()
-    sdpa = SmallLM(TINY, task6_measure.SdpaCachedAttention, device="meta").share_weights(model)
-    tokens = torch.randint(0, TINY.vocab, (2, 12), generator=torch.Generator().manual_seed(2))
+@pytest.mark.parametrize("config", [TINY, GROUPED], ids=["heads", "grouped"])
+def test_the_sdpa_baseline_with_a_cache_matches_the_reference(config):
+    model, reference = model_and_reference(config)
+    sdpa = SmallLM(config, task6_measure.SdpaCachedAttention, device="meta").share_weights(model)
+    tokens = torch.randint(0, config.vocab, (2, 12), generator=torch.Generator().manual_seed(2))
     got, _ = teacher_forced(sdpa, tokens, 7)
     passed, message, _ = compare_logits(got, reference(tokens).detach(), 7)
     assert passed, message
@@ -136,9 +162,13 @@ def variant_record(tmp_path, old, new):
 
 @pytest.mark.parametrize("old, new, words", [
     ("torch.arange(start, start + q.shape[2]", "torch.arange(0, q.shape[2]", "decode step 1 after a prompt"),
-    ("cache.length + 1)", "cache.length)", "decode step 1 after a prompt"),
+    ("cache.length + 1, ", "cache.length, ", "decode step 1 after a prompt"),
     ("        self.kernels.update_cache(k, v, cache.k, cache.v, 0)\n", "", "decode step 1 after a prompt"),
     ("        cache.length += x.shape[1]\n", "", "must set cache.length"),
+    # a padded batch whose padding takes weight, in the prefill or in the decode
+    ("attention(q, k, v, True, cache.key_start)", "attention(q, k, v, True)",
+     "sequence 1 (a prompt of 6 tokens after 3 of padding), against itself alone: "),
+    ("cache.length + 1, cache.key_start)", "cache.length + 1)", "decode step 1 after a prompt of 6"),
 ])
 def test_known_bad_attention_fails_with_the_step(tmp_path, old, new, words):
     record = variant_record(tmp_path, old, new)
@@ -149,7 +179,7 @@ def test_known_bad_attention_fails_with_the_step(tmp_path, old, new, words):
 
 
 def test_pytorch_attention_in_the_attention_breaks_the_rule(tmp_path):
-    record = variant_record(tmp_path, "        return self.kernels.attention(q, k, v, True)\n",
+    record = variant_record(tmp_path, "        return self.kernels.attention(q, k, v, True, cache.key_start)\n",
                             "        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)\n")
     rule = next(c for c in record["cases"] if c["kind"] == "rule")
     assert not rule["passed"] and "scaled_dot_product_attention" in rule["message"]

@@ -8,8 +8,13 @@ layer's `KVCache` (task6/model.py), and runs in one of two phases:
   and V to the cache with task 5's `update_cache`, then attend over the whole cache with
   task 5's `decode`, which reads the cache in place.
 Rotary embeddings turn q and k by each token's position in the sequence, so the new
-tokens' positions start where the cache ends. `self.kernels` holds the kernels
-(`attention`, `update_cache`, `decode`, as in task5/attention.py's `CudaKernels`).
+tokens' positions start where the cache ends. In a batch padded on the left,
+`cache.key_start` (int32 (batch,), or None) gives each sequence's padding: the kernels must
+not let a padded key take weight. (Its tokens then sit key_start[b] positions later than
+alone, which RoPE does not see: a score depends only on the distance between query and key.)
+`self.kernels` holds the kernels (`attention`, `update_cache`, `decode`, as in
+task5/attention.py's `CudaKernels`); k, v and the cache may have fewer heads than q
+(grouped-query attention), which the kernels read as they are.
 """
 
 from __future__ import annotations
@@ -38,15 +43,17 @@ class CachedAttention(Attention):
         # END SOLUTION
 
     def prefill(self, q, k, v, cache: KVCache):
-        """The prompt: store its k and v from position 0, and attend causally over it (task 4's kernel)."""
-        # BEGIN SOLUTION "step 3: prefill: k and v into the cache at position 0, causal attention over the prompt"
+        """The prompt: store its k and v from position 0, and attend causally over it (task 4's kernel),
+        each sequence from its first real key."""
+        # BEGIN SOLUTION "step 3: prefill: k and v into the cache at position 0, causal attention over the prompt past its padding"
         self.kernels.update_cache(k, v, cache.k, cache.v, 0)
-        return self.kernels.attention(q, k, v, True)
+        return self.kernels.attention(q, k, v, True, cache.key_start)
         # END SOLUTION
 
     def decode(self, q, k, v, cache: KVCache):
-        """One new token: append its k and v at position cache.length, attend over the cache in place (task 5's)."""
-        # BEGIN SOLUTION "step 4: decode: append k and v at position cache.length, then attend over the whole cache"
+        """One new token: append its k and v at position cache.length, attend over the cache in place (task 5's),
+        each sequence from its first real key."""
+        # BEGIN SOLUTION "step 4: decode: append k and v at position cache.length, then attend over the cache past its padding"
         self.kernels.update_cache(k, v, cache.k, cache.v, cache.length)
-        return self.kernels.decode(q, cache.k, cache.v, cache.length + 1)
+        return self.kernels.decode(q, cache.k, cache.v, cache.length + 1, cache.key_start)
         # END SOLUTION
