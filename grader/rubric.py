@@ -37,7 +37,7 @@ RUBRIC = {
     4: TaskRubric("fused FlashAttention kernel (CUDA)", 4, performance_points=1, needs_cuda=True, timeout_s=1200),
     5: TaskRubric("KV cache and decode kernels (CUDA)", 4, performance_points=1, needs_cuda=True, timeout_s=1200),
     6: TaskRubric("prefill/decode inside a small LLM", 3, needs_cuda=True, timeout_s=1200),
-    7: TaskRubric("the kernels inside GPT-2", 1, needs_cuda=True, timeout_s=1200),
+    7: TaskRubric("the kernels inside GPT-2 and Llama", 1, needs_cuda=True, timeout_s=1200),
 }
 TOTAL_POINTS = sum(r.points for r in RUBRIC.values())
 
