@@ -51,6 +51,8 @@ class SdpaCachedAttention(Attention):
     """PyTorch's SDPA over the same KV cache: the baseline with a cache."""
 
     def forward(self, x, cache):
+        if cache.key_start is not None:
+            raise ValueError("the SDPA baseline runs batches without padding only (cache.key_start is set)")
         q, k, v = self.project(x)
         start, n = cache.length, x.shape[1]
         positions = torch.arange(start, start + n, device=x.device)
@@ -203,7 +205,7 @@ def floor_ms(config: Config, run: Run, copy_gbs: float) -> tuple[float, float]:
     The embedding table is left out: a step reads only its tokens' rows of it.
     """
     mean_length = run.prompt + (run.steps + 1) / 2
-    cache = 2 * config.layers * run.batch * config.kv_heads * config.head_dim * mean_length * 4
+    cache = 2 * config.layers * run.batch * config.key_value_heads * config.head_dim * mean_length * 4
     nbytes = (config.parameters() - config.vocab * config.hidden) * 4 + cache
     return nbytes, nbytes / (copy_gbs * 1e9) * 1e3
 

@@ -44,17 +44,21 @@ class Config:
     rope_base: float = 10000.0
 
     def __post_init__(self):
-        if self.kv_heads is None:
-            object.__setattr__(self, "kv_heads", self.heads)
-        if not isinstance(self.kv_heads, int) or self.kv_heads < 1 or self.heads % self.kv_heads:
+        if self.kv_heads is not None and (not isinstance(self.kv_heads, int) or self.kv_heads < 1
+                                          or self.heads % self.kv_heads):
             raise ValueError(f"kv_heads must be a positive int dividing heads = {self.heads}, got {self.kv_heads!r}")
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
+    @property
+    def key_value_heads(self) -> int:
+        """How many heads k, v and the cache have (kv_heads, or heads when it is None)."""
+        return self.kv_heads or self.heads
+
     def parameters(self) -> int:
-        kv_width = self.kv_heads * self.head_dim  # what k and v each project to
+        kv_width = self.key_value_heads * self.head_dim  # what k and v each project to
         per_layer = (2 * self.hidden**2 + 2 * self.hidden * kv_width + 3 * self.hidden * self.mlp
                      + 4 * self.hidden)
         return self.layers * per_layer + 2 * self.vocab * self.hidden + 2 * self.hidden
@@ -106,7 +110,7 @@ class KVCache:
     """
 
     def __init__(self, batch: int, config: Config, device=None, dtype=torch.float32, key_start=None):
-        shape = (batch, config.kv_heads, config.max_seq, config.head_dim)
+        shape = (batch, config.key_value_heads, config.max_seq, config.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.length = 0
@@ -127,7 +131,7 @@ class Attention(nn.Module):
     def __init__(self, config: Config, rope: Rope, kernels=None, device=None, dtype=None):
         super().__init__()
         self.heads, self.head_dim = config.heads, check_hidden(config.hidden, config.heads)
-        self.kv_heads = config.kv_heads
+        self.kv_heads = config.key_value_heads
         # q, k and v come from one matrix: one product reads the weights at a better bandwidth than three
         width = (self.heads + 2 * self.kv_heads) * self.head_dim
         self.qkv_proj = nn.Linear(config.hidden, width, bias=False, device=device, dtype=dtype)
@@ -231,11 +235,13 @@ class SmallLM(nn.Module):
             raise ValueError(f"batch must be a positive int, got {batch!r}")
         w = self.embed.weight
         if key_start is not None:
-            if (not isinstance(key_start, torch.Tensor) or key_start.shape != (batch,) or key_start.is_floating_point()
-                    or key_start.is_complex() or bool((key_start < 0).any())):
-                got = (f"{key_start.dtype} of shape {tuple(key_start.shape)}" if isinstance(key_start, torch.Tensor)
+            integers = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+            if (not isinstance(key_start, torch.Tensor) or key_start.shape != (batch,) or key_start.dtype not in integers
+                    or not bool(((key_start >= 0) & (key_start <= self.config.max_seq)).all())):
+                got = (f"{key_start.tolist()} ({key_start.dtype})" if isinstance(key_start, torch.Tensor)
                        else type(key_start).__name__)
-                raise ValueError(f"key_start must hold one int >= 0 per sequence, shape ({batch},), got {got}")
+                raise ValueError(f"key_start must hold one int from 0 to max_seq = {self.config.max_seq} per "
+                                 f"sequence, shape ({batch},), got {got}")
             key_start = key_start.to(device=w.device, dtype=torch.int32)
         return [KVCache(batch, self.config, w.device, w.dtype, key_start) for _ in self.blocks]
 

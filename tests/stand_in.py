@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import sys
 import importlib.util
 import inspect
 import math
+import sys
 import time
 import types
 from dataclasses import dataclass
@@ -77,6 +77,12 @@ FACTORIES = {torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch
 class CudaOnTheCpu(TorchFunctionMode):
     """Tensors asked for on "cuda" are made on the CPU; those made for the host are marked `on_host`."""
 
+    def __init__(self):
+        super().__init__()
+        # The torch.device objects read from the stand-in GPU's tensors (`model.device`), kept so that their ids
+        # stay theirs: a host tensor moved `.to(` one of them moves to the stand-in GPU, as on a real one.
+        self.gpu_devices: dict[int, torch.device] = {}
+
     def __torch_function__(self, func, types_, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         if func is torch.Tensor.cpu:
@@ -84,24 +90,26 @@ class CudaOnTheCpu(TorchFunctionMode):
         device = kwargs.get("device")
         if _on_cuda(device):
             kwargs["device"] = "cpu"
-        to_gpu = func is torch.Tensor.cuda or (func is torch.Tensor.to and (_on_cuda(device) or
-                                                                             any(_on_cuda(a) for a in args[1:])
-                                                                             or _to_a_tensors_device(args, kwargs)))
+        to_gpu = func is torch.Tensor.cuda or (func is torch.Tensor.to and self._to_the_gpu(args, kwargs))
         if to_gpu:  # a host tensor is copied to the GPU, a GPU tensor is itself (in the dtype asked for)
             t, args = args[0], tuple("cpu" if _on_cuda(a) else a for a in args)
             result = t if func is torch.Tensor.cuda else func(*args, **kwargs)
             return t.clone() if result is t and getattr(t, "on_host", False) else result
         result = func(*args, **kwargs)
+        if getattr(func, "__self__", None) is torch.Tensor.device and not getattr(args[0], "on_host", False):
+            self.gpu_devices[id(result)] = result
+            if len(self.gpu_devices) > 4096:  # the newest are the ones about to be used
+                del self.gpu_devices[next(iter(self.gpu_devices))]
         # made for the host: no device, or "cpu" in words (a torch.device is another tensor's `.device`, which
         # here is the GPU's as often as not, so it is not marked)
         return _host(result) if func in FACTORIES and (device is None or device == "cpu") else result
 
-
-def _to_a_tensors_device(args, kwargs) -> bool:
-    """A host tensor moved `.to(model.device)`, a torch.device, is moved to the model's: here the stand-in GPU's
-    as a rule (the checks move their tensors back with .cpu() or .to("cpu"), which stay host tensors)."""
-    device = kwargs.get("device", args[1] if len(args) > 1 else None)
-    return getattr(args[0], "on_host", False) and isinstance(device, torch.device) and device.type == "cpu"
+    def _to_the_gpu(self, args, kwargs) -> bool:
+        """Tensor.to's arguments name the GPU: "cuda", or `other.device` of a tensor on the stand-in GPU (a host
+        tensor's `.device` keeps it a host tensor, as on a real GPU)."""
+        device = kwargs.get("device", args[1] if len(args) > 1 else None)
+        return (_on_cuda(device) or any(_on_cuda(a) for a in args[1:])
+                or self.gpu_devices.get(id(device)) is device)
 
 
 def _host(t):

@@ -182,6 +182,23 @@ def test_task5s_points_in_the_handout_need_no_calibration_and_the_long_cache_cou
     assert abs(points_without - (3 + BARS[5].fraction(0.75))) < 0.05, why
 
 
+def test_the_stand_in_gpu_tells_a_models_device_from_a_host_tensors():
+    """`.to(model.device)` moves a host tensor to the (stand-in) GPU; `.to(host_tensor.device)` does not, as on a
+    real GPU, where the bindings then refuse it."""
+    import torch
+
+    from tests.stand_in import CudaOnTheCpu
+
+    on_host = lambda t: getattr(t, "on_host", False)  # noqa: E731
+    with CudaOnTheCpu():
+        model = torch.nn.Linear(2, 2, device="cuda")
+        tokens, key_start = torch.zeros(2, dtype=torch.long), torch.tensor([1, 2], dtype=torch.int32)
+        assert on_host(tokens) and on_host(key_start)
+        assert not on_host(key_start.to(model.weight.device)) and not on_host(key_start.to(device=model.weight.device))
+        assert on_host(key_start.to(tokens.device)) and on_host(key_start.to(torch.device("cpu")))
+        assert not on_host(key_start.cuda()) and on_host(key_start.cuda().cpu())
+
+
 def test_no_real_run_can_reach_the_stand_ins():
     """The stand-ins are monkeypatches made by this test suite's fixture: no code outside tests/ imports them."""
     names = ("tests.stand_in", "import stand_in", "CudaOnTheCpu", "InProcessWorker")

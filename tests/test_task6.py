@@ -78,7 +78,7 @@ def test_generate_is_greedy_over_the_cache():
 
 
 def test_a_padded_grouped_batch_generates_what_each_sequence_generates_alone():
-    """Prompts of 6, 2 and 9 tokens padded on the left to 9 (random padding tokens: the kernels never read them),
+    """Prompts of 6, 2 and 9 tokens padded on the left to 9 (random padding tokens: they take no weight),
     in a model with 4 query heads over 2 key/value heads."""
     model, reference = model_and_reference(GROUPED)
     prompt = torch.randint(0, GROUPED.vocab, (3, 9), generator=torch.Generator().manual_seed(4))
@@ -97,6 +97,15 @@ def test_a_grouped_model_holds_fewer_key_value_weights():
     assert model.new_cache(1)[0].k.shape == (1, 2, GROUPED.max_seq, GROUPED.head_dim)
     with pytest.raises(ValueError, match="kv_heads must be a positive int dividing heads = 4, got 3"):
         dataclasses.replace(TINY, kv_heads=3)
+    assert dataclasses.replace(TINY, heads=2).key_value_heads == 2  # unset, it follows heads
+
+
+@pytest.mark.parametrize("key_start", [torch.tensor([True, False]), torch.tensor([2**32 + 1, 0]),
+                                       torch.tensor([-1, 0]), torch.tensor([1.0, 0.0]), torch.tensor([1, 2, 3]), [1, 0]])
+def test_padding_that_is_not_one_int_in_the_cache_per_sequence_is_refused(key_start):
+    model, _ = model_and_reference()
+    with pytest.raises(ValueError, match="key_start must hold one int from 0 to max_seq = 24 per sequence"):
+        model.new_cache(2, key_start)
 
 
 def test_a_full_cache_and_bad_tokens_raise_clear_errors():

@@ -27,7 +27,7 @@ from task6.model import Attention, KVCache
 class CachedAttention(Attention):
     def forward(self, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """x (batch, n, hidden) -> (batch, n, hidden): a prompt when the cache is empty, else one new token."""
-        q, k, v = self.project(x)  # (batch, heads, n, head_dim) each, contiguous
+        q, k, v = self.project(x)  # q (batch, heads, n, head_dim), k and v (batch, kv_heads, n, head_dim), contiguous
         q, k = self.rotate(q, k, cache.length)
         # BEGIN SOLUTION "step 2: prefill when the cache is empty, else decode; then count the new tokens in cache.length"
         out = self.prefill(q, k, v, cache) if cache.length == 0 else self.decode(q, k, v, cache)
