@@ -39,12 +39,13 @@ class CachedAttention(Attention):
 
     def prefill(self, q, k, v, cache: KVCache):
         """The prompt: store its k and v from position 0, and attend causally over it (task 4's kernel),
-        each sequence from its first real key."""
+        each sequence from its first real key (the kernels skip the padding: pass cache.key_start).
+        Returns the attention's output, (batch, heads, n, head_dim)."""
         # TODO (README, Task 6, step 3: prefill: k and v into the cache at position 0, causal attention over the prompt past its padding)
         raise NotImplementedError("see README, Task 6, step 3: prefill: k and v into the cache at position 0, causal attention over the prompt past its padding")
 
     def decode(self, q, k, v, cache: KVCache):
         """One new token: append its k and v at position cache.length, attend over the cache in place (task 5's),
-        each sequence from its first real key."""
+        each sequence from its first real key. Returns the attention's output, (batch, heads, 1, head_dim)."""
         # TODO (README, Task 6, step 4: decode: append k and v at position cache.length, then attend over the cache past its padding)
         raise NotImplementedError("see README, Task 6, step 4: decode: append k and v at position cache.length, then attend over the cache past its padding")

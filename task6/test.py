@@ -110,7 +110,7 @@ def compare_padded(got, tokens, padding, prompt_len: int, reference, device):
         passed, message, metrics = compare_logits(got[b:b + 1, pad:], expected, prompt_len - pad, hints=HINTS)
         if not passed:
             return False, (f"sequence {b} (a prompt of {prompt_len - pad} tokens after {pad} of padding), against "
-                           f"itself alone: {message} (a padded batch: steps 3 and 4 pass cache.key_start to the "
+                           f"itself alone, positions counted from its first real token: {message} (a padded batch: steps 3 and 4 pass cache.key_start to the "
                            "kernels, so that no padded key takes weight)"), metrics
         if worst is None or metrics["max_abs_err"] > worst[1]["max_abs_err"]:
             worst = message, metrics

@@ -176,7 +176,7 @@ def variant_record(tmp_path, old, new):
     ("        cache.length += x.shape[1]\n", "", "must set cache.length"),
     # a padded batch whose padding takes weight, in the prefill or in the decode
     ("attention(q, k, v, True, cache.key_start)", "attention(q, k, v, True)",
-     "sequence 1 (a prompt of 6 tokens after 3 of padding), against itself alone: "),
+     "sequence 1 (a prompt of 6 tokens after 3 of padding), against itself alone, positions"),
     ("cache.length + 1, cache.key_start)", "cache.length + 1)", "decode step 1 after a prompt of 6"),
 ])
 def test_known_bad_attention_fails_with_the_step(tmp_path, old, new, words):

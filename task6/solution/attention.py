@@ -44,7 +44,8 @@ class CachedAttention(Attention):
 
     def prefill(self, q, k, v, cache: KVCache):
         """The prompt: store its k and v from position 0, and attend causally over it (task 4's kernel),
-        each sequence from its first real key."""
+        each sequence from its first real key (the kernels skip the padding: pass cache.key_start).
+        Returns the attention's output, (batch, heads, n, head_dim)."""
         # BEGIN SOLUTION "step 3: prefill: k and v into the cache at position 0, causal attention over the prompt past its padding"
         self.kernels.update_cache(k, v, cache.k, cache.v, 0)
         return self.kernels.attention(q, k, v, True, cache.key_start)
@@ -52,7 +53,7 @@ class CachedAttention(Attention):
 
     def decode(self, q, k, v, cache: KVCache):
         """One new token: append its k and v at position cache.length, attend over the cache in place (task 5's),
-        each sequence from its first real key."""
+        each sequence from its first real key. Returns the attention's output, (batch, heads, 1, head_dim)."""
         # BEGIN SOLUTION "step 4: decode: append k and v at position cache.length, then attend over the cache past its padding"
         self.kernels.update_cache(k, v, cache.k, cache.v, cache.length)
         return self.kernels.decode(q, cache.k, cache.v, cache.length + 1, cache.key_start)
