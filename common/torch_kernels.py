@@ -4,7 +4,8 @@ Given code (not graded). Tasks 6 and 7 call three kernels through one small inte
 `attention(q, k, v, causal, key_start=None)` (task 4), `update_cache(k_new, v_new, k_cache,
 v_cache, pos)` and `decode(q, k_cache, v_cache, length, key_start=None)` (task 5), all with the
 scale 1/sqrt(head_dim); k, v and the caches may have fewer heads than q (grouped-query
-attention), and key_start marks each sequence's left padding.
+attention), and key_start marks each sequence's left padding. `pos` and `length` are an int
+(every sequence) or an int32 tensor of one value per sequence (the form a CUDA graph replays).
 On a GPU that is task5/attention.py's `CudaKernels`; on the CPU this class plays them.
 """
 
@@ -49,25 +50,48 @@ class PyTorchKernels:
         scores = scores.masked_fill(padded_query, 0.0)  # a finite row, replaced by zeros below
         return (torch.softmax(scores, dim=-1) @ v).masked_fill(padded_query, 0.0)
 
-    def update_cache(self, k_new, v_new, k_cache, v_cache, pos: int) -> None:
+    def update_cache(self, k_new, v_new, k_cache, v_cache, pos) -> None:
         self._contiguous(k_new=k_new, v_new=v_new, k_cache=k_cache, v_cache=v_cache)
         n, max_seq = k_new.shape[2], k_cache.shape[2]
+        if isinstance(pos, torch.Tensor):  # one position per sequence; one whose rows would not fit writes nothing
+            for b, p in enumerate(self._per_sequence(pos, "pos", k_cache.shape[0])):
+                if 0 <= p <= max_seq - n:
+                    k_cache[b, :, p:p + n], v_cache[b, :, p:p + n] = k_new[b], v_new[b]
+            return
         if pos < 0 or pos + n > max_seq:
             raise ValueError(f"update_cache: pos = {pos} with {n} new row(s): pos must be at least 0 and "
                              f"pos + n_new must be at most max_seq = {max_seq}")
         k_cache[:, :, pos:pos + n] = k_new
         v_cache[:, :, pos:pos + n] = v_new
 
-    def decode(self, q, k_cache, v_cache, length: int, key_start=None):
+    def decode(self, q, k_cache, v_cache, length, key_start=None):
         self._contiguous(q=q, k_cache=k_cache, v_cache=v_cache)
         if q.shape[2] != 1:
             raise ValueError(f"decode: q must hold one query per (batch, head), got {tuple(q.shape)}")
-        if not 1 <= length <= k_cache.shape[2]:
-            raise ValueError(f"decode: length must be between 1 and max_seq = {k_cache.shape[2]}, got {length}")
+        max_seq = k_cache.shape[2]
+        if isinstance(length, torch.Tensor):  # one length per sequence; out of range: NaN, as the kernel does
+            lengths = self._per_sequence(length, "length", q.shape[0])
+            starts = [0] * q.shape[0] if key_start is None else self._per_sequence(key_start, "key_start", q.shape[0])
+            out = torch.full_like(q, math.nan)
+            for b, (end, first) in enumerate(zip(lengths, starts)):
+                if 0 <= first < end <= max_seq:
+                    k, v = (c[b:b + 1, :, first:end].contiguous() for c in (k_cache, v_cache))
+                    out[b:b + 1] = self.attention(q[b:b + 1], k, v, False)
+            return out
+        if not 1 <= length <= max_seq:
+            raise ValueError(f"decode: length must be between 1 and max_seq = {max_seq}, got {length}")
         if key_start is not None:  # the newest position is the query's own: never padding
             self._key_start(key_start, q.shape[0], length - 1, "length - 1")
         return self.attention(q, k_cache[:, :, :length].contiguous(), v_cache[:, :, :length].contiguous(), False,
                               key_start)
+
+    @staticmethod
+    def _per_sequence(t, name: str, batch: int) -> list[int]:
+        """pos or length as the bindings take a tensor of them: int32, (batch,); its values."""
+        if t.dtype != torch.int32 or tuple(t.shape) != (batch,):
+            raise ValueError(f"{name} must be an int or int32 of shape ({batch},), got {t.dtype} of shape "
+                             f"{tuple(t.shape)}")
+        return t.tolist()
 
     @staticmethod
     def _key_start(key_start, batch: int, most: int, most_what: str):

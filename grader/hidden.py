@@ -22,12 +22,16 @@ CASES = {
         "grouped": [(2, 10, 5, 77, 77, 48, None), (1, 24, 3, 33, 190, 128, (170,)), (3, 9, 1, 50, 50, 40, (49, 0, 17))],
     },
     5: {
-        "cache": [(3, 2, 70, 69, 1, 96), (1, 4, 130, 1, 128, 40)],  # (batch, heads, max_seq, pos, n_new, head_dim)
+        # (batch, heads, max_seq, pos, n_new, head_dim); pos an int, or one per sequence (int32 on the GPU)
+        "cache": [(3, 2, 70, 69, 1, 96), (1, 4, 130, 1, 128, 40), (5, 3, 33, (32, 0, 30, 33, 7), 2, 24)],
         "decode": [(3, 5, 600, 511, 96), (1, 1, 2100, 2049, 128), (2, 3, 50, 47, 24)],  # (b, h, max_seq, length, d)
         "split": [(3, 5, 600, 511, 96, 4), (1, 2, 5000, 4999, 128, 0), (1, 1, 10, 9, 40, 16)],  # (..., splits)
         # (batch, heads, kv_heads, max_seq, length, head_dim, key_start or None[, splits])
-        "decode grouped": [(3, 10, 5, 200, 190, 96, None), (2, 24, 3, 80, 71, 40, (70, 3)), (1, 20, 1, 50, 50, 128, None)],
-        "split grouped": [(2, 14, 2, 3000, 2999, 64, (0, 1000), 0), (1, 9, 3, 40, 39, 24, None, 8)],
+        # length an int, or one per sequence (int32 on the GPU, out of range: NaN)
+        "decode grouped": [(3, 10, 5, 200, 190, 96, None), (2, 24, 3, 80, 71, 40, (70, 3)), (1, 20, 1, 50, 50, 128, None),
+                           (4, 6, 2, 90, (90, 13, -2, 61), 72, (0, 12, 0, 5))],
+        "split grouped": [(2, 14, 2, 3000, 2999, 64, (0, 1000), 0), (1, 9, 3, 40, 39, 24, None, 8),
+                          (3, 10, 5, 1500, (1500, 700, 2), 96, (3, 0, 1), 0)],
     },
     6: {  # (hidden, heads, layers, batch, max_seq, prompt_len, steps[, kv_heads[, padding]])
         "cpu": [(40, 5, 2, 2, 30, 17, 13), (48, 6, 2, 3, 30, 11, 9, 3, (4, 0, 11))],

@@ -22,19 +22,27 @@ from common.layer import AttentionLayer
 extension = TaskExtension(5)
 
 
-def update_cache(k_new, v_new, k_cache, v_cache, pos: int, solution: bool = False) -> None:
-    """Write k_new, v_new (batch, kv_heads, n_new, head_dim) into the caches at positions pos .. pos + n_new - 1."""
+def update_cache(k_new, v_new, k_cache, v_cache, pos, solution: bool = False) -> None:
+    """Write k_new, v_new (batch, kv_heads, n_new, head_dim) into the caches at positions pos .. pos + n_new - 1.
+
+    pos: an int (every sequence), or int32 (batch,) on the GPU, one position per sequence: the form a
+    CUDA graph can replay, its values read by the kernel (a sequence whose rows would not fit writes
+    nothing).
+    """
     extension(solution).update_cache(k_new, v_new, k_cache, v_cache, pos)
 
 
-def decode(q, k_cache, v_cache, length: int, scale: float | None = None, out=None, splits: int = 0,
+def decode(q, k_cache, v_cache, length, scale: float | None = None, out=None, splits: int = 0,
            solution: bool = False, key_start=None):
     """One query per (batch, head), q (batch, heads, 1, head_dim), over positions 0 .. length - 1 of the cache
     (batch, kv_heads, max_seq, head_dim); kv_heads divides heads (grouped-query attention).
 
-    splits: 1 = no split (step 2), 0 = the launcher's choice, more = split-KV with that many
-    splits (step 3). key_start, int32 (batch,) on the GPU: each sequence's first valid
-    position (a batch padded on the left); the positions before it take no weight.
+    length: an int (every sequence), or int32 (batch,) on the GPU, one per sequence: the form a CUDA
+    graph can replay, its values read by the kernel, never by the host (a sequence whose length is out
+    of range gets NaN). splits: 1 = no split (step 2), 0 = the launcher's choice (for an int32 length,
+    chosen for sequences up to max_seq), more = split-KV with that many splits (step 3). key_start,
+    int32 (batch,) on the GPU: each sequence's first valid position (a batch padded on the left); the
+    positions before it take no weight.
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     out = torch.full_like(q, math.nan) if out is None else out  # NaN: an element the kernel never wrote shows
@@ -63,10 +71,10 @@ class CudaKernels:
 
         return flash_attention(q, k, v, causal, solution=self.solution, key_start=key_start)
 
-    def update_cache(self, k_new, v_new, k_cache, v_cache, pos: int) -> None:
+    def update_cache(self, k_new, v_new, k_cache, v_cache, pos) -> None:
         update_cache(k_new, v_new, k_cache, v_cache, pos, solution=self.solution)
 
-    def decode(self, q, k_cache, v_cache, length: int, key_start=None):
+    def decode(self, q, k_cache, v_cache, length, key_start=None):
         return decode(q, k_cache, v_cache, length, solution=self.solution, key_start=key_start)
 
 

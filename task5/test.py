@@ -2,9 +2,11 @@
 
 Checks Task 5's kernels on the GPU against float64 PyTorch, then measures them:
 - the cache update (step 1): positions pos .. pos + n - 1 written exactly, nothing else;
+  pos an int, or one per sequence as int32 on the GPU (one that does not fit writes nothing);
 - the decode kernel (step 2): cache lengths 1, 2, around the tile edges, 4097; head_dim 3
   to 128; batch x heads from 1 x 1 to 8 x 32; the cache past `length` holds NaN, so a
-  kernel that reads beyond it shows;
+  kernel that reads beyond it shows; lengths per sequence as int32 on the GPU (out of
+  range: NaN);
 - split-KV (step 3, optional, graded apart): the same with 2 to 64 splits (more splits
   than rows included) and the launcher's own choice;
 - the cached layer: prefill (your task 4 kernel) and decode steps against
@@ -44,9 +46,12 @@ PARTS = {  # name: (README steps, optional)
     "split": ((3,), True),
     "layer": ((1, 2), False),
 }
-# (batch, heads, max_seq, pos, n_new, head_dim): rows pos .. pos + n_new - 1 are written
+# (batch, heads, max_seq, pos, n_new, head_dim): rows pos .. pos + n_new - 1 are written. pos is an int
+# (every sequence), or one position per sequence, passed as int32 on the GPU (read by the kernel): a
+# sequence whose rows would not fit (pos < 0 or pos + n_new > max_seq) writes nothing.
 CACHE_CASES = [(1, 1, 8, 0, 1, 128), (2, 3, 50, 49, 1, 64), (2, 2, 40, 0, 33, 80), (1, 2, 300, 17, 129, 17),
-               (4, 8, 64, 5, 1, 128)]
+               (4, 8, 64, 5, 1, 128), (3, 2, 40, (0, 39, 17), 1, 64), (2, 3, 50, (10, 45), 5, 32),
+               (4, 2, 40, (5, 40, -1, 36), 4, 48)]
 # (batch, heads, max_seq, length, head_dim): positions length .. max_seq - 1 hold NaN
 DECODE_CASES = [(1, 1, 8, 1, 128), (1, 1, 8, 2, 64), (2, 3, 100, 31, 128), (2, 3, 100, 32, 128),
                 (2, 3, 100, 33, 128), (1, 2, 200, 63, 64), (1, 2, 200, 64, 64), (1, 2, 200, 65, 64),
@@ -60,13 +65,19 @@ SPLIT_CASES = [(1, 1, 8, 1, 128, 64), (1, 1, 8, 2, 64, 3), (2, 3, 100, 33, 128, 
 # kv_heads divides heads (query head h reads cache head h // (heads // kv_heads)); a block serves up to
 # MAX_QUERIES (4 in the reference) query heads of a group, so 6, 8, 12 and 32 per cache head take several
 # blocks. key_start: each sequence's first valid position (left padding; at most length - 1) or None.
+# length: an int, or one per sequence, passed as int32 on the GPU (read by the kernel; a sequence whose
+# length or key_start is out of range must come out NaN).
 GROUPED_DECODE_CASES = [(2, 8, 4, 100, 33, 128, None), (1, 8, 2, 200, 65, 64, None), (2, 16, 2, 70, 50, 32, None),
                         (2, 6, 1, 90, 77, 12, None), (1, 12, 1, 150, 129, 17, None), (1, 12, 3, 60, 41, 4, None),
                         (1, 32, 1, 300, 257, 128, None), (4, 8, 2, 64, 40, 64, (0, 35, 12, 39)),
-                        (2, 6, 3, 600, 513, 80, (0, 500)), (1, 9, 3, 120, 100, 64, None)]
+                        (2, 6, 3, 600, 513, 80, (0, 500)), (1, 9, 3, 120, 100, 64, None),
+                        (3, 4, 4, 100, (1, 100, 57), 64, None), (4, 8, 2, 300, (257, 3, 300, 130), 128, (0, 2, 299, 100)),
+                        (3, 2, 2, 50, (20, 0, 51), 32, None), (2, 6, 3, 64, (64, 30), 80, (63, 31))]
 # the same with splits: (..., splits); 0 lets the launcher choose
 GROUPED_SPLIT_CASES = [(2, 8, 4, 100, 33, 128, None, 2), (1, 16, 2, 4100, 4097, 128, None, 0),
-                       (1, 12, 1, 150, 129, 17, None, 5), (3, 8, 2, 600, 600, 64, (0, 300, 599), 7)]
+                       (1, 12, 1, 150, 129, 17, None, 5), (3, 8, 2, 600, 600, 64, (0, 300, 599), 7),
+                       (3, 8, 2, 2000, (1999, 17, 600), 128, None, 0), (2, 4, 4, 300, (300, 5), 64, (0, 4), 7),
+                       (2, 2, 2, 100, (0, 50), 64, None, 3)]
 # (hidden, heads, max_seq, prompt_len, steps): steps that end exactly at a full cache included
 LAYER_CASES = [(256, 4, 80, 50, 30), (256, 4, 40, 1, 20), (4096, 32, 48, 33, 15)]
 
@@ -80,7 +91,17 @@ def describe_grouped(shape) -> str:
     group = "MQA" if kvh == 1 else f"{kvh} kv heads"
     padding = f" key_start {','.join(map(str, starts))}" if starts is not None else ""
     splits = f" splits {shape[7] or 'chosen by the launcher'}" if len(shape) > 7 else ""
-    return f"batch {b} heads {h} ({group}) cache {max_seq} length {length} head_dim {d}{padding}{splits}"
+    return f"batch {b} heads {h} ({group}) cache {max_seq} {lengths_text(length)} head_dim {d}{padding}{splits}"
+
+
+def lengths_text(length) -> str:
+    """`length 40`, or for one per sequence (int32 on the GPU) `lengths 40,3,0 on the GPU`."""
+    return f"length {length}" if isinstance(length, int) else f"lengths {','.join(map(str, length))} on the GPU"
+
+
+def on_gpu(values):
+    """An int as it is; one value per sequence as the int32 tensor the kernels read."""
+    return values if isinstance(values, int) else torch.tensor(values, dtype=torch.int32, device="cuda")
 
 
 def grouped(shape):
@@ -89,14 +110,18 @@ def grouped(shape):
 
 
 def cache_with_tail(shape, length, seed):
-    """A cache (batch, heads, max_seq, head_dim) whose positions from `length` on hold NaN."""
+    """A cache (batch, heads, max_seq, head_dim) whose positions from `length` on (an int, or one per
+    sequence) hold NaN."""
     cache = random_tensor(shape, seed)
-    cache[:, :, length:] = math.nan
+    for b, end in enumerate([length] * shape[0] if isinstance(length, int) else length):
+        cache[b, :, max(end, 0):] = math.nan
     return cache
 
 
 def check_update(worker, case):
     b, h, max_seq, pos, n, d = case.shape
+    if not isinstance(pos, int):
+        return check_update_per_sequence(worker, case)
     k_new, v_new = random_tensor((b, h, n, d), case.seed), random_tensor((b, h, n, d), case.seed + 1)
     before = [random_tensor((b, h, max_seq, d), case.seed + 2 + i) for i in range(2)]
     news = [guarded_input(name, t) for name, t in (("k_new", k_new), ("v_new", v_new))]
@@ -138,6 +163,43 @@ def check_update(worker, case):
     return True, f"rows {pos} .. {pos + n - 1} written exactly, the other {max_seq - n} untouched", {}
 
 
+def check_update_per_sequence(worker, case):
+    """update_cache with one position per sequence (int32 on the GPU): each sequence's rows where its pos says,
+    and nothing written for a sequence whose rows would not fit."""
+    b, h, max_seq, pos, n, d = case.shape
+    k_new, v_new = random_tensor((b, h, n, d), case.seed), random_tensor((b, h, n, d), case.seed + 1)
+    before = [random_tensor((b, h, max_seq, d), case.seed + 2 + i) for i in range(2)]
+    news = [guarded_input(name, t) for name, t in (("k_new", k_new), ("v_new", v_new))]
+    caches = [guarded_output(name, (b, h, max_seq, d)) for name in ("k_cache", "v_cache")]
+    for cache, values in zip(caches, before):
+        cache.tensor.copy_(values)
+    worker.call("update_cache", news[0].tensor, news[1].tensor, caches[0].tensor, caches[1].tensor, on_gpu(pos))
+    damage = guard_damage(*news, *caches)
+    if damage:
+        return damage
+    for cache, values, new in zip(caches, before, (k_new, v_new)):
+        got = cache.tensor.cpu().view(torch.int32)
+        for seq, p in enumerate(pos):
+            expected = values[seq].clone()
+            fits = 0 <= p <= max_seq - n
+            if fits:
+                expected[:, p:p + n] = new[seq]
+            if torch.equal(got[seq], expected.view(torch.int32)):
+                continue
+            rows = sorted({int(r) for r in (got[seq] != expected.view(torch.int32)).any(dim=-1).nonzero()[:, 1]})
+            shown = ", ".join(map(str, rows[:5]))
+            if not fits:
+                return False, (f"`{cache.name}`, sequence {seq}: pos[{seq}] = {p} with {n} new row(s) does not fit in "
+                               f"max_seq = {max_seq}, so nothing may be written, but rows {shown} changed: skip such "
+                               "a sequence (README, Task 5, step 1)"), {}
+            return False, (f"`{cache.name}`, sequence {seq}: rows {shown} are wrong; its new rows go to pos[{seq}] .. "
+                           f"pos[{seq}] + n_new - 1 = {p} .. {p + n - 1}: each sequence reads its own pos (README, "
+                           "Task 5, step 1)"), {}
+    skipped = sum(not 0 <= p <= max_seq - n for p in pos)
+    return True, (f"each sequence's rows written at its own pos, the rest untouched"
+                  f"{f'; {skipped} that did not fit wrote nothing' if skipped else ''}"), {}
+
+
 def decode_inputs(shape, seed):
     b, h, kvh, max_seq, length, d, _ = grouped(shape)
     q = random_tensor((b, h, 1, d), seed)
@@ -150,9 +212,9 @@ def launcher_splits(worker, shape, splits) -> int:
     only used to name a mistake, so anything but a sensible int is taken as one split)."""
     if splits:
         return splits
-    b, h, kvh, _, length, d, _ = grouped(shape)
+    b, h, kvh, max_seq, length, d, _ = grouped(shape)
     try:
-        chosen = worker.call("splits_for", b, h, kvh, length, d)
+        chosen = worker.call("splits_for", b, h, kvh, length if isinstance(length, int) else max_seq, d)
     except (WorkerError, WorkerDied):  # the case's own failure is what it reports
         return 1
     return chosen if isinstance(chosen, int) and 1 <= chosen <= length else 1
@@ -163,6 +225,8 @@ def check_decode(worker, shape, seed, splits, constants=None):
     softmax's slips laid out as the student's DECODE_WARPS and UNROLL (`constants`) say. shape: (batch,
     heads, max_seq, length, head_dim), or grouped-query and padded as `grouped` says."""
     b, h, kvh, max_seq, length, d, starts = grouped(shape)
+    if not isinstance(length, int):
+        return check_decode_per_sequence(worker, shape, seed, splits)
     q, k_cache, v_cache = decode_inputs(shape, seed)
     key_start = None if starts is None else torch.tensor(starts, dtype=torch.int32)
     inputs = [guarded_input(name, t) for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))]
@@ -197,6 +261,40 @@ def check_decode(worker, shape, seed, splits, constants=None):
             return result
     return diagnose(5, result, out.tensor, q, k_seen, v_seen, False, atol=ATOL,
                     rtol=RTOL, scale=scale, splits=used, schedules=decode_schedules(constants or {}, d, length, used))
+
+
+def check_decode_per_sequence(worker, shape, seed, splits):
+    """The decode with one length per sequence, int32 on the GPU: each sequence against the reference over its
+    own rows, and NaN for a sequence whose length or key_start is out of range."""
+    b, h, kvh, max_seq, lengths, d, starts = grouped(shape)
+    q, k_cache, v_cache = decode_inputs(shape, seed)
+    inputs = [guarded_input(name, t) for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))]
+    out = guarded_output("out", q.shape)
+    scale = 1.0 / math.sqrt(d)
+    worker.call("decode", *(t.tensor for t in inputs), out.tensor, on_gpu(lengths), scale, splits,
+                None if starts is None else on_gpu(starts))
+    damage = guard_damage(*inputs, out)
+    if damage:
+        return damage
+    got, said = out.tensor.cpu(), []
+    for seq, (end, first) in enumerate(zip(lengths, starts or (0,) * b)):
+        if not 0 <= first < end <= max_seq:
+            if not torch.isnan(got[seq]).all() or bool((got[seq].view(torch.int32) == GUARD_BITS).any()):
+                return False, (f"sequence {seq} has length {end} and key_start {first}, out of range for a cache of "
+                               f"max_seq = {max_seq}: its output must be NaN (the given check in block_rows makes "
+                               "it so: keep it), got numbers or nothing written"), {}
+            said.append(f"sequence {seq} out of range: NaN")
+            continue
+        expected = attention_reference(q[seq:seq + 1], k_cache[seq:seq + 1, :, first:end],
+                                       v_cache[seq:seq + 1, :, first:end], False, scale)[0]
+        result = compare(got[seq:seq + 1], expected, atol=ATOL, rtol=RTOL, name=f"sequence {seq}'s output",
+                         poisoned=True)
+        if not result.passed:
+            result.message = (f"{result.message} (its rows are {first} .. {end - 1}: each sequence reads its own "
+                              "length from the tensor: README, Task 5, step 2)")
+            return result
+        said.append(result.message)
+    return True, f"each sequence over its own rows: {'; '.join(said)}", {}
 
 
 def nan_without_the_tail(worker, q, k_cache, v_cache, length, scale, splits) -> bool:
@@ -297,6 +395,12 @@ def check_errors(worker):
                              torch.zeros(1, dtype=torch.int64, device="cuda")), "must be int32"),
         ("key_start at length", ("decode", q, cache, cache.clone(), out, 4, 0.125, 0,
                                  torch.tensor([4], dtype=torch.int32, device="cuda")), "between 0 and length - 1 = 3"),
+        ("pos of int64 on the GPU", update(new, cache, torch.zeros(1, dtype=torch.int64, device="cuda")),
+         "pos must be int32"),
+        ("pos on the CPU", update(new, cache, torch.zeros(1, dtype=torch.int32)), "pos must be a CUDA tensor"),
+        ("two lengths for one sequence", decode(q, cache, torch.ones(2, dtype=torch.int32, device="cuda")),
+         "length must have shape [1]"),
+        ("length of float32", decode(q, cache, torch.ones(1, device="cuda")), "length must be int32"),
     ]
     ok, message, metrics = expect_errors(lambda *call: worker.call(*call), bad)
     if not ok:
@@ -323,7 +427,8 @@ def check_cache_full(worker):
                                       torch.zeros(1, 1, 64, device="cuda")), "the cache is full")])
 
 
-KERNEL_STEPS = {"update_cache_kernel": "Task 5, step 1", "decode_kernel": "Task 5, step 2",
+KERNEL_STEPS = {"update_cache_kernel": "Task 5, step 1", "first_position": "Task 5, step 1",
+                "decode_kernel": "Task 5, step 2", "block_rows": "Task 5, step 2", "write_nan": "Task 5, step 2",
                 "attend_rows": "Task 5, step 2", "decode_split_kernel": "Task 5, step 3",
                 "combine_splits_kernel": "Task 5, step 3"}
 
@@ -331,25 +436,31 @@ KERNEL_STEPS = {"update_cache_kernel": "Task 5, step 1", "decode_kernel": "Task 
 def sanitizer_calls(hidden: cli.Hidden | None, with_splits: bool) -> list[sanitize.Call]:
     """Small cases of every kernel at its edges, for compute-sanitizer."""
     calls = []
-    for b, h, max_seq, pos, n, d in [(1, 2, 10, 9, 1, 128), (2, 1, 40, 3, 33, 17)]:
-        k_new, v_new = (random_tensor((b, h, n, d), cli.seed(pos + i, hidden)) for i in range(2))
+    # one position per sequence (int32 on the GPU): the last one does not fit and writes nothing
+    for b, h, max_seq, pos, n, d in [(1, 2, 10, 9, 1, 128), (2, 1, 40, 3, 33, 17), (3, 2, 20, (0, 18, 19), 2, 64)]:
+        k_new, v_new = (random_tensor((b, h, n, d), cli.seed(max_seq + n + i, hidden)) for i in range(2))
+        where = pos if isinstance(pos, int) else torch.tensor(pos, dtype=torch.int32)
         calls.append(sanitize.Call(f"update_cache cache {max_seq} pos {pos} n_new {n} head_dim {d}", "update_cache",
-                                   (k_new, v_new, torch.zeros(b, h, max_seq, d), torch.zeros(b, h, max_seq, d), pos),
-                                   ("k_new", "v_new", "k_cache", "v_cache")))
+                                   (k_new, v_new, torch.zeros(b, h, max_seq, d), torch.zeros(b, h, max_seq, d), where),
+                                   ("k_new", "v_new", "k_cache", "v_cache", "pos")))
     shapes = [(1, 2, 40, 40, 128), (1, 1, 70, 65, 17), (2, 1, 20, 3, 12), (1, 2, 33, 33, 64)]
-    grouped_shapes = [(2, 6, 2, 40, 37, 64, (0, 30)), (1, 12, 1, 20, 9, 12, None)]  # 3 and 12 heads per cache head
+    # 3 and 12 heads per cache head; lengths per sequence, out of range (NaN, nothing read) included
+    grouped_shapes = [(2, 6, 2, 40, 37, 64, (0, 30)), (1, 12, 1, 20, 9, 12, None),
+                      (3, 4, 2, 30, (30, 1, 31), 64, None), (2, 6, 3, 40, (40, 12), 80, (39, 12))]
     for splits in (1, 3, 64) if with_splits else (1,):
         for shape in shapes:
             q, k_cache, v_cache = (t.nan_to_num() for t in decode_inputs(shape, cli.seed(sum(shape), hidden)))
             calls.append(sanitize.Call(f"decode {describe_decode(shape)} splits {splits}", "decode",
                                        (q, k_cache, v_cache, torch.empty_like(q), shape[3], 1 / math.sqrt(shape[4]),
                                         splits), ("q", "k_cache", "v_cache", "out")))
-        for shape in grouped_shapes:
-            q, k_cache, v_cache = (t.nan_to_num() for t in decode_inputs(shape, cli.seed(sum(shape[:6]), hidden)))
+        for i, shape in enumerate(grouped_shapes):
+            q, k_cache, v_cache = (t.nan_to_num() for t in decode_inputs(shape, cli.seed(40 + i, hidden)))
             starts = None if shape[6] is None else torch.tensor(shape[6], dtype=torch.int32)
+            length = shape[4] if isinstance(shape[4], int) else torch.tensor(shape[4], dtype=torch.int32)
+            names = ("q", "k_cache", "v_cache", "out") + (() if isinstance(length, int) else ("length",))
             calls.append(sanitize.Call(f"decode {describe_grouped(shape)} splits {splits}", "decode",
-                                       (q, k_cache, v_cache, torch.empty_like(q), shape[4], 1 / math.sqrt(shape[5]),
-                                        splits, starts), ("q", "k_cache", "v_cache", "out", "key_start")))
+                                       (q, k_cache, v_cache, torch.empty_like(q), length, 1 / math.sqrt(shape[5]),
+                                        splits, starts), names + ("key_start",)))
     return calls
 
 

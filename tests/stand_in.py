@@ -193,19 +193,24 @@ def _check_finite(scale):
         raise RuntimeError(f"scale must be finite, got {scale}")
 
 
+def _check_per_sequence(t, name, what, batch):
+    """common/csrc/checks.h's check_per_sequence: int32 (batch,) on the GPU, its values not read."""
+    if getattr(t, "on_host", False):
+        raise RuntimeError(f"{name} must be a CUDA tensor, got one on cpu")
+    if t.dtype != torch.int32:
+        raise RuntimeError(f"{name} must be int32 ({what} per sequence), got {t.dtype}")
+    if tuple(t.shape) != (batch,):
+        raise RuntimeError(f"{name} must have shape [{batch}] (one value per sequence of the batch), "
+                           f"got {list(t.shape)}")
+    if not t.is_contiguous():
+        raise RuntimeError(f"{name} must be contiguous (call .contiguous() first)")
+
+
 def _check_key_start(key_start, batch, most, most_what):
     """common/csrc/checks.h's check_key_start: int32 (batch,) on the GPU, values in [0, most]."""
     if key_start is None:
         return
-    if getattr(key_start, "on_host", False):
-        raise RuntimeError("key_start must be a CUDA tensor, got one on cpu")
-    if not key_start.is_contiguous():
-        raise RuntimeError("key_start must be contiguous (call .contiguous() first)")
-    if key_start.dtype != torch.int32:
-        raise RuntimeError(f"key_start must be int32 (one first valid key per sequence), got {key_start.dtype}")
-    if tuple(key_start.shape) != (batch,):
-        raise RuntimeError(f"key_start must have shape [{batch}] (one value per sequence of the batch), "
-                           f"got {list(key_start.shape)}")
+    _check_per_sequence(key_start, "key_start", "one first valid key", batch)
     if batch and not (int(key_start.min()) >= 0 and int(key_start.max()) <= most):
         raise RuntimeError(f"key_start must hold values between 0 and {most_what} = {most}, got values from "
                            f"{int(key_start.min())} to {int(key_start.max())}")
@@ -358,6 +363,13 @@ class Task5Kernels(StandInKernels):
         if v_new.shape != k_new.shape:
             raise RuntimeError(f"v_new must have k_new's shape {list(k_new.shape)}, got {list(v_new.shape)}")
         n_new, max_seq = k_new.shape[2], k_cache.shape[2]
+        if isinstance(pos, torch.Tensor):  # one position per sequence, read by the kernel: no fit, no write
+            _check_per_sequence(pos, "pos", "the first new position", k_cache.shape[0])
+            with self.work(2 * k_new.nbytes / BYTES_PER_S):
+                for b, p in enumerate(pos.tolist()):
+                    if 0 <= p <= max_seq - n_new:
+                        k_cache[b, :, p:p + n_new], v_cache[b, :, p:p + n_new] = k_new[b], v_new[b]
+            return
         if pos < 0:
             raise RuntimeError(f"pos must be at least 0, got {pos}")
         if pos + n_new > max_seq:
@@ -384,7 +396,10 @@ class Task5Kernels(StandInKernels):
         _check_cuda_float32(out, "out")
         if out.shape != q.shape:
             raise RuntimeError(f"out must have q's shape {list(q.shape)}, got {list(out.shape)}")
-        if not 1 <= length <= k_cache.shape[2]:
+        per_sequence = isinstance(length, torch.Tensor)
+        if per_sequence:
+            _check_per_sequence(length, "length", "the positions of the cache written so far", q.shape[0])
+        elif not 1 <= length <= k_cache.shape[2]:
             raise RuntimeError(f"length must be between 1 and max_seq = {k_cache.shape[2]} (the positions of the "
                                f"cache written so far), got {length}")
         if not 0 <= splits <= self.MAX_SPLITS:
@@ -393,13 +408,25 @@ class Task5Kernels(StandInKernels):
         _check_finite(scale)
         for t, name in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")):
             _check_no_overlap(out, "out", t, name)
+        if per_sequence:  # each sequence over its own rows; a length or key_start out of range gives NaN
+            if key_start is not None:
+                _check_per_sequence(key_start, "key_start", "one first valid key", q.shape[0])
+            starts = [0] * q.shape[0] if key_start is None else key_start.tolist()
+            with self.work(2 * k_cache.nbytes / BYTES_PER_S):
+                for b, (end, first) in enumerate(zip(length.tolist(), starts)):
+                    if not 0 <= first < end <= k_cache.shape[2]:
+                        self.write(out[b:b + 1], torch.full_like(q[b:b + 1], math.nan))
+                        continue
+                    k, v = (expand_kv_heads(c[b:b + 1, :, first:end], heads) for c in (k_cache, v_cache))
+                    self.write(out[b:b + 1], _attention(q[b:b + 1], k, v, False, scale))
+            return
         _check_key_start(key_start, q.shape[0], length - 1, "length - 1")
         with self.work(2 * k_cache[:, :, :length].nbytes / BYTES_PER_S):  # K and V read once, each head once
             k, v = (expand_kv_heads(c[:, :, :length], heads) for c in (k_cache, v_cache))
             self.write(out, _padded(lambda *qkv: _attention(*qkv, False, scale), q, k, v, key_start))
 
-    def splits_for(self, batch, heads, kv_heads, length, head_dim):
-        return max(1, min(self.MAX_SPLITS, length // 512))
+    def splits_for(self, batch, heads, kv_heads, max_length, head_dim):
+        return max(1, min(self.MAX_SPLITS, max_length // 512))
 
     def max_head_dim(self):
         return 128

@@ -147,7 +147,9 @@ def task5_kernel(*edits):
 @pytest.mark.parametrize("edit, words", [
     (T5_NO_BARRIER, ["shared-memory race in attend_rows: decode.cu:", "__syncthreads() missing",
                      "(README, Task 5, step 2)"]),
-    (T5_WRITE_PAST, ["of global memory in update_cache_kernel at decode.cu:", "(README, Task 5, step 1)"]),
+    # the first element past the new rows belongs to sequence `batch`: its pos is read past the end first
+    (T5_WRITE_PAST, ["out-of-bounds read of global memory in first_position at decode.cu:", "`const int p = pos[b];`",
+                     "(README, Task 5, step 1)"]),
 ], ids=["no_barrier_before_the_merge", "update_writes_past_the_new_rows"])
 def test_task5_kernels_with_undefined_behaviour_fail_the_sanitizer(edit, words, tmp_path):
     record = run_test(5, submission(tmp_path, task5_kernel(edit)), tmp_path, "--sanitize")
@@ -177,11 +179,11 @@ DIAGNOSED = {  # id: (task, edits, flags, what the diagnosis says, its step)
     "task4_scores_not_scaled": (4, [("        s[i][j] *= scale_log2;\n", "")], [],
                                 "exp2f() over scores that were never scaled", 3),
     "task5_l_not_rescaled": (5, [("      l[i] *= alpha;\n", "")], ["--decode"], "l_i not rescaled", 2),
-    "task5_decode_one_short": (5, [("b.begin, length, scale_log2)", "b.begin, length - 1, scale_log2)")],
+    "task5_decode_one_short": (5, [("b.begin, b.end, scale_log2)", "b.begin, b.end - 1, scale_log2)")],
                                ["--decode"], "a decode over one position too few", 2),
     "task5_splits_without_weights": (5, [("const float w = exp2f(lse[s] - big);", "const float w = 1.0f; (void)big;")],
                                      ["--split"], "split-KV partial outputs averaged without their log-sum-exp", 3),
-    "task5_update_one_row_off": (5, [("(bh * max_seq + pos) * head_dim", "(bh * max_seq + pos + 1) * head_dim")],
+    "task5_update_one_row_off": (5, [("(bh * max_seq + p) * head_dim", "(bh * max_seq + p + 1) * head_dim")],
                                  ["--cache"], "the new rows written at other rows than pos", 1),
     "task2_softmax_without_the_max": (2, [("expf(x[j] - row_max);", "expf(x[j]);"),
                                           ("expf(x[j] - row_max) * inv_sum", "expf(x[j]) * inv_sum")],

@@ -90,6 +90,20 @@ inline void check_launch(cudaError_t err, const char* what) {
   TORCH_CHECK(err == cudaSuccess, what, " failed to launch: ", cudaGetErrorString(err));
 }
 
+// One int32 per sequence of the batch, (batch,), contiguous, on like's device: a position, a
+// length or a first valid key held in GPU memory. `what` says what each value is. Only the
+// tensor is checked here, not its values: reading them back would stop the GPU.
+inline void check_per_sequence(const torch::Tensor& t, const char* name, const char* what, int64_t batch,
+                               const torch::Tensor& like, const char* like_name) {
+  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got one on ", t.device().str());
+  TORCH_CHECK(t.scalar_type() == torch::kInt32, name, " must be int32 (", what, " per sequence), got ",
+              c10::toString(t.scalar_type()));
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == batch, name, " must have shape [", num(batch),
+              "] (one value per sequence of the batch), got ", shape(t));
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous (call .contiguous() first)");
+  check_same_device(t, name, like, like_name);
+}
+
 // key_start: none, or each sequence's first valid key (a batch padded on the left), int32,
 // (batch,), on like's device, every value between 0 and `most` (`most_what` says what that
 // bound is). Returns the pointer the kernels take: nullptr for none. The values are read
@@ -99,13 +113,7 @@ inline const int* check_key_start(const std::optional<torch::Tensor>& key_start,
                                   const char* like_name) {
   if (!key_start.has_value()) return nullptr;
   const torch::Tensor& t = *key_start;
-  TORCH_CHECK(t.is_cuda(), "key_start must be a CUDA tensor, got one on ", t.device().str());
-  TORCH_CHECK(t.scalar_type() == torch::kInt32, "key_start must be int32 (one first valid key per ",
-              "sequence), got ", c10::toString(t.scalar_type()));
-  TORCH_CHECK(t.dim() == 1 && t.size(0) == batch, "key_start must have shape [", num(batch),
-              "] (one value per sequence of the batch), got ", shape(t));
-  TORCH_CHECK(t.is_contiguous(), "key_start must be contiguous (call .contiguous() first)");
-  check_same_device(t, "key_start", like, like_name);
+  check_per_sequence(t, "key_start", "one first valid key", batch, like, like_name);
   if (batch == 0) return t.data_ptr<int>();
   const torch::Tensor range = torch::stack({t.min(), t.max()}).cpu();
   const int64_t low = range[0].item<int>(), high = range[1].item<int>();

@@ -7,6 +7,11 @@
 //
 //   out = softmax(scale * q K[0:length]^T) V[0:length]       for every (batch, head)
 //
+// Each sequence of the batch has its own length, and the positions and lengths live in
+// GPU memory (int32, one per sequence), read by the kernels themselves: a generation loop
+// captured as a CUDA graph replays the same launches with the same arguments every step,
+// so what changes from one step to the next must be in memory, not in an argument.
+//
 // The cache is (batch, kv_heads, max_seq, head_dim), row-major: the keys of one head are
 // max_seq consecutive rows, so reading positions 0 .. length-1 of a head reads one
 // contiguous stretch of memory, and neighbouring lanes read neighbouring floats.
@@ -25,8 +30,11 @@
 // head across several blocks (split-KV, "FlashDecoding"): each block writes a partial
 // output with its log-sum-exp, and a second kernel combines them.
 //
-// All tensors are contiguous float32; the kernels trust their arguments:
-// task5/binding.cpp checks the tensors, `pos`, `length` and `key_start`.
+// All tensors are contiguous float32; the kernels trust their arguments: task5/binding.cpp
+// checks the tensors, and the values of `pos`, `length` and `key_start` when they come from
+// the host. Values in GPU memory are checked here, where they are read (reading them back to
+// check them would stop the GPU every step): a write outside the cache is skipped, and a
+// sequence whose length or key_start is out of range gets NaN, so it shows.
 //
 // Build and test:
 //   python -m task5.compile            build this file (task5/kernels/decode.cu)
@@ -131,15 +139,24 @@ __device__ __forceinline__ void sum_over_group(float (&dot)[Q], int g) {
 }
 
 // ----------------------------------------------------------------------------
-// Step 1: append new keys and values at position pos.
+// Step 1: append new keys and values at each sequence's position.
 //
-// k_new, v_new: (batch_heads, n_new, head_dim); k_cache, v_cache: (batch_heads, max_seq,
-// head_dim). Rows pos .. pos + n_new - 1 of every head are written, nothing else.
+// k_new, v_new: (batch * kv_heads, n_new, head_dim); k_cache, v_cache: (batch * kv_heads,
+// max_seq, head_dim); pos: (batch,), sequence b's new rows go to positions pos[b] ..
+// pos[b] + n_new - 1 of each of its kv_heads heads. Nothing else is written.
+
+// Given: the position sequence b's new rows start at, or -1 when they would not all fit in
+// the cache (a value from GPU memory nobody checked): then that sequence writes nothing.
+__device__ __forceinline__ int first_position(const int* __restrict__ pos, int b, int n_new, int max_seq) {
+  const int p = pos[b];
+  return p >= 0 && p <= max_seq - n_new ? p : -1;
+}
 
 __global__ void update_cache_kernel(const float* __restrict__ k_new, const float* __restrict__ v_new,
-                                    float* __restrict__ k_cache, float* __restrict__ v_cache,
-                                    int batch_heads, int n_new, int max_seq, int head_dim, int pos) {
-  // TODO (README, Task 5, step 1: copy each new row of K and V into the cache at position pos + its index)
+                                    float* __restrict__ k_cache, float* __restrict__ v_cache, int batch,
+                                    int kv_heads, int n_new, int max_seq, int head_dim,
+                                    const int* __restrict__ pos) {
+  // TODO (README, Task 5, step 1: copy each new row of K and V into the cache at position pos[b] + its index)
 }
 
 // ----------------------------------------------------------------------------
@@ -190,23 +207,35 @@ __device__ Merged<Q> attend_rows(const float* __restrict__ q, int queries, const
 // Where a block's queries and cache rows are, given: blockIdx.x counts (batch, kv_head,
 // chunk), a chunk being up to Q of the group's query heads.
 //   q, out:  (batch, heads, head_dim);  k_cache, v_cache: (batch, kv_heads, max_seq, head_dim)
-// key_start (nullptr, or one int per sequence): a batch padded on the left; sequence b's
-// keys start at key_start[b] and the rows before it never take weight.
+// length: one int per sequence, the positions of its cache written so far. key_start (nullptr,
+// or one int per sequence): a batch padded on the left; sequence b's keys start at
+// key_start[b] and the rows before it never take weight. So sequence b's rows are
+// [key_start[b], length[b]); values from GPU memory outside 0 <= key_start < length <= max_seq
+// make the block `invalid`: it reads nothing and writes NaN.
 struct BlockRows {
   size_t first_query;  // index of the block's first query head in (batch * heads)
   int queries;         // how many query heads it has (at most Q)
   size_t cache_head;   // index of the key/value head in (batch * kv_heads)
-  int begin;           // the first cached row that counts (key_start, or 0)
+  int begin, end;      // the cached rows that count: [key_start (or 0), length)
+  bool invalid;        // the sequence's length or key_start is out of range
 };
 
 template <int Q>
-__device__ BlockRows block_rows(int heads, int kv_heads, const int* key_start) {
+__device__ BlockRows block_rows(int heads, int kv_heads, const int* length, const int* key_start, int max_seq) {
   const int group = heads / kv_heads, chunks = (group + Q - 1) / Q;
   const int cache_head = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
   const int batch = cache_head / kv_heads, kv_head = cache_head % kv_heads;
   const int head = kv_head * group + chunk * Q;  // the first query head, within its sequence
+  const int begin = key_start != nullptr ? key_start[batch] : 0, end = length[batch];
+  const bool invalid = !(0 <= begin && begin < end && end <= max_seq);
   return BlockRows{(size_t)batch * heads + head, min(Q, group - chunk * Q), (size_t)cache_head,
-                   key_start != nullptr ? key_start[batch] : 0};
+                   invalid ? 0 : begin, invalid ? 0 : end, invalid};
+}
+
+// Given: NaN in `count` consecutive rows of head_dim floats, from every thread of the block:
+// the output of a sequence whose length or key_start is out of range.
+__device__ __forceinline__ void write_nan(float* __restrict__ rows, int count, int head_dim) {
+  for (int i = threadIdx.x; i < count * head_dim; i += blockDim.x) rows[i] = NAN;
 }
 
 // Step 2: one block per (batch, key/value head, chunk of its query heads), over the cached
@@ -217,13 +246,14 @@ template <int VEC, int G, int Q>
 __global__ void __launch_bounds__(DECODE_WARPS * WARP, 1)
     decode_kernel(const float* __restrict__ q, const float* __restrict__ k_cache,
                   const float* __restrict__ v_cache, float* __restrict__ out, int heads, int kv_heads,
-                  const int* __restrict__ key_start, int max_seq, int length, int head_dim,
+                  const int* __restrict__ length, const int* __restrict__ key_start, int max_seq, int head_dim,
                   float scale_log2) {
-  const BlockRows b = block_rows<Q>(heads, kv_heads, key_start);
+  const BlockRows b = block_rows<Q>(heads, kv_heads, length, key_start, max_seq);
+  if (b.invalid) return write_nan(out + b.first_query * head_dim, b.queries, head_dim);
   const float* k = k_cache + b.cache_head * max_seq * head_dim;  // the cache itself: no copy, no slice
   const float* v = v_cache + b.cache_head * max_seq * head_dim;
   const Merged<Q> r = attend_rows<VEC, G, Q>(q + b.first_query * head_dim, b.queries, k, v, head_dim,
-                                             b.begin, length, scale_log2);
+                                             b.begin, b.end, scale_log2);
   // TODO (README, Task 5, step 2: write out = O / L for each of this block's query heads)
   (void)r, (void)out;
 }
@@ -231,18 +261,29 @@ __global__ void __launch_bounds__(DECODE_WARPS * WARP, 1)
 // Step 3 (optional): split-KV. Block (x, split) attends over its share of the rows and
 // writes, for each of its queries, the normalised partial output and log-sum-exp (base 2);
 // an empty share writes lse = -inf, which gives it no weight when the partials are combined.
+// The number of splits is fixed at launch (chosen from max_seq when the lengths are in GPU
+// memory), the rows of each split from its sequence's own length: a short sequence's later
+// splits are empty.
 // partial_out: (batch * heads, splits, head_dim); partial_lse: (batch * heads, splits).
 template <int VEC, int G, int Q>
 __global__ void __launch_bounds__(DECODE_WARPS * WARP, 1)
     decode_split_kernel(const float* __restrict__ q, const float* __restrict__ k_cache,
                         const float* __restrict__ v_cache, float* __restrict__ partial_out,
                         float* __restrict__ partial_lse, int heads, int kv_heads,
-                        const int* __restrict__ key_start, int max_seq, int length, int head_dim,
-                        float scale_log2) {
-  const BlockRows b = block_rows<Q>(heads, kv_heads, key_start);
+                        const int* __restrict__ length, const int* __restrict__ key_start, int max_seq,
+                        int head_dim, float scale_log2) {
+  const BlockRows b = block_rows<Q>(heads, kv_heads, length, key_start, max_seq);
   const int split = blockIdx.y, splits = gridDim.y;
-  const int rows_per_split = (length - b.begin + splits - 1) / splits;
-  const int begin = min(length, b.begin + split * rows_per_split), end = min(length, begin + rows_per_split);
+  if (b.invalid) {  // NaN partial outputs of weight 1 (lse 0): the combined output is NaN too
+    for (int i = 0; i < b.queries; ++i) {
+      const size_t slot = (b.first_query + i) * splits + split;
+      write_nan(partial_out + slot * head_dim, 1, head_dim);
+      if (threadIdx.x == 0) partial_lse[slot] = 0.0f;
+    }
+    return;
+  }
+  const int rows_per_split = (b.end - b.begin + splits - 1) / splits;
+  const int begin = min(b.end, b.begin + split * rows_per_split), end = min(b.end, begin + rows_per_split);
   const float* k = k_cache + b.cache_head * max_seq * head_dim;
   const float* v = v_cache + b.cache_head * max_seq * head_dim;
   const Merged<Q> r = attend_rows<VEC, G, Q>(q + b.first_query * head_dim, b.queries, k, v, head_dim, begin,
@@ -267,16 +308,15 @@ __global__ void combine_splits_kernel(const float* __restrict__ partial_out,
 // Launchers: called by task5/binding.cpp on PyTorch's current stream. Each returns the
 // error of its launch; errors inside a kernel surface at the next synchronisation.
 
-cudaError_t update_cache(const float* k_new, const float* v_new, float* k_cache, float* v_cache,
-                         int batch_heads, int n_new, int max_seq, int head_dim, int pos,
-                         cudaStream_t stream) {
-  if (batch_heads < 0 || n_new < 0 || head_dim < 1 || pos < 0 || pos + (long long)n_new > max_seq)
-    return cudaErrorInvalidValue;
-  const size_t total = (size_t)batch_heads * n_new * head_dim;
+// pos: (batch,) ints in GPU memory, sequence b's first new position.
+cudaError_t update_cache(const float* k_new, const float* v_new, float* k_cache, float* v_cache, int batch,
+                         int kv_heads, int n_new, int max_seq, int head_dim, const int* pos, cudaStream_t stream) {
+  if (batch < 0 || kv_heads < 1 || n_new < 0 || n_new > max_seq || head_dim < 1) return cudaErrorInvalidValue;
+  const size_t total = (size_t)batch * kv_heads * n_new * head_dim;
   if (total == 0) return cudaSuccess;
   const int threads = 256;
   const int blocks = (int)std::min<size_t>((total + threads - 1) / threads, 65535 * 8);
-  update_cache_kernel<<<blocks, threads, 0, stream>>>(k_new, v_new, k_cache, v_cache, batch_heads, n_new,
+  update_cache_kernel<<<blocks, threads, 0, stream>>>(k_new, v_new, k_cache, v_cache, batch, kv_heads, n_new,
                                                       max_seq, head_dim, pos);
   return cudaGetLastError();
 }
@@ -299,18 +339,18 @@ static int decode_blocks(int batch, int heads, int kv_heads) {
 // (batch, kv_head, chunk) when splits == 1, else `splits` of them and the combining kernel.
 template <int VEC, int G, int Q>
 static cudaError_t launch_decode(const float* q, const float* k_cache, const float* v_cache, float* out,
-                                 int batch, int heads, int kv_heads, const int* key_start, int max_seq,
-                                 int length, int head_dim, float scale, int splits, float* partial_out,
+                                 int batch, int heads, int kv_heads, const int* length, const int* key_start,
+                                 int max_seq, int head_dim, float scale, int splits, float* partial_out,
                                  float* partial_lse, cudaStream_t stream) {
   const int threads = DECODE_WARPS * WARP, blocks = decode_blocks(batch, heads, kv_heads);
   if (splits == 1) {
     decode_kernel<VEC, G, Q><<<blocks, threads, 0, stream>>>(q, k_cache, v_cache, out, heads, kv_heads,
-                                                              key_start, max_seq, length, head_dim,
+                                                              length, key_start, max_seq, head_dim,
                                                               scale * LOG2E);
     return cudaGetLastError();
   }
   decode_split_kernel<VEC, G, Q><<<dim3(blocks, splits), threads, 0, stream>>>(
-      q, k_cache, v_cache, partial_out, partial_lse, heads, kv_heads, key_start, max_seq, length, head_dim,
+      q, k_cache, v_cache, partial_out, partial_lse, heads, kv_heads, length, key_start, max_seq, head_dim,
       scale * LOG2E);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
@@ -323,9 +363,10 @@ static cudaError_t launch_decode(const float* q, const float* k_cache, const flo
 // rows; then G = head_dim / 4 lanes per row, rounded up to a power of two), and the queries per
 // block from the group size.
 static cudaError_t launch(const float* q, const float* k_cache, const float* v_cache, float* out, int batch,
-                          int heads, int kv_heads, const int* key_start, int max_seq, int length, int head_dim,
-                          float scale, int splits, float* partial_out, float* partial_lse, cudaStream_t stream) {
-  if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || length < 1 || length > max_seq ||
+                          int heads, int kv_heads, const int* length, const int* key_start, int max_seq,
+                          int head_dim, float scale, int splits, float* partial_out, float* partial_lse,
+                          cudaStream_t stream) {
+  if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || length == nullptr || max_seq < 1 ||
       head_dim < 1 || head_dim > MAX_HEAD_DIM || splits < 1 || splits > MAX_SPLITS)
     return cudaErrorInvalidValue;
   if (batch == 0) return cudaSuccess;
@@ -333,7 +374,7 @@ static cudaError_t launch(const float* q, const float* k_cache, const float* v_c
   const bool vec4 = head_dim % 4 == 0 && aligned(q) && aligned(k_cache) && aligned(v_cache);
   const int lanes = (head_dim + 3) / 4, queries = queries_per_block(heads / kv_heads);
 #define LAUNCH_Q(VEC, G, Q)                                                                               \
-  launch_decode<VEC, G, Q>(q, k_cache, v_cache, out, batch, heads, kv_heads, key_start, max_seq, length,  \
+  launch_decode<VEC, G, Q>(q, k_cache, v_cache, out, batch, heads, kv_heads, length, key_start, max_seq,  \
                            head_dim, scale, splits, partial_out, partial_lse, stream)
 #define LAUNCH(VEC, G)                                             \
   (queries == 1   ? LAUNCH_Q(VEC, G, 1)                            \
@@ -352,20 +393,22 @@ static cudaError_t launch(const float* q, const float* k_cache, const float* v_c
 }
 
 // q, out: (batch, heads, head_dim); k_cache, v_cache: (batch, kv_heads, max_seq, head_dim);
-// key_start: nullptr or (batch,) ints, each below length.
+// length: (batch,) ints in GPU memory; key_start: nullptr or (batch,) ints, each below its length.
 cudaError_t decode_forward(const float* q, const float* k_cache, const float* v_cache, float* out, int batch,
-                           int heads, int kv_heads, const int* key_start, int max_seq, int length, int head_dim,
-                           float scale, cudaStream_t stream) {
-  return launch(q, k_cache, v_cache, out, batch, heads, kv_heads, key_start, max_seq, length, head_dim, scale,
-                1, nullptr, nullptr, stream);
+                           int heads, int kv_heads, const int* length, const int* key_start, int max_seq,
+                           int head_dim, float scale, cudaStream_t stream) {
+  return launch(q, k_cache, v_cache, out, batch, heads, kv_heads, length, key_start, max_seq, head_dim, scale, 1,
+                nullptr, nullptr, stream);
 }
 
 // The number of splits the launcher would use: about as many blocks as SMs, but no split
-// shorter than MIN_KEYS_PER_SPLIT rows.
-int decode_splits(int batch, int heads, int kv_heads, int length, int head_dim) {
+// shorter than MIN_KEYS_PER_SPLIT rows. The lengths are in GPU memory, out of the host's sight:
+// max_length is the longest any sequence may be (the length itself when it came from the host,
+// else max_seq), and the splits are chosen for it.
+int decode_splits(int batch, int heads, int kv_heads, int max_length, int head_dim) {
   const int blocks = decode_blocks(batch, heads, kv_heads);  // without splitting
-  // TODO (README, Task 5, step 3: choose the number of splits from the blocks, length and the SM count)
-  (void)blocks, (void)length, (void)head_dim;
+  // TODO (README, Task 5, step 3: choose the number of splits from the blocks, max_length and the SM count)
+  (void)blocks, (void)max_length, (void)head_dim;
   return 1;  // one block per (batch, key/value head) until step 3 is written
 }
 
@@ -373,11 +416,11 @@ int decode_splits(int batch, int heads, int kv_heads, int length, int head_dim) 
 // batch * heads * splits * head_dim floats, partial_lse batch * heads * splits (the binding
 // allocates them).
 cudaError_t decode_split_forward(const float* q, const float* k_cache, const float* v_cache, float* out, int batch,
-                                 int heads, int kv_heads, const int* key_start, int max_seq, int length,
+                                 int heads, int kv_heads, const int* length, const int* key_start, int max_seq,
                                  int head_dim, float scale, int splits, float* partial_out, float* partial_lse,
                                  cudaStream_t stream) {
   if (splits < 2) return cudaErrorInvalidValue;
-  return launch(q, k_cache, v_cache, out, batch, heads, kv_heads, key_start, max_seq, length, head_dim, scale,
+  return launch(q, k_cache, v_cache, out, batch, heads, kv_heads, length, key_start, max_seq, head_dim, scale,
                 splits, partial_out, partial_lse, stream);
 }
 
