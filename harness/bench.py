@@ -102,6 +102,25 @@ def copy_bandwidth_gbs(nbytes: int | None = None, reps: int = 20, warmup: int = 
     return 2 * nbytes / (min(samples) * 1e-3) / 1e9
 
 
+def matmul_tflops(m: int, n: int, k: int, reps: int = 10, warmup: int = 5) -> float:
+    """The rate of one float32 product (m x k) @ (k x n) on the GPU, in TFLOP/s (the fastest of `reps`, CUDA
+    events, after a warm-up): the compute floor of a prefill, measured in the same run as it."""
+    a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
+    for _ in range(warmup):
+        a @ b
+    samples = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * m * n * k / (min(samples) * 1e-3) / 1e12
+
+
 def or_out_of_memory(measure):
     """A Timing, or the string 'out of memory' when a baseline does not fit on the GPU."""
     try:

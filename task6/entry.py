@@ -11,31 +11,31 @@ import torch
 from common.torch_kernels import PyTorchKernels
 from common.worker import load_student_module
 from task5.attention import built_kernels
-from task6.model import Config, SmallLM
+from task6.model import Config, Decoder, SmallLM
 
 student = load_student_module("task6.attention")
-_model = _cache = None
+_model = _decoder = None
 
 
 def make_model(config: dict, seed: int, device: str) -> None:
     """The model with your attention, its weights drawn from `seed` (the checks draw the same ones)."""
-    global _model, _cache
-    _model = _cache = None
+    global _model, _decoder
+    _model = _decoder = None
     if device == "cuda":
         torch.cuda.empty_cache()
     kernels = PyTorchKernels() if device == "cpu" else built_kernels()
     _model = SmallLM(Config(**config), student.CachedAttention, kernels, device=device, seed=seed)
 
 
-def teacher_force(tokens, prompt_len, key_start=None):
+def teacher_force(tokens, prompt_len, key_start=None, graph=False):
     """Prefill tokens[:, :prompt_len], then feed the rest one at a time: the logits of every position.
-    key_start (batch,): the prompts are padded on the left, sequence b's first key_start[b] tokens."""
+    key_start (batch,): the prompts are padded on the left, sequence b's first key_start[b] tokens.
+    graph: the decode steps replayed from one captured as a CUDA graph (task6/model.py's DecodeGraph)."""
     tokens = tokens.to(_model.embed.weight.device)
     with torch.no_grad():
-        cache = _model.new_cache(tokens.shape[0], key_start)
-        logits = [_model(tokens[:, :prompt_len], cache)]
-        for i in range(prompt_len, tokens.shape[1]):
-            logits.append(_model(tokens[:, i:i + 1], cache))
+        decoder = Decoder(_model, graph=graph and prompt_len < tokens.shape[1])
+        logits = [decoder.prefill(tokens[:, :prompt_len], key_start, last=False)]
+        logits += [decoder.step(tokens[:, i:i + 1]).clone() for i in range(prompt_len, tokens.shape[1])]
         return torch.cat(logits, dim=1).cpu()
 
 
@@ -47,16 +47,19 @@ def feed(chunks, key_start=None):
             _model(chunk.to(_model.embed.weight.device), cache)
 
 
-def prefill(prompt, logits):
-    """The handout run's prompt: a new cache, and the last position's logits into logits[:, 0].
+def prefill(prompt, logits, graph=False):
+    """The handout run's prompt: a new generation, and the last position's logits into logits[:, 0].
 
-    On the GPU the checks own `logits` and see it written; CPU tensors come here as copies, so they go back.
+    graph: the decode steps that follow replay one step captured as a CUDA graph, captured in the first
+    generation (untimed) and kept for the next ones (Decoder). On the GPU the checks own `logits` and see
+    it written; CPU tensors come here as copies, so they go back.
     """
-    global _cache
+    global _decoder
     with torch.no_grad():
-        _cache = None  # the last generation's cache goes before the next is made
-        _cache = _model.new_cache(prompt.shape[0])
-        logits[:, 0] = _model(prompt, _cache, last=True)[:, 0]
+        if _decoder is None or _decoder.graph != graph:
+            _decoder = None  # its cache goes before the next is made
+            _decoder = Decoder(_model, graph)
+        logits[:, 0] = _decoder.prefill(prompt)[:, 0]
     return _answer(logits)
 
 
@@ -66,7 +69,7 @@ def steps(tokens, logits):
         for i in range(tokens.shape[1]):
             token = logits[:, i].argmax(dim=-1, keepdim=True)
             tokens[:, i:i + 1] = token
-            logits[:, i + 1] = _model(token, _cache, last=True)[:, 0]
+            logits[:, i + 1] = _decoder.step(token)[:, 0]
     return _answer(tokens, logits)
 
 

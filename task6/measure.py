@@ -1,11 +1,14 @@
 """Task 6's measuring: the handout's generation run, timed (imported by task6/test.py).
 
 Your model generates in the worker (TTFT and TBT on the host clock around each request, REPS
-generations after a warm-up); then, with the worker ended, every timed generation is checked
-against the model with PyTorch's attention, and the TBT is set against its floor: the bytes one
-decode step must read at the copy bandwidth measured in the same run. Beside it: SDPA over the
-same cache, the model recomputing the sequence without one, and the reference kernels, timed the
-same way (the grader leaves out the first and the last: no point depends on them).
+generations after a warm-up), with its decode steps launched from Python and again replayed
+from one step captured as a CUDA graph; then, with the worker ended, every timed generation is
+checked against the model with PyTorch's attention, the TBT is set against its floor (the bytes
+one decode step must read at the copy bandwidth measured in the same run) and the TTFT against
+its own (the prompt's multiply-adds at the float32 matrix-product rate measured in the same run).
+Beside it: SDPA over the same cache (with and without the graph), the model recomputing the
+sequence without one, and the reference kernels, timed the same way (the grader leaves out the
+first and the last: no point depends on them).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from harness import bench
 from harness.checks import compare_logits, exact_float32
 from harness.sandbox import WorkerDied, WorkerError
 from harness.timing import summarize
-from task6.model import Attention, Config, SmallLM
+from task6.model import Attention, Config, Decoder, SmallLM
 
 HINTS = (" (prefill: steps 1 and 3)", " (decode: steps 1, 2 and 4)")
 REPS = 3  # timed generations
@@ -48,20 +51,28 @@ class FullAttention(Attention):
 
 
 class SdpaCachedAttention(Attention):
-    """PyTorch's SDPA over the same KV cache: the baseline with a cache."""
+    """PyTorch's SDPA over the same KV cache: the baseline with a cache. Capturable as a CUDA graph, as yours:
+    a decode step writes each sequence's row at cache.lengths and attends over the whole cache with a mask
+    of each sequence's written positions (the prefill, never captured, attends over the prompt alone)."""
 
     def forward(self, x, cache):
         if cache.key_start is not None:
             raise ValueError("the SDPA baseline runs batches without padding only (cache.key_start is set)")
         q, k, v = self.project(x)
-        start, n = cache.length, x.shape[1]
-        positions = torch.arange(start, start + n, device=x.device)
+        n = x.shape[1]
+        positions = cache.lengths[:, None] + torch.arange(n, device=x.device)
         q, k = self.rope(q, positions), self.rope(k, positions)
-        cache.k[:, :, start:start + n] = k
-        cache.v[:, :, start:start + n] = v
-        cache.length = start + n
-        out = F.scaled_dot_product_attention(q, cache.k[:, :, :start + n], cache.v[:, :, :start + n],
-                                             is_causal=start == 0, enable_gqa=self.kv_heads != self.heads)
+        enable_gqa = self.kv_heads != self.heads
+        if cache.length == 0:
+            cache.k[:, :, :n], cache.v[:, :, :n] = k, v
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=enable_gqa)
+        else:
+            sequences = torch.arange(x.shape[0], device=x.device)
+            cache.k[sequences, :, cache.lengths], cache.v[sequences, :, cache.lengths] = k[:, :, 0], v[:, :, 0]
+            written = torch.arange(cache.max_seq, device=x.device) <= cache.lengths[:, None]  # the new row too
+            out = F.scaled_dot_product_attention(q, cache.k, cache.v, attn_mask=written[:, None, None, :],
+                                                 enable_gqa=enable_gqa)
+        cache.length += n
         return self.o_proj(self.merge_heads(out))
 
 
@@ -133,16 +144,18 @@ class Generation:
             raise AssertionError(f"the timed generation's outputs are wrong: {message}")
 
 
-def time_student(worker, config: Config, run: Run, seed: int):
-    """TTFT and TBT of your model in the worker, host clock around each request; (ttft, tbt, generations)."""
-    worker.call("make_model", config.as_dict(), seed, run.device, timeout=BUILD_TIMEOUT_S)
+def time_student(worker, config: Config, run: Run, seed: int, graph: bool = False, make: bool = True):
+    """TTFT and TBT of your model in the worker, host clock around each request; (ttft, tbt, generations).
+    graph: the decode steps replayed from a CUDA graph (captured in the untimed warm-up generation)."""
+    if make:
+        worker.call("make_model", config.as_dict(), seed, run.device, timeout=BUILD_TIMEOUT_S)
     warm = Generation(run, config.vocab, seed)
-    worker.call("prefill", warm.prompt, warm.logits)
+    worker.call("prefill", warm.prompt, warm.logits, graph)
     worker.call("steps", warm.tokens[:, :2], warm.logits[:, :3])
     ttft, tbt, generations = [], [], []
     for rep in range(REPS):
         gen, replies = Generation(run, config.vocab, seed + 1 + rep), []
-        ttft.append(bench.host_clock(lambda: replies.append(worker.call("prefill", gen.prompt, gen.logits)),
+        ttft.append(bench.host_clock(lambda: replies.append(worker.call("prefill", gen.prompt, gen.logits, graph)),
                                      reps=1, per_request=1, device=run.device))
         gen.take(replies.pop(), gen.logits)
         tbt.append(bench.host_clock(lambda: replies.append(worker.call("steps", gen.tokens, gen.logits)),
@@ -156,22 +169,20 @@ def median(timings):
     return summarize([t.median_ms for t in timings])
 
 
-def time_here(model: SmallLM, reference: SmallLM, run: Run, seed: int):
+def time_here(model: SmallLM, reference: SmallLM, run: Run, seed: int, graph: bool = False):
     """TTFT and TBT of a model with a cache in this process, timed as the worker's run is (a warm-up of a
     prefill and two steps, then REPS generations of the same length), the last generation checked."""
-    state = {}
+    decoder = Decoder(model, graph)
 
     def prefill(gen):
-        state.pop("cache", None)  # the last generation's cache goes before the next is made
-        state["cache"] = model.new_cache(run.batch)
-        gen.logits[:, 0] = model(gen.prompt, state["cache"], last=True)[:, 0]
+        gen.logits[:, 0] = decoder.prefill(gen.prompt)[:, 0]
         run.sync()
 
     def steps(gen, count):
         for i in range(count):
             token = gen.logits[:, i].argmax(dim=-1, keepdim=True)
             gen.tokens[:, i:i + 1] = token
-            gen.logits[:, i + 1] = model(token, state["cache"], last=True)[:, 0]
+            gen.logits[:, i + 1] = decoder.step(token)[:, 0]
         run.sync()
 
     ttft, tbt = [], []
@@ -210,6 +221,17 @@ def floor_ms(config: Config, run: Run, copy_gbs: float) -> tuple[float, float]:
     return nbytes, nbytes / (copy_gbs * 1e9) * 1e3
 
 
+def ttft_floor_ms(config: Config, run: Run, tflops: float) -> tuple[float, float]:
+    """(FLOPs, ms): the prefill's multiply-adds at `tflops`: every layer's products for each prompt token,
+    the causal attention's two (its half of the score matrix), and the LM head for the last position."""
+    kv_width = config.key_value_heads * config.head_dim
+    per_token = 2 * config.hidden**2 + 2 * config.hidden * kv_width + 3 * config.hidden * config.mlp
+    tokens = run.batch * run.prompt
+    attention = 2 * run.batch * config.hidden * run.prompt * (run.prompt + 1)  # q.k and p.v, causal half
+    flops = 2 * tokens * per_token * config.layers + attention * config.layers + 2 * run.batch * config.hidden * config.vocab
+    return flops, flops / (tflops * 1e12) * 1e3
+
+
 def reference_attention(report):
     """The reference solution's attention with the reference kernels, or None (the student's handout)."""
     if not impl.has_solution(6):
@@ -246,20 +268,40 @@ def run_generation(report, worker, name: str, config: Config, run: Run, seed: in
         report.add(title, False, f"your model's generation run failed: {err}", kind="benchmark",
                    cause=getattr(err, "cause", None))
         return
+    graphed = None  # the decode step as a CUDA graph: (tbt, generations), or why not
+    if run.device == "cuda":
+        try:
+            _, graph_tbt, graph_generations = time_student(worker, config, run, seed, graph=True, make=False)
+            graphed = graph_tbt, graph_generations
+        except (WorkerError, WorkerDied, AssertionError) as err:
+            graphed = not_capturable(err)
     worker.stop()  # its memory is free, and the GPU is ours alone now
 
     def result():
         measured_gbs = copy_gbs or max(copy_before, bench.copy_bandwidth_gbs())
         model = SmallLM(config, FullAttention, device=run.device, seed=seed)
+        nonlocal graphed
         for i, gen in enumerate(generations):
             try:
                 gen.check(model)
             except AssertionError as err:
                 return False, f"timed generation {i + 1} of {len(generations)}: {err}", {}
         generations.clear()
+        if isinstance(graphed, tuple):  # reported, not scored: a wrong replay is said, the run still counts
+            for i, gen in enumerate(graphed[1]):
+                try:
+                    gen.check(model)
+                except AssertionError as err:
+                    graphed = (f"replayed, but timed generation {i + 1} with the graph is wrong ({err}): the kernels "
+                               "and RoPE must read cache.lengths, not the Python int cache.length, which a graph "
+                               "keeps at the value of the step it was captured at (README, Task 6, step 5)")
+                    break
+            else:
+                graphed[1].clear()
         nbytes, floor = floor_ms(config, run, measured_gbs)
-        if tbt.median_ms < floor / FASTEST_VS_FLOOR:
-            return False, (f"TBT {tbt.median_ms:.2f} ms is under the floor of {floor:.2f} ms divided by "
+        fastest = min([tbt.median_ms] + ([graphed[0].median_ms] if isinstance(graphed, tuple) else []))
+        if fastest < floor / FASTEST_VS_FLOOR:
+            return False, (f"TBT {fastest:.2f} ms is under the floor of {floor:.2f} ms divided by "
                            f"{FASTEST_VS_FLOOR}: faster than the GPU can read the weights, so work was skipped"), {}
         metrics = {"ttft_ms": ttft.median_ms, "tbt_ms": tbt.median_ms, "tbt_floor_ms": floor,
                    "tbt_over_floor": tbt.median_ms / floor, "copy_gbs": measured_gbs, "bytes_per_step": nbytes}
@@ -267,12 +309,30 @@ def run_generation(report, worker, name: str, config: Config, run: Run, seed: in
                    f"{config.layers} layers ({config.parameters() * 4 / 1e9:.1f} GB of weights): "
                    f"TTFT {ttft.median_ms:.1f} ms, TBT {tbt.median_ms:.2f} ms = {tbt.median_ms / floor:.2f}x the floor "
                    f"of {floor:.2f} ms ({nbytes / 1e9:.1f} GB per step at the {measured_gbs:.0f} GB/s copy bandwidth)")
+        if isinstance(graphed, tuple):
+            metrics |= {"tbt_graph_ms": graphed[0].median_ms, "tbt_graph_over_floor": graphed[0].median_ms / floor}
+            message += (f"; with the decode step as a CUDA graph: TBT {graphed[0].median_ms:.2f} ms = "
+                        f"{graphed[0].median_ms / floor:.2f}x the floor")
+        elif graphed:
+            message += f"; the decode step as a CUDA graph: {graphed}"
+        if run.device == "cuda":
+            tflops = bench.matmul_tflops(run.batch * run.prompt, config.mlp, config.hidden)
+            flops, ttft_floor = ttft_floor_ms(config, run, tflops)
+            metrics |= {"ttft_floor_ms": ttft_floor, "ttft_over_floor": ttft.median_ms / ttft_floor,
+                        "matmul_tflops": tflops}
+            message += (f"; TTFT = {ttft.median_ms / ttft_floor:.2f}x its floor of {ttft_floor:.1f} ms ({flops / 1e12:.1f} "
+                        f"TFLOP at the {tflops:.1f} TFLOP/s of a float32 product measured here)")
         sdpa = SmallLM(config, SdpaCachedAttention, device="meta").share_weights(model)
-        t = bench.or_out_of_memory(lambda: time_here(sdpa, model, run, seed)) if baselines else "left out"
-        if not isinstance(t, str):
-            metrics |= {"ttft_sdpa_ms": t[0].median_ms, "tbt_sdpa_ms": t[1].median_ms,
-                        "tbt_speedup_vs_sdpa": t[1].median_ms / tbt.median_ms}
-            message += f"; SDPA over the same cache: TTFT {t[0].median_ms:.1f} ms, TBT {t[1].median_ms:.2f} ms"
+        ways = (False, True) if run.device == "cuda" else (False,)  # CUDA graphs: on the GPU only
+        for graph in ways if baselines else ():
+            t = bench.or_out_of_memory(lambda: time_here(sdpa, model, run, seed, graph=graph))
+            if isinstance(t, str):
+                continue
+            key = "_graph" if graph else ""
+            metrics |= {f"ttft_sdpa{key}_ms": t[0].median_ms, f"tbt_sdpa{key}_ms": t[1].median_ms}
+            message += (f"; SDPA over the same cache{' as a CUDA graph' if graph else ''}: "
+                        f"{'' if graph else f'TTFT {t[0].median_ms:.1f} ms, '}TBT {t[1].median_ms:.2f} ms "
+                        f"({t[1].median_ms / floor:.2f}x the floor)")
         recompute = bench.or_out_of_memory(lambda: time_recompute(model, run, seed))
         if not isinstance(recompute, str):
             metrics |= {"tbt_recompute_ms": recompute, "tbt_speedup_vs_recompute": recompute / tbt.median_ms}
@@ -281,12 +341,24 @@ def run_generation(report, worker, name: str, config: Config, run: Run, seed: in
         if reference is not None:
             attention, kernels = reference
             ours = SmallLM(config, attention, device="meta").share_weights(model).set_kernels(kernels)
-            t = bench.or_out_of_memory(lambda: time_here(ours, model, run, seed))
-            if not isinstance(t, str):
-                metrics |= {"ttft_reference_ms": t[0].median_ms, "tbt_reference_ms": t[1].median_ms,
-                            "reference_tbt_over_floor": t[1].median_ms / floor}
-                message += (f"; reference kernels: TTFT {t[0].median_ms:.1f} ms, TBT {t[1].median_ms:.2f} ms "
+            for graph in (False, True):
+                t = bench.or_out_of_memory(lambda: time_here(ours, model, run, seed, graph=graph))
+                if isinstance(t, str):
+                    continue
+                key = "_graph" if graph else ""
+                metrics |= {f"ttft_reference{key}_ms": t[0].median_ms, f"tbt_reference{key}_ms": t[1].median_ms,
+                            f"reference{key}_tbt_over_floor": t[1].median_ms / floor}
+                message += (f"; reference kernels{' as a CUDA graph' if graph else ''}: "
+                            f"{'' if graph else f'TTFT {t[0].median_ms:.1f} ms, '}TBT {t[1].median_ms:.2f} ms "
                             f"({t[1].median_ms / floor:.2f}x the floor)")
         return True, message, metrics
 
     report.run(title, result, kind="benchmark")
+
+
+def not_capturable(err) -> str:
+    """What to tell a student whose decode step did not capture as a CUDA graph (reported, not scored)."""
+    text = str(getattr(err, "message", err)).splitlines()[0][:300]
+    return (f"could not be captured ({text}): a captured step may not read a GPU value on the host (.item(), "
+            "int(t), .tolist(), print(t), an if on a tensor) nor launch work on another stream (README, Task 6, "
+            "step 5)")

@@ -14,6 +14,8 @@ tested anywhere.
 
 Generation is `logits = model(prompt, cache)` once (prefill: every prompt token at once),
 then `logits = model(token, cache)` per new token (decode), with `cache = model.new_cache(batch)`.
+`DecodeGraph` captures one decode step as a CUDA graph and replays it for each later token:
+your attention must then be capturable (see KVCache.lengths).
 A batch of prompts of different lengths is padded on the left: `model.new_cache(batch, key_start)`
 with key_start[b] the padding tokens before sequence b's prompt (`generate` takes it too).
 `Config.kv_heads` below `heads` makes a grouped-query model: query head h reads key/value head
@@ -91,10 +93,15 @@ class Rope:
         self.sin = torch.cat((-angle.sin(), angle.sin()), dim=-1).to(device=device, dtype=dtype)
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x (batch, heads, n, head_dim) at `positions` (n,) -> rotated, a new contiguous tensor."""
-        if positions.shape != (x.shape[2],):
-            raise ValueError(f"positions must hold one position per token, ({x.shape[2]},), got {tuple(positions.shape)}")
-        cos, sin = self.cos[positions], self.sin[positions]  # (n, head_dim)
+        """x (batch, heads, n, head_dim) at `positions` (n,), or (batch, n) for each sequence its own, -> rotated,
+        a new contiguous tensor."""
+        batch, _, n, _ = x.shape
+        if positions.shape not in ((n,), (batch, n)):
+            raise ValueError(f"positions must hold one position per token, ({n},) or ({batch}, {n}), got "
+                             f"{tuple(positions.shape)}")
+        cos, sin = self.cos[positions], self.sin[positions]  # (n, head_dim) or (batch, n, head_dim)
+        if positions.dim() == 2:
+            cos, sin = cos[:, None], sin[:, None]  # the same for every head
         x1, x2 = x.chunk(2, dim=-1)
         return torch.addcmul(x * cos, torch.cat((x2, x1), dim=-1), sin)
 
@@ -105,15 +112,22 @@ class KVCache:
     `length` is how many positions are written: positions 0 .. length - 1 hold the
     rotated keys and the values of the tokens seen so far. A head's keys are consecutive
     rows, so task 5's decode kernel reads them in one coalesced sweep.
+    `lengths` holds the same count in GPU memory, int32 (batch,), one per sequence, for the
+    kernels and RoPE: a decode step replayed as a CUDA graph repeats its launches with the
+    arguments of the step it was captured at, so a Python int (`length`) would stay that step's
+    value, while `lengths` is read anew at every replay. The model advances it after each call
+    (one tensor shared by every layer: during a step every layer sees the count before it).
     `key_start` is None, or int32 (batch,) on the cache's device for a batch padded on the left:
     sequence b's first key_start[b] positions are padding, its prompt starts after them.
     """
 
-    def __init__(self, batch: int, config: Config, device=None, dtype=torch.float32, key_start=None):
+    def __init__(self, batch: int, config: Config, device=None, dtype=torch.float32, key_start=None,
+                 lengths=None):
         shape = (batch, config.key_value_heads, config.max_seq, config.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.length = 0
+        self.lengths = torch.zeros(batch, dtype=torch.int32, device=device) if lengths is None else lengths
         self.key_start = key_start
 
     @property
@@ -243,7 +257,8 @@ class SmallLM(nn.Module):
                 raise ValueError(f"key_start must hold one int from 0 to max_seq = {self.config.max_seq} per "
                                  f"sequence, shape ({batch},), got {got}")
             key_start = key_start.to(device=w.device, dtype=torch.int32)
-        return [KVCache(batch, self.config, w.device, w.dtype, key_start) for _ in self.blocks]
+        lengths = torch.zeros(batch, dtype=torch.int32, device=w.device)  # shared: advanced once per call
+        return [KVCache(batch, self.config, w.device, w.dtype, key_start, lengths) for _ in self.blocks]
 
     def forward(self, tokens: torch.Tensor, cache: list[KVCache] | None = None, last: bool = False) -> torch.Tensor:
         """tokens (batch, n) -> logits (batch, n, vocab). With a cache, the tokens come after what it holds.
@@ -262,6 +277,7 @@ class SmallLM(nn.Module):
                 raise RuntimeError(f"after {tokens.shape[1]} token(s) from position {start}, layer {stuck[0]}'s cache "
                                    f"has length {cache[stuck[0]].length}, expected {start + tokens.shape[1]}: "
                                    "CachedAttention.forward must set cache.length to what the cache now holds")
+            cache[0].lengths += tokens.shape[1]  # on the GPU, and so replayed with a captured step
         return self.head(self.norm(x[:, -1:] if last else x))
 
     def _check(self, tokens, cache):
@@ -288,16 +304,109 @@ class SmallLM(nn.Module):
             raise ValueError(f"{n} tokens after a prompt: after the prefill, decode one token at a time "
                              "(or start a new generation with model.new_cache)")
 
+    @staticmethod
+    def clear_cache(cache: list[KVCache]) -> None:
+        """Make a used cache empty for a new generation (its padding kept), in the same memory: a DecodeGraph
+        captured over it stays valid."""
+        for c in cache:
+            c.length = 0
+        cache[0].lengths.zero_()
+
     @torch.no_grad()
-    def generate(self, prompt: torch.Tensor, steps: int, key_start: torch.Tensor | None = None) -> torch.Tensor:
+    def generate(self, prompt: torch.Tensor, steps: int, key_start: torch.Tensor | None = None,
+                 graph: bool = False) -> torch.Tensor:
         """Greedy generation: prompt (batch, n) -> the `steps` new tokens (batch, steps).
 
         key_start (batch,): prompts of different lengths padded on the left (see new_cache).
+        graph: the decode steps as one CUDA graph, captured after the prefill (see DecodeGraph).
         """
-        cache = self.new_cache(prompt.shape[0], key_start)
-        token = self(prompt, cache, last=True)[:, -1].argmax(-1, keepdim=True)
+        decoder = Decoder(self, graph=graph and steps > 1)
+        token = decoder.prefill(prompt, key_start)[:, -1].argmax(-1, keepdim=True)
         out = [token]
         for _ in range(steps - 1):
-            token = self(token, cache, last=True)[:, -1].argmax(-1, keepdim=True)
+            token = decoder.step(token)[:, -1].argmax(-1, keepdim=True)
             out.append(token)
         return torch.cat(out, dim=1)
+
+
+class Decoder:
+    """A model's generations, one after another: `prefill(prompt)` starts one, `step(token)` decodes a token.
+
+    graph=True: the decode steps replay one step captured as a CUDA graph (DecodeGraph). The cache
+    is then kept from one generation to the next of the same batch, emptied (clear_cache), so the
+    graph captured in the first stays valid: capturing takes a while, and an inference engine
+    captures once, not once per request.
+    """
+
+    def __init__(self, model: SmallLM, graph: bool = False):
+        self.model, self.graph = model, graph
+        self.cache = self.step_graph = None
+
+    def prefill(self, prompt: torch.Tensor, key_start=None, last: bool = True) -> torch.Tensor:
+        """A new generation from prompt (batch, n): its logits, the last position's only with last=True."""
+        reuse = (self.step_graph is not None and key_start is None and self.cache[0].key_start is None
+                 and self.cache[0].k.shape[0] == prompt.shape[0])
+        if reuse:
+            self.model.clear_cache(self.cache)
+        else:
+            self.cache = self.step_graph = None  # the last generation's cache goes before the next is made
+            self.cache = self.model.new_cache(prompt.shape[0], key_start)
+        logits = self.model(prompt, self.cache, last=last)
+        if self.graph and self.step_graph is None:
+            self.step_graph = DecodeGraph(self.model, self.cache)
+        return logits
+
+    def step(self, token: torch.Tensor) -> torch.Tensor:
+        """token (batch, 1) -> logits (batch, 1, vocab); with a graph, a buffer the next step overwrites."""
+        return self.step_graph(token) if self.step_graph is not None else self.model(token, self.cache, last=True)
+
+
+class DecodeGraph:
+    """One decode step of `model` over `cache`, captured once as a CUDA graph and replayed for each new token.
+
+    A decode step launches hundreds of small kernels (every layer's projections, RoPE, the cache,
+    attention, the MLP); launched from Python one at a time, the GPU idles while the host prepares
+    the next. Captured, the whole step is one launch. Capture records the kernels without running
+    them, with the arguments they had: so everything that changes from one token to the next must
+    live in GPU memory (the token, in `self.token`; the positions, in cache.lengths), nothing may
+    read a GPU value back to the host (it is not computed yet: CUDA refuses), and all work must
+    go to the current stream. `self.logits` is the output buffer every replay overwrites.
+
+    Made after the prefill: it runs one step first, on a side stream (a warm-up, as PyTorch asks
+    before a capture: first calls allocate and initialise libraries), then takes that step back
+    (its row is written again by the next real step).
+    """
+
+    def __init__(self, model: SmallLM, cache: list[KVCache]):
+        if not cache or cache[0].length == 0:
+            raise ValueError("DecodeGraph captures a decode step: make it after the prefill filled the cache")
+        self.model, self.cache = model, cache
+        self.token = torch.zeros(cache[0].k.shape[0], 1, dtype=torch.long, device=cache[0].k.device)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.no_grad(), torch.cuda.stream(side):
+            model(self.token, cache, last=True)
+        torch.cuda.current_stream().wait_stream(side)
+        self._take_back_one_step()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(self.graph):
+            self.logits = model(self.token, cache, last=True)  # runs the Python once, none of the GPU work
+        for c in cache:
+            c.length -= 1  # the Python counted a step the GPU did not run
+
+    def _take_back_one_step(self):
+        for c in self.cache:
+            c.length -= 1
+        self.cache[0].lengths -= 1
+
+    def __call__(self, token: torch.Tensor) -> torch.Tensor:
+        """token (batch, 1) -> logits (batch, 1, vocab): one decode step, replayed."""
+        first = self.cache[0]
+        if first.length >= first.max_seq:
+            raise ValueError(f"the cache is full: it holds max_seq = {first.max_seq} positions, all written; make the "
+                             "model with a larger Config.max_seq")
+        self.token.copy_(token)
+        self.graph.replay()
+        for c in self.cache:
+            c.length += 1
+        return self.logits

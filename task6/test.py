@@ -27,7 +27,9 @@ from common import impl
 from harness import cli, gpu_share
 from harness.checks import compare_logits, exact_float32, expect_errors
 from harness.records import NeedsCuda, Report
-from task6.measure import BUILD_TIMEOUT_S, HANDOUT, HINTS, FullAttention, choose_size, random_tokens, run_generation
+from harness.sandbox import WorkerError
+from task6.measure import (BUILD_TIMEOUT_S, HANDOUT, HINTS, FullAttention, choose_size, not_capturable, random_tokens,
+                           run_generation)
 from task6.model import SIZES, Config, SmallLM
 
 CPU_VOCAB, GPU_VOCAB = 97, 1000
@@ -37,6 +39,8 @@ CPU_VOCAB, GPU_VOCAB = 97, 1000
 CPU_CASES = [(32, 4, 2, 2, 24, 5, 7), (32, 4, 2, 2, 24, 1, 10), (32, 4, 2, 1, 24, 24, 0), (32, 4, 2, 3, 24, 23, 1),
              (48, 3, 2, 2, 20, 9, 11), (32, 4, 2, 2, 24, 6, 9, 2), (48, 6, 2, 2, 20, 7, 5, 1),
              (32, 4, 2, 3, 24, 9, 8, 4, (0, 3, 8)), (32, 4, 2, 4, 24, 10, 14, 2, (2, 10, 0, 7))]
+# The decode steps replayed from one captured as a CUDA graph (README, step 5; reported, not scored)
+GRAPH_CASES = [(256, 4, 2, 2, 200, 130, 20), (1024, 16, 2, 4, 60, 40, 12, 2, (35, 23, 40, 12))]
 GPU_CASES = [(256, 4, 2, 2, 200, 130, 20), (512, 4, 3, 2, 120, 77, 16), (96, 3, 2, 3, 48, 33, 15),
              (256, 2, 2, 1, 40, 1, 39), (4096, 32, 1, 1, 80, 65, 15), (256, 4, 2, 2, 60, 30, 10, 1),
              (1024, 16, 2, 4, 60, 40, 12, 2, (35, 23, 40, 12)), (2048, 32, 1, 4, 52, 40, 12, 8, (35, 23, 0, 12))]
@@ -76,13 +80,18 @@ def reference_model(config: Config, seed: int, device) -> SmallLM:
 
 # -- checks -------------------------------------------------------------------------------------
 
-def check_teacher_forced(worker, case, vocab: int):
+def check_teacher_forced(worker, case, vocab: int, graph: bool = False):
     _, _, _, batch, _, prompt_len, steps, _, padding = unpack(case.shape)
     config = config_of(case.shape, vocab)
     tokens = random_tokens((batch, prompt_len + steps), vocab, case.seed + 1)  # random padding: it takes no weight
     key_start = None if padding is None else torch.tensor(padding, dtype=torch.int32)
     worker.call("make_model", config.as_dict(), case.seed, case.device, timeout=BUILD_TIMEOUT_S)
-    got = worker.call("teacher_force", tokens, prompt_len, key_start)
+    try:
+        got = worker.call("teacher_force", tokens, prompt_len, key_start, graph)
+    except WorkerError as err:
+        if not graph or err.kind == "NotImplementedError":  # a step still to write is said as such
+            raise
+        return False, f"the decode step {not_capturable(err)}", {}
     want_shape = (batch, prompt_len + steps, vocab)
     if not isinstance(got, torch.Tensor) or tuple(got.shape) != want_shape or got.dtype != torch.float32:
         what = f"{tuple(got.shape)} {got.dtype}" if isinstance(got, torch.Tensor) else type(got).__name__
@@ -94,7 +103,11 @@ def check_teacher_forced(worker, case, vocab: int):
         passed, message, metrics = compare_logits(got, expected, prompt_len, hints=HINTS)
     else:
         passed, message, metrics = compare_padded(got, tokens, padding, prompt_len, reference, case.device)
-    if not passed and case.device == "cuda":
+    if not passed and graph:
+        message += ("; replayed from a CUDA graph, but right without it: the kernels and RoPE must read "
+                    "cache.lengths, not the Python int cache.length, which a graph keeps at the value of the step it "
+                    "was captured at (README, Task 6, step 5)")
+    elif not passed and case.device == "cuda":
         message += ("; on the GPU the model runs your Task 4 and Task 5 kernels: if the CPU cases pass, "
                     "check python -m task4.test and python -m task5.test")
     return passed, message, metrics
@@ -158,12 +171,16 @@ def main(argv=None) -> int:
             for case in cli.cases(6, "gpu", GPU_CASES, args.hidden, shape_text, causal=(False,)):
                 report.run(case.name, lambda: check_teacher_forced(worker, case, GPU_VOCAB))
             report.end_part("gpu")
+            report.begin_part("the decode step as a CUDA graph, replayed (optional)", (1, 2, 3, 4, 5), optional=True)
+            for case in cli.cases(6, "graph", GRAPH_CASES, args.hidden, shape_text, causal=(False,)):
+                report.run(f"graph: {case.name}", lambda: check_teacher_forced(worker, case, GPU_VOCAB, graph=True))
+            report.end_part("graph")
         else:
             report.run("the model with your kernels", needs_gpu)
         if logic_works:  # they feed a prompt first, so they need steps 1-4
             report.run("a full cache and bad input raise clear errors (the given model)", lambda: check_errors(worker),
                        kind="given")
-        if not all(c.passed for c in report.cases):
+        if not all(c.passed for c in report.cases if c.kind != "optional"):
             report.note("the generation run is skipped until every check passes")
         elif torch.cuda.is_available():
             size = choose_size(args.size)

@@ -12,7 +12,9 @@ What stands in for what:
 - the GPU: `CudaOnTheCpu` makes every tensor asked for on "cuda" on the CPU; a tensor made for the
   host (`.cpu()`, or a factory without a CUDA device) is marked `on_host`, so the bindings' "must be
   a CUDA tensor" still refuses it, and `.cuda()` copies it; torch.cuda's availability, synchronize,
-  events (a host clock), name and properties are those of a stand-in GPU with one SM;
+  events (a host clock), name and properties are those of a stand-in GPU with one SM; streams are
+  one; CUDA graphs are `StandInGraph`, which records a capture and replays it as a GPU would (a
+  Python value is kept as captured, memory is read anew, reading a value back refuses);
 - its speed: a stand-in kernel's call lasts exactly the time its work takes at FLOPS_PER_S or
   BYTES_PER_S on harness/bench.py's clock (`StandInClock`, the host's clock moved on by what the CPU
   did not take), so its timings do not depend on how busy the machine is;
@@ -46,6 +48,8 @@ from pathlib import Path
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from common import build, impl, wire
 
@@ -85,6 +89,10 @@ class CudaOnTheCpu(TorchFunctionMode):
 
     def __torch_function__(self, func, types_, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
+        if CAPTURE.graph is not None and not CAPTURE.in_kernel and func in READ_BACK \
+                and not getattr(args[0], "on_host", False):
+            raise RuntimeError(f"CUDA error: operation not permitted when stream is capturing ({func.__name__} "
+                               "reads a GPU value back to the host)")
         if func is torch.Tensor.cpu:
             return _host(args[0].clone())
         device = kwargs.get("device")
@@ -115,6 +123,145 @@ class CudaOnTheCpu(TorchFunctionMode):
 def _host(t):
     t.on_host = True  # a tensor in host memory: the bindings refuse it, as they refuse a CPU tensor
     return t
+
+
+# -- CUDA graphs ----------------------------------------------------------------------------
+
+# What reads a GPU value back to the host: during a capture CUDA refuses it (the value is not computed yet)
+READ_BACK = {torch.Tensor.cpu, torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.__bool__,
+             torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__}
+
+
+class Capture:
+    """The graph being captured (None: none), and whether a stand-in kernel is running (its own reads are the
+    kernel's, from device memory)."""
+
+    graph = None
+    in_kernel = False
+
+
+CAPTURE = Capture()
+
+
+class StandInStream:
+    """torch.cuda.Stream: the stand-in GPU has one stream, so waiting on another is nothing."""
+
+    def __init__(self, device=None, priority=0):
+        pass
+
+    def wait_stream(self, stream):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+@contextlib.contextmanager
+def stand_in_stream(stream):
+    yield
+
+
+class Recorder(TorchDispatchMode):
+    """Each operation of a capture, run and recorded with its arguments; a tensor that was there before the
+    capture and that an operation writes is saved first, and put back when the capture ends."""
+
+    def __init__(self, graph):
+        super().__init__()
+        self.graph = graph
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for i, arg in enumerate(func._schema.arguments):
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                target = args[i] if i < len(args) else kwargs.get(arg.name)
+                if isinstance(target, torch.Tensor):
+                    self.graph.save(target)
+        result = func(*args, **kwargs)
+        self.graph.steps.append(("op", func, args, kwargs, result))
+        inputs = _storages((args, kwargs))
+        self.graph.made |= _storages(result) - inputs  # new memory, not a view of an input or the input itself
+        return result
+
+
+def _storages(tensors) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in tree_flatten(tensors)[0] if isinstance(t, torch.Tensor)}
+
+
+class StandInGraph:
+    """torch.cuda.CUDAGraph on the stand-in GPU. On a GPU a capture records the kernels with the arguments they
+    were launched with and runs none of them; a replay runs them again, on the same memory. Here the capture runs
+    each operation (the Python around it needs their results), records it, and puts back afterwards whatever it
+    wrote that was there before; a replay runs the record again, on the same tensors, each result copied into
+    the tensor the capture made: a Python int stays what it was at the capture, memory is read anew. A stand-in
+    kernel is one step of the record, as a kernel is one launch."""
+
+    def __init__(self):
+        self.steps, self.saved, self.made = [], {}, set()
+        self.recorder = None
+
+    def capture_begin(self, *args, **kwargs):
+        CAPTURE.graph = self
+        self.recorder = Recorder(self)
+        self.recorder.__enter__()
+
+    def capture_end(self):
+        self.recorder.__exit__(None, None, None)
+        CAPTURE.graph = None
+        for storage, before in self.saved.values():
+            storage.copy_(before)
+        self.saved.clear()
+
+    def save(self, t):
+        """t's memory as it was before the capture wrote it, to put back when the capture ends."""
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in self.made and storage.data_ptr() not in self.saved:
+            self.saved[storage.data_ptr()] = (storage, storage.clone())
+
+    def kernel(self, launch, args, kwargs):
+        """A stand-in kernel's call while capturing: its tensor arguments saved, run, recorded as one step."""
+        for t in tree_flatten((args, kwargs))[0]:
+            if isinstance(t, torch.Tensor):
+                self.save(t)
+        self.steps.append(("kernel", launch, args, kwargs, None))
+        return run_kernel(launch, args, kwargs)
+
+    def replay(self):
+        for kind, func, args, kwargs, made in self.steps:
+            if kind == "kernel":
+                run_kernel(func, args, kwargs)
+                continue
+            result, inputs = func(*args, **kwargs), _storages((args, kwargs))
+            for new, old in zip(tree_flatten(result)[0], tree_flatten(made)[0]):
+                if isinstance(old, torch.Tensor) and old.untyped_storage().data_ptr() not in inputs:
+                    old.copy_(new)  # a view or an in-place result follows its input by itself
+
+
+@contextlib.contextmanager
+def stand_in_graph(cuda_graph, pool=None, stream=None, capture_error_mode="global"):
+    cuda_graph.capture_begin()
+    try:
+        yield
+    finally:
+        cuda_graph.capture_end()
+
+
+def run_kernel(launch, args, kwargs):
+    """A stand-in kernel's body: its reads of lengths and positions are the kernel's own, from device memory."""
+    CAPTURE.in_kernel = True
+    try:
+        return launch(*args, **kwargs)
+    finally:
+        CAPTURE.in_kernel = False
+
+
+def launched(method):
+    """A stand-in kernel's entry point: one launch, and one step of a CUDA graph being captured."""
+    def launch(self, *args, **kwargs):
+        if CAPTURE.graph is not None and not CAPTURE.in_kernel:
+            with torch.utils._python_dispatch._disable_current_modes():
+                return CAPTURE.graph.kernel(lambda *a, **kw: method(self, *a, **kw), args, kwargs)
+        return method(self, *args, **kwargs)
+    return launch
 
 
 class StandInClock:
@@ -211,6 +358,9 @@ def _check_key_start(key_start, batch, most, most_what):
     if key_start is None:
         return
     _check_per_sequence(key_start, "key_start", "one first valid key", batch)
+    if batch and CAPTURE.graph is not None:  # the binding reads the values back: a synchronisation
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing (checking key_start's "
+                           "values reads them back to the host)")
     if batch and not (int(key_start.min()) >= 0 and int(key_start.max()) <= most):
         raise RuntimeError(f"key_start must hold values between 0 and {most_what} = {most}, got values from "
                            f"{int(key_start.min())} to {int(key_start.max())}")
@@ -288,6 +438,7 @@ def _attention_seconds(q, k, causal):
 class Task4Kernels(StandInKernels):
     """task4/binding.cpp's `forward`, computed in PyTorch."""
 
+    @launched
     def forward(self, q, k, v, out, causal, scale, key_start=None):
         _check_cuda_float32(q, "q")
         for t, name in ((q, "q"), (k, "k"), (v, "v"), (out, "out")):
@@ -357,6 +508,7 @@ class Task5Kernels(StandInKernels):
             raise RuntimeError(f"{name} must be {what} with the cache's batch, heads and head_dim (k_cache is "
                                f"{list(k_cache.shape)}), got {list(t.shape)}")
 
+    @launched
     def update_cache(self, k_new, v_new, k_cache, v_cache, pos):
         self._check_cache(k_cache, v_cache)
         self._check_matches(k_new, "k_new", k_cache, "(batch, heads, n_new, head_dim)")
@@ -379,6 +531,7 @@ class Task5Kernels(StandInKernels):
             k_cache[:, :, pos:pos + n_new] = k_new
             v_cache[:, :, pos:pos + n_new] = v_new
 
+    @launched
     def decode(self, q, k_cache, v_cache, out, length, scale, splits=0, key_start=None):
         self._check_cache(k_cache, v_cache)
         _check_cuda_float32(q, "q")
@@ -502,6 +655,7 @@ class InProcessWorker:
 
     def __init__(self, task, student_dir, *, solution=False, scratch=None, sanitize=None, harness=None, **options):
         self.task, self.solution, self.sanitize, self.harness = task, solution, sanitize, harness
+        self.student_dir = Path(student_dir)
         self.file_notes, self.notes, self.attention_ops = [], [], set()
         self.last_ranges, self.sanitizer_log, self.exit_code = [], bytearray(), None
         self.entry, self.kept, self.resume = None, {}, False
@@ -510,7 +664,13 @@ class InProcessWorker:
         self.harness.worker_started(self.task, self.solution)
         if self.task in PYTHON_OVER_KERNELS:  # the worker's view holds the reference's file as the student's
             name = f"task{self.task}.attention"
-            module = importlib.import_module(f"task{self.task}.solution.attention" if self.solution else name)
+            own = self.student_dir / f"task{self.task}" / "attention.py"
+            if self.solution or not own.is_file():
+                module = importlib.import_module(f"task{self.task}.solution.attention" if self.solution else name)
+            else:  # the student's checkout's file (the kernels stay the stand-ins)
+                spec = importlib.util.spec_from_file_location(name, own)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
             self.harness.monkeypatch.setitem(sys.modules, name, module)
         path = REPO / f"task{self.task}" / "entry.py"
         spec = importlib.util.spec_from_file_location(f"task{self.task}.entry", path)
@@ -649,7 +809,10 @@ def stand_in(monkeypatch, tmp_path):
     harness = Harness(monkeypatch, tmp_path)
     for name, value in (("is_available", lambda: True), ("synchronize", lambda device=None: None),
                         ("get_device_name", lambda device=None: GPU_NAME),
-                        ("get_device_properties", lambda device=None: GPU), ("Event", HostEvent)):
+                        ("get_device_properties", lambda device=None: GPU), ("Event", HostEvent),
+                        ("Stream", StandInStream), ("stream", stand_in_stream),
+                        ("current_stream", lambda device=None: StandInStream()), ("CUDAGraph", StandInGraph),
+                        ("graph", stand_in_graph)):
         monkeypatch.setattr(torch.cuda, name, value)
     monkeypatch.setattr(torch, "Generator", StandInGenerator)
     monkeypatch.setattr(build, "load_extension", harness.load_extension)

@@ -81,6 +81,36 @@ def test_the_models_earn_their_points_on_the_gpu_path(stand_in, monkeypatch, tas
     assert timed and all(c["passed"] for c in timed)
     if task == 7:  # GPT-2's size and the Llama-family model, each against its own attention
         assert [("ms_per_token" in c["metrics"]) for c in timed] == [True, True]
+    if task == 6:  # the decode step as a CUDA graph: its checks (optional) pass, and it is timed with its floor
+        graph = [c for c in record["cases"] if c["name"].startswith("graph:")]
+        assert len(graph) >= 2 and all(c["passed"] and c["kind"] == "optional" for c in graph), graph
+        (generation,) = timed
+        assert {"tbt_graph_ms", "ttft_floor_ms"} <= set(generation["metrics"]), generation["message"]
+
+
+@needs_solution(6)
+def test_task6_a_step_that_passes_the_python_length_is_told_so_by_the_graph(stand_in, monkeypatch, tmp_path):
+    """cache.length (a Python int) where the kernels need cache.lengths: right launched from Python; replayed from
+    a CUDA graph, wrong (kept at the captured step's value) or not capturable (the int form reads key_start back).
+    Step 5 is optional: its checks fail with the reason, and the score holds."""
+    from task6 import measure, test as task6_test
+    from task6.model import SIZES
+    from tests.conftest import bad_variant, submission
+
+    monkeypatch.setattr(task6_test, "HANDOUT", measure.Run(batch=2, prompt=10, steps=6))
+    monkeypatch.setitem(SIZES, "small", SIZES["tiny"])
+    monkeypatch.setattr(bench, "copy_bandwidth_gbs", lambda *args, **kwargs: 1e3)
+    text = bad_variant(6, "attention.py", "cache.k, cache.v, cache.lengths)", "cache.k, cache.v, cache.length)")
+    text = text.replace("cache.lengths + 1, cache.key_start)", "cache.length + 1, cache.key_start)")
+    student = submission(tmp_path, {"task6/attention.py": text})
+    record = stand_in.run(6, "--student-dir", str(student), "--size", "small")
+    graph = {c["name"]: c["message"] for c in record["cases"] if c["name"].startswith("graph:")}
+    assert graph and not any(c["passed"] for c in record["cases"] if c["name"] in graph)
+    assert any("not the Python int cache.length" in m for m in graph.values()), graph
+    assert any("could not be captured (CUDA error: operation not permitted" in m for m in graph.values()), graph
+    assert record["status"] == "passed", failed(record)
+    (generation,) = [c for c in record["cases"] if c["kind"] == "benchmark"]
+    assert "with the graph is wrong" in generation["message"] and "tbt_graph_ms" not in generation["metrics"]
 
 
 def test_task4s_sweep_writes_a_row_per_timed_case(stand_in, tmp_path, monkeypatch):
@@ -197,6 +227,33 @@ def test_the_stand_in_gpu_tells_a_models_device_from_a_host_tensors():
         assert not on_host(key_start.to(model.weight.device)) and not on_host(key_start.to(device=model.weight.device))
         assert on_host(key_start.to(tokens.device)) and on_host(key_start.to(torch.device("cpu")))
         assert not on_host(key_start.cuda()) and on_host(key_start.cuda().cpu())
+
+
+def test_the_stand_in_cuda_graph_replays_as_a_gpu_does(stand_in):
+    """A capture runs nothing for good; a replay reads memory anew but keeps a Python value as it was captured,
+    and a stand-in kernel is one launch that reads its lengths from memory; reading a value back refuses."""
+    import pytest
+    import torch
+
+    from task5.attention import extension
+    from tests.stand_in import CudaOnTheCpu
+
+    ext = extension(solution=True)
+    with CudaOnTheCpu():
+        cache, lengths = torch.zeros(1, 1, 8, 4, device="cuda"), torch.tensor([2], dtype=torch.int32, device="cuda")
+        new, step = torch.ones(1, 1, 1, 4, device="cuda"), 5
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            ext.update_cache(new * step, new, cache, cache.clone(), lengths)  # step: a Python int, kept as captured
+            lengths.add_(1)
+        assert lengths.tolist() == [2] and not cache.any()  # the capture wrote nothing for good
+        step = 7
+        for _ in range(2):
+            graph.replay()
+        assert lengths.tolist() == [4] and cache[0, 0, :, 0].tolist() == [0, 0, 5, 5, 0, 0, 0, 0]
+        with pytest.raises(RuntimeError, match="not permitted when stream is capturing"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                int(lengths[0])
 
 
 def test_no_real_run_can_reach_the_stand_ins():

@@ -10,7 +10,7 @@ that names the file, the line and the tensor.
 import pytest
 
 from harness.sanitize import PASS_NAME, find_sanitizer
-from tests.conftest import REPO, needs_cuda, needs_solution, run_test, submission
+from tests.conftest import REPO, bad_variant, needs_cuda, needs_solution, run_test, submission
 from tests.test_grader import grade, needs_bwrap
 
 pytestmark = [needs_cuda, needs_solution(2), needs_solution(4)]
@@ -221,3 +221,22 @@ def test_a_kernel_mistake_is_named_with_its_step_in_the_first_lines(name, tmp_pa
     first = "\n".join(lines[:5])  # the test's own first lines: the title, the part, then the failures
     assert says in first and f"see README, Task {task}, step {step}." in first, "\n".join(lines[:30])
     print("\n".join(lines[:5]))  # the closing note quotes them
+
+
+@needs_solution(6)
+def test_task6_a_step_that_passes_the_python_length_is_told_so_by_the_graph(tmp_path):
+    """cache.length (a Python int) where the kernels need cache.lengths: right launched from Python, wrong (or
+    not capturable, where the int form reads key_start back) replayed from a CUDA graph. Step 5 is optional: the
+    graph's cases fail with the reason, the score holds."""
+    text = bad_variant(6, "attention.py", "cache.k, cache.v, cache.lengths)", "cache.k, cache.v, cache.length)")
+    text = text.replace("cache.lengths + 1, cache.key_start)", "cache.length + 1, cache.key_start)")
+    files = {"task6/attention.py": text, **task5_kernel(),
+             "task4/kernels/attention.cu": (REPO / "task4/solution/kernels/attention.cu").read_text()}
+    record = run_test(6, submission(tmp_path, files), tmp_path, "--size", "small")
+    graph = [c for c in record["cases"] if c["name"].startswith("graph:")]
+    assert graph and not any(c["passed"] for c in graph), graph
+    for c in graph:
+        assert ("not the Python int cache.length" in c["message"] or "could not be captured" in c["message"]), c
+    assert record["status"] == "passed", [c["message"] for c in record["cases"] if not c["passed"]]
+    generation = next(c for c in record["cases"] if c["kind"] == "benchmark")
+    assert "with the graph is wrong" in generation["message"] or "could not be captured" in generation["message"]

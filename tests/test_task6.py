@@ -170,14 +170,14 @@ def variant_record(tmp_path, old, new):
 
 
 @pytest.mark.parametrize("old, new, words", [
-    ("torch.arange(start, start + q.shape[2]", "torch.arange(0, q.shape[2]", "decode step 1 after a prompt"),
-    ("cache.length + 1, ", "cache.length, ", "decode step 1 after a prompt"),
+    ("start[:, None] + torch.arange", "0 * start[:, None] + torch.arange", "decode step 1 after a prompt"),
+    ("cache.lengths + 1, ", "cache.lengths, ", "decode step 1 after a prompt"),
     ("        self.kernels.update_cache(k, v, cache.k, cache.v, 0)\n", "", "decode step 1 after a prompt"),
     ("        cache.length += x.shape[1]\n", "", "must set cache.length"),
     # a padded batch whose padding takes weight, in the prefill or in the decode
     ("attention(q, k, v, True, cache.key_start)", "attention(q, k, v, True)",
      "sequence 1 (a prompt of 6 tokens after 3 of padding), against itself alone, positions"),
-    ("cache.length + 1, cache.key_start)", "cache.length + 1)", "decode step 1 after a prompt of 6"),
+    ("cache.lengths + 1, cache.key_start)", "cache.lengths + 1)", "decode step 1 after a prompt of 6"),
 ])
 def test_known_bad_attention_fails_with_the_step(tmp_path, old, new, words):
     record = variant_record(tmp_path, old, new)

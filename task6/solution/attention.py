@@ -8,7 +8,12 @@ layer's `KVCache` (task6/model.py), and runs in one of two phases:
   and V to the cache with task 5's `update_cache`, then attend over the whole cache with
   task 5's `decode`, which reads the cache in place.
 Rotary embeddings turn q and k by each token's position in the sequence, so the new
-tokens' positions start where the cache ends. In a batch padded on the left,
+tokens' positions start where the cache ends.
+A decode step may be captured once as a CUDA graph and replayed for every later token
+(task6/model.py's DecodeGraph): whatever changes from one token to the next must then come
+from GPU memory. So the positions and lengths the kernels and RoPE take are
+`cache.lengths`, int32 (batch,) on the GPU (the model advances it), never the Python int
+`cache.length`, which only decides prefill or decode; and nothing reads a GPU value back. In a batch padded on the left,
 `cache.key_start` (int32 (batch,), or None) gives each sequence's padding: the kernels must
 not let a padded key take weight. (Its tokens then sit key_start[b] positions later than
 alone, which RoPE does not see: a score depends only on the distance between query and key.)
@@ -28,17 +33,18 @@ class CachedAttention(Attention):
     def forward(self, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """x (batch, n, hidden) -> (batch, n, hidden): a prompt when the cache is empty, else one new token."""
         q, k, v = self.project(x)  # q (batch, heads, n, head_dim), k and v (batch, kv_heads, n, head_dim), contiguous
-        q, k = self.rotate(q, k, cache.length)
+        q, k = self.rotate(q, k, cache.lengths)
         # BEGIN SOLUTION "step 2: prefill when the cache is empty, else decode; then count the new tokens in cache.length"
         out = self.prefill(q, k, v, cache) if cache.length == 0 else self.decode(q, k, v, cache)
         cache.length += x.shape[1]
         return self.o_proj(self.merge_heads(out))
         # END SOLUTION
 
-    def rotate(self, q, k, start: int):
-        """q and k of the tokens at positions start, start + 1, ..., turned by RoPE (self.rope(x, positions))."""
-        # BEGIN SOLUTION "step 1: the new tokens sit at positions start .. start + n - 1: rotate q and k there"
-        positions = torch.arange(start, start + q.shape[2], device=q.device)
+    def rotate(self, q, k, start: torch.Tensor):
+        """q and k of the tokens at positions start, start + 1, ... of each sequence (start: int32 (batch,) on
+        q's device), turned by RoPE (self.rope(x, positions), positions (batch, n))."""
+        # BEGIN SOLUTION "step 1: sequence b's new tokens sit at positions start[b] .. start[b] + n - 1: rotate q and k there"
+        positions = start[:, None] + torch.arange(q.shape[2], device=q.device)  # (batch, n)
         return self.rope(q, positions), self.rope(k, positions)
         # END SOLUTION
 
@@ -52,9 +58,10 @@ class CachedAttention(Attention):
         # END SOLUTION
 
     def decode(self, q, k, v, cache: KVCache):
-        """One new token: append its k and v at position cache.length, attend over the cache in place (task 5's),
-        each sequence from its first real key. Returns the attention's output, (batch, heads, 1, head_dim)."""
-        # BEGIN SOLUTION "step 4: decode: append k and v at position cache.length, then attend over the cache past its padding"
-        self.kernels.update_cache(k, v, cache.k, cache.v, cache.length)
-        return self.kernels.decode(q, cache.k, cache.v, cache.length + 1, cache.key_start)
+        """One new token: append its k and v at each sequence's position cache.lengths, attend over the cache in
+        place (task 5's), each sequence from its first real key. Returns the attention's output, (batch, heads,
+        1, head_dim)."""
+        # BEGIN SOLUTION "step 4: decode: append k and v at positions cache.lengths, then attend over the cache past its padding"
+        self.kernels.update_cache(k, v, cache.k, cache.v, cache.lengths)
+        return self.kernels.decode(q, cache.k, cache.v, cache.lengths + 1, cache.key_start)
         # END SOLUTION
