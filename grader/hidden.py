@@ -32,6 +32,10 @@ CASES = {
                            (4, 6, 2, 90, (90, 13, -2, 61), 72, (0, 12, 0, 5))],
         "split grouped": [(2, 14, 2, 3000, 2999, 64, (0, 1000), 0), (1, 9, 3, 40, 39, 24, None, 8),
                           (3, 10, 5, 1500, (1500, 700, 2), 96, (3, 0, 1), 0)],
+        # (batch, kv_heads, page_size, max_pages, pos, n_new, head_dim); (batch, heads, kv_heads, page_size,
+        # max_pages, lengths, head_dim, key_start, splits)
+        "paged update": [(3, 3, 4, 6, (23, 0, 9), 2, 40)],
+        "paged decode": [(3, 10, 5, 32, 20, (640, 33, 300), 96, (0, 30, 299), 0), (2, 6, 2, 2, 9, (17, 18), 24, None, 2)],
     },
     6: {  # (hidden, heads, layers, batch, max_seq, prompt_len, steps[, kv_heads[, padding]])
         "cpu": [(40, 5, 2, 2, 30, 17, 13), (48, 6, 2, 3, 30, 11, 9, 3, (4, 0, 11))],

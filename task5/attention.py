@@ -50,6 +50,34 @@ def decode(q, k_cache, v_cache, length, scale: float | None = None, out=None, sp
     return out
 
 
+def update_cache_paged(k_new, v_new, k_pages, v_pages, block_table, pos, solution: bool = False) -> None:
+    """Step 5 (optional): write k_new, v_new (batch, kv_heads, n_new, head_dim) into a paged cache.
+
+    k_pages, v_pages: (num_pages, kv_heads, page_size, head_dim), page_size a power of two;
+    block_table: int32 (batch, max_pages) on the GPU, sequence b's position p in page
+    block_table[b, p // page_size]; pos: an int or int32 (batch,) on the GPU.
+    """
+    extension(solution).update_cache_paged(k_new, v_new, k_pages, v_pages, block_table,
+                                           per_sequence(pos, block_table))
+
+
+def decode_paged(q, k_pages, v_pages, block_table, length, scale: float | None = None, out=None, splits: int = 0,
+                 solution: bool = False, key_start=None):
+    """Step 5 (optional): decode as `decode` does, over a paged cache (see update_cache_paged)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    out = torch.full_like(q, math.nan) if out is None else out
+    extension(solution).decode_paged(q, k_pages, v_pages, out, block_table, per_sequence(length, block_table), scale,
+                                     splits, key_start)
+    return out
+
+
+def per_sequence(value, block_table):
+    """An int as int32 (batch,) on the block table's device; a tensor as it is (the binding checks it)."""
+    if isinstance(value, int):
+        return torch.full((block_table.shape[0],), value, dtype=torch.int32, device=block_table.device)
+    return value
+
+
 # What the layer's prefill raises when Task 4's kernel does not build: task5/test.py and measure.py read it
 TASK4_DID_NOT_BUILD = "the prefill runs your Task 4 kernel, which did not build"
 

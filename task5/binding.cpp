@@ -33,6 +33,14 @@ cudaError_t decode_split_forward(const float* q, const float* k_cache, const flo
                                  int head_dim, float scale, int splits, float* partial_out, float* partial_lse,
                                  cudaStream_t stream);
 int decode_splits(int batch, int heads, int kv_heads, int max_length, int head_dim);
+// Step 5 (optional), a paged cache: pages (num_pages, kv_heads, page_size, head_dim), table (batch, max_pages).
+cudaError_t update_paged(const float* k_new, const float* v_new, float* k_pages, float* v_pages, const int* table,
+                         int max_pages, int num_pages, int page_size, int batch, int kv_heads, int n_new,
+                         int head_dim, const int* pos, cudaStream_t stream);
+cudaError_t decode_paged_forward(const float* q, const float* k_pages, const float* v_pages, float* out, int batch,
+                                 int heads, int kv_heads, const int* length, const int* key_start, const int* table,
+                                 int max_pages, int num_pages, int page_size, int head_dim, float scale, int splits,
+                                 float* partial_out, float* partial_lse, cudaStream_t stream);
 int decode_max_head_dim();
 int decode_max_splits();
 
@@ -175,7 +183,119 @@ void run_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torc
                "decode_split_forward");
 }
 
+// The pools (num_pages, kv_heads, page_size, head_dim), page_size a power of two, and the block
+// table (batch, max_pages) int32 on their device (its values are the kernels' to check).
+void check_pages(const torch::Tensor& k_pages, const torch::Tensor& v_pages, const torch::Tensor& table) {
+  check_cuda_float32(k_pages, "k_pages");
+  check_dim(k_pages, "k_pages", 4);
+  check_not_empty(k_pages, "k_pages");
+  check_cuda_float32(v_pages, "v_pages");
+  TORCH_CHECK(v_pages.sizes() == k_pages.sizes(), "v_pages must have k_pages's shape ", shape(k_pages),
+              " (num_pages, kv_heads, page_size, head_dim), got ", shape(v_pages));
+  check_same_device(v_pages, "v_pages", k_pages, "k_pages");
+  TORCH_CHECK(!overlaps(k_pages, v_pages), "k_pages and v_pages must not share memory");
+  const int64_t page_size = k_pages.size(2), head_dim = k_pages.size(3);
+  TORCH_CHECK((page_size & (page_size - 1)) == 0, "page_size (k_pages.size(2)) must be a power of two, got ",
+              num(page_size));
+  TORCH_CHECK(head_dim <= decode_max_head_dim(), "head_dim (k_pages.size(3)) must be at most ",
+              num(decode_max_head_dim()), ", got ", num(head_dim));
+  check_fits_int(k_pages.numel() / head_dim, "num_pages * kv_heads * page_size");
+  TORCH_CHECK(table.is_cuda() && table.scalar_type() == torch::kInt32 && table.dim() == 2 && table.is_contiguous(),
+              "block_table must be a contiguous int32 CUDA tensor (batch, max_pages), got ", shape(table), " ",
+              c10::toString(table.scalar_type()), " on ", table.device().str());
+  check_not_empty(table, "block_table");
+  check_same_device(table, "block_table", k_pages, "k_pages");
+  check_fits_int(table.size(1) * page_size, "max_pages * page_size (the positions a sequence can hold)");
+}
+
 }  // namespace
+
+// Step 5 (optional): k_new, v_new (batch, kv_heads, n_new, head_dim) into the paged cache at positions
+// pos[b] .. pos[b] + n_new - 1 of each sequence b (pos int32 (batch,) on the GPU): page
+// block_table[b, p / page_size], row p % page_size. What would not fit, or names a page outside the
+// pool, is not written.
+void update_paged_at(const torch::Tensor& k_new, const torch::Tensor& v_new, torch::Tensor& k_pages,
+                     torch::Tensor& v_pages, const torch::Tensor& block_table, const torch::Tensor& pos) {
+  check_pages(k_pages, v_pages, block_table);
+  const int64_t batch = block_table.size(0);
+  check_cuda_float32(k_new, "k_new");
+  check_dim(k_new, "k_new", 4);
+  TORCH_CHECK(k_new.size(0) == batch && k_new.size(1) == k_pages.size(1) && k_new.size(3) == k_pages.size(3),
+              "k_new must be (batch, kv_heads, n_new, head_dim) with block_table's batch and the pages' kv_heads "
+              "and head_dim (block_table is ", shape(block_table), ", k_pages ", shape(k_pages), "), got ",
+              shape(k_new));
+  check_cuda_float32(v_new, "v_new");
+  TORCH_CHECK(v_new.sizes() == k_new.sizes(), "v_new must have k_new's shape ", shape(k_new), ", got ",
+              shape(v_new));
+  check_same_device(k_new, "k_new", k_pages, "k_pages");
+  check_same_device(v_new, "v_new", k_pages, "k_pages");
+  TORCH_CHECK(k_new.size(2) >= 1, "k_new must hold at least one new position, got shape ", shape(k_new));
+  for (const auto* t : {&k_new, &v_new}) {
+    const char* name = t == &k_new ? "k_new" : "v_new";
+    check_no_overlap(k_pages, "k_pages", *t, name);
+    check_no_overlap(v_pages, "v_pages", *t, name);
+  }
+  check_per_sequence(pos, "pos", "the first new position", batch, k_pages, "k_pages");
+  const c10::cuda::CUDAGuard guard(k_pages.device());
+  check_launch(update_paged(k_new.data_ptr<float>(), v_new.data_ptr<float>(), k_pages.data_ptr<float>(),
+                            v_pages.data_ptr<float>(), block_table.data_ptr<int>(), (int)block_table.size(1),
+                            (int)k_pages.size(0), (int)k_pages.size(2), (int)batch, (int)k_pages.size(1),
+                            (int)k_new.size(2), (int)k_pages.size(3), pos.data_ptr<int>(),
+                            at::cuda::getCurrentCUDAStream()),
+               "update_paged");
+}
+
+// Step 5 (optional): decode over a paged cache, as decode with length int32 (batch,) on the GPU; the
+// splits chosen for sequences up to max_pages * page_size positions. A sequence whose length or
+// key_start is out of range, or whose table names a page outside the pool, gets NaN.
+void decode_paged(const torch::Tensor& q, const torch::Tensor& k_pages, const torch::Tensor& v_pages,
+                  torch::Tensor& out, const torch::Tensor& block_table, const torch::Tensor& length, double scale,
+                  int64_t splits, const std::optional<torch::Tensor>& key_start) {
+  check_pages(k_pages, v_pages, block_table);
+  check_cuda_float32(q, "q");
+  check_dim(q, "q", 4);
+  const int64_t batch = block_table.size(0), heads = q.size(1), kv_heads = k_pages.size(1);
+  TORCH_CHECK(q.size(0) == batch && q.size(2) == 1 && q.size(3) == k_pages.size(3),
+              "q must be (batch, heads, 1, head_dim) with block_table's batch and the pages' head_dim, got ",
+              shape(q));
+  TORCH_CHECK(heads % kv_heads == 0, "the pages' heads (kv_heads = k_pages.size(1)) must divide q's heads, got ",
+              "heads = ", num(heads), " and kv_heads = ", num(kv_heads));
+  check_same_device(q, "q", k_pages, "k_pages");
+  check_cuda_float32(out, "out");
+  TORCH_CHECK(out.sizes() == q.sizes(), "out must have q's shape ", shape(q), ", got ", shape(out));
+  check_same_device(out, "out", q, "q");
+  TORCH_CHECK(splits >= 0 && splits <= decode_max_splits(), "splits must be between 0 (let the launcher choose) "
+              "and ", num(decode_max_splits()), ", got ", num(splits));
+  TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", std::to_string(scale));
+  check_no_overlap(out, "out", q, "q");
+  check_no_overlap(out, "out", k_pages, "k_pages");
+  check_no_overlap(out, "out", v_pages, "v_pages");
+  check_fits_int(batch * heads, "batch * heads");
+  check_per_sequence(length, "length", "the positions of the cache written so far", batch, q, "q");
+  if (key_start.has_value()) check_per_sequence(*key_start, "key_start", "one first valid key", batch, q, "q");
+  const int head_dim = (int)k_pages.size(3), page_size = (int)k_pages.size(2);
+  const int max_pages = (int)block_table.size(1);
+  const c10::cuda::CUDAGuard guard(q.device());
+  if (q.numel() == 0) return;
+  if (splits == 0) {
+    splits = decode_splits((int)batch, (int)heads, (int)kv_heads, max_pages * page_size, head_dim);
+    TORCH_CHECK(splits >= 1 && splits <= decode_max_splits(), "decode_splits returned ", num(splits),
+                "; it must return between 1 and ", num(decode_max_splits()));
+  }
+  torch::Tensor partial_out, partial_lse;  // split-KV's partials, as decode's
+  if (splits > 1) {
+    partial_out = torch::empty({batch * heads, splits, head_dim}, q.options());
+    partial_lse = torch::empty({batch * heads, splits}, q.options());
+  }
+  check_launch(decode_paged_forward(q.data_ptr<float>(), k_pages.data_ptr<float>(), v_pages.data_ptr<float>(),
+                                    out.data_ptr<float>(), (int)batch, (int)heads, (int)kv_heads,
+                                    length.data_ptr<int>(), key_start.has_value() ? key_start->data_ptr<int>() : nullptr,
+                                    block_table.data_ptr<int>(), max_pages, (int)k_pages.size(0), page_size, head_dim,
+                                    (float)scale, (int)splits, splits > 1 ? partial_out.data_ptr<float>() : nullptr,
+                                    splits > 1 ? partial_lse.data_ptr<float>() : nullptr,
+                                    at::cuda::getCurrentCUDAStream()),
+               "decode_paged_forward");
+}
 
 // out = softmax(scale * q K[key_start[b]:length[b]]^T) V[key_start[b]:length[b]] for each sequence b,
 // q and out (batch, heads, 1, head_dim), the cache (batch, kv_heads, max_seq, head_dim), heads a multiple
@@ -229,6 +349,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode", &decode_lengths, decode_doc, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("out"),
         py::arg("length"), py::arg("scale"), py::arg("splits") = 0, py::arg("key_start") = py::none());
   m.def("decode", &decode, decode_doc, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("out"),
+        py::arg("length"), py::arg("scale"), py::arg("splits") = 0, py::arg("key_start") = py::none());
+  m.def("update_cache_paged", &update_paged_at,
+        "step 5: write k_new and v_new (batch, kv_heads, n_new, head_dim) into the paged cache (num_pages, kv_heads, "
+        "page_size, head_dim) at positions pos .. pos + n_new - 1 of each sequence (pos int32 (batch,) on the GPU), "
+        "position p in page block_table[b, p / page_size]",
+        py::arg("k_new"), py::arg("v_new"), py::arg("k_pages"), py::arg("v_pages"), py::arg("block_table"),
+        py::arg("pos"));
+  m.def("decode_paged", &decode_paged,
+        "step 5: decode over the paged cache, as decode with length int32 (batch,) on the GPU",
+        py::arg("q"), py::arg("k_pages"), py::arg("v_pages"), py::arg("out"), py::arg("block_table"),
         py::arg("length"), py::arg("scale"), py::arg("splits") = 0, py::arg("key_start") = py::none());
   m.def("splits_for", &decode_splits, "the number of splits the launcher chooses for sequences up to max_length",
         py::arg("batch"), py::arg("heads"), py::arg("kv_heads"), py::arg("max_length"), py::arg("head_dim"));

@@ -35,6 +35,24 @@ def splits_for(batch, heads, kv_heads, length, head_dim):
     return ext.splits_for(batch, heads, kv_heads, length, head_dim)
 
 
+def update_cache_paged(k_new, v_new, k_pages, v_pages, block_table, pos):
+    ext.update_cache_paged(k_new, v_new, k_pages, v_pages, block_table, pos)
+    torch.cuda.synchronize()
+
+
+def decode_paged(q, k_pages, v_pages, out, block_table, length, scale, splits, key_start=None):
+    ext.decode_paged(q, k_pages, v_pages, out, block_table, length, scale, splits, key_start)
+    torch.cuda.synchronize()
+
+
+def decode_paged_batch(sets, pages, length, scale, splits):
+    """decode_batch over paged caches: pages[c] is (k_pages, v_pages, block_table)."""
+    for q, out, c in sets:
+        k_pages, v_pages, block_table = pages[c]
+        ext.decode_paged(q, k_pages, v_pages, out, block_table, length, scale, splits)
+    torch.cuda.synchronize()
+
+
 _layer = None
 
 

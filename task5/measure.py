@@ -319,10 +319,75 @@ def generation_result(student):
     return True, message, metrics
 
 
-def run_benchmarks(report, worker, split_passed: bool, prefill: str = "task4"):
+PAGED_BENCHMARK = (16, 32, 32, 4096, 128)  # (batch, heads, kv_heads, cached tokens, head_dim)
+PAGE_SIZES = (16, 64)
+
+
+def time_paged(worker, splits: int):
+    """Step 5: your paged decode against your contiguous decode on the same rows, both with the lengths in GPU
+    memory, in the same run (host clock around requests of many calls, as the decode benchmarks): {page size or 0
+    for contiguous: Timing}, or a message. Every paged output must be the contiguous one, bit for bit."""
+    batch, heads, kv_heads, length, d = PAGED_BENCHMARK
+    scale = 1.0 / math.sqrt(d)
+    k, v = (torch.randn(batch, kv_heads, length, d, device="cuda") for _ in range(2))
+    count = 32
+    sets = [(torch.randn(batch, heads, 1, d, device="cuda"), torch.empty(batch, heads, 1, d, device="cuda"), 0)
+            for _ in range(count)]
+    lengths = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+    kept_sets = worker.keep("paged sets", sets)
+    timings, expected = {}, None
+    try:
+        for page_size in (0, *PAGE_SIZES):
+            if page_size:
+                pages_per_seq = length // page_size
+                order = torch.randperm(batch * pages_per_seq, device="cuda")
+                table = order.view(batch, pages_per_seq).to(torch.int32)
+                pools = [torch.empty(batch * pages_per_seq, kv_heads, page_size, d, device="cuda") for _ in range(2)]
+                for pool, cache in zip(pools, (k, v)):  # page table[b, i] holds rows i * page_size .. of sequence b
+                    pool[order] = cache.view(batch, kv_heads, pages_per_seq, page_size, d).transpose(1, 2).reshape(
+                        -1, kv_heads, page_size, d)
+                kept = worker.keep("paged caches", [(*pools, table)])
+                request = lambda: worker.call("decode_paged_batch", kept_sets, kept, lengths, scale, splits)  # noqa: E731
+            else:
+                kept = worker.keep("paged caches", [(k, v)])
+                request = lambda: worker.call("decode_batch", kept_sets, kept, lengths, scale, splits)  # noqa: E731
+            request()  # warm-up
+            timings[page_size] = bench.host_clock(request, reps=REPS, per_request=count)
+            outs = torch.stack([out for _, out, _ in sets]).view(torch.int32)
+            if expected is None:
+                expected = outs.clone()
+            elif not torch.equal(outs, expected):
+                return f"pages of {page_size}: the paged decode's outputs differ from the contiguous decode's"
+            worker.drop("paged caches")
+            torch.cuda.empty_cache()
+    except WorkerError as err:
+        return f"raised {err.kind}: {err.message.splitlines()[0]}"
+    finally:
+        worker.drop("paged sets")
+    return timings
+
+
+def paged_result(timings):
+    if isinstance(timings, str):
+        return False, timings, {}
+    contiguous = timings[0].median_ms
+    metrics, said = {"contiguous_ms": contiguous}, []
+    for page_size in PAGE_SIZES:
+        ms = timings[page_size].median_ms
+        metrics |= {f"paged_{page_size}_ms": ms, f"paged_{page_size}_over_contiguous": ms / contiguous}
+        said.append(f"pages of {page_size}: {ms:.3f} ms ({ms / contiguous:.3f}x)")
+    batch, heads, _, length, d = PAGED_BENCHMARK
+    metrics[points.NOT_SCORED] = "the paged cache (step 5) is reported only"
+    return True, (f"batch {batch} heads {heads} cached tokens {length} head_dim {d}: contiguous {contiguous:.3f} ms; "
+                  f"{'; '.join(said)}; outputs bit for bit the contiguous decode's; not scored"), metrics
+
+
+def run_benchmarks(report, worker, split_passed: bool, prefill: str = "task4", paged_passed: bool = False):
     """Your kernels in the worker first, then, with the worker ended, everything else here. prefill: what
-    the generation's prompt runs ("task4": your Task 4 kernel; "pytorch": plain PyTorch, when it failed)."""
+    the generation's prompt runs ("task4": your Task 4 kernel; "pytorch": plain PyTorch, when it failed).
+    paged_passed: also time the paged decode (step 5) against the contiguous one."""
     splits = 0 if split_passed else 1
+    paged = time_paged(worker, splits) if paged_passed else None
     student, timed_sets = {}, {}
     for case in DECODE_BENCHMARKS:
         batch, heads, kv_heads, length, d = case
@@ -354,3 +419,6 @@ def run_benchmarks(report, worker, split_passed: bool, prefill: str = "task4"):
         torch.cuda.empty_cache()
     report.run("generation: time to first token and between tokens", lambda: generation_result(generation),
                kind="benchmark")
+    if paged is not None:
+        report.run("paged decode (step 5) against the contiguous decode", lambda: paged_result(paged),
+                   kind="benchmark")

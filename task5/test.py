@@ -45,6 +45,7 @@ PARTS = {  # name: (README steps, optional)
     "decode": ((2,), False),
     "split": ((3,), True),
     "layer": ((1, 2), False),
+    "paged": ((5,), True),
 }
 # (batch, heads, max_seq, pos, n_new, head_dim): rows pos .. pos + n_new - 1 are written. pos is an int
 # (every sequence), or one position per sequence, passed as int32 on the GPU (read by the kernel): a
@@ -78,6 +79,14 @@ GROUPED_SPLIT_CASES = [(2, 8, 4, 100, 33, 128, None, 2), (1, 16, 2, 4100, 4097, 
                        (1, 12, 1, 150, 129, 17, None, 5), (3, 8, 2, 600, 600, 64, (0, 300, 599), 7),
                        (3, 8, 2, 2000, (1999, 17, 600), 128, None, 0), (2, 4, 4, 300, (300, 5), 64, (0, 4), 7),
                        (2, 2, 2, 100, (0, 50), 64, None, 3)]
+# Step 5 (optional), a paged cache: (batch, kv_heads, page_size, max_pages, pos per sequence, n_new, head_dim) for
+# the update, rows that cross pages and a sequence whose rows do not fit included; (batch, heads, kv_heads,
+# page_size, max_pages, length per sequence, head_dim, key_start, splits) for the decode, which must give what
+# the contiguous decode gives on the same rows, bit for bit (a length out of range: NaN in both).
+PAGED_UPDATE_CASES = [(3, 2, 16, 4, (0, 15, 47), 1, 64), (2, 4, 8, 4, (5, 20), 9, 32), (2, 2, 16, 4, (60, 3), 5, 16)]
+PAGED_DECODE_CASES = [(3, 4, 4, 16, 3, (1, 40, 33), 64, None, 1), (2, 8, 2, 16, 7, (100, 17), 128, (0, 5), 0),
+                      (4, 6, 3, 32, 3, (64, 1, 90, 65), 80, None, 3), (2, 4, 1, 1, 8, (7, 3), 32, None, 1),
+                      (2, 4, 4, 64, 4, (200, 0), 12, None, 1), (1, 32, 8, 16, 257, (4097,), 128, None, 0)]
 # (hidden, heads, max_seq, prompt_len, steps): steps that end exactly at a full cache included
 LAYER_CASES = [(256, 4, 80, 50, 30), (256, 4, 40, 1, 20), (4096, 32, 48, 33, 15)]
 
@@ -355,6 +364,92 @@ def check_layer(worker, hidden, heads, max_seq, prompt_len, steps, seed, prefill
     return result
 
 
+def page_pool(batch, kv_heads, page_size, max_pages, head_dim, seed, spare=3):
+    """A pool of pages holding NaN, and a block table handing each sequence max_pages of them in a random order
+    (`spare` pages belong to no sequence): (k_pages, v_pages, table)."""
+    num_pages = batch * max_pages + spare
+    order = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed))
+    table = order[:batch * max_pages].view(batch, max_pages).to(torch.int32).contiguous()
+    shape = (num_pages, kv_heads, page_size, head_dim)
+    return torch.full(shape, math.nan), torch.full(shape, math.nan), table
+
+
+def to_pages(cache, pages, table):
+    """Copy a contiguous cache (batch, kv_heads, max_pages * page_size, head_dim) into the pool's pages."""
+    batch, _, _, head_dim = cache.shape
+    page_size = pages.shape[2]
+    for b in range(batch):
+        for i, page in enumerate(table[b].tolist()):
+            pages[page] = cache[b, :, i * page_size:(i + 1) * page_size]
+
+
+def check_update_paged(worker, case):
+    """update_cache_paged: each new row in the page the block table names, nothing else of the pool changed."""
+    b, kvh, page_size, max_pages, pos, n, d = case.shape
+    k_new, v_new = random_tensor((b, kvh, n, d), case.seed), random_tensor((b, kvh, n, d), case.seed + 1)
+    k_pages, v_pages, table = page_pool(b, kvh, page_size, max_pages, d, case.seed)
+    before = [random_tensor(k_pages.shape, case.seed + 2 + i) for i in range(2)]
+    pools = [guarded_output(name, k_pages.shape) for name in ("k_pages", "v_pages")]
+    for pool, values in zip(pools, before):
+        pool.tensor.copy_(values)
+    worker.call("update_cache_paged", k_new.cuda(), v_new.cuda(), *(p.tensor for p in pools), table.cuda(),
+                on_gpu(pos))
+    damage = guard_damage(*pools)
+    if damage:
+        return damage
+    for pool, values, new in zip(pools, before, (k_new, v_new)):
+        expected = values.clone()
+        for seq, p in enumerate(pos):
+            if 0 <= p <= max_pages * page_size - n:
+                for t in range(n):
+                    expected[table[seq, (p + t) // page_size], :, (p + t) % page_size] = new[seq, :, t]
+        got = pool.tensor.cpu()
+        wrong = (got.view(torch.int32) != expected.view(torch.int32)).any(dim=-1).nonzero()
+        if len(wrong):
+            page, head, row = wrong[0].tolist()
+            owner = (table == page).nonzero()
+            where = (f"page {page} (sequence {owner[0, 0]}'s page {owner[0, 1]}, positions "
+                     f"{owner[0, 1] * page_size} ..)" if len(owner) else f"page {page} (no sequence's)")
+            return False, (f"`{pool.name}`: {where}, head {head}, row {row} is wrong: position p of sequence b goes to "
+                           f"page block_table[b, p / page_size], row p % page_size (README, Task 5, step 5)"), {}
+    return True, "each new row in the page its block table names, the rest of the pool untouched", {}
+
+
+def check_decode_paged(worker, case):
+    """decode_paged against the contiguous decode on the same rows (the student's, same splits): bit for bit."""
+    b, h, kvh, page_size, max_pages, lengths, d, starts, splits = case.shape
+    shape = (b, h, kvh, max_pages * page_size, lengths, d, starts)
+    contiguous = check_decode_per_sequence(worker, shape, case.seed, splits)
+    passed = contiguous.passed if isinstance(contiguous, CheckResult) else contiguous[0]
+    if not passed:
+        message = contiguous.message if isinstance(contiguous, CheckResult) else contiguous[1]
+        return False, f"the contiguous decode these rows are compared with is wrong: {message}", {}
+    q, k_cache, v_cache = decode_inputs(shape, case.seed)
+    scale = 1.0 / math.sqrt(d)
+    k_pages, v_pages, table = page_pool(b, kvh, page_size, max_pages, d, case.seed)
+    to_pages(k_cache, k_pages, table)
+    to_pages(v_cache, v_pages, table)
+    for seq, end in enumerate(lengths):  # the table past a sequence's pages is not to be read
+        table[seq, -(-max(end, 0) // page_size):] = -1
+    outs = [guarded_output(name, q.shape) for name in ("out (contiguous)", "out (paged)")]
+    key_start = None if starts is None else on_gpu(starts)
+    worker.call("decode", q.cuda(), k_cache.cuda(), v_cache.cuda(), outs[0].tensor, on_gpu(lengths), scale, splits,
+                key_start)
+    worker.call("decode_paged", q.cuda(), k_pages.cuda(), v_pages.cuda(), outs[1].tensor, table.cuda(),
+                on_gpu(lengths), scale, splits, key_start)
+    damage = guard_damage(*outs)
+    if damage:
+        return damage
+    paged, flat = (o.tensor.cpu().view(torch.int32) for o in outs[::-1])
+    if not torch.equal(paged, flat):
+        seq, head = (paged != flat).any(dim=-1).nonzero()[0, :2].tolist()
+        nan = bool(torch.isnan(outs[1].tensor.cpu()[seq, head]).any())
+        return False, (f"sequence {seq}, head {head}: the paged decode differs from the contiguous one on the same rows"
+                       f"{' (NaN: a row read from a page the sequence does not own, or a table entry past its pages)' if nan else ''}; "
+                       "offset(row) must find row p in page block_table[b, p / page_size] (README, Task 5, step 5)"), {}
+    return True, f"bit for bit the contiguous decode's output over pages of {page_size}", {}
+
+
 def small_layer(worker):
     """A fresh layer in the worker: hidden 64, 2 heads, a cache of 4 positions."""
     worker.call("make_layer", 64, 2, 4, [torch.eye(64, device="cuda") for _ in range(4)], "pytorch")  # given code only
@@ -428,14 +523,29 @@ def check_cache_full(worker):
 
 
 KERNEL_STEPS = {"update_cache_kernel": "Task 5, step 1", "first_position": "Task 5, step 1",
+                "update_paged_kernel": "Task 5, step 5", "cache_rows": "Task 5, step 5",
                 "decode_kernel": "Task 5, step 2", "block_rows": "Task 5, step 2", "write_nan": "Task 5, step 2",
                 "attend_rows": "Task 5, step 2", "decode_split_kernel": "Task 5, step 3",
                 "combine_splits_kernel": "Task 5, step 3"}
 
 
-def sanitizer_calls(hidden: cli.Hidden | None, with_splits: bool) -> list[sanitize.Call]:
+def sanitizer_calls(hidden: cli.Hidden | None, with_splits: bool, with_pages: bool = False) -> list[sanitize.Call]:
     """Small cases of every kernel at its edges, for compute-sanitizer."""
     calls = []
+    if with_pages:  # a table entry outside the pool and rows that do not fit included: nothing read or written there
+        k_pages, v_pages, table = page_pool(2, 2, 8, 3, 64, cli.seed(50, hidden))
+        k_pages, v_pages = k_pages.nan_to_num(), v_pages.nan_to_num()
+        table[1, 2] = k_pages.shape[0]
+        k_new, v_new = (random_tensor((2, 2, 3, 64), cli.seed(51 + i, hidden)) for i in range(2))
+        calls.append(sanitize.Call("update_cache_paged pages of 8", "update_cache_paged",
+                                   (k_new, v_new, k_pages, v_pages, table, torch.tensor([6, 22], dtype=torch.int32)),
+                                   ("k_new", "v_new", "k_pages", "v_pages", "block_table", "pos")))
+        q = random_tensor((2, 4, 1, 64), cli.seed(53, hidden))
+        for splits in (1, 3):
+            calls.append(sanitize.Call(f"decode_paged pages of 8 lengths 24,20 splits {splits}", "decode_paged",
+                                       (q, k_pages, v_pages, torch.empty_like(q), table,
+                                        torch.tensor([24, 20], dtype=torch.int32), 0.125, splits),
+                                       ("q", "k_pages", "v_pages", "out", "block_table", "length")))
     # one position per sequence (int32 on the GPU): the last one does not fit and writes nothing
     for b, h, max_seq, pos, n, d in [(1, 2, 10, 9, 1, 128), (2, 1, 40, 3, 33, 17), (3, 2, 20, (0, 18, 19), 2, 64)]:
         k_new, v_new = (random_tensor((b, h, n, d), cli.seed(max_seq + n + i, hidden)) for i in range(2))
@@ -478,7 +588,7 @@ def main(argv=None) -> int:
     with cli.worker(report, 5, args) as worker:
         if worker is None:
             return report.finish(args.json)
-        split_passed = False
+        split_passed = paged_passed = False
         prefill = {"by": "task4", "why": ""}  # the layer's prefill: your Task 4 kernel, unless it fails
         constants = kernel_constants("task5/kernels/decode.cu", args.student_dir, args.solution)
         for part in [] if args.sanitize else chosen:
@@ -502,6 +612,15 @@ def main(argv=None) -> int:
                                       causal=(False,)):
                     splits = 1 if part == "decode" else case.shape[7]
                     report.run(case.name, lambda: check_decode(worker, case.shape[:7], case.seed, splits, constants))
+            elif part == "paged":
+                for case in cli.cases(5, "paged update", PAGED_UPDATE_CASES, args.hidden, causal=(False,),
+                                      shape_text=lambda s: "batch {} kv heads {} pages of {} ({} a sequence) pos {} "
+                                      "n_new {} head_dim {}".format(*s)):
+                    report.run(case.name, lambda: check_update_paged(worker, case))
+                for case in cli.cases(5, "paged decode", PAGED_DECODE_CASES, args.hidden, causal=(False,),
+                                      shape_text=lambda s: "batch {} heads {} kv heads {} pages of {} ({} a sequence) "
+                                      "lengths {} head_dim {} key_start {} splits {}".format(*s)):
+                    report.run(case.name, lambda: check_decode_paged(worker, case))
             else:
                 for i, (hidden, heads, max_seq, prompt_len, n) in enumerate(LAYER_CASES):
                     report.run(f"layer hidden {hidden} heads {heads} cache {max_seq}: prefill {prompt_len}, "
@@ -515,9 +634,13 @@ def main(argv=None) -> int:
             report.end_part(part)
             if part == "split":
                 split_passed = len(report.cases) > first and all(c.passed for c in report.cases[first:])
+            if part == "paged":
+                paged_passed = len(report.cases) > first and all(c.passed for c in report.cases[first:])
         if args.sanitize or any(c.passed and c.kind == "check" for c in report.cases):
             with_splits = split_passed or (args.sanitize and "split" in chosen)
-            sanitize.add_to_report(report, 5, args, sanitizer_calls(args.hidden, with_splits), KERNEL_STEPS.get)
+            with_pages = paged_passed or (args.sanitize and "paged" in chosen)
+            sanitize.add_to_report(report, 5, args, sanitizer_calls(args.hidden, with_splits, with_pages),
+                                   KERNEL_STEPS.get)
         if args.sanitize:
             return report.finish(args.json)
         report.run("bad input raises clear errors (the given binding and layer)", lambda: check_errors(worker),
@@ -531,7 +654,7 @@ def main(argv=None) -> int:
             report.note("benchmarks skipped until every check passes")
         else:
             with gpu_share.alone(worker):
-                measure.run_benchmarks(report, worker, split_passed, prefill["by"])
+                measure.run_benchmarks(report, worker, split_passed, prefill["by"], paged_passed)
             said = None if args.solution or args.grading else points.estimate_note(5, report.cases)
             if said:
                 report.note(said)

@@ -35,6 +35,7 @@ What stands in for what:
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -256,6 +257,7 @@ def run_kernel(launch, args, kwargs):
 
 def launched(method):
     """A stand-in kernel's entry point: one launch, and one step of a CUDA graph being captured."""
+    @functools.wraps(method)
     def launch(self, *args, **kwargs):
         if CAPTURE.graph is not None and not CAPTURE.in_kernel:
             with torch.utils._python_dispatch._disable_current_modes():
@@ -578,6 +580,40 @@ class Task5Kernels(StandInKernels):
             k, v = (expand_kv_heads(c[:, :, :length], heads) for c in (k_cache, v_cache))
             self.write(out, _padded(lambda *qkv: _attention(*qkv, False, scale), q, k, v, key_start))
 
+    @launched
+    def update_cache_paged(self, k_new, v_new, k_pages, v_pages, block_table, pos):
+        """task5/binding.cpp's update_cache_paged: each new row into the page its block table names."""
+        _check_cuda_float32(k_pages, "k_pages")
+        _check_per_sequence(pos, "pos", "the first new position", block_table.shape[0])
+        page_size, max_pages, n_new = k_pages.shape[2], block_table.shape[1], k_new.shape[2]
+        with self.work(2 * k_new.nbytes / BYTES_PER_S):
+            for b, p in enumerate(pos.tolist()):
+                if not 0 <= p <= max_pages * page_size - n_new:
+                    continue
+                for t in range(n_new):
+                    page = int(block_table[b, (p + t) // page_size])
+                    if 0 <= page < k_pages.shape[0]:
+                        k_pages[page, :, (p + t) % page_size] = k_new[b, :, t]
+                        v_pages[page, :, (p + t) % page_size] = v_new[b, :, t]
+
+    @launched
+    def decode_paged(self, q, k_pages, v_pages, out, block_table, length, scale, splits=0, key_start=None):
+        """task5/binding.cpp's decode_paged: the pages gathered into a contiguous cache, then decode; a sequence
+        whose table names a page outside the pool for a row it holds gets NaN (its length taken as 0)."""
+        _check_cuda_float32(k_pages, "k_pages")
+        _check_per_sequence(length, "length", "the positions of the cache written so far", block_table.shape[0])
+        page_size, num_pages = k_pages.shape[2], k_pages.shape[0]
+        lengths = length.tolist()
+        k, v = (pages[block_table.clamp(0, num_pages - 1).long()] for pages in (k_pages, v_pages))
+        k, v = (t.permute(0, 2, 1, 3, 4).flatten(2, 3).contiguous() for t in (k, v))  # (batch, kv_heads, rows, d)
+        for b, end in enumerate(lengths):
+            used = block_table[b, :max(0, -(-end // page_size))]
+            if bool(((used < 0) | (used >= num_pages)).any()):
+                lengths[b] = 0
+        fixed = torch.tensor(lengths, dtype=torch.int32)
+        fixed.on_host = False
+        run_kernel(lambda: self.decode.__wrapped__(self, q, k, v, out, fixed, scale, splits, key_start), (), {})
+
     def splits_for(self, batch, heads, kv_heads, max_length, head_dim):
         return max(1, min(self.MAX_SPLITS, max_length // 512))
 
@@ -749,6 +785,7 @@ SMALL = {  # module: {name: the small value the stand-in uses}
     "task4.measure": {"PERF_CASE": (1, 2, 1024, 24), "HEAD_DIM_CASES": [(1, 2, 256, 64), (1, 2, 200, 80)],
                    "HANDOUT_CASES": [(2, 64)], "HANDOUT_LAYER": (64, 4), "ESTIMATE_TFLOPS": FLOPS_PER_S / 1e12},
     "task5.measure": {"DECODE_BENCHMARKS": [(1, 2, 2, 2048, 48), (1, 1, 1, 4096, 48), (1, 4, 2, 2048, 48)], "LONG_CACHE_NEEDS_SPLITS_BELOW": 2,
+                   "PAGED_BENCHMARK": (2, 2, 2, 256, 16),
                    "HANDOUT": dict(batch=2, prompt=40, max_seq=64, hidden=64, heads=4, steps=8)},
 }
 

@@ -130,8 +130,9 @@ def test_kernels_that_are_not_the_students_score_zero(task, edits, words, tmp_pa
 
 T5_NO_BARRIER = ("  __syncthreads();\n", "")  # between the groups writing their state and reading the others'
 T5_WRITE_PAST = ("i < total;", "i <= total;")  # one element more than the new rows
-T5_READ_PAST_LENGTH = ("const bool ok = row < end && 4 * g < head_dim;",
-                       "const bool ok = row <= end && 4 * g < head_dim;")
+T5_READ_PAST_LENGTH = [("const bool ok = row < end && 4 * g < head_dim;",  # loads row `end` too, where it lies
+                        "const bool ok = row <= end && 4 * g < head_dim;"),
+                       ("const size_t at = row < end ? rows.offset(row) : 0;", "const size_t at = rows.offset(row);")]
 
 
 def task5_kernel(*edits):
@@ -160,7 +161,7 @@ def test_task5_kernels_with_undefined_behaviour_fail_the_sanitizer(edit, words, 
 
 @needs_solution(5)
 def test_task5_decode_reading_past_length_is_told_so(tmp_path):
-    record = run_test(5, submission(tmp_path, task5_kernel(T5_READ_PAST_LENGTH)), tmp_path, "--decode")
+    record = run_test(5, submission(tmp_path, task5_kernel(*T5_READ_PAST_LENGTH)), tmp_path, "--decode")
     failed = [c["message"] for c in value_checks(record) if not c["passed"]]
     # the cache holds NaN past `length` (and a guard band past a full one): every failure is a NaN
     assert any("reads past `length`" in m and "Task 5, step 2." in m for m in failed), failed
@@ -240,3 +241,14 @@ def test_task6_a_step_that_passes_the_python_length_is_told_so_by_the_graph(tmp_
     assert record["status"] == "passed", [c["message"] for c in record["cases"] if not c["passed"]]
     generation = next(c for c in record["cases"] if c["kind"] == "benchmark")
     assert "with the graph is wrong" in generation["message"] or "could not be captured" in generation["message"]
+
+
+@needs_solution(5)
+def test_task5_a_paged_decode_that_skips_the_block_table_is_told_so(tmp_path):
+    """Step 5's page lookup taken as the logical page number: the rows come from other sequences' pages (or the
+    NaN around them), so the paged decode differs from the contiguous one on the same rows, and says where."""
+    edit = ("const int page = table[row >> page_shift], within", "const int page = row >> page_shift, within")
+    record = run_test(5, submission(tmp_path, task5_kernel(edit)), tmp_path, "--paged")
+    failed = [c["message"] for c in record["cases"] if c["kind"] == "optional" and not c["passed"]]
+    assert failed and all("block_table[b, p / page_size]" in m for m in failed), failed
+    assert any("differs from the contiguous one on the same rows" in m for m in failed), failed

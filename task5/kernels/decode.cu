@@ -30,6 +30,11 @@
 // head across several blocks (split-KV, "FlashDecoding"): each block writes a partial
 // output with its log-sum-exp, and a second kernel combines them.
 //
+// Step 5 (optional) keeps the cache in pages instead, as inference engines do (PagedAttention):
+// a pool of pages of page_size positions, handed out as sequences grow, and a block table per
+// sequence that says which page holds which of its positions. The same kernels read it: only
+// where a cached row lies changes (CacheRows below).
+//
 // All tensors are contiguous float32; the kernels trust their arguments: task5/binding.cpp
 // checks the tensors, and the values of `pos`, `length` and `key_start` when they come from
 // the host. Values in GPU memory are checked here, where they are read (reading them back to
@@ -160,6 +165,42 @@ __global__ void update_cache_kernel(const float* __restrict__ k_new, const float
 }
 
 // ----------------------------------------------------------------------------
+// Where one head's cached rows lie. A contiguous cache keeps a head's max_seq rows one after
+// another. A paged cache (step 5) keeps a pool of pages, (num_pages, kv_heads, page_size,
+// head_dim), and a block table per sequence: its position p lies in page table[p / page_size], at
+// row p % page_size of its head's part of the page (page_size is a power of two: p >> page_shift
+// and p & (page_size - 1)). Call offset(row) only for a row the sequence holds (row < end): a
+// paged cache reads the block table there.
+struct CacheRows {
+  const float* k;      // contiguous: the head's row 0; paged: the head's row 0 of page 0 of the pool
+  const float* v;
+  const int* table;    // nullptr: contiguous; paged: the sequence's block table
+  int page_shift;      // paged: log2(page_size)
+  size_t page_floats;  // paged: floats from one page of the pool to the next (kv_heads * page_size * head_dim)
+  int head_dim;
+
+  // Where cached row `row` starts, in floats from k (and from v).
+  __device__ __forceinline__ size_t offset(int row) const {
+    if (table == nullptr) return (size_t)row * head_dim;
+    // TODO (README, Task 5, step 5: look the row's page up in the block table, then the row within the page)
+    return (size_t)row * head_dim;
+  }
+};
+
+// Step 5 (optional): append new keys and values to a paged cache, at each sequence's position.
+// k_new, v_new: (batch * kv_heads, n_new, head_dim); k_pages, v_pages: (num_pages, kv_heads,
+// page_size, head_dim); table: (batch, max_pages); pos: (batch,). Sequence b's new row t goes to
+// position pos[b] + t: page table[b * max_pages + (pos[b] + t) / page_size]. A sequence whose rows
+// would not fit in its max_pages pages writes nothing (first_position), and a row whose page is
+// not in the pool (a table entry outside 0 .. num_pages - 1) is not written.
+__global__ void update_paged_kernel(const float* __restrict__ k_new, const float* __restrict__ v_new,
+                                    float* __restrict__ k_pages, float* __restrict__ v_pages,
+                                    const int* __restrict__ table, int max_pages, int num_pages, int page_shift,
+                                    int batch, int kv_heads, int n_new, int head_dim, const int* __restrict__ pos) {
+  // TODO (README, Task 5, step 5: copy each new row into its page: the block table gives the page of position pos[b] + t)
+}
+
+// ----------------------------------------------------------------------------
 // Steps 2 and 3: Q queries (query heads of one group) against rows [begin, end) of
 // their key/value head's cache.
 //
@@ -183,9 +224,8 @@ struct Merged {
 // q: `queries` (at most Q) consecutive rows of head_dim floats; the slots past them are
 // computed on zeros and never written.
 template <int VEC, int G, int Q>
-__device__ Merged<Q> attend_rows(const float* __restrict__ q, int queries, const float* __restrict__ k,
-                                 const float* __restrict__ v, int head_dim, int begin, int end,
-                                 float scale_log2) {
+__device__ Merged<Q> attend_rows(const float* __restrict__ q, int queries, const CacheRows& rows, int head_dim,
+                                 int begin, int end, float scale_log2) {
   using Split = RowSplit<VEC, G>;
   constexpr int GROUPS = DECODE_WARPS * Split::ROWS;
   // One query's states at a time (the merge goes query by query): Q times this would not fit.
@@ -199,7 +239,7 @@ __device__ Merged<Q> attend_rows(const float* __restrict__ q, int queries, const
   for (int i = 0; i < Q; ++i) result.m[i] = -INFINITY, result.l[i] = 0.0f, result.o[i] = 0.0f;
 
   // TODO (README, Task 5, step 2: this group's online softmax over its rows, then merge the groups)
-  (void)q, (void)queries, (void)k, (void)v, (void)begin, (void)end, (void)scale_log2, (void)group_m;
+  (void)q, (void)queries, (void)rows, (void)begin, (void)end, (void)scale_log2, (void)group_m;
   (void)group_l, (void)group_acc, (void)lane, (void)g, (void)grp, (void)UNROLL;
   return result;
 }
@@ -238,6 +278,34 @@ __device__ __forceinline__ void write_nan(float* __restrict__ rows, int count, i
   for (int i = threadIdx.x; i < count * head_dim; i += blockDim.x) rows[i] = NAN;
 }
 
+// A paged cache (step 5): the block table (batch, max_pages) and the pool's page count and
+// page size; table == nullptr for a contiguous cache.
+struct Paging {
+  const int* table;
+  int max_pages, num_pages, page_shift;
+};
+
+// Given: where the block's head's rows lie (CacheRows), contiguous or paged; with pages, a
+// sequence whose table names a page outside the pool for a row it holds becomes invalid (every
+// thread of the block calls this: it ends with a barrier).
+__device__ __forceinline__ CacheRows cache_rows(BlockRows& b, const float* k_cache, const float* v_cache, int kv_heads,
+                                int max_seq, int head_dim, const Paging& paging) {
+  if (paging.table == nullptr) {
+    const size_t at = b.cache_head * max_seq * head_dim;  // the cache itself: no copy, no slice
+    return CacheRows{k_cache + at, v_cache + at, nullptr, 0, 0, head_dim};
+  }
+  const int seq = (int)(b.cache_head / kv_heads), head = (int)(b.cache_head % kv_heads);
+  const int* table = paging.table + (size_t)seq * paging.max_pages;
+  bool outside = false;
+  if (!b.invalid)
+    for (int i = (b.begin >> paging.page_shift) + threadIdx.x; i <= (b.end - 1) >> paging.page_shift; i += blockDim.x)
+      outside |= table[i] < 0 || table[i] >= paging.num_pages;
+  if (__syncthreads_or(outside)) b.invalid = true, b.begin = b.end = 0;
+  const size_t page_floats = ((size_t)kv_heads << paging.page_shift) * head_dim;
+  const size_t at = ((size_t)head << paging.page_shift) * head_dim;
+  return CacheRows{k_cache + at, v_cache + at, table, paging.page_shift, page_floats, head_dim};
+}
+
 // Step 2: one block per (batch, key/value head, chunk of its query heads), over the cached
 // rows [begin, length). (__launch_bounds__'s 1 asks for at least one block per SM, which 16
 // warps get at up to 128 registers a thread anyway; without it ptxas spilled a few bytes in
@@ -247,13 +315,12 @@ __global__ void __launch_bounds__(DECODE_WARPS * WARP, 1)
     decode_kernel(const float* __restrict__ q, const float* __restrict__ k_cache,
                   const float* __restrict__ v_cache, float* __restrict__ out, int heads, int kv_heads,
                   const int* __restrict__ length, const int* __restrict__ key_start, int max_seq, int head_dim,
-                  float scale_log2) {
-  const BlockRows b = block_rows<Q>(heads, kv_heads, length, key_start, max_seq);
+                  float scale_log2, Paging paging) {
+  BlockRows b = block_rows<Q>(heads, kv_heads, length, key_start, max_seq);
+  const CacheRows rows = cache_rows(b, k_cache, v_cache, kv_heads, max_seq, head_dim, paging);
   if (b.invalid) return write_nan(out + b.first_query * head_dim, b.queries, head_dim);
-  const float* k = k_cache + b.cache_head * max_seq * head_dim;  // the cache itself: no copy, no slice
-  const float* v = v_cache + b.cache_head * max_seq * head_dim;
-  const Merged<Q> r = attend_rows<VEC, G, Q>(q + b.first_query * head_dim, b.queries, k, v, head_dim,
-                                             b.begin, b.end, scale_log2);
+  const Merged<Q> r =
+      attend_rows<VEC, G, Q>(q + b.first_query * head_dim, b.queries, rows, head_dim, b.begin, b.end, scale_log2);
   // TODO (README, Task 5, step 2: write out = O / L for each of this block's query heads)
   (void)r, (void)out;
 }
@@ -271,8 +338,9 @@ __global__ void __launch_bounds__(DECODE_WARPS * WARP, 1)
                         const float* __restrict__ v_cache, float* __restrict__ partial_out,
                         float* __restrict__ partial_lse, int heads, int kv_heads,
                         const int* __restrict__ length, const int* __restrict__ key_start, int max_seq,
-                        int head_dim, float scale_log2) {
-  const BlockRows b = block_rows<Q>(heads, kv_heads, length, key_start, max_seq);
+                        int head_dim, float scale_log2, Paging paging) {
+  BlockRows b = block_rows<Q>(heads, kv_heads, length, key_start, max_seq);
+  const CacheRows rows = cache_rows(b, k_cache, v_cache, kv_heads, max_seq, head_dim, paging);
   const int split = blockIdx.y, splits = gridDim.y;
   if (b.invalid) {  // NaN partial outputs of weight 1 (lse 0): the combined output is NaN too
     for (int i = 0; i < b.queries; ++i) {
@@ -284,9 +352,7 @@ __global__ void __launch_bounds__(DECODE_WARPS * WARP, 1)
   }
   const int rows_per_split = (b.end - b.begin + splits - 1) / splits;
   const int begin = min(b.end, b.begin + split * rows_per_split), end = min(b.end, begin + rows_per_split);
-  const float* k = k_cache + b.cache_head * max_seq * head_dim;
-  const float* v = v_cache + b.cache_head * max_seq * head_dim;
-  const Merged<Q> r = attend_rows<VEC, G, Q>(q + b.first_query * head_dim, b.queries, k, v, head_dim, begin,
+  const Merged<Q> r = attend_rows<VEC, G, Q>(q + b.first_query * head_dim, b.queries, rows, head_dim, begin,
                                              end, scale_log2);
   // TODO (README, Task 5, step 3: write each query's partial output O / L and its log-sum-exp M + log2 L)
   (void)r, (void)partial_out, (void)partial_lse, (void)splits;
@@ -341,17 +407,17 @@ template <int VEC, int G, int Q>
 static cudaError_t launch_decode(const float* q, const float* k_cache, const float* v_cache, float* out,
                                  int batch, int heads, int kv_heads, const int* length, const int* key_start,
                                  int max_seq, int head_dim, float scale, int splits, float* partial_out,
-                                 float* partial_lse, cudaStream_t stream) {
+                                 float* partial_lse, const Paging& paging, cudaStream_t stream) {
   const int threads = DECODE_WARPS * WARP, blocks = decode_blocks(batch, heads, kv_heads);
   if (splits == 1) {
     decode_kernel<VEC, G, Q><<<blocks, threads, 0, stream>>>(q, k_cache, v_cache, out, heads, kv_heads,
                                                               length, key_start, max_seq, head_dim,
-                                                              scale * LOG2E);
+                                                              scale * LOG2E, paging);
     return cudaGetLastError();
   }
   decode_split_kernel<VEC, G, Q><<<dim3(blocks, splits), threads, 0, stream>>>(
       q, k_cache, v_cache, partial_out, partial_lse, heads, kv_heads, length, key_start, max_seq, head_dim,
-      scale * LOG2E);
+      scale * LOG2E, paging);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   combine_splits_kernel<<<batch * heads, MAX_HEAD_DIM, 0, stream>>>(partial_out, partial_lse, out, splits,
@@ -365,7 +431,7 @@ static cudaError_t launch_decode(const float* q, const float* k_cache, const flo
 static cudaError_t launch(const float* q, const float* k_cache, const float* v_cache, float* out, int batch,
                           int heads, int kv_heads, const int* length, const int* key_start, int max_seq,
                           int head_dim, float scale, int splits, float* partial_out, float* partial_lse,
-                          cudaStream_t stream) {
+                          const Paging& paging, cudaStream_t stream) {
   if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || length == nullptr || max_seq < 1 ||
       head_dim < 1 || head_dim > MAX_HEAD_DIM || splits < 1 || splits > MAX_SPLITS)
     return cudaErrorInvalidValue;
@@ -375,7 +441,7 @@ static cudaError_t launch(const float* q, const float* k_cache, const float* v_c
   const int lanes = (head_dim + 3) / 4, queries = queries_per_block(heads / kv_heads);
 #define LAUNCH_Q(VEC, G, Q)                                                                               \
   launch_decode<VEC, G, Q>(q, k_cache, v_cache, out, batch, heads, kv_heads, length, key_start, max_seq,  \
-                           head_dim, scale, splits, partial_out, partial_lse, stream)
+                           head_dim, scale, splits, partial_out, partial_lse, paging, stream)
 #define LAUNCH(VEC, G)                                             \
   (queries == 1   ? LAUNCH_Q(VEC, G, 1)                            \
    : queries == 2 ? LAUNCH_Q(VEC, G, (MAX_QUERIES < 2 ? 1 : 2))    \
@@ -398,7 +464,7 @@ cudaError_t decode_forward(const float* q, const float* k_cache, const float* v_
                            int heads, int kv_heads, const int* length, const int* key_start, int max_seq,
                            int head_dim, float scale, cudaStream_t stream) {
   return launch(q, k_cache, v_cache, out, batch, heads, kv_heads, length, key_start, max_seq, head_dim, scale, 1,
-                nullptr, nullptr, stream);
+                nullptr, nullptr, Paging{nullptr, 0, 0, 0}, stream);
 }
 
 // The number of splits the launcher would use: about as many blocks as SMs, but no split
@@ -421,7 +487,42 @@ cudaError_t decode_split_forward(const float* q, const float* k_cache, const flo
                                  cudaStream_t stream) {
   if (splits < 2) return cudaErrorInvalidValue;
   return launch(q, k_cache, v_cache, out, batch, heads, kv_heads, length, key_start, max_seq, head_dim, scale,
-                splits, partial_out, partial_lse, stream);
+                splits, partial_out, partial_lse, Paging{nullptr, 0, 0, 0}, stream);
+}
+
+// Step 5 (optional): a paged cache. k_pages, v_pages: (num_pages, kv_heads, page_size, head_dim),
+// page_size a power of two; table: (batch, max_pages); pos, length: (batch,); all in GPU memory.
+static int log2_of(int page_size) {
+  int shift = 0;
+  while ((1 << shift) < page_size) ++shift;
+  return (1 << shift) == page_size ? shift : -1;
+}
+
+cudaError_t update_paged(const float* k_new, const float* v_new, float* k_pages, float* v_pages, const int* table,
+                         int max_pages, int num_pages, int page_size, int batch, int kv_heads, int n_new,
+                         int head_dim, const int* pos, cudaStream_t stream) {
+  const int page_shift = log2_of(page_size);
+  if (page_shift < 0 || batch < 0 || kv_heads < 1 || n_new < 0 || head_dim < 1 || max_pages < 1 || num_pages < 1)
+    return cudaErrorInvalidValue;
+  const size_t total = (size_t)batch * kv_heads * n_new * head_dim;
+  if (total == 0) return cudaSuccess;
+  const int threads = 256;
+  const int blocks = (int)std::min<size_t>((total + threads - 1) / threads, 65535 * 8);
+  update_paged_kernel<<<blocks, threads, 0, stream>>>(k_new, v_new, k_pages, v_pages, table, max_pages, num_pages,
+                                                      page_shift, batch, kv_heads, n_new, head_dim, pos);
+  return cudaGetLastError();
+}
+
+// splits: as decode_split_forward's (1: no split; partial_out and partial_lse unused then).
+cudaError_t decode_paged_forward(const float* q, const float* k_pages, const float* v_pages, float* out, int batch,
+                                 int heads, int kv_heads, const int* length, const int* key_start, const int* table,
+                                 int max_pages, int num_pages, int page_size, int head_dim, float scale, int splits,
+                                 float* partial_out, float* partial_lse, cudaStream_t stream) {
+  const int page_shift = log2_of(page_size);
+  if (page_shift < 0 || table == nullptr || max_pages < 1 || num_pages < 1) return cudaErrorInvalidValue;
+  return launch(q, k_pages, v_pages, out, batch, heads, kv_heads, length, key_start, max_pages * page_size,
+                head_dim, scale, splits, partial_out, partial_lse, Paging{table, max_pages, num_pages, page_shift},
+                stream);
 }
 
 int decode_max_head_dim() { return MAX_HEAD_DIM; }
