@@ -57,8 +57,9 @@ def update_cache_paged(k_new, v_new, k_pages, v_pages, block_table, pos, solutio
     block_table: int32 (batch, max_pages) on the GPU, sequence b's position p in page
     block_table[b, p // page_size]; pos: an int or int32 (batch,) on the GPU.
     """
+    most = block_table.shape[1] * k_pages.shape[2] - k_new.shape[2]  # the last start that fits
     extension(solution).update_cache_paged(k_new, v_new, k_pages, v_pages, block_table,
-                                           per_sequence(pos, block_table))
+                                           per_sequence(pos, "pos", 0, most, block_table))
 
 
 def decode_paged(q, k_pages, v_pages, block_table, length, scale: float | None = None, out=None, splits: int = 0,
@@ -66,16 +67,21 @@ def decode_paged(q, k_pages, v_pages, block_table, length, scale: float | None =
     """Step 5 (optional): decode as `decode` does, over a paged cache (see update_cache_paged)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     out = torch.full_like(q, math.nan) if out is None else out
-    extension(solution).decode_paged(q, k_pages, v_pages, out, block_table, per_sequence(length, block_table), scale,
-                                     splits, key_start)
+    most = block_table.shape[1] * k_pages.shape[2]  # the positions a sequence's pages hold
+    extension(solution).decode_paged(q, k_pages, v_pages, out, block_table,
+                                     per_sequence(length, "length", 1, most, block_table), scale, splits, key_start)
     return out
 
 
-def per_sequence(value, block_table):
-    """An int as int32 (batch,) on the block table's device; a tensor as it is (the binding checks it)."""
-    if isinstance(value, int):
-        return torch.full((block_table.shape[0],), value, dtype=torch.int32, device=block_table.device)
-    return value
+def per_sequence(value, name: str, least: int, most: int, block_table):
+    """An int, checked to lie in least .. most, as int32 (batch,) on the block table's device; a tensor as it is
+    (the binding checks it, and the kernels its values)."""
+    if not isinstance(value, int):
+        return value
+    if not least <= value <= most:
+        raise ValueError(f"{name} must be between {least} and {most} (what max_pages pages of page_size positions "
+                         f"hold), got {value}")
+    return torch.full((block_table.shape[0],), value, dtype=torch.int32, device=block_table.device)
 
 
 # What the layer's prefill raises when Task 4's kernel does not build: task5/test.py and measure.py read it

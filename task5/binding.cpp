@@ -93,18 +93,23 @@ void check_new_rows(const torch::Tensor& k_new, const torch::Tensor& v_new, cons
   }
 }
 
+// The launch, once k_new, v_new and the cache are checked: pos is (batch,) ints in GPU memory.
+void launch_update(const torch::Tensor& k_new, const torch::Tensor& v_new, torch::Tensor& k_cache,
+                   torch::Tensor& v_cache, const int* pos) {
+  const c10::cuda::CUDAGuard guard(k_cache.device());
+  check_launch(update_cache(k_new.data_ptr<float>(), v_new.data_ptr<float>(), k_cache.data_ptr<float>(),
+                            v_cache.data_ptr<float>(), (int)k_cache.size(0), (int)k_cache.size(1), (int)k_new.size(2),
+                            (int)k_cache.size(2), (int)k_cache.size(3), pos, at::cuda::getCurrentCUDAStream()),
+               "update_cache");
+}
+
 // Writes k_new and v_new at positions pos[b] .. pos[b] + n_new - 1 of each sequence b; pos is
 // int32 (batch,) on the GPU. A sequence whose rows would not all fit writes nothing.
 void update_at(const torch::Tensor& k_new, const torch::Tensor& v_new, torch::Tensor& k_cache,
                torch::Tensor& v_cache, const torch::Tensor& pos) {
   check_new_rows(k_new, v_new, k_cache, v_cache);
   check_per_sequence(pos, "pos", "the first new position", k_cache.size(0), k_cache, "k_cache");
-  const c10::cuda::CUDAGuard guard(k_cache.device());
-  check_launch(update_cache(k_new.data_ptr<float>(), v_new.data_ptr<float>(), k_cache.data_ptr<float>(),
-                            v_cache.data_ptr<float>(), (int)k_cache.size(0), (int)k_cache.size(1), (int)k_new.size(2),
-                            (int)k_cache.size(2), (int)k_cache.size(3), pos.data_ptr<int>(),
-                            at::cuda::getCurrentCUDAStream()),
-               "update_cache");
+  launch_update(k_new, v_new, k_cache, v_cache, pos.data_ptr<int>());
 }
 
 // The same at positions pos .. pos + n_new - 1 of every sequence, pos checked here.
@@ -115,25 +120,23 @@ void update(const torch::Tensor& k_new, const torch::Tensor& v_new, torch::Tenso
   TORCH_CHECK(pos >= 0, "pos must be at least 0, got ", num(pos));
   TORCH_CHECK(pos + n_new <= max_seq, "pos + n_new must be at most max_seq: the cache holds ", num(max_seq),
               " positions, and writing ", num(n_new), " at pos ", num(pos), " would end at ", num(pos + n_new));
-  update_at(k_new, v_new, k_cache, v_cache,
-            torch::full({k_cache.size(0)}, pos, k_cache.options().dtype(torch::kInt32)));
+  const torch::Tensor positions = torch::full({k_cache.size(0)}, pos, k_cache.options().dtype(torch::kInt32));
+  launch_update(k_new, v_new, k_cache, v_cache, positions.data_ptr<int>());
 }
 
-// q, out (batch, heads, 1, head_dim) against the cache (batch, kv_heads, max_seq, head_dim), splits
-// and scale: every check of decode but the lengths'.
-void check_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                  const torch::Tensor& out, double scale, int64_t splits) {
-  check_cache(k_cache, v_cache);
+// q and out (batch, heads, 1, head_dim) against a cache of `kv_heads` heads (k, v: the contiguous cache
+// or the pages), splits and scale: every check of a decode but the cache's own and the lengths'.
+void check_query(const torch::Tensor& q, const torch::Tensor& out, int64_t batch, const torch::Tensor& k,
+                 const torch::Tensor& v, const char* k_name, const char* v_name, double scale, int64_t splits) {
   check_cuda_float32(q, "q");
   check_dim(q, "q", 4);
-  TORCH_CHECK(q.size(0) == k_cache.size(0) && q.size(3) == k_cache.size(3),
-              "q must be (batch, heads, 1, head_dim) with the cache's batch and head_dim (k_cache is ",
-              shape(k_cache), "), got ", shape(q));
-  const int64_t heads = q.size(1), kv_heads = k_cache.size(1);
-  TORCH_CHECK(heads % kv_heads == 0, "the cache's heads (kv_heads = k_cache.size(1)) must divide q's heads: ",
+  TORCH_CHECK(q.size(0) == batch && q.size(3) == k.size(3), "q must be (batch, heads, 1, head_dim) with the cache's ",
+              "batch (", num(batch), ") and head_dim (", num(k.size(3)), "), got ", shape(q));
+  const int64_t heads = q.size(1), kv_heads = k.size(1);
+  TORCH_CHECK(heads % kv_heads == 0, "the cache's heads (kv_heads = ", k_name, ".size(1)) must divide q's heads: ",
               "each group of heads / kv_heads query heads shares one key/value head; got heads = ", num(heads),
               " and kv_heads = ", num(kv_heads));
-  check_same_device(q, "q", k_cache, "k_cache");
+  check_same_device(q, "q", k, k_name);
   TORCH_CHECK(q.size(2) == 1, "q must hold one query per (batch, head) (q.size(2) == 1), got shape ",
               shape(q));
   check_cuda_float32(out, "out");
@@ -144,9 +147,40 @@ void check_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const to
               num(max_splits), ", got ", num(splits));
   TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", std::to_string(scale));
   check_no_overlap(out, "out", q, "q");
-  check_no_overlap(out, "out", k_cache, "k_cache");
-  check_no_overlap(out, "out", v_cache, "v_cache");
+  check_no_overlap(out, "out", k, k_name);
+  check_no_overlap(out, "out", v, v_name);
   check_fits_int(q.size(0) * heads, "batch * heads");
+}
+
+void check_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                  const torch::Tensor& out, double scale, int64_t splits) {
+  check_cache(k_cache, v_cache);
+  check_query(q, out, k_cache.size(0), k_cache, v_cache, "k_cache", "v_cache", scale, splits);
+}
+
+// The splits a decode runs with (0: decode_splits' choice for sequences up to max_length) and, with
+// more than one, split-KV's partial outputs and log-sum-exps. They live on the stream until the
+// combining kernel has read them: the caching allocator hands this memory out again only to work
+// queued after it on this stream.
+struct Partials {
+  int64_t splits;
+  torch::Tensor out, lse;
+  float* out_ptr() { return splits > 1 ? out.data_ptr<float>() : nullptr; }
+  float* lse_ptr() { return splits > 1 ? lse.data_ptr<float>() : nullptr; }
+};
+
+Partials partials_for(const torch::Tensor& q, int64_t kv_heads, int64_t max_length, int64_t head_dim,
+                      int64_t splits) {
+  const int64_t batch = q.size(0), heads = q.size(1);
+  if (splits == 0) {
+    const int64_t max_splits = decode_max_splits();
+    splits = decode_splits((int)batch, (int)heads, (int)kv_heads, (int)max_length, (int)head_dim);
+    TORCH_CHECK(splits >= 1 && splits <= max_splits, "decode_splits returned ", num(splits),
+                "; it must return between 1 and ", num(max_splits));
+  }
+  if (splits == 1) return Partials{1, {}, {}};
+  return Partials{splits, torch::empty({batch * heads, splits, head_dim}, q.options()),
+                  torch::empty({batch * heads, splits}, q.options())};
 }
 
 // The launch, once everything is checked: length is (batch,) ints in GPU memory, max_length the
@@ -158,28 +192,19 @@ void run_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torc
   const int head_dim = (int)k_cache.size(3);
   const c10::cuda::CUDAGuard guard(q.device());
   if (q.numel() == 0) return;  // no query heads: nothing to do
-  if (splits == 0) {
-    const int64_t max_splits = decode_max_splits();
-    splits = decode_splits((int)batch, (int)heads, (int)kv_heads, (int)max_length, head_dim);
-    TORCH_CHECK(splits >= 1 && splits <= max_splits, "decode_splits returned ", num(splits),
-                "; it must return between 1 and ", num(max_splits));
-  }
+  Partials partials = partials_for(q, kv_heads, max_length, head_dim, splits);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  if (splits == 1) {
+  if (partials.splits == 1) {
     check_launch(decode_forward(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
                                 out.data_ptr<float>(), (int)batch, (int)heads, (int)kv_heads, length, first_key,
                                 (int)max_seq, head_dim, (float)scale, stream),
                  "decode_forward");
     return;
   }
-  // The partials live on the stream until the combining kernel has read them: the caching
-  // allocator hands this memory out again only to work queued after it on this stream.
-  auto partial_out = torch::empty({batch * heads, splits, head_dim}, q.options());
-  auto partial_lse = torch::empty({batch * heads, splits}, q.options());
   check_launch(decode_split_forward(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
                                     out.data_ptr<float>(), (int)batch, (int)heads, (int)kv_heads, length, first_key,
-                                    (int)max_seq, head_dim, (float)scale, (int)splits, partial_out.data_ptr<float>(),
-                                    partial_lse.data_ptr<float>(), stream),
+                                    (int)max_seq, head_dim, (float)scale, (int)partials.splits, partials.out_ptr(),
+                                    partials.lse_ptr(), stream),
                "decode_split_forward");
 }
 
@@ -252,47 +277,20 @@ void decode_paged(const torch::Tensor& q, const torch::Tensor& k_pages, const to
                   torch::Tensor& out, const torch::Tensor& block_table, const torch::Tensor& length, double scale,
                   int64_t splits, const std::optional<torch::Tensor>& key_start) {
   check_pages(k_pages, v_pages, block_table);
-  check_cuda_float32(q, "q");
-  check_dim(q, "q", 4);
   const int64_t batch = block_table.size(0), heads = q.size(1), kv_heads = k_pages.size(1);
-  TORCH_CHECK(q.size(0) == batch && q.size(2) == 1 && q.size(3) == k_pages.size(3),
-              "q must be (batch, heads, 1, head_dim) with block_table's batch and the pages' head_dim, got ",
-              shape(q));
-  TORCH_CHECK(heads % kv_heads == 0, "the pages' heads (kv_heads = k_pages.size(1)) must divide q's heads, got ",
-              "heads = ", num(heads), " and kv_heads = ", num(kv_heads));
-  check_same_device(q, "q", k_pages, "k_pages");
-  check_cuda_float32(out, "out");
-  TORCH_CHECK(out.sizes() == q.sizes(), "out must have q's shape ", shape(q), ", got ", shape(out));
-  check_same_device(out, "out", q, "q");
-  TORCH_CHECK(splits >= 0 && splits <= decode_max_splits(), "splits must be between 0 (let the launcher choose) "
-              "and ", num(decode_max_splits()), ", got ", num(splits));
-  TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", std::to_string(scale));
-  check_no_overlap(out, "out", q, "q");
-  check_no_overlap(out, "out", k_pages, "k_pages");
-  check_no_overlap(out, "out", v_pages, "v_pages");
-  check_fits_int(batch * heads, "batch * heads");
+  check_query(q, out, batch, k_pages, v_pages, "k_pages", "v_pages", scale, splits);
   check_per_sequence(length, "length", "the positions of the cache written so far", batch, q, "q");
   if (key_start.has_value()) check_per_sequence(*key_start, "key_start", "one first valid key", batch, q, "q");
   const int head_dim = (int)k_pages.size(3), page_size = (int)k_pages.size(2);
   const int max_pages = (int)block_table.size(1);
   const c10::cuda::CUDAGuard guard(q.device());
   if (q.numel() == 0) return;
-  if (splits == 0) {
-    splits = decode_splits((int)batch, (int)heads, (int)kv_heads, max_pages * page_size, head_dim);
-    TORCH_CHECK(splits >= 1 && splits <= decode_max_splits(), "decode_splits returned ", num(splits),
-                "; it must return between 1 and ", num(decode_max_splits()));
-  }
-  torch::Tensor partial_out, partial_lse;  // split-KV's partials, as decode's
-  if (splits > 1) {
-    partial_out = torch::empty({batch * heads, splits, head_dim}, q.options());
-    partial_lse = torch::empty({batch * heads, splits}, q.options());
-  }
+  Partials partials = partials_for(q, kv_heads, (int64_t)max_pages * page_size, head_dim, splits);
   check_launch(decode_paged_forward(q.data_ptr<float>(), k_pages.data_ptr<float>(), v_pages.data_ptr<float>(),
                                     out.data_ptr<float>(), (int)batch, (int)heads, (int)kv_heads,
                                     length.data_ptr<int>(), key_start.has_value() ? key_start->data_ptr<int>() : nullptr,
                                     block_table.data_ptr<int>(), max_pages, (int)k_pages.size(0), page_size, head_dim,
-                                    (float)scale, (int)splits, splits > 1 ? partial_out.data_ptr<float>() : nullptr,
-                                    splits > 1 ? partial_lse.data_ptr<float>() : nullptr,
+                                    (float)scale, (int)partials.splits, partials.out_ptr(), partials.lse_ptr(),
                                     at::cuda::getCurrentCUDAStream()),
                "decode_paged_forward");
 }

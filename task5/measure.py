@@ -363,6 +363,7 @@ def time_paged(worker, splits: int):
     except WorkerError as err:
         return f"raised {err.kind}: {err.message.splitlines()[0]}"
     finally:
+        worker.drop("paged caches")  # what a failed comparison left kept
         worker.drop("paged sets")
     return timings
 

@@ -222,11 +222,12 @@ def launcher_splits(worker, shape, splits) -> int:
     if splits:
         return splits
     b, h, kvh, max_seq, length, d, _ = grouped(shape)
+    most = length if isinstance(length, int) else max_seq  # what the launcher chooses for
     try:
-        chosen = worker.call("splits_for", b, h, kvh, length if isinstance(length, int) else max_seq, d)
+        chosen = worker.call("splits_for", b, h, kvh, most, d)
     except (WorkerError, WorkerDied):  # the case's own failure is what it reports
         return 1
-    return chosen if isinstance(chosen, int) and 1 <= chosen <= length else 1
+    return chosen if isinstance(chosen, int) and 1 <= chosen <= most else 1
 
 
 def check_decode(worker, shape, seed, splits, constants=None):
@@ -384,10 +385,14 @@ def to_pages(cache, pages, table):
 
 
 def check_update_paged(worker, case):
-    """update_cache_paged: each new row in the page the block table names, nothing else of the pool changed."""
+    """update_cache_paged: each new row in the page the block table names, nothing else of the pool changed. The
+    last sequence's table names a page outside the pool (-1) where its last new row goes: that row is not
+    written."""
     b, kvh, page_size, max_pages, pos, n, d = case.shape
     k_new, v_new = random_tensor((b, kvh, n, d), case.seed), random_tensor((b, kvh, n, d), case.seed + 1)
     k_pages, v_pages, table = page_pool(b, kvh, page_size, max_pages, d, case.seed)
+    if 0 <= pos[-1] <= max_pages * page_size - n:
+        table[-1, (pos[-1] + n - 1) // page_size] = -1
     before = [random_tensor(k_pages.shape, case.seed + 2 + i) for i in range(2)]
     pools = [guarded_output(name, k_pages.shape) for name in ("k_pages", "v_pages")]
     for pool, values in zip(pools, before):
@@ -402,7 +407,9 @@ def check_update_paged(worker, case):
         for seq, p in enumerate(pos):
             if 0 <= p <= max_pages * page_size - n:
                 for t in range(n):
-                    expected[table[seq, (p + t) // page_size], :, (p + t) % page_size] = new[seq, :, t]
+                    page = int(table[seq, (p + t) // page_size])
+                    if page >= 0:
+                        expected[page, :, (p + t) % page_size] = new[seq, :, t]
         got = pool.tensor.cpu()
         wrong = (got.view(torch.int32) != expected.view(torch.int32)).any(dim=-1).nonzero()
         if len(wrong):
@@ -411,7 +418,8 @@ def check_update_paged(worker, case):
             where = (f"page {page} (sequence {owner[0, 0]}'s page {owner[0, 1]}, positions "
                      f"{owner[0, 1] * page_size} ..)" if len(owner) else f"page {page} (no sequence's)")
             return False, (f"`{pool.name}`: {where}, head {head}, row {row} is wrong: position p of sequence b goes to "
-                           f"page block_table[b, p / page_size], row p % page_size (README, Task 5, step 5)"), {}
+                           f"page block_table[b, p / page_size], row p % page_size, and nowhere when that entry is "
+                           f"outside the pool (README, Task 5, step 5)"), {}
     return True, "each new row in the page its block table names, the rest of the pool untouched", {}
 
 
@@ -532,13 +540,13 @@ KERNEL_STEPS = {"update_cache_kernel": "Task 5, step 1", "first_position": "Task
 def sanitizer_calls(hidden: cli.Hidden | None, with_splits: bool, with_pages: bool = False) -> list[sanitize.Call]:
     """Small cases of every kernel at its edges, for compute-sanitizer."""
     calls = []
-    if with_pages:  # a table entry outside the pool and rows that do not fit included: nothing read or written there
+    if with_pages:  # sequence 1's rows 20 .. 22 and its length 20 reach page 2, outside the pool: not written, NaN
         k_pages, v_pages, table = page_pool(2, 2, 8, 3, 64, cli.seed(50, hidden))
         k_pages, v_pages = k_pages.nan_to_num(), v_pages.nan_to_num()
         table[1, 2] = k_pages.shape[0]
         k_new, v_new = (random_tensor((2, 2, 3, 64), cli.seed(51 + i, hidden)) for i in range(2))
         calls.append(sanitize.Call("update_cache_paged pages of 8", "update_cache_paged",
-                                   (k_new, v_new, k_pages, v_pages, table, torch.tensor([6, 22], dtype=torch.int32)),
+                                   (k_new, v_new, k_pages, v_pages, table, torch.tensor([6, 20], dtype=torch.int32)),
                                    ("k_new", "v_new", "k_pages", "v_pages", "block_table", "pos")))
         q = random_tensor((2, 4, 1, 64), cli.seed(53, hidden))
         for splits in (1, 3):

@@ -59,10 +59,13 @@ class Config:
         """How many heads k, v and the cache have (kv_heads, or heads when it is None)."""
         return self.kv_heads or self.heads
 
-    def parameters(self) -> int:
+    def layer_matrix_parameters(self) -> int:
+        """The weights of one layer's products: q, k, v and the output projection, and the SwiGLU's three."""
         kv_width = self.key_value_heads * self.head_dim  # what k and v each project to
-        per_layer = (2 * self.hidden**2 + 2 * self.hidden * kv_width + 3 * self.hidden * self.mlp
-                     + 4 * self.hidden)
+        return 2 * self.hidden**2 + 2 * self.hidden * kv_width + 3 * self.hidden * self.mlp
+
+    def parameters(self) -> int:
+        per_layer = self.layer_matrix_parameters() + 4 * self.hidden  # and two LayerNorms
         return self.layers * per_layer + 2 * self.vocab * self.hidden + 2 * self.hidden
 
     def as_dict(self) -> dict:

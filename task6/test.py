@@ -104,9 +104,9 @@ def check_teacher_forced(worker, case, vocab: int, graph: bool = False):
     else:
         passed, message, metrics = compare_padded(got, tokens, padding, prompt_len, reference, case.device)
     if not passed and graph:
-        message += ("; replayed from a CUDA graph, but right without it: the kernels and RoPE must read "
-                    "cache.lengths, not the Python int cache.length, which a graph keeps at the value of the step it "
-                    "was captured at (README, Task 6, step 5)")
+        message += ("; replayed from a CUDA graph: if the model passes the GPU part above, without the graph, the "
+                    "kernels and RoPE must read cache.lengths, not the Python int cache.length, which a graph keeps "
+                    "at the value of the step it was captured at (README, Task 6, step 5)")
     elif not passed and case.device == "cuda":
         message += ("; on the GPU the model runs your Task 4 and Task 5 kernels: if the CPU cases pass, "
                     "check python -m task4.test and python -m task5.test")

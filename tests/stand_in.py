@@ -248,11 +248,11 @@ def stand_in_graph(cuda_graph, pool=None, stream=None, capture_error_mode="globa
 
 def run_kernel(launch, args, kwargs):
     """A stand-in kernel's body: its reads of lengths and positions are the kernel's own, from device memory."""
-    CAPTURE.in_kernel = True
+    before, CAPTURE.in_kernel = CAPTURE.in_kernel, True
     try:
         return launch(*args, **kwargs)
     finally:
-        CAPTURE.in_kernel = False
+        CAPTURE.in_kernel = before
 
 
 def launched(method):
@@ -539,8 +539,8 @@ class Task5Kernels(StandInKernels):
         _check_cuda_float32(q, "q")
         _check_dim(q, "q", 4)
         if q.shape[0] != k_cache.shape[0] or q.shape[3] != k_cache.shape[3]:
-            raise RuntimeError(f"q must be (batch, heads, 1, head_dim) with the cache's batch and head_dim (k_cache "
-                               f"is {list(k_cache.shape)}), got {list(q.shape)}")
+            raise RuntimeError(f"q must be (batch, heads, 1, head_dim) with the cache's batch ({k_cache.shape[0]}) and "
+                               f"head_dim ({k_cache.shape[3]}), got {list(q.shape)}")
         heads, kv_heads = q.shape[1], k_cache.shape[1]
         if heads % kv_heads:
             raise RuntimeError(f"the cache's heads (kv_heads = k_cache.size(1)) must divide q's heads: each group of "

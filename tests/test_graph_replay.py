@@ -65,20 +65,22 @@ def test_a_decode_step_replays_in_a_cuda_graph_with_lengths_on_the_gpu(ext, spli
 
 def test_the_int_forms_are_checked_on_the_host_and_the_tensor_forms_are_not_read_back(ext):
     """The int form with key_start reads its values back (one synchronisation), so capture refuses it with
-    CUDA's own error; the tensor form is what a graph takes."""
-    q = torch.zeros(1, 2, 1, 64, device="cuda")
-    cache = torch.zeros(1, 2, 16, 64, device="cuda")
-    key_start = torch.zeros(1, dtype=torch.int32, device="cuda")
+    CUDA's own error; the tensor form is what a graph takes, and its replay computes the output anew."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    q = torch.randn(1, 2, 1, 64, device="cuda", generator=gen)
+    k_cache, v_cache = (torch.randn(1, 2, 16, 64, device="cuda", generator=gen) for _ in range(2))
+    key_start = torch.ones(1, dtype=torch.int32, device="cuda")
     lengths = torch.full((1,), 4, dtype=torch.int32, device="cuda")
     out = torch.empty_like(q)
-    ext.decode(q, cache, cache.clone(), out, 4, 0.125, 0, key_start)  # warm-up
-    graph = torch.cuda.CUDAGraph()
+    ext.decode(q, k_cache, v_cache, out, 4, 0.125, 0, key_start)  # warm-up
     with pytest.raises(RuntimeError, match="captur"):
-        with torch.cuda.graph(graph):
-            ext.decode(q, cache, cache.clone(), out, 4, 0.125, 0, key_start)
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            ext.decode(q, k_cache, v_cache, out, 4, 0.125, 0, key_start)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        ext.decode(q, cache, cache.clone(), out, lengths, 0.125, 0, key_start)
+        ext.decode(q, k_cache, v_cache, out, lengths, 0.125, 0, key_start)
+    out.fill_(math.nan)
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.isfinite(out).all()
+    expected = attention_reference(q, k_cache[:, :, 1:4], v_cache[:, :, 1:4], False, 0.125)[0]
+    assert torch.allclose(out.double(), expected, atol=1e-5, rtol=1e-4)
