@@ -127,20 +127,28 @@ def cache_with_tail(shape, length, seed):
     return cache
 
 
-def check_update(worker, case):
+def run_update(worker, case):
+    """The update of a case, run: ((k_new, v_new), the caches' values before, the caches), or the guard bands'
+    damage (a failed CheckResult)."""
     b, h, max_seq, pos, n, d = case.shape
-    if not isinstance(pos, int):
-        return check_update_per_sequence(worker, case)
     k_new, v_new = random_tensor((b, h, n, d), case.seed), random_tensor((b, h, n, d), case.seed + 1)
     before = [random_tensor((b, h, max_seq, d), case.seed + 2 + i) for i in range(2)]
     news = [guarded_input(name, t) for name, t in (("k_new", k_new), ("v_new", v_new))]
     caches = [guarded_output(name, (b, h, max_seq, d)) for name in ("k_cache", "v_cache")]
     for cache, values in zip(caches, before):
         cache.tensor.copy_(values)
-    worker.call("update_cache", news[0].tensor, news[1].tensor, caches[0].tensor, caches[1].tensor, pos)
-    damage = guard_damage(*news, *caches)
-    if damage:
-        return damage
+    worker.call("update_cache", news[0].tensor, news[1].tensor, caches[0].tensor, caches[1].tensor, on_gpu(pos))
+    return guard_damage(*news, *caches) or ((k_new, v_new), before, caches)
+
+
+def check_update(worker, case):
+    b, h, max_seq, pos, n, d = case.shape
+    if not isinstance(pos, int):
+        return check_update_per_sequence(worker, case)
+    ran = run_update(worker, case)
+    if isinstance(ran, CheckResult):
+        return ran  # the guard bands' damage
+    (k_new, v_new), before, caches = ran
     for cache, values, new in zip(caches, before, (k_new, v_new)):
         expected = values.clone()
         expected[:, :, pos:pos + n] = new
@@ -176,16 +184,10 @@ def check_update_per_sequence(worker, case):
     """update_cache with one position per sequence (int32 on the GPU): each sequence's rows where its pos says,
     and nothing written for a sequence whose rows would not fit."""
     b, h, max_seq, pos, n, d = case.shape
-    k_new, v_new = random_tensor((b, h, n, d), case.seed), random_tensor((b, h, n, d), case.seed + 1)
-    before = [random_tensor((b, h, max_seq, d), case.seed + 2 + i) for i in range(2)]
-    news = [guarded_input(name, t) for name, t in (("k_new", k_new), ("v_new", v_new))]
-    caches = [guarded_output(name, (b, h, max_seq, d)) for name in ("k_cache", "v_cache")]
-    for cache, values in zip(caches, before):
-        cache.tensor.copy_(values)
-    worker.call("update_cache", news[0].tensor, news[1].tensor, caches[0].tensor, caches[1].tensor, on_gpu(pos))
-    damage = guard_damage(*news, *caches)
-    if damage:
-        return damage
+    ran = run_update(worker, case)
+    if isinstance(ran, CheckResult):
+        return ran  # the guard bands' damage
+    (k_new, v_new), before, caches = ran
     for cache, values, new in zip(caches, before, (k_new, v_new)):
         got = cache.tensor.cpu().view(torch.int32)
         for seq, p in enumerate(pos):
