@@ -13,10 +13,11 @@ A decode step may be captured once as a CUDA graph and replayed for every later 
 (task6/model.py's DecodeGraph): whatever changes from one token to the next must then come
 from GPU memory. So the positions and lengths the kernels and RoPE take are
 `cache.lengths`, int32 (batch,) on the GPU (the model advances it), never the Python int
-`cache.length`, which only decides prefill or decode; and nothing reads a GPU value back. In a batch padded on the left,
-`cache.key_start` (int32 (batch,), or None) gives each sequence's padding: the kernels must
-not let a padded key take weight. (Its tokens then sit key_start[b] positions later than
-alone, which RoPE does not see: a score depends only on the distance between query and key.)
+`cache.length`, which only decides prefill or decode; and nothing reads a GPU value back.
+In a batch padded on the left, `cache.key_start` (int32 (batch,), or None) gives each
+sequence's padding: the kernels must not let a padded key take weight. (Its tokens then sit
+key_start[b] positions later than alone, which RoPE does not see: a score depends only on
+the distance between query and key.)
 `self.kernels` holds the kernels (`attention`, `update_cache`, `decode`, as in
 task5/attention.py's `CudaKernels`); k, v and the cache may have fewer heads than q
 (grouped-query attention), which the kernels read as they are.
