@@ -3,6 +3,10 @@
 Each shape is timed as task 5's benchmarks time it (task5/measure.py's TimedDecode: rotating caches so L2
 holds none of them, a fresh query and output per call, every output checked, host clock over many calls,
 median of 5 requests), against the copy bandwidth measured in the same run. Bytes are K and V as stored.
+Then the same calls as one CUDA graph (lengths on the GPU, as a captured decode step runs them): CUDA events
+around a replay, the median of 20, per call; and the floor of a call at that batch and heads, the same graph
+over a cache of one position. "bound" says which limits the shape: memory where the bytes at the copy
+bandwidth take longer than that floor, launch where they do not.
 """
 import math
 import os
@@ -22,12 +26,36 @@ SHAPES = [(16, 32, 32, 4096, 128), (1, 32, 32, 32768, 128), (16, 32, 8, 4096, 12
           (128, 32, 8, 256, 128), (1, 32, 8, 1024, 128)]
 
 
+def graphed_us(ext, timed, length, scale) -> float:
+    """Per call: every set's decode captured once (lengths on the GPU), CUDA events around replays."""
+    lengths = torch.full((timed.shape[0],), length, dtype=torch.int32, device="cuda")
+
+    def calls():
+        for q, out, c in timed.sets:
+            ext.decode(q, *timed.caches[c], out, lengths, scale, 0)
+    calls()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        calls()
+    samples = []
+    for _ in range(23):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    return sorted(samples[3:])[len(samples[3:]) // 2] * 1e3 / len(timed.sets)
+
+
 def main():
     copy = bench.copy_bandwidth_gbs()
     ext = extension(True)
     print(f"{torch.cuda.get_device_name()}: copy {copy:.0f} GB/s")
-    print("| batch | heads | kv heads | cached | head_dim | K+V MB | splits | time | GB/s | of copy |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| batch | heads | kv heads | cached | head_dim | K+V MB | splits | host loop | of copy | graph | of copy "
+          "| floor | bound |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for batch, heads, kv_heads, length, head_dim in SHAPES:
         timed = TimedDecode(batch, heads, kv_heads, length, head_dim)
         scale = 1 / math.sqrt(head_dim)
@@ -36,8 +64,13 @@ def main():
         timed.check(scale)
         splits = ext.splits_for(batch, heads, kv_heads, length, head_dim)
         gbs = timed.bytes_read / (timing.median_ms * 1e-3) / 1e9
+        graph_us = graphed_us(ext, timed, length, scale)
+        graph_gbs = timed.bytes_read / (graph_us * 1e-6) / 1e9
+        floor_us = graphed_us(ext, TimedDecode(batch, heads, kv_heads, 1, head_dim), 1, scale)
+        bytes_us = timed.bytes_read / (copy * 1e9) * 1e6
         print(f"| {batch} | {heads} | {kv_heads} | {length} | {head_dim} | {timed.bytes_read / 1e6:.1f} | {splits} | "
-              f"{timing.median_ms * 1e3:.1f} us | {gbs:.0f} | {gbs / copy:.0%} |", flush=True)
+              f"{timing.median_ms * 1e3:.1f} us | {gbs / copy:.0%} | {graph_us:.1f} us | {graph_gbs / copy:.0%} | "
+              f"{floor_us:.1f} us | {'memory' if bytes_us > floor_us else 'launch'} |", flush=True)
         del timed
         torch.cuda.empty_cache()
 
