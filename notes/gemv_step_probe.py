@@ -3,7 +3,10 @@
 python notes/gemv_step_probe.py  (a GPU with 40 GB). The 24 layers' qkv (12288x4096), o (4096x4096),
 gate_up (32768x4096) and down (4096x16384) and the LM head (8192x4096), each its own weights, as
 F.linear and as float32 matrix-vector kernels of our own (variants below), captured once per kind and
-replayed: CUDA events around 20 replays after 3, the median; against the copy bandwidth.
+replayed: CUDA events around 20 replays after 3, the median; against the copy bandwidth (harness/bench.py's,
+outside a graph: a captured copy_ runs on the copy engines, at about 2.75 TB/s on an H200).
+Layouts tried for cuBLAS: x @ W^T (F.linear, W as nn.Linear keeps it), W @ x^T (the same product the other
+way round), and x @ Wt with Wt = W^T stored contiguous (K, N).
 """
 
 import torch
@@ -82,9 +85,13 @@ def graphed_ms(fn):
 
 
 def copy_bandwidth() -> float:
-    src = torch.empty(1 << 28, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * src.nbytes / graphed_ms(lambda: dst.copy_(src)) / 1e6
+    import os
+    import sys
+
+    sys.path.insert(0, os.getcwd())
+    from harness import bench
+
+    return bench.copy_bandwidth_gbs()
 
 
 def main():
@@ -105,7 +112,29 @@ def main():
         for w, y in zip(weights, ys):
             torch.mm(xs[w.shape[1]], w.t(), out=y)
     ms = graphed_ms(run_linear)
-    print(f"F.linear (mm into y): {ms:.2f} ms, {nbytes / ms / 1e6 / copy_gbs:.0%} of copy")
+    print(f"x @ W^T (F.linear, mm into y): {ms:.2f} ms, {nbytes / ms / 1e6 / copy_gbs:.0%} of copy")
+    ys_t = [torch.empty(w.shape[0], 4, device="cuda") for w in weights]
+
+    def run_w_first():
+        for w, y in zip(weights, ys_t):
+            torch.mm(w, xs[w.shape[1]].t(), out=y)
+    ms = graphed_ms(run_w_first)
+    print(f"W @ x^T (mm into y^T): {ms:.2f} ms, {nbytes / ms / 1e6 / copy_gbs:.0%} of copy")
+    ys_t.clear()
+    for i, w in enumerate(weights):  # W^T stored contiguous, in place of W: the same bytes
+        weights[i] = w.t().contiguous()
+        del w
+    torch.cuda.empty_cache()
+
+    def run_transposed():
+        for wt, y in zip(weights, ys):
+            torch.mm(xs[wt.shape[0]], wt, out=y)
+    ms = graphed_ms(run_transposed)
+    print(f"x @ Wt, Wt = W^T contiguous: {ms:.2f} ms, {nbytes / ms / 1e6 / copy_gbs:.0%} of copy")
+    for i, wt in enumerate(weights):
+        weights[i] = wt.t().contiguous()
+        del wt
+    torch.cuda.empty_cache()
     for unroll, per_sm in ((4, 0), (8, 0), (4, 4), (8, 4), (8, 8)):
         def run():
             for w, y in zip(weights, ys):
