@@ -222,7 +222,8 @@ struct Merged {
 };
 
 // q: `queries` (at most Q) consecutive rows of head_dim floats; the slots past them are
-// computed on zeros and never written.
+// computed on zeros and never written. rows: where the head's cached rows lie (row r of K at
+// rows.k + rows.offset(r), of V at rows.v + the same; CacheRows above).
 template <int VEC, int G, int Q>
 __device__ Merged<Q> attend_rows(const float* __restrict__ q, int queries, const CacheRows& rows, int head_dim,
                                  int begin, int end, float scale_log2) {
