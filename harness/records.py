@@ -89,6 +89,11 @@ def _json_safe(value):
     return value
 
 
+def step_number(step: str) -> int:
+    """2 for 'step 2: split the heads', as harness/skeleton.py's remaining_todos gives the steps."""
+    return int(step.split(":")[0].removeprefix("step "))
+
+
 class Report:
     def __init__(self, task: int, solution: bool, title: str, student_dir: Path = REPO):
         self.task = task
@@ -264,19 +269,18 @@ class Report:
         Otherwise (a finished file, or one where earlier cases passed) it is an
         ordinary failure of this case, so a half-done step still earns what passes.
         """
-        number = lambda step: int(step.split(":")[0].removeprefix("step "))  # noqa: E731
         todos = [] if self.solution else sorted(  # by step, then in the file's order
             dict.fromkeys(step for rel in student_files(self.task) for step in remaining_todos(self.student_dir / rel)
-                          if (self.part_steps is None or number(step) in self.part_steps)
-                          and number(step) not in self.passed_steps),  # a TODO line left on a step that works
-            key=number,
+                          if (self.part_steps is None or step_number(step) in self.part_steps)
+                          and step_number(step) not in self.passed_steps),  # a TODO line left on a step that works
+            key=step_number,
         )
         passed_before = any(c.passed and c.kind in (Kind.CHECK, Kind.OPTIONAL) for c in self.cases[self.part_start:])
         if not todos or passed_before:
             self.add(name, False, message, kind=kind)
             return None
         more = f" ({len(todos) - 1} more TODO line(s) after it)" if len(todos) > 1 else ""
-        self.missing_step = number(todos[0])
+        self.missing_step = step_number(todos[0])
         self.not_implemented = f"see README, Task {self.task}, {todos[0]}{more}"
         return None  # said once: by end_part in a part, else by finish
 
@@ -284,7 +288,8 @@ class Report:
         """Without a GPU: the steps the student's files still mark TODO, and what can run here."""
         if self.solution:
             return []
-        todos = [f"{rel}: {step}" for rel in student_files(self.task) for step in remaining_todos(self.student_dir / rel)]
+        todos = [f"{rel}: {step}" for rel in student_files(self.task)  # by step (a file may hold a later step first)
+                 for step in sorted(remaining_todos(self.student_dir / rel), key=step_number)]
         lines = (["still marked TODO in your files (README, Task {}):".format(self.task)] + [f"  {t}" for t in todos]
                  if todos else ["no step is marked TODO in your files"])
         from common.build import find_nvcc

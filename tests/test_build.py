@@ -80,6 +80,8 @@ def test_cuda_task_tests_skip_cleanly_without_a_gpu_and_list_the_steps_left(task
     said = capsys.readouterr().out
     assert f"still marked TODO in your files (README, Task {task}):" in said
     assert f"task{task}/kernels/" in said and ": step 1: " in said and f"python -m task{task}.compile" in said
+    steps = [int(line.split(": step ")[1].split(":")[0]) for line in said.splitlines() if ": step " in line]
+    assert steps == sorted(steps), said  # by step, though task 5's file holds step 5's lines before step 2's
 
 
 def test_the_published_reference_build_is_named_by_every_input(tmp_path, monkeypatch):
