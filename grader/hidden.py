@@ -36,6 +36,8 @@ CASES = {
         # max_pages, lengths, head_dim, key_start, splits)
         "paged update": [(3, 3, 4, 6, (23, 0, 9), 2, 40)],
         "paged decode": [(3, 10, 5, 32, 20, (640, 33, 300), 96, (0, 30, 299), 0), (2, 6, 2, 2, 9, (17, 18), 24, None, 2)],
+        # timed, reported only (task5/measure.py's SHAPE_BENCHMARKS): (batch, heads, kv_heads, cached tokens, head_dim)
+        "shapes": [(2, 12, 12, 16384, 64), (32, 16, 16, 512, 96), (1, 1, 1, 100000, 128), (7, 6, 2, 5000, 40)],
     },
     6: {  # (hidden, heads, layers, batch, max_seq, prompt_len, steps[, kv_heads[, padding]])
         "cpu": [(40, 5, 2, 2, 30, 17, 13), (48, 6, 2, 3, 30, 11, 9, 3, (4, 0, 11))],

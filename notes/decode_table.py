@@ -7,6 +7,9 @@ Then the same calls as one CUDA graph (lengths on the GPU, as a captured decode 
 around a replay, the median of 20, per call; and the floor of a call at that batch and heads, the same graph
 over a cache of one position. "bound" says which limits the shape: memory where the bytes at the copy
 bandwidth take longer than that floor, launch where they do not.
+
+python notes/decode_table.py --kernels NAME times task5/solution/NAME/decode.cu (a variant of the reference's
+kernels) as a graph only, each shape's outputs checked.
 """
 import math
 import os
@@ -23,7 +26,8 @@ from task5.measure import TimedDecode, time_decode_here  # noqa: E402
 SHAPES = [(16, 32, 32, 4096, 128), (1, 32, 32, 32768, 128), (16, 32, 8, 4096, 128), (3, 5, 5, 7777, 80),
           (64, 8, 8, 1000, 64), (1, 8, 8, 8192, 64), (8, 40, 8, 2048, 128), (2, 12, 12, 16384, 64),
           (4, 32, 32, 1024, 128), (32, 16, 16, 512, 96), (1, 1, 1, 100000, 128), (7, 6, 2, 5000, 40),
-          (128, 32, 8, 256, 128), (1, 32, 8, 1024, 128)]
+          (128, 32, 8, 256, 128), (1, 32, 8, 1024, 128),
+          (16, 32, 4, 4096, 128), (4, 28, 4, 4096, 128), (8, 12, 2, 8192, 128)]
 
 
 def graphed_us(ext, timed, length, scale) -> float:
@@ -50,9 +54,10 @@ def graphed_us(ext, timed, length, scale) -> float:
 
 
 def main():
+    kernels = sys.argv[sys.argv.index("--kernels") + 1] if "--kernels" in sys.argv else None
     copy = bench.copy_bandwidth_gbs()
-    ext = extension(True)
-    print(f"{torch.cuda.get_device_name()}: copy {copy:.0f} GB/s")
+    ext = extension(True, kernels)
+    print(f"{torch.cuda.get_device_name()}: copy {copy:.0f} GB/s; kernels: task5/solution/{kernels or 'kernels'}")
     print("| batch | heads | kv heads | cached | head_dim | K+V MB | splits | host loop | of copy | graph | of copy "
           "| floor | bound |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -60,16 +65,19 @@ def main():
         timed = TimedDecode(batch, heads, kv_heads, length, head_dim)
         scale = 1 / math.sqrt(head_dim)
         timed.refresh()
-        timing = time_decode_here(lambda q, k, v, out: decode(q, k, v, length, scale, out=out, solution=True), timed)
-        timed.check(scale)
+        if kernels is None:
+            timing = time_decode_here(lambda q, k, v, out: decode(q, k, v, length, scale, out=out, solution=True), timed)
+            timed.check(scale)
         splits = ext.splits_for(batch, heads, kv_heads, length, head_dim)
-        gbs = timed.bytes_read / (timing.median_ms * 1e-3) / 1e9
         graph_us = graphed_us(ext, timed, length, scale)
+        timed.check(scale)
+        host_us = timing.median_ms * 1e3 if kernels is None else float("nan")
+        gbs = timed.bytes_read / (host_us * 1e-6) / 1e9
         graph_gbs = timed.bytes_read / (graph_us * 1e-6) / 1e9
         floor_us = graphed_us(ext, TimedDecode(batch, heads, kv_heads, 1, head_dim), 1, scale)
         bytes_us = timed.bytes_read / (copy * 1e9) * 1e6
         print(f"| {batch} | {heads} | {kv_heads} | {length} | {head_dim} | {timed.bytes_read / 1e6:.1f} | {splits} | "
-              f"{timing.median_ms * 1e3:.1f} us | {gbs / copy:.0%} | {graph_us:.1f} us | {graph_gbs / copy:.0%} | "
+              f"{host_us:.1f} us | {gbs / copy:.0%} | {graph_us:.1f} us | {graph_gbs / copy:.0%} | "
               f"{floor_us:.1f} us | {'memory' if bytes_us > floor_us else 'launch'} |", flush=True)
         del timed
         torch.cuda.empty_cache()

@@ -664,7 +664,8 @@ def main(argv=None) -> int:
             report.note("benchmarks skipped until every check passes")
         else:
             with gpu_share.alone(worker):
-                measure.run_benchmarks(report, worker, split_passed, prefill["by"], paged_passed)
+                measure.run_benchmarks(report, worker, split_passed, prefill["by"], paged_passed,
+                                       measure.SHAPE_BENCHMARKS + cli.extra_cases(5, "shapes", args.hidden))
             said = None if args.solution or args.grading else points.estimate_note(5, report.cases)
             if said:
                 report.note(said)

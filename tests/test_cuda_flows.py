@@ -212,6 +212,31 @@ def test_task5s_points_in_the_handout_need_no_calibration_and_the_long_cache_cou
     assert abs(points_without - (3 + BARS[5].fraction(0.75))) < 0.05, why
 
 
+def test_task5_times_shapes_nobody_tuned_for_says_their_bound_and_scores_none(stand_in):
+    """The public shapes, and with --hidden the hidden ones too (at the stand-in's sizes), each timed against a
+    call over one cached position; reported, never scored: the points are those of the run without them."""
+    from harness.points import NOT_SCORED
+    from task5 import measure
+    from tests.stand_in import SMALL_HIDDEN
+
+    def shapes(record):
+        return [c for c in record["cases"] if c["name"].startswith("decode, a shape nobody tuned for")]
+
+    public = shapes(stand_in.run(5, "--solution"))
+    record = stand_in.run(5, "--solution", *HIDDEN)
+    every = shapes(record)
+    assert len(public) == len(measure.SHAPE_BENCHMARKS) and len(every) == len(public) + len(SMALL_HIDDEN[(5, "shapes")])
+    for case in every:
+        m = case["metrics"]
+        assert case["passed"] and NOT_SCORED in m and case["message"].endswith("not scored"), case
+        assert m["bound"] == ("memory" if m["copy_ms"] > m["floor_ms"] else "launch")
+        assert f"{m['bound']}-bound: the bytes take" in case["message"] and 0 < m["of_copy"] < 1.25
+    hidden = [c for c in every if "heads 4 (1 kv heads) cached tokens 200 " in c["name"]]
+    assert hidden and {c["name"] for c in public} < {c["name"] for c in every} - {c["name"] for c in hidden}
+    points, why = score(5, record)
+    assert points == RUBRIC[5].points, why
+
+
 def test_the_stand_in_gpu_tells_a_models_device_from_a_host_tensors():
     """`.to(model.device)` moves a host tensor to the (stand-in) GPU; `.to(host_tensor.device)` does not, as on a
     real GPU, where the bindings then refuse it."""

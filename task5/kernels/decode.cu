@@ -71,10 +71,13 @@ constexpr int UNROLL = 1;
 // each reading the group's cache once: 8 query heads per cached head read it twice at 4. That is
 // still the faster choice here (H100, 32 query heads over 4 cached ones: 78% of the copy bandwidth
 // counting each byte once, against 60% with 8 queries a block, which needs 8 warps: with 16 a
-// thread may use at most 128 registers, and 8 queries spill). README, Task 5, step 4.
+// thread may use at most 128 registers, and 8 queries spill; H200, batch 16: 52% against 42%, and
+// 46% at 16 warps with 2 rows per lane ahead). Scoring each row against 8 queries, the kernel is
+// bound by its instructions (shuffles, exponentials), not by memory. README, Task 5, step 4.
 constexpr int MAX_QUERIES = 4;
 constexpr int MAX_HEAD_DIM = 128;
 constexpr int MAX_SPLITS = 256;  // the binding checks `splits` against this
+constexpr int COMBINE_PARTS = 8;  // threads per column in the kernel that combines the splits
 // With split-KV (step 3), no split is shorter than this many rows: below it, the combining kernel
 // and the partial outputs cost more than the split saves.
 [[maybe_unused]] constexpr int MIN_KEYS_PER_SPLIT = 512;  // used by decode_splits (step 3)
@@ -308,11 +311,17 @@ __device__ __forceinline__ CacheRows cache_rows(BlockRows& b, const float* k_cac
 }
 
 // Step 2: one block per (batch, key/value head, chunk of its query heads), over the cached
-// rows [begin, length). (__launch_bounds__'s 1 asks for at least one block per SM, which 16
-// warps get at up to 128 registers a thread anyway; without it ptxas spilled a few bytes in
-// two of the kernels.)
+// rows [begin, length). __launch_bounds__'s second number is the blocks an SM must be able to
+// hold at once, which caps the registers a thread may use: two blocks of one query (64 registers
+// a thread at 16 warps), so that one block's start and final merge overlap the other's loads
+// (H200: batch 64, 8 heads, 1000 cached tokens from 91% to 97% of the copy bandwidth); one block of
+// more queries, which need up to 128 registers, and of scalar loads or rows of at most 4 floats,
+// which would spill a few registers at 64.
 template <int VEC, int G, int Q>
-__global__ void __launch_bounds__(DECODE_WARPS * WARP, 1)
+constexpr int MIN_BLOCKS_PER_SM = Q == 1 && VEC == 4 && G > 1 ? 2 : 1;
+
+template <int VEC, int G, int Q>
+__global__ void __launch_bounds__(DECODE_WARPS * WARP, MIN_BLOCKS_PER_SM<VEC, G, Q>)
     decode_kernel(const float* __restrict__ q, const float* __restrict__ k_cache,
                   const float* __restrict__ v_cache, float* __restrict__ out, int heads, int kv_heads,
                   const int* __restrict__ length, const int* __restrict__ key_start, int max_seq, int head_dim,
@@ -334,7 +343,7 @@ __global__ void __launch_bounds__(DECODE_WARPS * WARP, 1)
 // splits are empty.
 // partial_out: (batch * heads, splits, head_dim); partial_lse: (batch * heads, splits).
 template <int VEC, int G, int Q>
-__global__ void __launch_bounds__(DECODE_WARPS * WARP, 1)
+__global__ void __launch_bounds__(DECODE_WARPS * WARP, MIN_BLOCKS_PER_SM<VEC, G, Q>)
     decode_split_kernel(const float* __restrict__ q, const float* __restrict__ k_cache,
                         const float* __restrict__ v_cache, float* __restrict__ partial_out,
                         float* __restrict__ partial_lse, int heads, int kv_heads,
@@ -360,15 +369,17 @@ __global__ void __launch_bounds__(DECODE_WARPS * WARP, 1)
 }
 
 // Step 3: out = sum_s w_s partial_out_s / sum_s w_s with w_s = 2^(lse_s - max lse).
-// One block per (batch, head), one thread per column.
-__global__ void combine_splits_kernel(const float* __restrict__ partial_out,
-                                      const float* __restrict__ partial_lse, float* __restrict__ out,
-                                      int splits, int head_dim) {
+// One block per (batch, head) of MAX_HEAD_DIM x COMBINE_PARTS threads: thread (c, part) sums
+// column c over splits part, part + COMBINE_PARTS, ... With one thread per column summing every
+// split, a long cache of one head (132 splits) waits on 132 loads one after another, longer than
+// the splits took to read the cache.
+__global__ void __launch_bounds__(MAX_HEAD_DIM * COMBINE_PARTS)
+    combine_splits_kernel(const float* __restrict__ partial_out, const float* __restrict__ partial_lse,
+                          float* __restrict__ out, int splits, int head_dim) {
   const size_t bh = blockIdx.x;
-  const int c = threadIdx.x;
-  if (c >= head_dim) return;
+  const int c = threadIdx.x, part = threadIdx.y;
   // TODO (README, Task 5, step 3: combine the splits' partial outputs, weighted by their log-sum-exp)
-  (void)partial_out, (void)partial_lse, (void)out, (void)splits, (void)bh;
+  (void)partial_out, (void)partial_lse, (void)out, (void)splits, (void)bh, (void)c, (void)part;
 }
 
 // ----------------------------------------------------------------------------
@@ -421,8 +432,8 @@ static cudaError_t launch_decode(const float* q, const float* k_cache, const flo
       scale * LOG2E, paging);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  combine_splits_kernel<<<batch * heads, MAX_HEAD_DIM, 0, stream>>>(partial_out, partial_lse, out, splits,
-                                                                    head_dim);
+  combine_splits_kernel<<<batch * heads, dim3(MAX_HEAD_DIM, COMBINE_PARTS), 0, stream>>>(partial_out, partial_lse,
+                                                                                        out, splits, head_dim);
   return cudaGetLastError();
 }
 
@@ -468,10 +479,10 @@ cudaError_t decode_forward(const float* q, const float* k_cache, const float* v_
                 nullptr, nullptr, Paging{nullptr, 0, 0, 0}, stream);
 }
 
-// The number of splits the launcher would use: about as many blocks as SMs, but no split
-// shorter than MIN_KEYS_PER_SPLIT rows. The lengths are in GPU memory, out of the host's sight:
-// max_length is the longest any sequence may be (the length itself when it came from the host,
-// else max_seq), and the splits are chosen for it.
+// The number of splits the launcher would use: enough blocks to keep every SM reading, in waves
+// that end together, and no split shorter than MIN_KEYS_PER_SPLIT rows. The lengths are in GPU
+// memory, out of the host's sight: max_length is the longest any sequence may be (the length
+// itself when it came from the host, else max_seq), and the splits are chosen for it.
 int decode_splits(int batch, int heads, int kv_heads, int max_length, int head_dim) {
   const int blocks = decode_blocks(batch, heads, kv_heads);  // without splitting
   // TODO (README, Task 5, step 3: choose the number of splits from the blocks, max_length and the SM count)

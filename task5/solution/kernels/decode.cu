@@ -71,10 +71,13 @@ constexpr int UNROLL = 4;  // [skeleton: 1]
 // each reading the group's cache once: 8 query heads per cached head read it twice at 4. That is
 // still the faster choice here (H100, 32 query heads over 4 cached ones: 78% of the copy bandwidth
 // counting each byte once, against 60% with 8 queries a block, which needs 8 warps: with 16 a
-// thread may use at most 128 registers, and 8 queries spill). README, Task 5, step 4.
+// thread may use at most 128 registers, and 8 queries spill; H200, batch 16: 52% against 42%, and
+// 46% at 16 warps with 2 rows per lane ahead). Scoring each row against 8 queries, the kernel is
+// bound by its instructions (shuffles, exponentials), not by memory. README, Task 5, step 4.
 constexpr int MAX_QUERIES = 4;
 constexpr int MAX_HEAD_DIM = 128;
 constexpr int MAX_SPLITS = 256;  // the binding checks `splits` against this
+constexpr int COMBINE_PARTS = 8;  // threads per column in the kernel that combines the splits
 // With split-KV (step 3), no split is shorter than this many rows: below it, the combining kernel
 // and the partial outputs cost more than the split saves.
 [[maybe_unused]] constexpr int MIN_KEYS_PER_SPLIT = 512;  // used by decode_splits (step 3)
@@ -448,11 +451,17 @@ __device__ __forceinline__ CacheRows cache_rows(BlockRows& b, const float* k_cac
 }
 
 // Step 2: one block per (batch, key/value head, chunk of its query heads), over the cached
-// rows [begin, length). (__launch_bounds__'s 1 asks for at least one block per SM, which 16
-// warps get at up to 128 registers a thread anyway; without it ptxas spilled a few bytes in
-// two of the kernels.)
+// rows [begin, length). __launch_bounds__'s second number is the blocks an SM must be able to
+// hold at once, which caps the registers a thread may use: two blocks of one query (64 registers
+// a thread at 16 warps), so that one block's start and final merge overlap the other's loads
+// (H200: batch 64, 8 heads, 1000 cached tokens from 91% to 97% of the copy bandwidth); one block of
+// more queries, which need up to 128 registers, and of scalar loads or rows of at most 4 floats,
+// which would spill a few registers at 64.
 template <int VEC, int G, int Q>
-__global__ void __launch_bounds__(DECODE_WARPS * WARP, 1)
+constexpr int MIN_BLOCKS_PER_SM = Q == 1 && VEC == 4 && G > 1 ? 2 : 1;
+
+template <int VEC, int G, int Q>
+__global__ void __launch_bounds__(DECODE_WARPS * WARP, MIN_BLOCKS_PER_SM<VEC, G, Q>)
     decode_kernel(const float* __restrict__ q, const float* __restrict__ k_cache,
                   const float* __restrict__ v_cache, float* __restrict__ out, int heads, int kv_heads,
                   const int* __restrict__ length, const int* __restrict__ key_start, int max_seq, int head_dim,
@@ -479,7 +488,7 @@ __global__ void __launch_bounds__(DECODE_WARPS * WARP, 1)
 // splits are empty.
 // partial_out: (batch * heads, splits, head_dim); partial_lse: (batch * heads, splits).
 template <int VEC, int G, int Q>
-__global__ void __launch_bounds__(DECODE_WARPS * WARP, 1)
+__global__ void __launch_bounds__(DECODE_WARPS * WARP, MIN_BLOCKS_PER_SM<VEC, G, Q>)
     decode_split_kernel(const float* __restrict__ q, const float* __restrict__ k_cache,
                         const float* __restrict__ v_cache, float* __restrict__ partial_out,
                         float* __restrict__ partial_lse, int heads, int kv_heads,
@@ -515,26 +524,39 @@ __global__ void __launch_bounds__(DECODE_WARPS * WARP, 1)
 }
 
 // Step 3: out = sum_s w_s partial_out_s / sum_s w_s with w_s = 2^(lse_s - max lse).
-// One block per (batch, head), one thread per column.
-__global__ void combine_splits_kernel(const float* __restrict__ partial_out,
-                                      const float* __restrict__ partial_lse, float* __restrict__ out,
-                                      int splits, int head_dim) {
+// One block per (batch, head) of MAX_HEAD_DIM x COMBINE_PARTS threads: thread (c, part) sums
+// column c over splits part, part + COMBINE_PARTS, ... With one thread per column summing every
+// split, a long cache of one head (132 splits) waits on 132 loads one after another, longer than
+// the splits took to read the cache.
+__global__ void __launch_bounds__(MAX_HEAD_DIM * COMBINE_PARTS)
+    combine_splits_kernel(const float* __restrict__ partial_out, const float* __restrict__ partial_lse,
+                          float* __restrict__ out, int splits, int head_dim) {
   const size_t bh = blockIdx.x;
-  const int c = threadIdx.x;
-  if (c >= head_dim) return;
+  const int c = threadIdx.x, part = threadIdx.y;
   // BEGIN SOLUTION "step 3: combine the splits' partial outputs, weighted by their log-sum-exp"
-  const float* lse = partial_lse + bh * splits;
+  __shared__ float weight[MAX_SPLITS];                     // the splits' lse, then their weights w_s
+  __shared__ float part_sum[COMBINE_PARTS][MAX_HEAD_DIM];  // each part's sum for each column
+  const int thread = part * blockDim.x + c;
+  for (int s = thread; s < splits; s += blockDim.x * blockDim.y) weight[s] = partial_lse[bh * splits + s];
+  __syncthreads();
   float big = -INFINITY;
-  for (int s = 0; s < splits; ++s) big = fmaxf(big, lse[s]);
-  float sum = 0.0f, o = 0.0f;
-  for (int s = 0; s < splits; ++s) {
-    const float w = exp2f(lse[s] - big);  // 0 for an empty split
-    sum += w;
-    o = fmaf(w, partial_out[(bh * splits + s) * head_dim + c], o);
+  for (int s = 0; s < splits; ++s) big = fmaxf(big, weight[s]);
+  __syncthreads();  // every thread has its max before the lse turn into weights
+  for (int s = thread; s < splits; s += blockDim.x * blockDim.y) weight[s] = exp2f(weight[s] - big);  // 0: empty
+  __syncthreads();
+  float o = 0.0f;
+  if (c < head_dim)
+    for (int s = part; s < splits; s += COMBINE_PARTS) o = fmaf(weight[s], partial_out[(bh * splits + s) * head_dim + c], o);
+  part_sum[part][c] = o;
+  __syncthreads();
+  if (part == 0 && c < head_dim) {
+    float sum = 0.0f, total = 0.0f;
+    for (int s = 0; s < splits; ++s) sum += weight[s];
+    for (int p = 0; p < COMBINE_PARTS; ++p) total += part_sum[p][c];
+    out[bh * head_dim + c] = total / sum;
   }
-  out[bh * head_dim + c] = o / sum;
   // SKELETON
-  // (void)partial_out, (void)partial_lse, (void)out, (void)splits, (void)bh;
+  // (void)partial_out, (void)partial_lse, (void)out, (void)splits, (void)bh, (void)c, (void)part;
   // END SOLUTION
 }
 
@@ -588,8 +610,8 @@ static cudaError_t launch_decode(const float* q, const float* k_cache, const flo
       scale * LOG2E, paging);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  combine_splits_kernel<<<batch * heads, MAX_HEAD_DIM, 0, stream>>>(partial_out, partial_lse, out, splits,
-                                                                    head_dim);
+  combine_splits_kernel<<<batch * heads, dim3(MAX_HEAD_DIM, COMBINE_PARTS), 0, stream>>>(partial_out, partial_lse,
+                                                                                        out, splits, head_dim);
   return cudaGetLastError();
 }
 
@@ -635,26 +657,32 @@ cudaError_t decode_forward(const float* q, const float* k_cache, const float* v_
                 nullptr, nullptr, Paging{nullptr, 0, 0, 0}, stream);
 }
 
-// The number of splits the launcher would use: about as many blocks as SMs, but no split
-// shorter than MIN_KEYS_PER_SPLIT rows. The lengths are in GPU memory, out of the host's sight:
-// max_length is the longest any sequence may be (the length itself when it came from the host,
-// else max_seq), and the splits are chosen for it.
+// The number of splits the launcher would use: enough blocks to keep every SM reading, in waves
+// that end together, and no split shorter than MIN_KEYS_PER_SPLIT rows. The lengths are in GPU
+// memory, out of the host's sight: max_length is the longest any sequence may be (the length
+// itself when it came from the host, else max_seq), and the splits are chosen for it.
 int decode_splits(int batch, int heads, int kv_heads, int max_length, int head_dim) {
   const int blocks = decode_blocks(batch, heads, kv_heads);  // without splitting
   // BEGIN SOLUTION "step 3: choose the number of splits from the blocks, max_length and the SM count"
   (void)head_dim;
   int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
+  if (blocks < 1 || cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
     return 1;
-  // One block of DECODE_WARPS = 16 warps per SM already reads at about the copy bandwidth, and
-  // more cost more than they save (H100, batch 1, 32 heads, 32768 cached tokens: 92% of the copy
-  // bandwidth with 4 splits, 84% with 9); fewer blocks than SMs leave SMs idle. So split the rows
-  // until there are about as many blocks as SMs.
-  if (blocks * 10 >= 9 * sms) return 1;
-  int splits = (sms + blocks / 2) / std::max(blocks, 1);
-  splits = std::min(splits, max_length / MIN_KEYS_PER_SPLIT);
-  return std::max(1, std::min(splits, MAX_SPLITS));
+  // One block of DECODE_WARPS = 16 warps per SM already reads at about the copy bandwidth, so the
+  // blocks take about ceil(blocks / SMs) times as long as one (an SM given two blocks takes twice as
+  // long): a last round only partly full leaves SMs idle, and 135 blocks on 132 SMs take as long as
+  // 264. With `splits` splits the time goes as ceil(blocks * splits / SMs) / splits: take more
+  // splits while that falls by 5% or more (each costs a partial output and its share of the
+  // combine), none of them shorter than MIN_KEYS_PER_SPLIT rows.
+  const int most = std::max(1, std::min(MAX_SPLITS, max_length / MIN_KEYS_PER_SPLIT));
+  int splits = 1;
+  double best = ceil_div(blocks, sms);
+  for (int s = 2; s <= most; ++s) {
+    const double time = (double)ceil_div(blocks * s, sms) / s;
+    if (time < 0.95 * best) splits = s, best = time;
+  }
+  return splits;
   // SKELETON
   // (void)blocks, (void)max_length, (void)head_dim;
   // return 1;  // one block per (batch, key/value head) until step 3 is written
