@@ -9,6 +9,8 @@ Layouts tried for cuBLAS: x @ W^T (F.linear, W as nn.Linear keeps it), W @ x^T (
 way round), and x @ Wt with Wt = W^T stored contiguous (K, N).
 """
 
+import sys
+
 import torch
 from torch.utils.cpp_extension import load_inline
 
@@ -48,6 +50,61 @@ __global__ void __launch_bounds__(256) gemv_kernel(const float* __restrict__ x, 
       if (lane == 0) y[(size_t)b * n + row] = v;
     }
   }
+}
+
+// As gemv_kernel, but a warp takes ROWS rows at once: each x float4 it loads serves ROWS rows of w
+// (a quarter or half of the L1 traffic for x), and ROWS * UNROLL float4 of w are in flight per lane.
+template <int B, int UNROLL, int ROWS>
+__global__ void __launch_bounds__(256) gemv_rows_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                                                        float* __restrict__ y, int n, int k) {
+  const int lane = threadIdx.x % 32, warps = gridDim.x * (blockDim.x / 32);
+  const int k4 = k / 4;
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  for (int row0 = (blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * ROWS; row0 < n; row0 += warps * ROWS) {
+    float acc[ROWS][B] = {};
+    for (int c = lane; c < k4; c += 32 * UNROLL) {
+      float4 wv[ROWS][UNROLL];
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+          wv[r][u] = row0 + r < n && c + 32 * u < k4 ? __ldcs(reinterpret_cast<const float4*>(w + (size_t)(row0 + r) * k) + c + 32 * u)
+                                                   : make_float4(0, 0, 0, 0);
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        if (c + 32 * u >= k4) break;
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+          const float4 xv = __ldg(x4 + (size_t)b * k4 + c + 32 * u);
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r)
+            acc[r][b] += wv[r][u].x * xv.x + wv[r][u].y * xv.y + wv[r][u].z * xv.z + wv[r][u].w * xv.w;
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int b = 0; b < B; ++b) {
+        float v = acc[r][b];
+        for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0 && row0 + r < n) y[(size_t)b * n + row0 + r] = v;
+      }
+  }
+}
+
+void gemv_rows(torch::Tensor x, torch::Tensor w, torch::Tensor y, int64_t rows, int64_t unroll, int64_t blocks_per_sm) {
+  const int n = w.size(0), k = w.size(1);
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  const int warps = 8, all = (n + warps * rows - 1) / (warps * rows);
+  const int grid = std::min<int>(all, sms * blocks_per_sm);
+  auto stream = at::cuda::getCurrentCUDAStream();
+  const float* xp = x.data_ptr<float>(); const float* wp = w.data_ptr<float>(); float* yp = y.data_ptr<float>();
+  if (rows == 2 && unroll == 2) gemv_rows_kernel<4, 2, 2><<<grid, warps * 32, 0, stream>>>(xp, wp, yp, n, k);
+  else if (rows == 2 && unroll == 4) gemv_rows_kernel<4, 4, 2><<<grid, warps * 32, 0, stream>>>(xp, wp, yp, n, k);
+  else if (rows == 4 && unroll == 1) gemv_rows_kernel<4, 1, 4><<<grid, warps * 32, 0, stream>>>(xp, wp, yp, n, k);
+  else gemv_rows_kernel<4, 2, 4><<<grid, warps * 32, 0, stream>>>(xp, wp, yp, n, k);
 }
 
 void gemv(torch::Tensor x, torch::Tensor w, torch::Tensor y, int64_t unroll, int64_t blocks_per_sm) {
@@ -96,7 +153,9 @@ def copy_bandwidth() -> float:
 
 def main():
     ext = load_inline("gemv_step_probe", cpp_sources="void gemv(torch::Tensor x, torch::Tensor w, torch::Tensor y, "
-                      "int64_t unroll, int64_t blocks_per_sm);", cuda_sources=SOURCE, functions=["gemv"],
+                      "int64_t unroll, int64_t blocks_per_sm); void gemv_rows(torch::Tensor x, torch::Tensor w, "
+                      "torch::Tensor y, int64_t rows, int64_t unroll, int64_t blocks_per_sm);", cuda_sources=SOURCE,
+                      functions=["gemv", "gemv_rows"],
                       extra_cuda_cflags=["-O3"])
     copy_gbs = copy_bandwidth()
     weights = [torch.randn(n, k, device="cuda") * 0.01 for _ in range(24) for n, k in SHAPES]
@@ -111,31 +170,41 @@ def main():
     def run_linear():
         for w, y in zip(weights, ys):
             torch.mm(xs[w.shape[1]], w.t(), out=y)
-    ms = graphed_ms(run_linear)
+    ms = graphed_ms(run_linear)  # the baseline, each run
     print(f"x @ W^T (F.linear, mm into y): {ms:.2f} ms, {nbytes / ms / 1e6 / copy_gbs:.0%} of copy")
-    ys_t = [torch.empty(w.shape[0], 4, device="cuda") for w in weights]
+    if "--layouts" in sys.argv:  # measured: slower than F.linear on an H200 (45% and 57% of copy)
+        ys_t = [torch.empty(w.shape[0], 4, device="cuda") for w in weights]
 
-    def run_w_first():
-        for w, y in zip(weights, ys_t):
-            torch.mm(w, xs[w.shape[1]].t(), out=y)
-    ms = graphed_ms(run_w_first)
-    print(f"W @ x^T (mm into y^T): {ms:.2f} ms, {nbytes / ms / 1e6 / copy_gbs:.0%} of copy")
-    ys_t.clear()
-    for i, w in enumerate(weights):  # W^T stored contiguous, in place of W: the same bytes
-        weights[i] = w.t().contiguous()
-        del w
-    torch.cuda.empty_cache()
+        def run_w_first():
+            for w, y in zip(weights, ys_t):
+                torch.mm(w, xs[w.shape[1]].t(), out=y)
+        ms = graphed_ms(run_w_first)
+        print(f"W @ x^T (mm into y^T): {ms:.2f} ms, {nbytes / ms / 1e6 / copy_gbs:.0%} of copy")
+        ys_t.clear()
+        for i, w in enumerate(weights):  # W^T stored contiguous, in place of W: the same bytes
+            weights[i] = w.t().contiguous()
+            del w
+        torch.cuda.empty_cache()
 
-    def run_transposed():
-        for wt, y in zip(weights, ys):
-            torch.mm(xs[wt.shape[0]], wt, out=y)
-    ms = graphed_ms(run_transposed)
-    print(f"x @ Wt, Wt = W^T contiguous: {ms:.2f} ms, {nbytes / ms / 1e6 / copy_gbs:.0%} of copy")
-    for i, wt in enumerate(weights):
-        weights[i] = wt.t().contiguous()
-        del wt
-    torch.cuda.empty_cache()
-    for unroll, per_sm in ((4, 0), (8, 0), (4, 4), (8, 4), (8, 8)):
+        def run_transposed():
+            for wt, y in zip(weights, ys):
+                torch.mm(xs[wt.shape[0]], wt, out=y)
+        ms = graphed_ms(run_transposed)
+        print(f"x @ Wt, Wt = W^T contiguous: {ms:.2f} ms, {nbytes / ms / 1e6 / copy_gbs:.0%} of copy")
+        for i, wt in enumerate(weights):
+            weights[i] = wt.t().contiguous()
+            del wt
+        torch.cuda.empty_cache()
+    for rows, unroll, per_sm in ((2, 2, 4), (2, 4, 4), (4, 1, 4), (4, 2, 4), (2, 2, 2), (2, 4, 2), (4, 2, 2),
+                                 (2, 2, 8)):
+        def run_rows():
+            for w, y in zip(weights, ys):
+                ext.gemv_rows(xs[w.shape[1]], w, y, rows, unroll, per_sm)
+        ms = graphed_ms(run_rows)
+        err = max(float((y.double() - xs[w.shape[1]].double() @ w.double().t()).abs().max()) for w, y in check)
+        print(f"gemv {rows} rows a warp, unroll {unroll}, blocks/SM {per_sm}: {ms:.2f} ms, "
+              f"{nbytes / ms / 1e6 / copy_gbs:.0%} of copy (max err {err:.1e})", flush=True)
+    for unroll, per_sm in ((4, 4), (4, 2), (4, 6)):
         def run():
             for w, y in zip(weights, ys):
                 ext.gemv(xs[w.shape[1]], w, y, unroll, per_sm)

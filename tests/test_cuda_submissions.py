@@ -134,6 +134,8 @@ T5_READ_PAST_LENGTH = [("const bool ok = row < end && 4 * g < head_dim;",  # loa
                         "const bool ok = row <= end && 4 * g < head_dim;"),
                        ("const size_t at = row < end ? rows.offset(row) : 0;", "const size_t at = rows.offset(row);")]
 
+T5_PAGED_WITHOUT_TABLE = ("const int page = table[row >> page_shift], within", "const int page = row >> page_shift, within")
+
 
 def task5_kernel(*edits):
     text = (REPO / "task5/solution/kernels/decode.cu").read_text()
@@ -182,7 +184,7 @@ DIAGNOSED = {  # id: (task, edits, flags, what the diagnosis says, its step)
     "task5_l_not_rescaled": (5, [("      l[i] *= alpha;\n", "")], ["--decode"], "l_i not rescaled", 2),
     "task5_decode_one_short": (5, [("b.begin, b.end, scale_log2)", "b.begin, b.end - 1, scale_log2)")],
                                ["--decode"], "a decode over one position too few", 2),
-    "task5_splits_without_weights": (5, [("const float w = exp2f(lse[s] - big);", "const float w = 1.0f; (void)big;")],
+    "task5_splits_without_weights": (5, [("weight[s] = exp2f(weight[s] - big);", "weight[s] = 1.0f; (void)big;")],
                                      ["--split"], "split-KV partial outputs averaged without their log-sum-exp", 3),
     "task5_update_one_row_off": (5, [("(bh * max_seq + p) * head_dim", "(bh * max_seq + p + 1) * head_dim")],
                                  ["--cache"], "the new rows written at other rows than pos", 1),
@@ -247,8 +249,7 @@ def test_task6_a_step_that_passes_the_python_length_is_told_so_by_the_graph(tmp_
 def test_task5_a_paged_decode_that_skips_the_block_table_is_told_so(tmp_path):
     """Step 5's page lookup taken as the logical page number: the rows come from other sequences' pages (or the
     NaN around them), so the paged decode differs from the contiguous one on the same rows, and says where."""
-    edit = ("const int page = table[row >> page_shift], within", "const int page = row >> page_shift, within")
-    record = run_test(5, submission(tmp_path, task5_kernel(edit)), tmp_path, "--paged")
+    record = run_test(5, submission(tmp_path, task5_kernel(T5_PAGED_WITHOUT_TABLE)), tmp_path, "--paged")
     failed = [c["message"] for c in record["cases"] if c["kind"] == "optional" and not c["passed"]]
     assert failed and all("block_table[b, p / page_size]" in m for m in failed), failed
     assert any("differs from the contiguous one on the same rows" in m for m in failed), failed
