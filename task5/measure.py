@@ -193,10 +193,11 @@ def shape_result(timed: TimedDecode, timing, floor_timing, copy_gbs, reference, 
                "bound": bound, "splits": chosen, "megabytes": timed.bytes_read / 1e6,
                points.NOT_SCORED: "the shapes nobody tuned for are reported only"}
     group = heads // timed.kv_heads
-    message = (f"{timed.bytes_read / 1e6:.1f} MB of K and V{f' (each byte once for its group of {group})' if group > 1 else ''}"
-               f": kernel {ms * 1e3:.1f} us, {gbs:.0f} GB/s, {gbs / copy_gbs:.0%} of the copy bandwidth ({chosen} "
-               f"split{'s' if chosen > 1 else ''} per head); {bound}-bound: the bytes take {copy_ms * 1e3:.1f} us at the "
-               f"copy bandwidth, a call over one cached position {floor_ms * 1e3:.1f} us")
+    counted = f" (each byte once for its group of {group})" if group > 1 else ""
+    message = (f"{timed.bytes_read / 1e6:.1f} MB of K and V{counted}: kernel {ms * 1e3:.1f} us, {gbs:.0f} GB/s, "
+               f"{gbs / copy_gbs:.0%} of the copy bandwidth ({chosen} split{'s' if chosen > 1 else ''} per head); "
+               f"{bound}-bound: the bytes take {copy_ms * 1e3:.1f} us at the copy bandwidth, a call over one cached "
+               f"position {floor_ms * 1e3:.1f} us")
     if reference is not None:
         scale = 1.0 / math.sqrt(d)
         t_ref = time_decode_here(lambda q, k, v, o: reference.decode(q, k, v, o, timed.length, scale, 0), timed)

@@ -225,7 +225,8 @@ def test_task5_times_shapes_nobody_tuned_for_says_their_bound_and_scores_none(st
     public = shapes(stand_in.run(5, "--solution"))
     record = stand_in.run(5, "--solution", *HIDDEN)
     every = shapes(record)
-    assert len(public) == len(measure.SHAPE_BENCHMARKS) and len(every) == len(public) + len(SMALL_HIDDEN[(5, "shapes")])
+    assert len(public) == len(measure.SHAPE_BENCHMARKS)
+    assert len(every) == len(public) + len(SMALL_HIDDEN[(5, "shapes")])
     for case in every:
         m = case["metrics"]
         assert case["passed"] and NOT_SCORED in m and case["message"].endswith("not scored"), case

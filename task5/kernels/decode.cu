@@ -479,7 +479,7 @@ cudaError_t decode_forward(const float* q, const float* k_cache, const float* v_
                 nullptr, nullptr, Paging{nullptr, 0, 0, 0}, stream);
 }
 
-// The number of splits the launcher would use: enough blocks to keep every SM reading, in waves
+// The number of splits the launcher would use: enough blocks to keep every SM reading, in rounds
 // that end together, and no split shorter than MIN_KEYS_PER_SPLIT rows. The lengths are in GPU
 // memory, out of the host's sight: max_length is the longest any sequence may be (the length
 // itself when it came from the host, else max_seq), and the splits are chosen for it.

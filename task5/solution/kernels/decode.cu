@@ -546,7 +546,8 @@ __global__ void __launch_bounds__(MAX_HEAD_DIM * COMBINE_PARTS)
   __syncthreads();
   float o = 0.0f;
   if (c < head_dim)
-    for (int s = part; s < splits; s += COMBINE_PARTS) o = fmaf(weight[s], partial_out[(bh * splits + s) * head_dim + c], o);
+    for (int s = part; s < splits; s += COMBINE_PARTS)
+      o = fmaf(weight[s], partial_out[(bh * splits + s) * head_dim + c], o);
   part_sum[part][c] = o;
   __syncthreads();
   if (part == 0 && c < head_dim) {
@@ -657,7 +658,7 @@ cudaError_t decode_forward(const float* q, const float* k_cache, const float* v_
                 nullptr, nullptr, Paging{nullptr, 0, 0, 0}, stream);
 }
 
-// The number of splits the launcher would use: enough blocks to keep every SM reading, in waves
+// The number of splits the launcher would use: enough blocks to keep every SM reading, in rounds
 // that end together, and no split shorter than MIN_KEYS_PER_SPLIT rows. The lengths are in GPU
 // memory, out of the host's sight: max_length is the longest any sequence may be (the length
 // itself when it came from the host, else max_seq), and the splits are chosen for it.
