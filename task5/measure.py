@@ -184,7 +184,7 @@ def shape_result(timed: TimedDecode, timing, floor_timing, copy_gbs, reference, 
     for t in (timing, floor_timing):
         if isinstance(t, str):
             return False, t, {}
-    batch, heads, _, d = timed.shape
+    _, heads, _, d = timed.shape
     ms, floor_ms = timing.median_ms, floor_timing.median_ms
     copy_ms = timed.bytes_read / (copy_gbs * 1e9) * 1e3
     gbs = timed.bytes_read / (ms * 1e-3) / 1e9
