@@ -309,7 +309,7 @@ def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda
         stale = folder / "lock"
         if stale.exists():
             stale.unlink()  # no live build holds it, or we would not hold the flock
-        objects = compile_kernels(sources[1:], folder, arch, flags)
+        objects = compile_kernels(sources[1:], folder, arch, flags) + given_objects(task, folder, arch, flags)
         try:
             module = load(
                 name=name,
@@ -338,6 +338,17 @@ def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda
     if verbose:
         print("\n".join(resource_report(objects, arch)))
     return module
+
+
+# Kernels given with a task's binding, compiled into its extension beside the student's files: task 5's
+# product of the few rows of a decode step with a weight matrix, which task 6's model calls.
+GIVEN_KERNELS = {5: [Path("common/csrc/linear_rows.cu")]}
+
+
+def given_objects(task: int, folder: Path, arch: str, flags: list[str]) -> list[Path]:
+    """The task's given kernels, compiled as a student's are (named by the text of common/csrc, so a
+    student's edit never rebuilds them) and held to the same kernel rules."""
+    return [obj for rel in GIVEN_KERNELS.get(task, []) for obj in compile_kernels([REPO / rel], folder, arch, flags)]
 
 
 def binding_files(task: int) -> list[Path]:

@@ -32,7 +32,8 @@ from common.tasks import TASKS, WORKER_FOLDER
 
 BWRAP = shutil.which("bwrap")
 MAX_STUDENT_FILE_BYTES = 2 * 1024 * 1024
-WORKER_CODE = (".py", ".h")  # what of common/ the view holds: its modules, and the headers the bindings include
+WORKER_CODE = (".py", ".h", ".cu")  # what of common/ the view holds: its modules, the headers the bindings
+# include and the kernels given with them (common/csrc/linear_rows.cu)
 
 
 def sandbox_status() -> str:

@@ -43,6 +43,9 @@ cudaError_t decode_paged_forward(const float* q, const float* k_pages, const flo
                                  float* partial_out, float* partial_lse, cudaStream_t stream);
 int decode_max_head_dim();
 int decode_max_splits();
+// Given (common/csrc/linear_rows.cu, compiled beside your kernels): y (rows, n) = x (rows, k) @ w^T.
+cudaError_t linear_rows(const float* x, const float* w, float* y, int rows, int n, int k, cudaStream_t stream);
+int linear_max_rows();
 
 namespace {
 
@@ -327,6 +330,38 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
   run_decode(q, k_cache, v_cache, out, lengths.data_ptr<int>(), length, first_key, scale, splits);
 }
 
+// Task 6's decode step: out = x @ weight^T for the few rows of a step (one token per sequence), the
+// product nn.Linear computes, by the given kernel that streams the weight (common/csrc/linear_rows.cu).
+void linear(const torch::Tensor& x, const torch::Tensor& weight, torch::Tensor& out) {
+  check_cuda_float32(x, "x");
+  check_cuda_float32(weight, "weight");
+  check_cuda_float32(out, "out");
+  check_dim(x, "x", 2);
+  check_dim(weight, "weight", 2);
+  check_dim(out, "out", 2);
+  check_same_device(x, "x", weight, "weight");
+  check_same_device(x, "x", out, "out");
+  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= linear_max_rows(), "x must hold 1 to ", num(linear_max_rows()),
+              " rows (one token per sequence), got shape ", shape(x));
+  check_size(weight, "weight", 1, x, "x", 1, "in_features");
+  TORCH_CHECK(x.size(1) % 4 == 0, "in_features (x.size(1)) must be a multiple of 4 (the kernel reads float4), got ",
+              num(x.size(1)));
+  TORCH_CHECK(out.size(0) == x.size(0) && out.size(1) == weight.size(0), "out must be (rows, out_features) = [",
+              num(x.size(0)), ", ", num(weight.size(0)), "], got shape ", shape(out));
+  check_not_empty(weight, "weight");
+  check_fits_int(weight.size(0), "out_features (weight.size(0))");
+  check_fits_int(weight.size(1), "in_features (weight.size(1))");
+  for (const torch::Tensor* t : {&x, &weight, static_cast<const torch::Tensor*>(&out)})
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
+                "x, weight and out must start on a 16-byte boundary (the kernel reads float4); a slice may not");
+  check_no_overlap(out, "out", x, "x");
+  check_no_overlap(out, "out", weight, "weight");
+  const c10::cuda::CUDAGuard guard(x.device());
+  check_launch(linear_rows(x.data_ptr<float>(), weight.data_ptr<float>(), out.data_ptr<float>(), (int)x.size(0),
+                           (int)weight.size(0), (int)x.size(1), at::cuda::getCurrentCUDAStream()),
+               "linear");
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // The tensor forms first: pybind11 tries overloads in order, and a one-element int tensor
   // would also pass as an int (read back to the host, which is what the tensor form avoids).
@@ -362,4 +397,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("batch"), py::arg("heads"), py::arg("kv_heads"), py::arg("max_length"), py::arg("head_dim"));
   m.def("max_head_dim", &decode_max_head_dim, "the largest head_dim the kernels support");
   m.def("max_splits", &decode_max_splits, "the most splits the split-KV kernels take");
+  m.def("linear", &linear,
+        "given, for task 6's decode step: out = x @ weight^T, x (rows, in_features) with 1 to linear_max_rows() rows, "
+        "weight (out_features, in_features) as nn.Linear keeps it, out (rows, out_features)",
+        py::arg("x"), py::arg("weight"), py::arg("out"));
+  m.def("linear_max_rows", &linear_max_rows, "the most rows linear takes");
 }

@@ -506,6 +506,15 @@ def check_errors(worker):
         ("two lengths for one sequence", decode(q, cache, torch.ones(2, dtype=torch.int32, device="cuda")),
          "length must have shape [1]"),
         ("length of float32", decode(q, cache, torch.ones(1, device="cuda")), "length must be int32"),
+        ("linear over 9 rows", ("linear", torch.zeros(9, 64, device="cuda"), torch.zeros(32, 64, device="cuda"),
+                                torch.zeros(9, 32, device="cuda")), "x must hold 1 to 8 rows"),
+        ("linear of another in_features", ("linear", torch.zeros(2, 64, device="cuda"),
+                                           torch.zeros(32, 60, device="cuda"), torch.zeros(2, 32, device="cuda")),
+         "in_features"),
+        ("linear into the wrong shape", ("linear", torch.zeros(2, 64, device="cuda"), torch.zeros(32, 64, device="cuda"),
+                                         torch.zeros(2, 31, device="cuda")), "out must be (rows, out_features)"),
+        ("linear of a weight on the CPU", ("linear", torch.zeros(2, 64, device="cuda"), torch.zeros(32, 64),
+                                           torch.zeros(2, 32, device="cuda")), "weight must be a CUDA tensor"),
     ]
     ok, message, metrics = expect_errors(lambda *call: worker.call(*call), bad)
     if not ok:
@@ -521,6 +530,30 @@ def check_errors(worker):
     if not ok:
         return ok, message2, {}
     return True, f"{len(bad) + len(layer_bad)} kinds of bad input rejected with clear errors", {}
+
+
+# (rows, in_features, out_features): one token per sequence, widths off the kernel's float4 and its 16 rows of a
+# block, down to the smallest k it takes, and one of the handout model's (qkv at batch 4)
+LINEAR_CASES = [(1, 4, 1), (3, 68, 33), (5, 260, 100), (8, 2052, 17), (4, 4096, 12288)]
+
+
+def check_linear(worker, hidden):
+    """Task 6's decode step multiplies its rows by every weight with the given `linear` (common/csrc/linear_rows.cu):
+    against float64, with a NaN row after out that must stay NaN (given code: reported, not scored)."""
+    for i, (rows, k, n) in enumerate(LINEAR_CASES):
+        x = random_tensor((rows, k), cli.seed(70 + i, hidden), "cuda")
+        weight = random_tensor((n, k), cli.seed(80 + i, hidden), "cuda") / math.sqrt(k)  # nn.Linear's: outputs ~1
+        out = torch.full((rows + 1, n), math.nan, device="cuda")  # row `rows` is past out
+        worker.call("linear", x, weight, out[:rows])
+        with exact_float32():
+            expected = x.double() @ weight.double().t()
+        name = f"linear of {rows} rows, in_features {k}, out_features {n}"
+        result = compare(out[:rows], expected, atol=ATOL, rtol=RTOL, name=name)
+        if not result.passed:
+            return False, result.message, {}
+        if not torch.isnan(out[rows]).all():
+            return False, f"{name}: wrote past out (the row after it, NaN, changed)", {}
+    return True, f"{len(LINEAR_CASES)} shapes match float64, nothing written past out", {}
 
 
 def check_cache_full(worker):
@@ -556,6 +589,10 @@ def sanitizer_calls(hidden: cli.Hidden | None, with_splits: bool, with_pages: bo
                                        (q, k_pages, v_pages, torch.empty_like(q), table,
                                         torch.tensor([24, 20], dtype=torch.int32), 0.125, splits),
                                        ("q", "k_pages", "v_pages", "out", "block_table", "length")))
+    # the given linear of task 6's decode step: widths off its float4 and its blocks' rows
+    x, weight = random_tensor((3, 68), cli.seed(54, hidden)), random_tensor((33, 68), cli.seed(55, hidden))
+    calls.append(sanitize.Call("linear 3 rows, in_features 68, out_features 33", "linear",
+                               (x, weight, torch.empty(3, 33)), ("x", "weight", "out")))
     # one position per sequence (int32 on the GPU): the last one does not fit and writes nothing
     for b, h, max_seq, pos, n, d in [(1, 2, 10, 9, 1, 128), (2, 1, 40, 3, 33, 17), (3, 2, 20, (0, 18, 19), 2, 64)]:
         k_new, v_new = (random_tensor((b, h, n, d), cli.seed(max_seq + n + i, hidden)) for i in range(2))
@@ -657,6 +694,8 @@ def main(argv=None) -> int:
                    kind="given")
         report.run("a step past a full cache raises a clear error (the given layer)",
                    lambda: check_cache_full(worker), kind="given")
+        report.run("task 6's decode-step products (the given linear) match float64",
+                   lambda: check_linear(worker, args.hidden), kind="given")
         required = [c for c in report.cases if c.kind != "optional"]
         if set(chosen) < {"cache", "decode", "layer"}:
             report.note("benchmarks run when every part is tested (no --cache/--decode/--layer flag)")

@@ -138,6 +138,28 @@ class KVCache:
         return self.k.shape[2]
 
 
+class Linear(nn.Linear):
+    """nn.Linear (no bias), which hands the few rows of a decode step to `rows_kernel` once one is set.
+
+    A decode step multiplies one row per sequence by every weight of the model: it is bound by how
+    fast the weights are read, and cuBLAS's float32 product reads them at 62-75% of the copy
+    bandwidth at 4 rows (notes/issue31-plan.md). SmallLM.set_linear gives every layer task 5's given
+    `linear` (common/csrc/linear_rows.cu), which streams them faster. The prefill's many rows, and a
+    model without one, take F.linear.
+    """
+
+    rows_kernel = None  # (x (rows, in), weight (out, in), out (rows, out)) -> None, writing out; set_linear
+    max_rows = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        if self.rows_kernel is None or rows > self.max_rows or self.in_features % 4 or self.bias is not None:
+            return F.linear(x, self.weight, self.bias)
+        out = torch.empty(*x.shape[:-1], self.out_features, device=x.device, dtype=x.dtype)
+        self.rows_kernel(x.reshape(rows, self.in_features).contiguous(), self.weight, out.view(rows, self.out_features))
+        return out
+
+
 class Attention(nn.Module):
     """What every attention of the model shares: the four projections, the head split and merge, RoPE.
 
@@ -151,8 +173,8 @@ class Attention(nn.Module):
         self.kv_heads = config.key_value_heads
         # q, k and v come from one matrix: one product reads the weights at a better bandwidth than three
         width = (self.heads + 2 * self.kv_heads) * self.head_dim
-        self.qkv_proj = nn.Linear(config.hidden, width, bias=False, device=device, dtype=dtype)
-        self.o_proj = nn.Linear(config.hidden, config.hidden, bias=False, device=device, dtype=dtype)
+        self.qkv_proj = Linear(config.hidden, width, bias=False, device=device, dtype=dtype)
+        self.o_proj = Linear(config.hidden, config.hidden, bias=False, device=device, dtype=dtype)
         self.rope, self.kernels = rope, kernels
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -175,7 +197,7 @@ class Attention(nn.Module):
 class SwiGLU(nn.Module):
     def __init__(self, config: Config, device=None, dtype=None):
         super().__init__()
-        make = lambda i, o: nn.Linear(i, o, bias=False, device=device, dtype=dtype)  # noqa: E731
+        make = lambda i, o: Linear(i, o, bias=False, device=device, dtype=dtype)  # noqa: E731
         self.gate_up = make(config.hidden, 2 * config.mlp)  # the gate's rows, then the up projection's
         self.down = make(config.mlp, config.hidden)
 
@@ -215,7 +237,7 @@ class SmallLM(nn.Module):
         self.blocks = nn.ModuleList(Block(config, attention(config, self.rope, kernels, device, dtype), device, dtype)
                                     for _ in range(config.layers))
         self.norm = nn.LayerNorm(config.hidden, device=device, dtype=dtype)
-        self.head = nn.Linear(config.hidden, config.vocab, bias=False, device=device, dtype=dtype)
+        self.head = Linear(config.hidden, config.vocab, bias=False, device=device, dtype=dtype)
         if seed is not None and str(device) != "meta":
             self.draw_weights(seed)
 
@@ -240,6 +262,14 @@ class SmallLM(nn.Module):
     def set_kernels(self, kernels) -> SmallLM:
         for block in self.blocks:
             block.attention.kernels = kernels
+        return self
+
+    def set_linear(self, rows_kernel, max_rows: int) -> SmallLM:
+        """Every Linear of the model hands up to max_rows rows to rows_kernel (task 5's `linear`, with its
+        `linear_max_rows()`), the decode step's products; None: F.linear everywhere."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.rows_kernel, module.max_rows = rows_kernel, max_rows
         return self
 
     def new_cache(self, batch: int, key_start: torch.Tensor | None = None) -> list[KVCache]:

@@ -97,14 +97,16 @@ class CudaOnTheCpu(TorchFunctionMode):
         if func is torch.Tensor.cpu:
             return _host(args[0].clone())
         device = kwargs.get("device")
+        to_gpu = func is torch.Tensor.cuda or (func is torch.Tensor.to and self._to_the_gpu(args, kwargs))
         if _on_cuda(device):
             kwargs["device"] = "cpu"
-        to_gpu = func is torch.Tensor.cuda or (func is torch.Tensor.to and self._to_the_gpu(args, kwargs))
         if to_gpu:  # a host tensor is copied to the GPU, a GPU tensor is itself (in the dtype asked for)
             t, args = args[0], tuple("cpu" if _on_cuda(a) else a for a in args)
             result = t if func is torch.Tensor.cuda else func(*args, **kwargs)
             return t.clone() if result is t and getattr(t, "on_host", False) else result
         result = func(*args, **kwargs)
+        if func is torch.Tensor.to and getattr(args[0], "on_host", False) and isinstance(result, torch.Tensor):
+            return _host(result)  # another dtype, still in host memory
         if getattr(func, "__self__", None) is torch.Tensor.device and not getattr(args[0], "on_host", False):
             self.gpu_devices[id(result)] = result
             if len(self.gpu_devices) > 4096:  # the newest are the ones about to be used
@@ -616,6 +618,25 @@ class Task5Kernels(StandInKernels):
 
     def splits_for(self, batch, heads, kv_heads, max_length, head_dim):
         return max(1, min(self.MAX_SPLITS, max_length // 512))
+
+    @launched
+    def linear(self, x, weight, out):
+        """The given product of a decode step's rows with a weight (common/csrc/linear_rows.cu)."""
+        for t, name in ((x, "x"), (weight, "weight"), (out, "out")):
+            _check_cuda_float32(t, name)
+            _check_dim(t, name, 2)
+        if not 1 <= x.shape[0] <= self.linear_max_rows():
+            raise RuntimeError(f"x must hold 1 to {self.linear_max_rows()} rows (one token per sequence), got shape "
+                               f"{list(x.shape)}")
+        if weight.shape[1] != x.shape[1] or x.shape[1] % 4:
+            raise RuntimeError(f"weight must be (out_features, {x.shape[1]}) and in_features a multiple of 4, got "
+                               f"{list(weight.shape)}")
+        if tuple(out.shape) != (x.shape[0], weight.shape[0]):
+            raise RuntimeError(f"out must be (rows, out_features) = {[x.shape[0], weight.shape[0]]}, got {list(out.shape)}")
+        torch.mm(x, weight.t(), out=out)
+
+    def linear_max_rows(self):
+        return 8
 
     def max_head_dim(self):
         return 128

@@ -140,6 +140,32 @@ def test_the_kernels_stand_in_refuses_what_the_bindings_refuse():
         kernels.attention(torch.zeros(1, 2, 4, 3).transpose(2, 3), cache, cache, True)
 
 
+def test_a_decode_step_hands_its_rows_to_the_linear_kernel_and_the_prefill_does_not():
+    """SmallLM.set_linear: every projection of a decode step (batch rows) goes to the kernel, the prefill's
+    many rows to F.linear; the logits are those of F.linear, and a kernel that writes something else shows."""
+    model, _ = model_and_reference()
+    tokens = torch.randint(0, TINY.vocab, (2, 9), generator=torch.Generator().manual_seed(5))
+    expected, _ = teacher_forced(model, tokens, 6)
+    calls = []
+
+    def rows_kernel(x, weight, out):
+        assert x.is_contiguous() and x.shape == (2, weight.shape[1]) and out.shape == (2, weight.shape[0])
+        calls.append(weight.shape)
+        torch.mm(x, weight.t(), out=out)
+    model.set_linear(rows_kernel, max_rows=2)
+    got, _ = teacher_forced(model, tokens, 6)
+    projections = 4 * TINY.layers + 1  # qkv, o, gate_up, down per layer, then the LM head
+    assert len(calls) == 3 * projections  # the three decode steps, none of the prefill
+    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5)
+
+    model.set_linear(lambda x, weight, out: out.zero_(), max_rows=2)  # a kernel that computes nothing
+    wrong, _ = teacher_forced(model, tokens, 6)
+    assert torch.allclose(wrong[:, :6], expected[:, :6], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(wrong[:, 6:], expected[:, 6:], atol=1e-3)
+    model.set_linear(None, 0)
+    assert torch.equal(teacher_forced(model, tokens, 6)[0], expected)
+
+
 def test_weights_are_the_seeds_and_shared_without_copies():
     a, b = (SmallLM(TINY, task6_measure.FullAttention, seed=5) for _ in range(2))
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
