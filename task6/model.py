@@ -143,7 +143,7 @@ class Linear(nn.Linear):
 
     A decode step multiplies one row per sequence by every weight of the model: it is bound by how
     fast the weights are read, and cuBLAS's float32 product reads them at 62-75% of the copy
-    bandwidth at 4 rows (notes/issue31-plan.md). SmallLM.set_linear gives every layer task 5's given
+    bandwidth at 4 rows (H200 and H100). SmallLM.set_linear gives every layer task 5's given
     `linear` (common/csrc/linear_rows.cu), which streams them faster. The prefill's many rows, and a
     model without one, take F.linear.
     """

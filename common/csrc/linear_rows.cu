@@ -4,8 +4,9 @@
 // y = x W^T for the few rows of a decode step (one token per sequence: rows = batch), W an
 // nn.Linear weight (n, k), row-major. A decode step reads every weight of the model once and
 // does two flops per weight and row, so, like decode, it is bound by how fast it reads W.
-// cuBLAS's float32 product reads W at 62-75% of the copy bandwidth at 4 rows (H100 and H200,
-// notes/gemv_step_probe.py); this kernel streams W at about 90% on an H100:
+// cuBLAS's float32 product reads W at 62-75% of the copy bandwidth at 4 rows (H200 and H100, the
+// 97 products of the handout model's decode step in one CUDA graph); this kernel's layout read
+// them at 90% on an H100:
 // - a warp takes ROWS rows of W at once, each lane a float4 of each, AHEAD float4 per row loaded
 //   before any is used (ROWS * AHEAD 16-byte loads in flight per lane), marked streaming (__ldcs:
 //   W is read once per step, so it should not push x out of the caches);
