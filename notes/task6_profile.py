@@ -1,5 +1,6 @@
 """Where a decode step of task 6's handout model goes: python notes/task6_profile.py (a GPU with 40 GB).
 
+python notes/task6_profile.py --cublas: the products by F.linear (cuBLAS), as before the given kernel.
 Prints the copy and read bandwidth, cuBLAS's matrix-vector products alone at the model's shapes,
 TBT over 100 steps, the host time to launch one step, and a kernel profile of 10 steps
 (the reference attention with the reference kernels). notes/task6-performance.md has the results.
@@ -45,6 +46,8 @@ def main():
         ms = event_ms(lambda: a @ w.T)
         print(f"linear {rows}x{cols}, batch {BATCH}: {ms * 1e3:.1f} us, {rows * cols * 4 / ms / 1e6:.0f} GB/s")
     model = SmallLM(config, CachedAttention, kernels, device="cuda", seed=0)
+    if "--cublas" not in sys.argv:  # as task 6 runs it: a step's products by the given kernel
+        model.set_linear(kernels.linear, kernels.linear_max_rows())
     prompt = torch.randint(0, config.vocab, (BATCH, PROMPT), device="cuda")
 
     def prefill():
