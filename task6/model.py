@@ -92,8 +92,9 @@ class Rope:
         # Full-width tables, the sine signed for the first half: a rotation is then
         # x * cos + swap_halves(x) * sin, three kernels where the pairwise form takes seven
         # (a decode step's time goes largely to launching small kernels).
-        self.cos = torch.cat((angle.cos(), angle.cos()), dim=-1).to(device=device, dtype=dtype)
-        self.sin = torch.cat((-angle.sin(), angle.sin()), dim=-1).to(device=device, dtype=dtype)
+        # (cos, then sin) in one row per position, so one gather fetches both.
+        self.cos_sin = torch.cat((angle.cos(), angle.cos(), -angle.sin(), angle.sin()), dim=-1).to(device=device,
+                                                                                                   dtype=dtype)
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x (batch, heads, n, head_dim) at `positions` (n,), or (batch, n) for each sequence its own, -> rotated,
@@ -102,7 +103,7 @@ class Rope:
         if positions.shape not in ((n,), (batch, n)):
             raise ValueError(f"positions must hold one position per token, ({n},) or ({batch}, {n}), got "
                              f"{tuple(positions.shape)}")
-        cos, sin = self.cos[positions], self.sin[positions]  # (n, head_dim) or (batch, n, head_dim)
+        cos, sin = self.cos_sin[positions].chunk(2, dim=-1)  # (n, head_dim) or (batch, n, head_dim)
         if positions.dim() == 2:
             cos, sin = cos[:, None], sin[:, None]  # the same for every head
         x1, x2 = x.chunk(2, dim=-1)

@@ -31,7 +31,7 @@ constexpr int BLOCKS_PER_SM = 4;  // the grid: enough warps per SM to keep the l
 constexpr int MAX_ROWS = 8;       // rows of x (one per sequence of the batch)
 
 // B rows of x, compiled for 1, 2, 4 and 8 (the launcher rounds `rows` up; the rows past it are
-// computed on zeros and never written).
+// computed on the last row again and never written).
 template <int B>
 __global__ void __launch_bounds__(WARPS * WARP) linear_rows_kernel(const float* __restrict__ x,
                                                                    const float* __restrict__ w, float* __restrict__ y,
@@ -56,8 +56,9 @@ __global__ void __launch_bounds__(WARPS * WARP) linear_rows_kernel(const float* 
         if (c + WARP * u >= k4) break;
 #pragma unroll
         for (int b = 0; b < B; ++b) {
-          if (b >= rows) break;
-          const float4 xv = __ldg(x4 + (size_t)b * k4 + c + WARP * u);
+          // Rows past `rows` read the last row again (their sums are never written): no branch here,
+          // which would keep the compiler from issuing every load of the loop before the first use.
+          const float4 xv = __ldg(x4 + (size_t)min(b, rows - 1) * k4 + c + WARP * u);
 #pragma unroll
           for (int r = 0; r < ROWS; ++r)
             acc[r][b] += wv[r][u].x * xv.x + wv[r][u].y * xv.y + wv[r][u].z * xv.z + wv[r][u].w * xv.w;
