@@ -171,7 +171,7 @@ def main(argv=None) -> int:
             for case in cli.cases(6, "gpu", GPU_CASES, args.hidden, shape_text, causal=(False,)):
                 report.run(case.name, lambda: check_teacher_forced(worker, case, GPU_VOCAB))
             report.end_part("gpu")
-            report.begin_part("the decode step as a CUDA graph, replayed (optional)", (1, 2, 3, 4, 5), optional=True)
+            report.begin_part("the decode step as a CUDA graph, replayed", (1, 2, 3, 4, 5), optional=True)
             for case in cli.cases(6, "graph", GRAPH_CASES, args.hidden, shape_text, causal=(False,)):
                 report.run(f"graph: {case.name}", lambda: check_teacher_forced(worker, case, GPU_VOCAB, graph=True))
             report.end_part("graph")
