@@ -21,6 +21,10 @@ class Task:
     # student Python code runs. It costs tens of microseconds per operator, too much around the
     # kernels of a whole model (tasks 6 and 7); PyTorch's attention stays blocked there all the same.
     watch_operators: bool = True
+    # Student files of an optional part (reported, not scored): a submission may leave them out (the skeleton is
+    # used, and no gradebook lists them missing), and one that does not compile is left out of the build, its
+    # part told why, never the task.
+    optional_files: tuple[str, ...] = ()
 
 
 TASKS = {
@@ -29,12 +33,12 @@ TASKS = {
             ("task2/__init__.py", "task2/entry.py", "task2/attention.py", "task2/binding.cpp"), cuda=True,
             watch_operators=False),
     3: Task(3, ("task3/attention.py",), ("task3/__init__.py", "task3/entry.py"), uses=(1,)),
-    4: Task(4, ("task4/kernels/attention.cu",),
+    4: Task(4, ("task4/kernels/attention.cu", "task4/kernels/attention_half.cu"),
             ("task4/__init__.py", "task4/entry.py", "task4/attention.py", "task4/binding.cpp"), cuda=True,
-            watch_operators=False),
-    5: Task(5, ("task5/kernels/decode.cu",),
+            watch_operators=False, optional_files=("task4/kernels/attention_half.cu",)),
+    5: Task(5, ("task5/kernels/decode.cu", "task5/kernels/decode_half.cu"),
             ("task5/__init__.py", "task5/entry.py", "task5/attention.py", "task5/binding.cpp"), uses=(4,), cuda=True,
-            watch_operators=False),
+            watch_operators=False, optional_files=("task5/kernels/decode_half.cu",)),
     6: Task(6, ("task6/attention.py",), ("task6/__init__.py", "task6/entry.py", "task6/model.py"), uses=(4, 5),
             watch_operators=False),
     7: Task(7, ("task7/attention.py",), ("task7/__init__.py", "task7/entry.py", "task7/gpt2.py"), uses=(4, 5),

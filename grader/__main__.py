@@ -78,7 +78,11 @@ def prepare_submission(submission: Path, into: Path) -> list[str]:
             if why:
                 (into / rel).parent.mkdir(parents=True, exist_ok=True)
                 (into / rel).write_bytes(skeleton_text(rel))
-                notes.append(f"{rel}: {why}, so the skeleton was graded instead")
+                if why == "missing" and rel in task.optional_files:  # an optional part left out: nothing lost
+                    notes.append(f"{rel}: not in the submission (an optional part, not scored), so its skeleton "
+                                 "was used")
+                else:
+                    notes.append(f"{rel}: {why}, so the skeleton was graded instead")
     return notes
 
 

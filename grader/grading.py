@@ -85,7 +85,7 @@ def _grade(folder: Path, klass: dict, sid: str, source: Path, out: Path, temp: P
     # the graded tasks' files (and those of the tasks they run) the submission does not hold: graded all the same
     # (the grade says "missing"), and the gradebook states it
     wanted = sorted({rel for t in parse_tasks(klass["tasks"]) for u in (t, *TASKS[t].uses)
-                     for rel in TASKS[u].student_files})
+                     for rel in TASKS[u].student_files if rel not in TASKS[u].optional_files})
     about["missing"] = [rel for rel in wanted if not (root / rel).is_file()]
     cmd = [sys.executable, "-m", "grader", "--submission", str(root), "--name", sid, "--out", str(folder),
            "--tasks", klass["tasks"]]

@@ -20,6 +20,9 @@ CASES = {
         "attention": [(3, 1, 191, 191, 96), (1, 2, 5, 700, 128), (2, 1, 256, 256, 40)],  # (b, h, sq, sk, d)
         # (batch, heads, kv_heads, seq_q, seq_k, head_dim, key_start or None)
         "grouped": [(2, 10, 5, 77, 77, 48, None), (1, 24, 3, 33, 190, 128, (170,)), (3, 9, 1, 50, 50, 40, (49, 0, 17))],
+        # the optional bf16/fp16 kernel, in both types: (batch, heads, kv_heads, seq_q, seq_k, head_dim, key_start)
+        "half": [(1, 1, 1, 300, 8192, 64, None), (2, 6, 3, 257, 1029, 112, (0, 900)), (1, 3, 1, 1, 5000, 48, None),
+                 (3, 5, 5, 191, 191, 72, None)],
     },
     5: {
         # (batch, heads, max_seq, pos, n_new, head_dim); pos an int, or one per sequence (int32 on the GPU)
@@ -36,6 +39,10 @@ CASES = {
         # max_pages, lengths, head_dim, key_start, splits)
         "paged update": [(3, 3, 4, 6, (23, 0, 9), 2, 40)],
         "paged decode": [(3, 10, 5, 32, 20, (640, 33, 300), 96, (0, 30, 299), 0), (2, 6, 2, 2, 9, (17, 18), 24, None, 2)],
+        # the optional bf16/fp16 cache, in both types: "half update" as "cache"; "half decode" as "split grouped"
+        "half update": [(5, 3, 33, (32, 0, 30, 33, 7), 2, 24), (1, 4, 130, 1, 128, 40)],
+        "half decode": [(3, 10, 5, 200, 190, 96, None, 1), (2, 24, 3, 80, 71, 40, (70, 3), 1),
+                        (3, 10, 5, 1500, (1500, 700, 2), 72, (3, 0, 1), 0), (1, 2, 2, 5000, 4999, 24, None, 9)],
         # timed, reported only (task5/measure.py's SHAPE_BENCHMARKS): (batch, heads, kv_heads, cached tokens, head_dim)
         "shapes": [(2, 12, 12, 16384, 64), (32, 16, 16, 512, 96), (1, 1, 1, 100000, 128), (7, 6, 2, 5000, 40)],
     },

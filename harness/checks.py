@@ -37,6 +37,7 @@ class CheckResult:
 
 GUARD_ELEMENTS = 1 << 16  # float32 elements in each band: more than a tile of rows at the largest head_dim
 GUARD_BITS = 0x7FBADBAD  # a NaN that no arithmetic produces, so even a NaN written into a band shows
+GUARD_BITS_16 = 0x7FBD  # the same for 16-bit tensors: a NaN in bfloat16 and in float16 alike
 
 
 class Guarded:
@@ -48,21 +49,24 @@ class Guarded:
     come from memory the code under test could write.
     """
 
-    def __init__(self, name: str, shape, device="cuda", values: torch.Tensor | None = None):
+    def __init__(self, name: str, shape, device="cuda", values: torch.Tensor | None = None, dtype=torch.float32):
         self.name, self.shape = name, tuple(shape)
         count = math.prod(self.shape)
-        self.buffer = torch.empty(2 * GUARD_ELEMENTS + count, device=device)
-        self.buffer.view(torch.int32).fill_(GUARD_BITS)  # an output starts as this NaN too: unwritten shows
+        self.buffer = torch.empty(2 * GUARD_ELEMENTS + count, device=device, dtype=dtype)
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"a guarded tensor is float32, bfloat16 or float16, got {dtype}")
+        self.bits, self.guard = (torch.int32, GUARD_BITS) if dtype == torch.float32 else (torch.int16, GUARD_BITS_16)
+        self.buffer.view(self.bits).fill_(self.guard)  # an output starts as this NaN too: unwritten shows
         self.tensor = self.buffer[GUARD_ELEMENTS:GUARD_ELEMENTS + count].view(self.shape)
-        self.values = None if values is None else values.detach().to("cpu", torch.float32).clone()
+        self.values = None if values is None else values.detach().to("cpu", dtype).clone()
         if values is not None:
             self.tensor.copy_(values)
 
     def damage(self) -> str | None:
         """What the code under test did outside its rights, or None."""
-        bits = self.buffer.view(torch.int32)
-        before = (bits[:GUARD_ELEMENTS] != GUARD_BITS).nonzero()
-        after = (bits[GUARD_ELEMENTS + math.prod(self.shape):] != GUARD_BITS).nonzero()
+        bits = self.buffer.view(self.bits)
+        before = (bits[:GUARD_ELEMENTS] != self.guard).nonzero()
+        after = (bits[GUARD_ELEMENTS + math.prod(self.shape):] != self.guard).nonzero()
         row = self.shape[-1] if self.shape else 1
         what = "tensor" if len(self.shape) < 2 else " x ".join(map(str, self.shape))
         if len(after):
@@ -76,7 +80,7 @@ class Guarded:
             return (f"wrote {reach} element{'s' if reach > 1 else ''} before the start of `{self.name}` ({what}) "
                     "(a negative index?)")
         if self.values is not None:
-            changed = int((self.tensor.cpu().view(torch.int32) != self.values.view(torch.int32)).sum())
+            changed = int((self.tensor.cpu().view(self.bits) != self.values.view(self.bits)).sum())
             if changed:
                 return (f"changed its input `{self.name}` ({what}): {changed} element"
                         f"{'s differ' if changed > 1 else ' differs'} afterwards; inputs are read-only")
@@ -84,11 +88,12 @@ class Guarded:
 
 
 def guarded_input(name: str, values: torch.Tensor, device="cuda") -> Guarded:
-    return Guarded(name, values.shape, device, values)
+    half = values.dtype in (torch.bfloat16, torch.float16)  # any other input is held as float32, as always
+    return Guarded(name, values.shape, device, values, dtype=values.dtype if half else torch.float32)
 
 
-def guarded_output(name: str, shape, device="cuda") -> Guarded:
-    return Guarded(name, shape, device)
+def guarded_output(name: str, shape, device="cuda", dtype=torch.float32) -> Guarded:
+    return Guarded(name, shape, device, dtype=dtype)
 
 
 def guard_damage(*guarded: Guarded) -> CheckResult | None:
@@ -102,7 +107,7 @@ def guard_damage(*guarded: Guarded) -> CheckResult | None:
 
 def bit_sum(t: torch.Tensor) -> int:
     """The sum of a tensor's bits (int64, on its device, no copy): any change to an input shows."""
-    return int(t.view(torch.int32).sum(dtype=torch.int64))
+    return int(t.view(torch.int32 if t.element_size() == 4 else torch.int16).sum(dtype=torch.int64))
 
 
 @contextmanager
@@ -208,8 +213,10 @@ def compare(out, ref, *, atol: float, rtol: float, name: str = "output", poisone
         nans = int(torch.isnan(got).sum())
         infs = int(bad_values.sum()) - nans
         # Never written means still holding the fill's bits: a NaN the code computed is not that.
-        filled = out.detach().to("cpu")
-        filled = filled.contiguous().view(torch.int32) == GUARD_BITS if filled.dtype == torch.float32 else None
+        filled = out.detach().to("cpu").contiguous()
+        fills = {torch.float32: (torch.int32, GUARD_BITS), torch.bfloat16: (torch.int16, GUARD_BITS_16),
+                 torch.float16: (torch.int16, GUARD_BITS_16)}
+        filled = filled.view(fills[filled.dtype][0]) == fills[filled.dtype][1] if filled.dtype in fills else None
         if nans == total and poisoned and (filled is None or bool(filled.all())):
             return CheckResult(False, f"{name} is entirely NaN: nothing was written to it", mismatches=total,
                                untouched=True)
@@ -293,15 +300,17 @@ def expect_errors(call, bad) -> tuple[bool, str, dict]:
 LOGITS_ATOL, LOGITS_RTOL = 1e-4, 1e-4
 
 
-def decided(expected) -> torch.Tensor:
+def decided(expected, atol: float | None = None) -> torch.Tensor:
     """Where the greedy token is decided: the reference's two best logits (batch, positions, vocab) further apart
-    than twice the tolerance (below it, float32 may pick either: random weights make such near-ties common)."""
-    atol = LOGITS_ATOL * float(expected.abs().max())
+    than twice the tolerance (below it, float32 may pick either: random weights make such near-ties common).
+    atol: the logits' absolute tolerance, when not float32's (a 16-bit model's, measured)."""
+    atol = LOGITS_ATOL * float(expected.abs().max()) if atol is None else atol
     top2 = expected.topk(2, dim=-1).values
     return (top2[..., 0] - top2[..., 1]) > 2 * (atol + LOGITS_RTOL * top2[..., 0].abs())
 
 
-def compare_logits(got, expected, prompt_len: int, first: int = 0, hints=("", "")) -> tuple[bool, str, dict]:
+def compare_logits(got, expected, prompt_len: int, first: int = 0, hints=("", ""),
+                   atol: float | None = None) -> tuple[bool, str, dict]:
     """Teacher forcing's rule: logits (batch, positions, vocab), from position `first`, against the reference's.
 
     The logits must agree everywhere, and the greedy token wherever the reference's two best
@@ -311,7 +320,7 @@ def compare_logits(got, expected, prompt_len: int, first: int = 0, hints=("", ""
     """
     if not torch.isfinite(expected).all():  # the checks' own reference: never a pass against it
         return False, "the reference's logits are not all finite: the check itself is wrong (report it)", {}
-    atol = LOGITS_ATOL * float(expected.abs().max())
+    atol = LOGITS_ATOL * float(expected.abs().max()) if atol is None else atol
     result = compare(got, expected, atol=atol, rtol=LOGITS_RTOL, name="logits")
     if not result.passed:
         err = (got.double() - expected).abs() - LOGITS_RTOL * expected.abs()
@@ -323,7 +332,7 @@ def compare_logits(got, expected, prompt_len: int, first: int = 0, hints=("", ""
                      f"position {p}, decode step {p - prompt_len + 1} after a prompt of {prompt_len}{hints[1]}")
             result.message += f"; the first wrong logits are at {where}"
         return False, result.message, result.metrics()
-    settled = decided(expected)
+    settled = decided(expected, atol)
     differ = (got.argmax(dim=-1) != expected.argmax(dim=-1)) & settled
     if differ.any():
         b, t = differ.nonzero()[0].tolist()

@@ -179,6 +179,14 @@ class Report:
         self.notes.append(message)
         print(f"  note: {message}")
 
+    def process_died_since(self, before: int, what: str) -> bool:
+        """Whether a case after the first `before` ended the process running the student's code (a crash or a
+        hang); if so, a note says the rest of `what` was not run: its cases would wait as long."""
+        died = [c for c in self.cases[before:] if c.cause is not None]
+        if died:
+            self.note(f"the rest of {what} was not run: {died[0].name} ended the process running your code")
+        return bool(died)
+
     @property
     def stopped(self) -> bool:
         """True once a skeleton step was found missing: later cases would fail the same way."""

@@ -92,6 +92,15 @@ def fp32_peak_tflops(device=None) -> float:
     return props.multi_processor_count * 128 * 2 * 2.0e9 / 1e12
 
 
+def half_tensor_core_bound_tflops(device=None) -> float:
+    """An upper bound on dense bf16/fp16 products with float32 accumulators on the tensor cores, at 2 GHz:
+    4096 flops per clock per SM on Hopper (its wgmma rate; mma.sync reaches about two thirds of it), 2048 on the
+    A100 (8.0), 1024 on other Ampere and Ada GPUs. A kernel above it skipped work."""
+    props = torch.cuda.get_device_properties(device)
+    per_sm = 4096 if props.major >= 9 else 2048 if (props.major, props.minor) == (8, 0) else 1024
+    return props.multi_processor_count * per_sm * 2.0e9 / 1e12
+
+
 def fp32_tensor_core_bound_tflops(device=None) -> float:
     """An upper bound on float32-accurate products on the tensor cores (3xTF32: three TF32 products each).
 

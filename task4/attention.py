@@ -23,14 +23,16 @@ extension = TaskExtension(4)
 
 def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, out=None, solution: bool = False,
                     key_start=None):
-    """softmax(scale * q k^T + mask) v in one kernel; q (B, H, Sq, D), k and v (B, KVH, Sk, D), float32 on CUDA.
+    """softmax(scale * q k^T + mask) v in one kernel; q (B, H, Sq, D), k and v (B, KVH, Sk, D), float32 on CUDA,
+    or all bfloat16 or all float16 (the tensor-core kernel of kernels/attention_half.cu, steps 8-11).
 
     KVH may be any divisor of H (grouped-query attention: query head h reads key/value head h // (H // KVH)).
     key_start, int32 (B,) on the GPU: each sequence's first valid key (a batch padded on the left); the
     queries before it are padding, and their rows of the output are zeros."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     out = torch.empty_like(q) if out is None else out
-    extension(solution).forward(q, k, v, out, causal, scale, key_start)
+    half = q.dtype in (torch.bfloat16, torch.float16)
+    (extension(solution).forward_half if half else extension(solution).forward)(q, k, v, out, causal, scale, key_start)
     return out
 
 

@@ -23,6 +23,14 @@ cudaError_t flash_attention_forward(const float* q, const float* k, const float*
                                     int batch, int heads, int kv_heads, const int* key_start,
                                     int seq_q, int seq_k, int head_dim, float scale, bool causal,
                                     cudaStream_t stream);
+// Defined in kernels/attention_half.cu (optional, steps 8-11): the same for bf16 or fp16 tensors (bf16: true
+// for bfloat16). Weak: a build without that file (an earlier term's, or the reference's other kernel folders)
+// still loads, and forward_half then says the kernel is missing.
+__attribute__((weak)) cudaError_t flash_attention_half_forward(const void* q, const void* k, const void* v,
+                                                               void* out, bool bf16, int batch, int heads,
+                                                               int kv_heads, const int* key_start, int seq_q,
+                                                               int seq_k, int head_dim, float scale, bool causal,
+                                                               cudaStream_t stream);
 int flash_attention_block_rows();
 int flash_attention_block_cols();
 int flash_attention_max_head_dim();
@@ -33,13 +41,15 @@ static bool fits_int(int64_t x) { return x <= std::numeric_limits<int>::max(); }
 // multiple of kv_heads (grouped-query attention; kv_heads == heads is plain multi-head);
 // out: (batch, heads, seq_q, head_dim), written in place. key_start: none, or (batch,) int32,
 // each sequence's first valid key (left padding).
-void forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-             torch::Tensor& out, bool causal, double scale,
-             const std::optional<torch::Tensor>& key_start) {
+// check_type(t, name): q's type and layout (float32 for forward, bf16 or fp16 for forward_half).
+template <typename CheckType>
+static const int* check_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                  const torch::Tensor& out, bool causal, double scale,
+                                  const std::optional<torch::Tensor>& key_start, CheckType check_type) {
   // q first and completely: the other tensors are measured against it. Then the
   // shapes, and only then the layout of k, v and out: a slice of the wrong length is
   // usually not contiguous either, and its length is the mistake to report.
-  check_cuda_float32(q, "q");
+  check_type(q, "q");
   check_dim(q, "q", 4);
   check_dim(k, "k", 4);
   check_dim(v, "v", 4);
@@ -75,9 +85,9 @@ void forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
               "one head's q, k and v must each have fewer than 2^31 elements, got seq_q = ",
               num(seq_q), ", seq_k = ", num(seq_k), ", head_dim = ", num(head_dim));
 
-  check_cuda_float32(k, "k");
-  check_cuda_float32(v, "v");
-  check_cuda_float32(out, "out");
+  check_type(k, "k");
+  check_type(v, "v");
+  check_type(out, "out");
   check_same_device(k, "k", q, "q");
   check_same_device(v, "v", q, "q");
   check_same_device(out, "out", q, "q");
@@ -90,15 +100,53 @@ void forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
   // would put some before key 0, which key_start cannot describe.
   TORCH_CHECK(!key_start.has_value() || seq_q <= seq_k, "key_start needs seq_q <= seq_k (the queries are the ",
               "last seq_q positions of the keys), got seq_q = ", num(seq_q), " and seq_k = ", num(seq_k));
-  const int* first_key = check_key_start(key_start, batch, seq_k, "seq_k", q, "q");
-  if (q.numel() == 0) return;  // batch or heads is 0: nothing to do
+  return check_key_start(key_start, batch, seq_k, "seq_k", q, "q");
+}
 
+void forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+             torch::Tensor& out, bool causal, double scale,
+             const std::optional<torch::Tensor>& key_start) {
+  const int* first_key = check_attention(q, k, v, out, causal, scale, key_start, check_cuda_float32);
+  if (q.numel() == 0) return;  // batch or heads is 0: nothing to do
+  const int64_t batch = q.size(0), heads = q.size(1), seq_q = q.size(2), head_dim = q.size(3);
+  const int64_t kv_heads = k.size(1), seq_k = k.size(2);
+  const c10::cuda::CUDAGuard guard(q.device());
   check_launch(flash_attention_forward(q.data_ptr<float>(), k.data_ptr<float>(),
                                        v.data_ptr<float>(), out.data_ptr<float>(), (int)batch,
                                        (int)heads, (int)kv_heads, first_key, (int)seq_q,
                                        (int)seq_k, (int)head_dim, (float)scale, causal,
                                        at::cuda::getCurrentCUDAStream()),
                "flash_attention_forward");
+}
+
+// The optional bf16/fp16 kernel (steps 8-11): q, k, v and out all bfloat16 or all float16, the rest as forward.
+void forward_half(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                  torch::Tensor& out, bool causal, double scale,
+                  const std::optional<torch::Tensor>& key_start) {
+  const auto type = q.scalar_type();
+  TORCH_CHECK(type == torch::kBFloat16 || type == torch::kHalf, "q must be bfloat16 or float16 for forward_half, got ",
+              dtype_name(type), " (float32 goes to forward)");
+  const auto same_type = [type](const torch::Tensor& t, const char* name) {
+    TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got one on ", t.device().str(),
+                " (move it with .cuda())");
+    TORCH_CHECK(t.scalar_type() == type, name, " must be ", dtype_name(type), " like q, got ",
+                dtype_name(t.scalar_type()));
+    TORCH_CHECK(t.is_contiguous(), name, " must be contiguous (call .contiguous() first)");
+  };
+  const int* first_key = check_attention(q, k, v, out, causal, scale, key_start, same_type);
+  TORCH_CHECK(flash_attention_half_forward != nullptr,
+              "this build has no bf16/fp16 kernel: task4/kernels/attention_half.cu is missing, did not compile, or "
+              "does not define flash_attention_half_forward with the signature above (README, Task 4, step 8)");
+  const c10::cuda::CUDAGuard guard(q.device());
+  const auto* props = at::cuda::getDeviceProperties(q.device().index());
+  TORCH_CHECK(props->major >= 8, "the bf16/fp16 kernel uses mma.sync.m16n8k16 and cp.async, which need compute "
+              "capability 8.0 (Ampere) or newer; this GPU is ", num(props->major), ".", num(props->minor));
+  if (q.numel() == 0) return;
+  check_launch(flash_attention_half_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                                            type == torch::kBFloat16, (int)q.size(0), (int)q.size(1),
+                                            (int)k.size(1), first_key, (int)q.size(2), (int)k.size(2),
+                                            (int)q.size(3), (float)scale, causal, at::cuda::getCurrentCUDAStream()),
+               "flash_attention_half_forward");
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -109,6 +157,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "first valid key; queries before it are padding and get zeros",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("causal"),
         py::arg("scale"), py::arg("key_start") = py::none());
+  m.def("forward_half", &forward_half,
+        "forward for bfloat16 or float16 q, k, v and out (all of one type), on the tensor cores: "
+        "README, Task 4, steps 8-11 (optional)",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("causal"),
+        py::arg("scale"), py::arg("key_start") = py::none());
+  m.def("has_half", [] { return flash_attention_half_forward != nullptr; },
+        "whether this build holds the bf16/fp16 kernel (task4/kernels/attention_half.cu)");
   m.def("max_head_dim", &flash_attention_max_head_dim, "the largest head_dim the kernel supports");
   m.def(
       "tile_sizes",

@@ -14,14 +14,16 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from common import impl
 
 from harness import bench, calibration
 from harness.checks import GUARD_ELEMENTS, Guarded, bit_sum, compare, exact_float32, guard_damage
 from common.layer import mha_weights
-from harness.reference import (attention_flops, attention_reference, causal_mask, fp32_peak_tflops,
-                              fp32_tensor_core_bound_tflops, naive_attention)
+from harness.reference import (attention_flops, attention_reference, causal_mask, expand_kv_heads, fp32_peak_tflops,
+                              fp32_tensor_core_bound_tflops, half_tensor_core_bound_tflops, naive_attention,
+                              padded_queries, padding_mask)
 
 ATOL, RTOL = 2e-5, 1e-4  # what every output is held to, checked (task4/test.py) or timed (here)
 HANDOUT_CASES = [(4, 128), (64, 4096)]  # (batch, seq) of the handout's layer
@@ -31,6 +33,39 @@ PERF_CASE = (8, 32, 4096, 128)  # (batch, heads, seq, head_dim)
 # attention with both products on the tensor cores (3xTF32), timed when the reference is tested.
 TENSOR_CORES = "tensor_cores"
 REPS = 5  # timed requests per benchmark
+
+# The optional bf16/fp16 kernel (steps 8-11). How far a 16-bit output may be from float64 on the same 16-bit
+# inputs: this many times SDPA's own largest error there (PyTorch's attention in the same type), and at least half
+# a unit in the last place of the largest |expected|. Measured on an H100: the reference's largest error equals
+# SDPA's on every case of task4/test.py's HALF_CASES, in both types (the output's rounding to 16 bits dominates).
+HALF_TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+HALF_ERROR_FACTOR = 2.0
+HALF_EPS = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}  # half a unit in the last place, relative
+HALF_BENCHMARKS = [(8, 32, 4096, 64), (8, 32, 4096, 128)]  # (batch, heads, seq, head_dim): causal and not, each type
+
+
+def sdpa_error(q, k, v, causal, scale, key_start, expected) -> float:
+    """SDPA's largest error against float64 on the same 16-bit inputs: the yardstick of what the type allows."""
+    batch, heads, seq_q, _ = q.shape
+    seq_k = k.shape[2]
+    q, k, v = q.cuda(), expand_kv_heads(k, heads).cuda(), expand_kv_heads(v, heads).cuda()
+    hidden = torch.zeros(batch, 1, seq_q, seq_k, dtype=torch.bool, device="cuda")  # True: a key not seen
+    if causal:
+        hidden |= causal_mask(seq_q, seq_k, "cuda")
+    if key_start is not None:
+        hidden |= padding_mask(key_start.cuda(), seq_q, seq_k)
+    got = F.scaled_dot_product_attention(q, k, v, attn_mask=~hidden, scale=scale).double().nan_to_num(0.0)
+    if key_start is not None:  # padded queries see no key: zeros, as the kernels define them
+        got = got.masked_fill(padded_queries(key_start.cuda(), seq_q, seq_k), 0.0)
+    return float((got - expected.to(got.device)).abs().max())
+
+
+def half_allowance(q, k, v, causal, scale, key_start, expected) -> tuple[float, str]:
+    """(the largest error a 16-bit output of these inputs may have, the words that say why)."""
+    yardstick = sdpa_error(q, k, v, causal, scale, key_start, expected)
+    allowed = max(HALF_ERROR_FACTOR * yardstick, HALF_EPS[q.dtype] * float(expected.abs().max()))
+    return allowed, (f"allowed {allowed:.1e}: the larger of {HALF_ERROR_FACTOR:g}x SDPA's {yardstick:.1e} in "
+                     f"{str(q.dtype)[6:]} on these inputs and half a unit in the last place of the largest |expected|")
 
 
 class TimedSets:
@@ -43,11 +78,11 @@ class TimedSets:
     taken before the request: a write past an output or into an input fails the benchmark.
     """
 
-    def __init__(self, batch, heads, seq, head_dim, estimate_ms):
+    def __init__(self, batch, heads, seq, head_dim, estimate_ms, dtype=torch.float32):
         shape = (batch, heads, seq, head_dim)
-        set_bytes = 4 * (batch * heads * seq * head_dim + 2 * GUARD_ELEMENTS) * 4
+        set_bytes = 4 * (batch * heads * seq * head_dim + 2 * GUARD_ELEMENTS) * dtype.itemsize
         self.count = bench.sets_for(set_bytes, estimate_ms)
-        self.guarded = [tuple(Guarded(name, shape) for name in ("q", "k", "v", "out"))
+        self.guarded = [tuple(Guarded(name, shape, dtype=dtype) for name in ("q", "k", "v", "out"))
                         for _ in range(self.count)]
         self.sets = [tuple(g.tensor for g in group) for group in self.guarded]
         self.picked: list = []
@@ -77,25 +112,33 @@ class TimedSets:
                     raise AssertionError(f"changed its input `{g.name}` ({where}); inputs are read-only")
         for i, ((q, k, v, out), (b, h, q_bh, k_bh, v_bh)) in enumerate(zip(self.sets, self.picked)):
             expected = attention_reference(q_bh, k_bh, v_bh, causal, scale)[0]
-            result = compare(out[b, h], expected, atol=ATOL, rtol=RTOL, poisoned=True,
+            atol, rtol = ATOL, RTOL
+            if q.dtype != torch.float32:  # 16-bit: what the type allows on these inputs (half_allowance)
+                atol, rtol = half_allowance(*(t[None, None] for t in (q_bh, k_bh, v_bh)), causal, scale, None,
+                                            expected[None, None])[0], 0.0
+            result = compare(out[b, h], expected, atol=atol, rtol=rtol, poisoned=True,
                              name=f"output of timed run {i + 1} of {self.count}, head ({b}, {h})")
             if not result.passed:
                 raise AssertionError(result.message)
 
 
 ESTIMATE_TFLOPS = 40.0  # what the reference kernel reaches: sizes a request, nothing else
+ESTIMATE_HALF_TFLOPS = 170.0  # the same for the bf16/fp16 reference
 
 
-def time_student(worker, batch, heads, seq, head_dim, causal):
-    """Your kernel over distinct sets per request, every output checked; (Timing, sets used) or (message, None)."""
-    estimate_ms = attention_flops(batch, heads, seq, seq, head_dim, causal) / (ESTIMATE_TFLOPS * 1e9)
-    timed = TimedSets(batch, heads, seq, head_dim, estimate_ms)
+def time_student(worker, batch, heads, seq, head_dim, causal, dtype=torch.float32):
+    """Your kernel over distinct sets per request, every output checked; (Timing, sets used) or (message, None).
+    dtype: bfloat16 or float16 times the kernel of steps 8-11."""
+    tflops = ESTIMATE_TFLOPS if dtype == torch.float32 else ESTIMATE_HALF_TFLOPS
+    estimate_ms = attention_flops(batch, heads, seq, seq, head_dim, causal) / (tflops * 1e9)
+    timed = TimedSets(batch, heads, seq, head_dim, estimate_ms, dtype)
     scale = 1.0 / math.sqrt(head_dim)
+    entry = "run_batch" if dtype == torch.float32 else "run_batch_half"
     kept = worker.keep("timed sets", timed.sets)
     try:
         timed.refresh()
-        worker.call("run_batch", kept, causal, scale)  # warm-up
-        timing = bench.host_clock(lambda: worker.call("run_batch", kept, causal, scale), reps=REPS,
+        worker.call(entry, kept, causal, scale)  # warm-up
+        timing = bench.host_clock(lambda: worker.call(entry, kept, causal, scale), reps=REPS,
                                   per_request=timed.count, before=timed.refresh,
                                   after=lambda: timed.check(causal, scale))
     except AssertionError as err:
@@ -105,10 +148,11 @@ def time_student(worker, batch, heads, seq, head_dim, causal):
     return timing, timed.count
 
 
-def time_here(fn, batch, heads, seq, head_dim, count):
+def time_here(fn, batch, heads, seq, head_dim, count, dtype=torch.float32):
     """A trusted implementation (the reference kernel, naive PyTorch, SDPA) timed the same way."""
     def measure():
-        sets = [tuple(torch.randn(batch, heads, seq, head_dim, device="cuda") for _ in range(4)) for _ in range(count)]
+        sets = [tuple(torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=dtype) for _ in range(4))
+                for _ in range(count)]
         with torch.no_grad(), exact_float32():
             fn(*sets[0])
             return bench.host_clock(lambda: bench.run_here(fn, sets), reps=REPS, per_request=count)
@@ -153,6 +197,24 @@ def layer_cases(grading: bool = False) -> list[tuple[int, int, bool]]:
     at that size, its outputs checked, in the timed case "attention alone" of the same shape)."""
     sizes = HANDOUT_CASES[:1] if grading else HANDOUT_CASES
     return [(batch, seq, causal) for batch, seq in sizes for causal in (False, True)]
+
+
+def half_cases() -> list[TimedCase]:
+    """The bf16/fp16 kernel's timed cases (steps 8-11): reported beside SDPA's flash backend, never scored."""
+    return [TimedCase(f"{name} attention batch {b} heads {h} seq {s} head_dim {d}{' causal' if c else ''}", b, h, s, d,
+                      c) for name in HALF_TYPES for b, h, s, d in HALF_BENCHMARKS for c in (False, True)]
+
+
+def run_half_benchmarks(report, worker, cases):
+    """The bf16/fp16 kernel (steps 8-11) timed in the worker, the worker ended, then the reference and SDPA's flash
+    backend here; each line an optional case: reported, never scored, never the task's status."""
+    student = {c.name: time_student(worker, c.batch, c.heads, c.seq, c.head_dim, c.causal, half_type(c.name))
+               for c in cases}
+    worker.stop()
+    reference = bench.load_reference(report, 4)
+    for c in cases:
+        report.run(c.name, lambda: half_result(*student[c.name], reference, c.batch, c.heads, c.seq, c.head_dim,
+                                               c.causal, half_type(c.name)), kind="optional")
 
 
 def run_benchmarks(report, worker, cases, layer_cases, with_tensor_cores=False):
@@ -257,6 +319,48 @@ def attention_result(timing, count, reference, batch, heads, seq, head_dim, caus
     if tflops > (bound := fp32_tensor_core_bound_tflops()):
         return False, message + (f": faster than float32 can run on this GPU even on the tensor cores ({bound:.0f} "
                                  "TFLOP/s), so work was skipped"), metrics
+    return True, message, metrics
+
+
+def half_type(name: str) -> torch.dtype:
+    return HALF_TYPES[name.split()[0]]
+
+
+def half_result(timing, count, reference, batch, heads, seq, head_dim, causal, dtype):
+    """A line of the bf16/fp16 kernel against SDPA's flash backend (FlashAttention-2) in the same type: reported,
+    never scored (no metric the grade reads)."""
+    if count is None:
+        return False, timing, {}
+    scale = 1.0 / math.sqrt(head_dim)
+    flops = attention_flops(batch, heads, seq, seq, head_dim, causal)
+    tflops = flops / (timing.median_ms * 1e-3) / 1e12
+    bound = half_tensor_core_bound_tflops()
+    metrics = {"kernel_ms": timing.median_ms, "tflops": tflops, "sets_per_request": count,
+               "half_peak_percent": 100 * tflops / bound}
+    message = (f"kernel {timing.median_ms:.3f} ms ({tflops:.0f} TFLOP/s, {metrics['half_peak_percent']:.0f}% of the "
+               f"{bound:.0f} TFLOP/s bound of 16-bit products on the tensor cores)")
+
+    def flash(q, k, v, o):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    try:
+        t_flash = time_here(flash, batch, heads, seq, head_dim, count, dtype)
+    except RuntimeError as err:  # no flash kernel for this GPU or type: said, the line still counts
+        t_flash = f"not available here ({str(err).splitlines()[0][:120]})"
+    ratio = bench.ratio(t_flash, timing)
+    metrics |= {"sdpa_flash_ms": getattr(t_flash, "median_ms", None), "speedup_vs_sdpa_flash": ratio}
+    message += f", SDPA's flash backend {bench.timing_text(t_flash)}" + (f": {ratio:.2f}x its speed" if ratio else "")
+    if reference is not None:
+        t_ref = time_here(lambda q, k, v, o: reference.forward_half(q, k, v, o, causal, scale), batch, heads, seq,
+                          head_dim, count, dtype)
+        if not isinstance(t_ref, str):
+            metrics["half_reference_ms"] = t_ref.median_ms
+            flash_ratio = bench.ratio(t_flash, t_ref)
+            message += (f"; reference kernel {t_ref.median_ms:.3f} ms"
+                        + (f" ({flash_ratio:.2f}x SDPA flash)" if flash_ratio else ""))
+    message += "; not scored"
+    if tflops > bound:
+        return False, message + ": faster than 16-bit products can run on this GPU, so work was skipped", metrics
     return True, message, metrics
 
 

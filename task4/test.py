@@ -14,7 +14,8 @@ Timing (harness/bench.py) uses one host clock for your kernel, the reference and
 each timed request runs over distinct input sets, and every output it writes is checked
 (a sampled head of each, against float64) right after the request. The reference and
 PyTorch are timed after your worker has ended, so nothing of yours runs beside them.
---sweep replaces those benchmarks (once the checks pass) by a sweep of the kernel, naive
+--attention or --half tests one part alone (steps 1-6, or the optional bf16/fp16 kernel of steps 8-11; the
+benchmarks need the first). --sweep replaces those benchmarks (once the checks pass) by a sweep of the kernel, naive
 PyTorch and SDPA over seq 128..8192 into task4-sweep.csv (and a plot when matplotlib
 is installed). With --solution (the reference tested) the benchmarks add head_dim 64 and 80,
 and the reference's tensor-core kernels (task4/solution/tensor_cores) are timed beside SDPA.
@@ -22,6 +23,7 @@ and the reference's tensor-core kernels (task4/solution/tensor_cores) are timed 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -36,7 +38,7 @@ from common.layer import mha_weights
 from harness.records import Report
 from harness.reference import attention_reference, causal_mask, expand_kv_heads
 from task4 import measure
-from task4.measure import ATOL, RTOL
+from task4.measure import ATOL, HALF_TYPES, RTOL
 
 # (batch, heads, seq_q, seq_k, head_dim)
 CASES = [
@@ -76,7 +78,27 @@ GROUPED_CASES = [
     (2, 2, 2, 9, 9, 32, (9, 0)),  # the first sequence is padding throughout: all zeros
 ]
 
-
+# The optional bf16/fp16 kernel (steps 8-11), run in both 16-bit types: (batch, heads, kv_heads, seq_q, seq_k,
+# head_dim, key_start). Lengths that are not multiples of its tiles (64 queries, 64 keys), head_dim 32 to 128 and
+# odd ones, seq_q != seq_k, grouped heads, padding.
+# Scores large enough that exp() overflows unless the running maximum is subtracted (float16's range ends at
+# 65504, float32's exp2 at 2^128): q scaled by this many times.
+LARGE_SCORES = ((2, 2, 2, 150, 150, 64, None), 25.0)
+HALF_CALL_TIMEOUT_S = 60  # a call of the bf16/fp16 part: small cases, so a hang costs a minute, not five
+HALF_CASES = [
+    (1, 1, 1, 1, 1, 64, None),
+    (2, 4, 4, 100, 100, 64, None),
+    (2, 4, 2, 77, 131, 128, None),
+    (1, 8, 8, 200, 333, 128, None),
+    (3, 2, 1, 65, 65, 32, None),
+    (2, 3, 3, 129, 257, 80, None),
+    (1, 4, 4, 513, 1000, 96, None),
+    (2, 2, 2, 17, 40, 40, None),
+    (1, 2, 2, 50, 50, 33, None),
+    (1, 4, 4, 1, 300, 128, None),
+    (2, 4, 4, 90, 90, 64, (0, 37)),
+    (2, 4, 2, 30, 100, 128, (5, 99)),
+]
 def shape_text(shape) -> str:
     return "batch {} heads {} seq {}x{} head_dim {}".format(*shape)
 
@@ -86,6 +108,12 @@ def grouped_text(shape) -> str:
     group = "MQA" if kvh == 1 else f"{kvh} kv heads"
     padding = f" key_start {','.join(map(str, starts))}" if starts is not None else ""
     return f"batch {b} heads {h} ({group}) seq {sq}x{sk} head_dim {d}{padding}"
+
+
+def half_text(shape) -> str:
+    b, h, kvh, sq, sk, d, starts = shape
+    return (grouped_text(shape) if kvh < h or starts is not None
+            else f"batch {b} heads {h} seq {sq}x{sk} head_dim {d}")
 
 
 def grouped(shape):
@@ -120,6 +148,26 @@ def check_case(worker, shape, causal, seed, scale=None, magnitude=1.0, constants
     k, v = expand_kv_heads(k, heads), expand_kv_heads(v, heads)  # the float64 side only
     return diagnose(4, result, out.tensor, q, k, v, causal, atol=ATOL, rtol=RTOL, scale=scale,
                     schedules=tile_schedules((constants or {}).get("BLOCK_COLS")))
+
+
+def check_half_case(worker, shape, causal, seed, dtype, magnitude=1.0):
+    """One case of the bf16/fp16 kernel against float64 on the same 16-bit inputs, within what SDPA's error says
+    the type allows; outputs poisoned, guard bands around every tensor."""
+    starts = grouped(shape)[6]
+    q, k, v = (t.to(dtype) for t in make_inputs(shape, seed, magnitude))
+    key_start = None if starts is None else torch.tensor(starts, dtype=torch.int32)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    inputs = [guarded_input(name, t) for name, t in zip("qkv", (q, k, v))]
+    out = guarded_output("out", q.shape, dtype=dtype)
+    worker.call("forward_half", *(t.tensor for t in inputs), out.tensor, causal, scale,
+                None if key_start is None else key_start.cuda(), timeout=HALF_CALL_TIMEOUT_S)
+    damage = guard_damage(*inputs, out)
+    if damage:
+        return damage
+    expected = attention_reference(q, k, v, causal, scale, key_start)[0]
+    allowed, said = measure.half_allowance(q, k, v, causal, scale, key_start, expected)
+    result = compare(out.tensor, expected, atol=allowed, rtol=0.0, poisoned=True)
+    return dataclasses.replace(result, message=f"{result.message} ({said})")
 
 
 def check_layer(worker, hidden, heads, seq, causal, seed):
@@ -170,6 +218,23 @@ def check_errors(worker):
     return expect_errors(lambda *args: worker.call("forward", *args), calls)
 
 
+def check_half_errors(worker):
+    """The given binding's errors for the bf16/fp16 kernel (not the student's work: reported, not scored)."""
+    q = torch.randn(1, 2, 8, 64, device="cuda", dtype=torch.bfloat16)
+    bad = {
+        "float32 q": ((q.float(), q.float(), q.float(), q.float()), "must be bfloat16 or float16"),
+        "k in float16 beside a bfloat16 q": ((q, q.half(), q.clone(), torch.empty_like(q)), "like q"),
+        "out in float32": ((q, q.clone(), q.clone(), q.float()), "like q"),
+        "CPU tensor": ((q.cpu(), q.cpu(), q.cpu(), q.cpu()), "must be a CUDA tensor"),
+        "non-contiguous": ((q.transpose(2, 3), q.clone(), q.clone(), torch.empty_like(q)), "contiguous"),
+        "head_dim 256": ((torch.randn(1, 1, 4, 256, device="cuda", dtype=torch.half),) * 4,
+                         "head_dim must be at most 128"),
+        "out is q": ((q, q.clone(), q.clone(), q), "must not share memory"),
+    }
+    return expect_errors(lambda *args: worker.call("forward_half", *args),
+                         [(what, (*args, False, 0.125), words) for what, (args, words) in bad.items()])
+
+
 def sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
     """Small cases at the tile edges, causal and not, seq_q != seq_k, for compute-sanitizer."""
     calls = []
@@ -191,60 +256,148 @@ def sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
     return calls
 
 
-def step_of(kernel: str):
-    return "Task 4, steps 1-6" if kernel == "flash_attention_kernel" else None
+def half_sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
+    """The bf16/fp16 kernel's pass (steps 8-11): each head_dim tile once (32, 64, 80, 96, 128), an odd head_dim,
+    padding and groups, bf16 and fp16 in turn, causal."""
+    calls = []
+    half_shapes = [(1, 2, 2, 65, 65, 64, None), (1, 1, 1, 100, 300, 80, None), (2, 2, 1, 129, 129, 128, None),
+                   (1, 1, 1, 70, 70, 33, None), (2, 4, 2, 30, 140, 96, (0, 130)), (1, 2, 2, 17, 40, 32, None)]
+    for i, shape in enumerate(half_shapes):
+        dtype = (torch.bfloat16, torch.float16)[i % 2]
+        q, k, v = (t.to(dtype) for t in make_inputs(shape, cli.seed(sum(shape[3:6]) + i, hidden)))
+        starts = shape[6]
+        extra = () if starts is None else (torch.tensor(starts, dtype=torch.int32),)
+        calls.append(sanitize.Call(f"{str(dtype)[6:]} {half_text(shape)} causal", "forward_half",
+                                   (q, k, v, torch.empty_like(q), True, 1 / math.sqrt(shape[5]), *extra),
+                                   ("q", "k", "v", "out") + (("key_start",) if extra else ())))
+    return calls
 
+
+def step_of(kernel: str):
+    return {"flash_attention_kernel": "Task 4, steps 1-6",
+            "flash_attention_half_kernel": "Task 4, steps 8-11 (optional)"}.get(kernel)
+
+
+
+def attention_part(report, worker, hidden_cases, constants):
+    """Steps 1-6: the float32 kernel against float64, and the layer against nn.MultiheadAttention."""
+    report.begin_part("attention", (1, 2, 3, 4, 5, 6))
+    for case in cli.cases(4, "attention", CASES, hidden_cases, shape_text, causal_ok=lambda s: s[2] <= s[3]):
+        report.run(case.name, lambda: check_case(worker, case.shape, case.causal, case.seed, constants=constants))
+    for case in cli.cases(4, "grouped", GROUPED_CASES, hidden_cases, grouped_text, causal_ok=lambda s: s[3] <= s[4]):
+        report.run(case.name, lambda: check_case(worker, case.shape, case.causal, case.seed, constants=constants))
+    seed = cli.seed(7, hidden_cases)
+    report.run("scale 0.3 and large scores (q x 4)",
+               lambda: check_case(worker, (2, 2, 150, 150, 64), True, seed, scale=0.3, magnitude=4.0,
+                                  constants=constants))
+    for hidden, heads, seq in ((256, 4, 100), (4096, 32, 65)):
+        for causal in (False, True):
+            report.run(f"layer hidden {hidden} heads {heads} seq {seq}{' causal' if causal else ''} "
+                       "vs nn.MultiheadAttention",
+                       lambda: check_layer(worker, hidden, heads, seq, causal, cli.seed(11, hidden_cases)))
+    report.end_part("attention")
+
+
+def half_part(report, worker, hidden_cases) -> bool:
+    """Steps 8-11 (optional): the bf16/fp16 kernel in both types; whether every case passed. The first case whose
+    process crashed or hung ends the part: the rest would wait as long, and it is said once."""
+    report.begin_part("half", (8, 9, 10, 11), optional=True)
+    runs = [(case, dtype, 1.0) for name, dtype in HALF_TYPES.items()
+            for case in cli.cases(4, "half", HALF_CASES, hidden_cases, lambda s: f"{name} {half_text(s)}",
+                                  causal_ok=lambda s: s[3] <= s[4])]
+    shape, magnitude = LARGE_SCORES
+    runs += [(cli.Case("half", shape, True, cli.seed(19, hidden_cases), "cuda",
+                       f"{name} large scores (q x {magnitude:g}) {half_text(shape)}"), dtype, magnitude)
+             for name, dtype in HALF_TYPES.items()]
+    for case, dtype, magnitude in runs:
+        before = len(report.cases)
+        report.run(case.name, lambda: check_half_case(worker, case.shape, case.causal, case.seed, dtype, magnitude))
+        if report.process_died_since(before, "the bf16/fp16 part"):
+            break
+    return report.end_part("half")
+
+
+HALF_PASS_NAME = f"{sanitize.PASS_NAME}, the bf16/fp16 kernel (optional)"
+
+
+def float_part(report, worker, args) -> None:
+    """Steps 1-7: the float32 kernel's checks, its sanitizer pass, the binding's errors, and the benchmarks."""
+    constants = kernel_constants("task4/kernels/attention.cu", args.student_dir, args.solution)
+    attention_part(report, worker, args.hidden, constants)
+    if any(c.passed and c.kind == "check" for c in report.cases):
+        sanitize.add_to_report(report, 4, args, sanitizer_calls(args.hidden), step_of)
+    report.run("bad input raises clear errors (the given binding)", lambda: check_errors(worker), kind="given")
+
+    if report.stopped or not all(c.passed for c in report.cases if c.kind != "optional"):
+        report.note("benchmarks skipped until every check passes")
+    elif args.sweep:
+        from task4.sweep import sweep
+
+        with gpu_share.alone(worker):
+            sweep(report, worker, with_tensor_cores=args.solution)
+    else:
+        if args.grading:
+            batch, seq = measure.HANDOUT_CASES[-1]
+            report.note(cli.GRADING_LEAVES_OUT.format(task=4, what=f"the layer at batch {batch} seq {seq} "
+                                                                  "against nn.MultiheadAttention, and the bf16/fp16 "
+                                                                  "kernel against SDPA's flash backend"))
+        with gpu_share.alone(worker):
+            measure.run_benchmarks(report, worker, measure.benchmark_cases(args.solution),
+                                   measure.layer_cases(args.grading), with_tensor_cores=args.solution)
+        said = None if args.solution or args.grading else points.estimate_note(4, report.cases)
+        if said:
+            report.note(said)
+
+
+def optional_half(report, worker, args) -> None:
+    """Steps 8-11 (optional): the bf16/fp16 kernel's checks, its own sanitizer pass and bad input, then its
+    benchmarks; every case optional, so nothing here moves a point."""
+    major, minor = torch.cuda.get_device_capability()
+    if major < 8:
+        report.note(f"the bf16/fp16 part (steps 8-11) needs compute capability 8.0 (Ampere) or newer, for "
+                    f"mma.sync.m16n8k16 and cp.async: not run on this GPU ({major}.{minor})")
+        return
+    if half_part(report, worker, args.hidden):
+        sanitize.add_to_report(report, 4, args, half_sanitizer_calls(args.hidden), step_of, HALF_PASS_NAME,
+                               kind="optional")
+        report.run("bad input to the bf16/fp16 kernel raises clear errors (the given binding)",
+                   lambda: check_half_errors(worker), kind="optional")
+        if not args.grading and not report.stopped:
+            with gpu_share.alone(worker):
+                measure.run_half_benchmarks(report, worker, measure.half_cases())
 
 
 def main(argv=None) -> int:
     parser = cli.parser(4, __doc__.splitlines()[2])
     parser.add_argument("--sweep", action="store_true", help="time over seq 128..8192, write task4-sweep.csv")
+    parser.add_argument("--attention", action="store_true", help="test only README steps 1-7 (the float32 kernel)")
+    parser.add_argument("--half", action="store_true", help="test only README steps 8-11 (optional: bf16/fp16)")
     args = parser.parse_args(argv)
+    chosen = [p for p in ("attention", "half") if getattr(args, p)] or ["attention", "half"]
     report = Report(4, args.solution, "fused FlashAttention kernel", args.student_dir)
     with cli.worker(report, 4, args) as worker:
         if worker is None:
             return report.finish(args.json)
         if args.sanitize:
-            sanitize.add_to_report(report, 4, args, sanitizer_calls(args.hidden), step_of)
+            if "attention" in chosen:
+                sanitize.add_to_report(report, 4, args, sanitizer_calls(args.hidden), step_of)
+            if "half" in chosen:
+                sanitize.add_to_report(report, 4, args, half_sanitizer_calls(args.hidden), step_of, HALF_PASS_NAME,
+                                       kind="optional")
             return report.finish(args.json)
-        constants = kernel_constants("task4/kernels/attention.cu", args.student_dir, args.solution)
-        for case in cli.cases(4, "attention", CASES, args.hidden, shape_text, causal_ok=lambda s: s[2] <= s[3]):
-            report.run(case.name, lambda: check_case(worker, case.shape, case.causal, case.seed, constants=constants))
-        for case in cli.cases(4, "grouped", GROUPED_CASES, args.hidden, grouped_text, causal_ok=lambda s: s[3] <= s[4]):
-            report.run(case.name, lambda: check_case(worker, case.shape, case.causal, case.seed, constants=constants))
-        seed = cli.seed(7, args.hidden)
-        report.run("scale 0.3 and large scores (q x 4)",
-                   lambda: check_case(worker, (2, 2, 150, 150, 64), True, seed, scale=0.3, magnitude=4.0,
-                                      constants=constants))
-        for hidden, heads, seq in ((256, 4, 100), (4096, 32, 65)):
-            for causal in (False, True):
-                report.run(f"layer hidden {hidden} heads {heads} seq {seq}{' causal' if causal else ''} "
-                           "vs nn.MultiheadAttention",
-                           lambda: check_layer(worker, hidden, heads, seq, causal, cli.seed(11, args.hidden)))
-        if any(c.passed and c.kind == "check" for c in report.cases):
-            sanitize.add_to_report(report, 4, args, sanitizer_calls(args.hidden), step_of)
-        report.run("bad input raises clear errors (the given binding)", lambda: check_errors(worker), kind="given")
-
-        if report.stopped or not all(c.passed for c in report.cases):
-            report.note("benchmarks skipped until every check passes")
-        elif args.sweep:
-            from task4.sweep import sweep
-
-            with gpu_share.alone(worker):
-                sweep(report, worker, with_tensor_cores=args.solution)
-        else:
-            if args.grading:
-                batch, seq = measure.HANDOUT_CASES[-1]
-                report.note(cli.GRADING_LEAVES_OUT.format(task=4, what=f"the layer at batch {batch} seq {seq} "
-                                                                      "against nn.MultiheadAttention"))
-            with gpu_share.alone(worker):
-                measure.run_benchmarks(report, worker, measure.benchmark_cases(args.solution),
-                                       measure.layer_cases(args.grading), with_tensor_cores=args.solution)
-            said = None if args.solution or args.grading else points.estimate_note(4, report.cases)
-            if said:
-                report.note(said)
+        if "attention" in chosen:
+            float_part(report, worker, args)
+        if "half" in chosen and not report.stopped:
+            # Last, in a process of its own (the next call starts one): a crash or a hang in the optional kernel
+            # costs its own part, never the float32 checks, the sanitizer pass or the benchmarks before it.
+            worker.stop_until_next_call()
+            optional_half(report, worker, args)
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(4, args.solution, args.student_dir, report.attention_ops), kind="rule")
+    if chosen == ["half"]:  # the status below counts required checks only, and this run has none
+        optional = [c for c in report.cases if c.kind == "optional"]
+        report.note(f"--half tests the optional part alone: {sum(c.passed for c in optional)} of its "
+                    f"{len(optional)} checks passed")
     return report.finish(args.json)
 
 

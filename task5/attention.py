@@ -27,9 +27,11 @@ def update_cache(k_new, v_new, k_cache, v_cache, pos, solution: bool = False) ->
 
     pos: an int (every sequence), or int32 (batch,) on the GPU, one position per sequence: the form a
     CUDA graph can replay, its values read by the kernel (a sequence whose rows would not fit writes
-    nothing).
+    nothing). A bfloat16 or float16 cache (and new rows of its type) goes to step 6's kernels
+    (kernels/decode_half.cu).
     """
-    extension(solution).update_cache(k_new, v_new, k_cache, v_cache, pos)
+    ext = extension(solution)
+    (ext.update_cache_half if is_half(k_cache) else ext.update_cache)(k_new, v_new, k_cache, v_cache, pos)
 
 
 def decode(q, k_cache, v_cache, length, scale: float | None = None, out=None, splits: int = 0,
@@ -42,12 +44,19 @@ def decode(q, k_cache, v_cache, length, scale: float | None = None, out=None, sp
     of range gets NaN). splits: 1 = no split (step 2), 0 = the launcher's choice (for an int32 length,
     chosen for sequences up to max_seq), more = split-KV with that many splits (step 3). key_start,
     int32 (batch,) on the GPU: each sequence's first valid position (a batch padded on the left); the
-    positions before it take no weight.
+    positions before it take no weight. A bfloat16 or float16 cache (q and out of its type) goes to
+    step 6's kernel (kernels/decode_half.cu).
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     out = torch.full_like(q, math.nan) if out is None else out  # NaN: an element the kernel never wrote shows
-    extension(solution).decode(q, k_cache, v_cache, out, length, scale, splits, key_start)
+    ext = extension(solution)
+    (ext.decode_half if is_half(k_cache) else ext.decode)(q, k_cache, v_cache, out, length, scale, splits, key_start)
     return out
+
+
+def is_half(cache) -> bool:
+    """A cache of 16-bit values: step 6's kernels read it (the binding checks that every tensor matches)."""
+    return cache.dtype in (torch.bfloat16, torch.float16)
 
 
 def update_cache_paged(k_new, v_new, k_pages, v_pages, block_table, pos, solution: bool = False) -> None:

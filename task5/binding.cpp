@@ -43,18 +43,56 @@ cudaError_t decode_paged_forward(const float* q, const float* k_pages, const flo
                                  float* partial_out, float* partial_lse, cudaStream_t stream);
 int decode_max_head_dim();
 int decode_max_splits();
+// Defined in kernels/decode_half.cu (optional, step 6): the cache update and the decode for bf16 or fp16
+// tensors (bf16: true for bfloat16; every tensor of a call one type); splits 1 (no split) or more, with
+// partial_out and partial_lse in float32 as decode_split_forward's. Weak: a build without that file still
+// loads, and update_cache_half and decode_half then say the kernels are missing.
+__attribute__((weak)) cudaError_t update_cache_half(const void* k_new, const void* v_new, void* k_cache,
+                                                    void* v_cache, bool bf16, int batch, int kv_heads, int n_new,
+                                                    int max_seq, int head_dim, const int* pos, cudaStream_t stream);
+__attribute__((weak)) cudaError_t decode_half_forward(const void* q, const void* k_cache, const void* v_cache,
+                                                      void* out, bool bf16, int batch, int heads, int kv_heads,
+                                                      const int* length, const int* key_start, int max_seq,
+                                                      int head_dim, float scale, int splits, float* partial_out,
+                                                      float* partial_lse, cudaStream_t stream);
 // Given (common/csrc/linear_rows.cu, compiled beside your kernels): y (rows, n) = x (rows, k) @ w^T.
 cudaError_t linear_rows(const float* x, const float* w, float* y, int rows, int n, int k, cudaStream_t stream);
 int linear_max_rows();
 
 namespace {
 
+// A tensor of the call: on the GPU, contiguous, and of the call's type: float32 (decode.cu's kernels), or the
+// cache's bfloat16 or float16 (decode_half.cu's), which every other tensor of the call must share.
+void check_typed(const torch::Tensor& t, const char* name, at::ScalarType type) {
+  if (type == torch::kFloat32) return check_cuda_float32(t, name);
+  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got one on ", t.device().str(), " (move it with .cuda())");
+  TORCH_CHECK(t.scalar_type() == type, name, " must be ", dtype_name(type), " like k_cache, got ",
+              dtype_name(t.scalar_type()));
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous (call .contiguous() first)");
+}
+
+// The type of a call's tensors: float32 for decode.cu's kernels; for decode_half.cu's (half = true), the
+// cache's bfloat16 or float16, once the build is known to hold them.
+at::ScalarType cache_type(const torch::Tensor& k_cache, bool half) {
+  if (!half) return torch::kFloat32;
+  const auto type = k_cache.scalar_type();
+  TORCH_CHECK(type == torch::kBFloat16 || type == torch::kHalf, "k_cache must be bfloat16 or float16 for the ",
+              "16-bit cache (update_cache_half, decode_half), got ", dtype_name(type),
+              " (a float32 cache goes to update_cache and decode)");
+  TORCH_CHECK(update_cache_half != nullptr && decode_half_forward != nullptr,
+              "this build has no bf16/fp16 cache kernels: task5/kernels/decode_half.cu is missing, did not compile, ",
+              "or does not define update_cache_half and decode_half_forward with the signatures above (README, "
+              "Task 5, step 6)");
+  return type;
+}
+
 // k_cache and v_cache: (batch, kv_heads, max_seq, head_dim), the same shape, on one device.
-void check_cache(const torch::Tensor& k_cache, const torch::Tensor& v_cache) {
-  check_cuda_float32(k_cache, "k_cache");
+void check_cache(const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                 at::ScalarType type = torch::kFloat32) {
+  check_typed(k_cache, "k_cache", type);
   check_dim(k_cache, "k_cache", 4);
   check_not_empty(k_cache, "k_cache");
-  check_cuda_float32(v_cache, "v_cache");
+  check_typed(v_cache, "v_cache", type);
   TORCH_CHECK(v_cache.sizes() == k_cache.sizes(), "v_cache must have k_cache's shape ", shape(k_cache),
               " (batch, kv_heads, max_seq, head_dim), got ", shape(v_cache));
   check_same_device(v_cache, "v_cache", k_cache, "k_cache");
@@ -69,7 +107,7 @@ void check_cache(const torch::Tensor& k_cache, const torch::Tensor& v_cache) {
 // t must be (batch, heads, rows, head_dim) with the cache's batch, heads and head_dim.
 void check_matches_cache(const torch::Tensor& t, const char* name, const torch::Tensor& k_cache,
                          const char* what) {
-  check_cuda_float32(t, name);
+  check_typed(t, name, k_cache.scalar_type());
   check_dim(t, name, 4);
   TORCH_CHECK(t.size(0) == k_cache.size(0) && t.size(1) == k_cache.size(1) && t.size(3) == k_cache.size(3),
               name, " must be ", what, " with the cache's batch, heads and head_dim (k_cache is ",
@@ -79,8 +117,8 @@ void check_matches_cache(const torch::Tensor& t, const char* name, const torch::
 
 // k_new and v_new, (batch, kv_heads, n_new, head_dim), checked against the cache.
 void check_new_rows(const torch::Tensor& k_new, const torch::Tensor& v_new, const torch::Tensor& k_cache,
-                    const torch::Tensor& v_cache) {
-  check_cache(k_cache, v_cache);
+                    const torch::Tensor& v_cache, at::ScalarType type = torch::kFloat32) {
+  check_cache(k_cache, v_cache, type);
   check_matches_cache(k_new, "k_new", k_cache, "(batch, kv_heads, n_new, head_dim)");
   TORCH_CHECK(v_new.sizes() == k_new.sizes(), "v_new must have k_new's shape ", shape(k_new), ", got ",
               shape(v_new));
@@ -100,6 +138,14 @@ void check_new_rows(const torch::Tensor& k_new, const torch::Tensor& v_new, cons
 void launch_update(const torch::Tensor& k_new, const torch::Tensor& v_new, torch::Tensor& k_cache,
                    torch::Tensor& v_cache, const int* pos) {
   const c10::cuda::CUDAGuard guard(k_cache.device());
+  if (k_cache.scalar_type() != torch::kFloat32) {  // checked by cache_type: bfloat16 or float16
+    check_launch(update_cache_half(k_new.data_ptr(), v_new.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                                   k_cache.scalar_type() == torch::kBFloat16, (int)k_cache.size(0),
+                                   (int)k_cache.size(1), (int)k_new.size(2), (int)k_cache.size(2),
+                                   (int)k_cache.size(3), pos, at::cuda::getCurrentCUDAStream()),
+                 "update_cache_half");
+    return;
+  }
   check_launch(update_cache(k_new.data_ptr<float>(), v_new.data_ptr<float>(), k_cache.data_ptr<float>(),
                             v_cache.data_ptr<float>(), (int)k_cache.size(0), (int)k_cache.size(1), (int)k_new.size(2),
                             (int)k_cache.size(2), (int)k_cache.size(3), pos, at::cuda::getCurrentCUDAStream()),
@@ -107,18 +153,18 @@ void launch_update(const torch::Tensor& k_new, const torch::Tensor& v_new, torch
 }
 
 // Writes k_new and v_new at positions pos[b] .. pos[b] + n_new - 1 of each sequence b; pos is
-// int32 (batch,) on the GPU. A sequence whose rows would not all fit writes nothing.
+// int32 (batch,) on the GPU. A sequence whose rows would not all fit writes nothing. half: the 16-bit cache.
 void update_at(const torch::Tensor& k_new, const torch::Tensor& v_new, torch::Tensor& k_cache,
-               torch::Tensor& v_cache, const torch::Tensor& pos) {
-  check_new_rows(k_new, v_new, k_cache, v_cache);
+               torch::Tensor& v_cache, const torch::Tensor& pos, bool half = false) {
+  check_new_rows(k_new, v_new, k_cache, v_cache, cache_type(k_cache, half));
   check_per_sequence(pos, "pos", "the first new position", k_cache.size(0), k_cache, "k_cache");
   launch_update(k_new, v_new, k_cache, v_cache, pos.data_ptr<int>());
 }
 
 // The same at positions pos .. pos + n_new - 1 of every sequence, pos checked here.
 void update(const torch::Tensor& k_new, const torch::Tensor& v_new, torch::Tensor& k_cache,
-            torch::Tensor& v_cache, int64_t pos) {
-  check_new_rows(k_new, v_new, k_cache, v_cache);
+            torch::Tensor& v_cache, int64_t pos, bool half = false) {
+  check_new_rows(k_new, v_new, k_cache, v_cache, cache_type(k_cache, half));
   const int64_t n_new = k_new.size(2), max_seq = k_cache.size(2);
   TORCH_CHECK(pos >= 0, "pos must be at least 0, got ", num(pos));
   TORCH_CHECK(pos + n_new <= max_seq, "pos + n_new must be at most max_seq: the cache holds ", num(max_seq),
@@ -131,7 +177,7 @@ void update(const torch::Tensor& k_new, const torch::Tensor& v_new, torch::Tenso
 // or the pages), splits and scale: every check of a decode but the cache's own and the lengths'.
 void check_query(const torch::Tensor& q, const torch::Tensor& out, int64_t batch, const torch::Tensor& k,
                  const torch::Tensor& v, const char* k_name, const char* v_name, double scale, int64_t splits) {
-  check_cuda_float32(q, "q");
+  check_typed(q, "q", k.scalar_type());
   check_dim(q, "q", 4);
   TORCH_CHECK(q.size(0) == batch && q.size(3) == k.size(3), "q must be (batch, heads, 1, head_dim) with the cache's ",
               "batch (", num(batch), ") and head_dim (", num(k.size(3)), "), got ", shape(q));
@@ -142,7 +188,7 @@ void check_query(const torch::Tensor& q, const torch::Tensor& out, int64_t batch
   check_same_device(q, "q", k, k_name);
   TORCH_CHECK(q.size(2) == 1, "q must hold one query per (batch, head) (q.size(2) == 1), got shape ",
               shape(q));
-  check_cuda_float32(out, "out");
+  check_typed(out, "out", k.scalar_type());
   TORCH_CHECK(out.sizes() == q.sizes(), "out must have q's shape ", shape(q), ", got ", shape(out));
   check_same_device(out, "out", q, "q");
   const int64_t max_splits = decode_max_splits();
@@ -156,8 +202,8 @@ void check_query(const torch::Tensor& q, const torch::Tensor& out, int64_t batch
 }
 
 void check_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                  const torch::Tensor& out, double scale, int64_t splits) {
-  check_cache(k_cache, v_cache);
+                  const torch::Tensor& out, double scale, int64_t splits, at::ScalarType type = torch::kFloat32) {
+  check_cache(k_cache, v_cache, type);
   check_query(q, out, k_cache.size(0), k_cache, v_cache, "k_cache", "v_cache", scale, splits);
 }
 
@@ -182,8 +228,9 @@ Partials partials_for(const torch::Tensor& q, int64_t kv_heads, int64_t max_leng
                 "; it must return between 1 and ", num(max_splits));
   }
   if (splits == 1) return Partials{1, {}, {}};
-  return Partials{splits, torch::empty({batch * heads, splits, head_dim}, q.options()),
-                  torch::empty({batch * heads, splits}, q.options())};
+  const auto options = q.options().dtype(torch::kFloat32);  // float32 for 16-bit queries too
+  return Partials{splits, torch::empty({batch * heads, splits, head_dim}, options),
+                  torch::empty({batch * heads, splits}, options)};
 }
 
 // The launch, once everything is checked: length is (batch,) ints in GPU memory, max_length the
@@ -197,6 +244,14 @@ void run_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torc
   if (q.numel() == 0) return;  // no query heads: nothing to do
   Partials partials = partials_for(q, kv_heads, max_length, head_dim, splits);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  if (q.scalar_type() != torch::kFloat32) {  // checked by cache_type: bfloat16 or float16, like the cache
+    check_launch(decode_half_forward(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+                                     q.scalar_type() == torch::kBFloat16, (int)batch, (int)heads, (int)kv_heads,
+                                     length, first_key, (int)max_seq, head_dim, (float)scale, (int)partials.splits,
+                                     partials.out_ptr(), partials.lse_ptr(), stream),
+                 "decode_half_forward");
+    return;
+  }
   if (partials.splits == 1) {
     check_launch(decode_forward(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
                                 out.data_ptr<float>(), (int)batch, (int)heads, (int)kv_heads, length, first_key,
@@ -307,8 +362,8 @@ void decode_paged(const torch::Tensor& q, const torch::Tensor& k_pages, const to
 // key_start: none, or (batch,) int32, each sequence's first valid position (left padding).
 void decode_lengths(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                     torch::Tensor& out, const torch::Tensor& length, double scale, int64_t splits,
-                    const std::optional<torch::Tensor>& key_start) {
-  check_decode(q, k_cache, v_cache, out, scale, splits);
+                    const std::optional<torch::Tensor>& key_start, bool half = false) {
+  check_decode(q, k_cache, v_cache, out, scale, splits, cache_type(k_cache, half));
   check_per_sequence(length, "length", "the positions of the cache written so far", q.size(0), q, "q");
   if (key_start.has_value()) check_per_sequence(*key_start, "key_start", "one first valid key", q.size(0), q, "q");
   run_decode(q, k_cache, v_cache, out, length.data_ptr<int>(), k_cache.size(2),
@@ -318,8 +373,8 @@ void decode_lengths(const torch::Tensor& q, const torch::Tensor& k_cache, const 
 // The same with one length for every sequence, a Python int, checked here with key_start's values.
 void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
             torch::Tensor& out, int64_t length, double scale, int64_t splits,
-            const std::optional<torch::Tensor>& key_start) {
-  check_decode(q, k_cache, v_cache, out, scale, splits);
+            const std::optional<torch::Tensor>& key_start, bool half = false) {
+  check_decode(q, k_cache, v_cache, out, scale, splits, cache_type(k_cache, half));
   const int64_t max_seq = k_cache.size(2);
   TORCH_CHECK(length >= 1 && length <= max_seq, "length must be between 1 and max_seq = ", num(max_seq),
               " (the positions of the cache written so far), got ", num(length));
@@ -369,20 +424,68 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "write k_new and v_new (batch, kv_heads, n_new, head_dim) into the caches (batch, kv_heads, max_seq, "
       "head_dim) at positions pos .. pos + n_new - 1; pos: an int, or int32 (batch,) on the GPU, one per sequence "
       "(a sequence whose rows would not fit writes nothing)";
-  m.def("update_cache", &update_at, update_doc, py::arg("k_new"), py::arg("v_new"), py::arg("k_cache"),
-        py::arg("v_cache"), py::arg("pos"));
-  m.def("update_cache", &update, update_doc, py::arg("k_new"), py::arg("v_new"), py::arg("k_cache"),
-        py::arg("v_cache"), py::arg("pos"));
+  m.def(
+      "update_cache",
+      [](const torch::Tensor& k_new, const torch::Tensor& v_new, torch::Tensor& k_cache, torch::Tensor& v_cache,
+         const torch::Tensor& pos) { update_at(k_new, v_new, k_cache, v_cache, pos); },
+      update_doc, py::arg("k_new"), py::arg("v_new"), py::arg("k_cache"), py::arg("v_cache"), py::arg("pos"));
+  m.def(
+      "update_cache",
+      [](const torch::Tensor& k_new, const torch::Tensor& v_new, torch::Tensor& k_cache, torch::Tensor& v_cache,
+         int64_t pos) { update(k_new, v_new, k_cache, v_cache, pos); },
+      update_doc, py::arg("k_new"), py::arg("v_new"), py::arg("k_cache"), py::arg("v_cache"), py::arg("pos"));
   const char* decode_doc =
       "out = softmax(scale * q K^T) V over positions key_start .. length - 1 of the cache, read in place; q and "
       "out are (batch, heads, 1, head_dim), the caches (batch, kv_heads, max_seq, head_dim) with kv_heads "
       "dividing heads; length: an int, or int32 (batch,) on the GPU, one per sequence (out of range: NaN); "
       "splits: 1 = no split, 0 = the launcher's choice, more = split-KV with that many splits; key_start "
       "(optional, int32 (batch,)): each sequence's first valid position";
-  m.def("decode", &decode_lengths, decode_doc, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("out"),
-        py::arg("length"), py::arg("scale"), py::arg("splits") = 0, py::arg("key_start") = py::none());
-  m.def("decode", &decode, decode_doc, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("out"),
-        py::arg("length"), py::arg("scale"), py::arg("splits") = 0, py::arg("key_start") = py::none());
+  m.def(
+      "decode",
+      [](const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache, torch::Tensor& out,
+         const torch::Tensor& length, double scale, int64_t splits, const std::optional<torch::Tensor>& key_start) {
+        decode_lengths(q, k_cache, v_cache, out, length, scale, splits, key_start);
+      },
+      decode_doc, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("out"), py::arg("length"),
+      py::arg("scale"), py::arg("splits") = 0, py::arg("key_start") = py::none());
+  m.def(
+      "decode",
+      [](const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache, torch::Tensor& out,
+         int64_t length, double scale, int64_t splits, const std::optional<torch::Tensor>& key_start) {
+        decode(q, k_cache, v_cache, out, length, scale, splits, key_start);
+      },
+      decode_doc, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("out"), py::arg("length"),
+      py::arg("scale"), py::arg("splits") = 0, py::arg("key_start") = py::none());
+  // Step 6 (optional): the same for a cache of bfloat16 or float16, q, k_new, v_new and out of its type.
+  const char* half_doc = "step 6 (optional): the same for a bfloat16 or float16 cache (every tensor of its type)";
+  m.def(
+      "update_cache_half",
+      [](const torch::Tensor& k_new, const torch::Tensor& v_new, torch::Tensor& k_cache, torch::Tensor& v_cache,
+         const torch::Tensor& pos) { update_at(k_new, v_new, k_cache, v_cache, pos, true); },
+      half_doc, py::arg("k_new"), py::arg("v_new"), py::arg("k_cache"), py::arg("v_cache"), py::arg("pos"));
+  m.def(
+      "update_cache_half",
+      [](const torch::Tensor& k_new, const torch::Tensor& v_new, torch::Tensor& k_cache, torch::Tensor& v_cache,
+         int64_t pos) { update(k_new, v_new, k_cache, v_cache, pos, true); },
+      half_doc, py::arg("k_new"), py::arg("v_new"), py::arg("k_cache"), py::arg("v_cache"), py::arg("pos"));
+  m.def(
+      "decode_half",
+      [](const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache, torch::Tensor& out,
+         const torch::Tensor& length, double scale, int64_t splits, const std::optional<torch::Tensor>& key_start) {
+        decode_lengths(q, k_cache, v_cache, out, length, scale, splits, key_start, true);
+      },
+      half_doc, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("out"), py::arg("length"),
+      py::arg("scale"), py::arg("splits") = 0, py::arg("key_start") = py::none());
+  m.def(
+      "decode_half",
+      [](const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache, torch::Tensor& out,
+         int64_t length, double scale, int64_t splits, const std::optional<torch::Tensor>& key_start) {
+        decode(q, k_cache, v_cache, out, length, scale, splits, key_start, true);
+      },
+      half_doc, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("out"), py::arg("length"),
+      py::arg("scale"), py::arg("splits") = 0, py::arg("key_start") = py::none());
+  m.def("has_half", [] { return update_cache_half != nullptr && decode_half_forward != nullptr; },
+        "whether this build holds the bf16/fp16 cache kernels (task5/kernels/decode_half.cu)");
   m.def("update_cache_paged", &update_paged_at,
         "step 5: write k_new and v_new (batch, kv_heads, n_new, head_dim) into the paged cache (num_pages, kv_heads, "
         "page_size, head_dim) at positions pos .. pos + n_new - 1 of each sequence (pos int32 (batch,) on the GPU), "

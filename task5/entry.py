@@ -31,6 +31,36 @@ def decode_batch(sets, caches, length, scale, splits):
     torch.cuda.synchronize()
 
 
+def _half_build_said():
+    """Why kernels/decode_half.cu is not in this build, when the build left it out (its compiler errors)."""
+    from common.build import OPTIONAL_LEFT_OUT
+
+    left_out = OPTIONAL_LEFT_OUT.get("task5/kernels/decode_half.cu")
+    if left_out and not ext.has_half():
+        raise RuntimeError(f"task5/kernels/decode_half.cu was left out of the build (the float32 kernels are "
+                           f"tested without it): {left_out}")
+
+
+def update_cache_half(k_new, v_new, k_cache, v_cache, pos):
+    """The bf16/fp16 cache of kernels/decode_half.cu (step 6)."""
+    _half_build_said()
+    ext.update_cache_half(k_new, v_new, k_cache, v_cache, pos)
+    torch.cuda.synchronize()
+
+
+def decode_half(q, k_cache, v_cache, out, length, scale, splits, key_start=None):
+    _half_build_said()
+    ext.decode_half(q, k_cache, v_cache, out, length, scale, splits, key_start)
+    torch.cuda.synchronize()
+
+
+def decode_half_batch(sets, caches, length, scale, splits):
+    """decode_batch for the bf16/fp16 cache."""
+    for q, out, c in sets:
+        ext.decode_half(q, caches[c][0], caches[c][1], out, length, scale, splits)
+    torch.cuda.synchronize()
+
+
 def linear(x, weight, out):
     """The given product of task 6's decode step (common/csrc/linear_rows.cu): out = x @ weight^T."""
     ext.linear(x, weight, out)

@@ -16,7 +16,7 @@ from torch import nn
 
 
 from harness import bench, points
-from harness.checks import GUARD_BITS, bit_sum, compare, exact_float32
+from harness.checks import GUARD_BITS, GUARD_BITS_16, bit_sum, compare, exact_float32
 from common.layer import mha_weights
 from harness.reference import attention_reference, causal_mask
 from harness.sandbox import WorkerError
@@ -45,15 +45,16 @@ class TimedDecode:
     (bit sums), every output written, and the copied heads right (float64).
     """
 
-    def __init__(self, batch, heads, kv_heads, length, head_dim):
-        self.shape, self.kv_heads, self.length = (batch, heads, length, head_dim), kv_heads, length
-        cache_bytes = 2 * batch * kv_heads * length * head_dim * 4
-        self.caches = [tuple(torch.randn(batch, kv_heads, length, head_dim, device="cuda") for _ in range(2))
+    def __init__(self, batch, heads, kv_heads, length, head_dim, dtype=torch.float32):
+        self.shape, self.kv_heads, self.length, self.dtype = (batch, heads, length, head_dim), kv_heads, length, dtype
+        cache_bytes = 2 * batch * kv_heads * length * head_dim * dtype.itemsize
+        self.caches = [tuple(torch.randn(batch, kv_heads, length, head_dim, device="cuda", dtype=dtype)
+                             for _ in range(2))
                        for _ in range(max(1, min(4, bench.SET_MEMORY_BUDGET // cache_bytes)))]
         estimate_ms = cache_bytes / 3e12 * 1e3  # at about 3 TB/s: sizes a request, nothing else
-        self.count = bench.sets_for(batch * heads * head_dim * 8, estimate_ms, most=128)
-        self.sets = [(torch.empty(batch, heads, 1, head_dim, device="cuda"),
-                      torch.empty(batch, heads, 1, head_dim, device="cuda"), i % len(self.caches))
+        self.count = bench.sets_for(batch * heads * head_dim * 2 * dtype.itemsize, estimate_ms, most=128)
+        self.sets = [(torch.empty(batch, heads, 1, head_dim, device="cuda", dtype=dtype),
+                      torch.empty(batch, heads, 1, head_dim, device="cuda", dtype=dtype), i % len(self.caches))
                      for i in range(self.count)]
         self.prints = [[bit_sum(t) for t in pair] for pair in self.caches]
         self.picked: list = []
@@ -63,13 +64,16 @@ class TimedDecode:
     def bytes_read(self) -> int:
         """K and V as stored: with grouped-query attention, each key/value head once, not once per query head."""
         batch, _, length, head_dim = self.shape
-        return 2 * batch * self.kv_heads * length * head_dim * 4
+        return 2 * batch * self.kv_heads * length * head_dim * self.dtype.itemsize
 
     def refresh(self):
         self.picked = []
         for q, out, _ in self.sets:
             q.normal_()
-            out.view(torch.int32).fill_(GUARD_BITS)
+            if self.dtype == torch.float32:
+                out.view(torch.int32).fill_(GUARD_BITS)
+            else:
+                out.view(torch.int16).fill_(GUARD_BITS_16)
             b, h = self.rng.randrange(q.shape[0]), self.rng.randrange(q.shape[1])
             self.picked.append((b, h, q[b, h].cpu()))
         torch.cuda.synchronize()
@@ -85,7 +89,13 @@ class TimedDecode:
             k, v = self.caches[c]
             kv = h // (q.shape[1] // self.kv_heads)  # the key/value head query head h reads
             expected = attention_reference(q_bh.to(k.device), k[b, kv], v[b, kv], False, scale)[0]
-            result = compare(out[b, h], expected, atol=ATOL, rtol=RTOL, name=f"{where}, head ({b}, {h})")
+            atol, rtol = ATOL, RTOL
+            if self.dtype != torch.float32:  # what the type allows (task4/measure.py): from SDPA's error here
+                from task4.measure import half_allowance
+
+                atol, rtol = half_allowance(q_bh[None, None].to(k.device), k[b, kv][None, None],
+                                            v[b, kv][None, None], False, scale, None, expected[None, None])[0], 0.0
+            result = compare(out[b, h], expected, atol=atol, rtol=rtol, name=f"{where}, head ({b}, {h})")
             if not result.passed:
                 raise AssertionError(result.message)
 
@@ -93,11 +103,12 @@ class TimedDecode:
 def time_student_decode(worker, timed: TimedDecode, splits: int):
     scale = 1.0 / math.sqrt(timed.shape[-1])
     kept_sets, kept_caches = worker.keep("decode sets", timed.sets), worker.keep("decode caches", timed.caches)
+    batch_call = "decode_batch" if timed.dtype == torch.float32 else "decode_half_batch"
     try:
         timed.refresh()
-        worker.call("decode_batch", kept_sets, kept_caches, timed.length, scale, splits)  # warm-up
+        worker.call(batch_call, kept_sets, kept_caches, timed.length, scale, splits)  # warm-up
         return bench.host_clock(
-            lambda: worker.call("decode_batch", kept_sets, kept_caches, timed.length, scale, splits),
+            lambda: worker.call(batch_call, kept_sets, kept_caches, timed.length, scale, splits),
             reps=REPS, per_request=timed.count, before=timed.refresh, after=lambda: timed.check(scale))
     except AssertionError as err:
         return str(err)
@@ -483,3 +494,52 @@ def run_benchmarks(report, worker, split_passed: bool, prefill: str = "task4", p
     if paged is not None:
         report.run("paged decode (step 5) against the contiguous decode", lambda: paged_result(paged),
                    kind="benchmark")
+
+
+# Step 6 (optional): the decode over a 16-bit cache, at the scored shape and the long one, bf16 and fp16, then the
+# grouped one in bf16: GB/s of K and V as stored (half the bytes of float32) against the copy bandwidth.
+HALF_BENCHMARKS = [(16, 32, 32, 4096, 128, torch.bfloat16), (16, 32, 32, 4096, 128, torch.float16),
+                   (1, 32, 32, 32768, 128, torch.bfloat16), (16, 32, 8, 4096, 128, torch.bfloat16)]
+
+
+def run_half_benchmarks(report, worker):
+    """The 16-bit cache's decode timed in the worker (the launcher's splits), the worker ended, then the copy
+    bandwidth and the reference here; each line an optional case: reported, never scored."""
+    timed_sets, student = {}, {}
+    for case in HALF_BENCHMARKS:
+        batch, heads, kv_heads, length, d, dtype = case
+        timed_sets[case] = TimedDecode(batch, heads, kv_heads, length, d, dtype)
+        student[case] = time_student_decode(worker, timed_sets[case], 0)
+    worker.stop()
+    copy_gbs = bench.copy_bandwidth_gbs()
+    reference = bench.load_reference(report, 5)
+    for case in HALF_BENCHMARKS:
+        batch, heads, kv_heads, length, d, dtype = case
+        short = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+        name = (f"{short} decode batch {batch} heads {heads}"
+                f"{f' ({kv_heads} kv heads)' if kv_heads != heads else ''} cached tokens {length} head_dim {d}")
+        report.run(name, lambda: half_result(student[case], timed_sets[case], reference, copy_gbs), kind="optional")
+        del timed_sets[case]
+        torch.cuda.empty_cache()
+
+
+def half_result(timing, timed: TimedDecode, reference, copy_gbs):
+    if isinstance(timing, str):
+        return False, timing, {}
+    gbs = timed.bytes_read / (timing.median_ms * 1e-3) / 1e9
+    metrics = {"kernel_ms": timing.median_ms, "gbs": gbs, "copy_gbs": copy_gbs, "of_copy": gbs / copy_gbs,
+               points.NOT_SCORED: "the bf16/fp16 cache (step 6) is optional"}
+    message = (f"kernel {timing.median_ms:.3f} ms, {gbs:.0f} GB/s of K and V as stored, {timed.bytes_read / 1e9:.2f} "
+               f"GB ({gbs / copy_gbs:.0%} of the {copy_gbs:.0f} GB/s copy bandwidth)")
+    if reference is not None and hasattr(reference, "decode_half"):
+        scale = 1.0 / math.sqrt(timed.shape[-1])
+        t_ref = time_decode_here(lambda q, k, v, o: reference.decode_half(q, k, v, o, timed.length, scale, 0), timed)
+        if not isinstance(t_ref, str):
+            metrics["reference_ms"] = t_ref.median_ms
+            message += (f", reference kernel {t_ref.median_ms:.3f} ms "
+                        f"({timed.bytes_read / (t_ref.median_ms * 1e-3) / 1e9 / copy_gbs:.0%} of copy)")
+    message += "; not scored"
+    if gbs > FASTEST_VS_COPY * copy_gbs:
+        return False, message + (f": faster than {FASTEST_VS_COPY}x the copy bandwidth, more than the GPU can "
+                                 "read, so work was skipped"), metrics
+    return True, message, metrics

@@ -1,4 +1,4 @@
-"""python -m task5.test [--cache | --decode | --split | --layer] [--solution] [--json PATH]
+"""python -m task5.test [--cache | --decode | --split | --layer | --paged | --half] [--solution] [--json PATH]
 
 Checks Task 5's kernels on the GPU against float64 PyTorch, then measures them:
 - the cache update (step 1): positions pos .. pos + n - 1 written exactly, nothing else;
@@ -10,7 +10,10 @@ Checks Task 5's kernels on the GPU against float64 PyTorch, then measures them:
 - split-KV (step 3, optional, graded apart): the same with 2 to 64 splits (more splits
   than rows included) and the launcher's own choice;
 - the cached layer: prefill (your task 4 kernel) and decode steps against
-  nn.MultiheadAttention, up to a full cache.
+  nn.MultiheadAttention, up to a full cache;
+- the paged cache (step 5, optional) bit for bit against the contiguous decode; the cache in
+  bf16 and fp16 (step 6, optional) against float64 on the same 16-bit values, last, in a
+  process of its own: both reported, not scored.
 Then the decode kernel alone (batch 16 / 4096 cached tokens, batch 1 / 32768), in GB/s of
 K and V read against the copy bandwidth measured in the same run, naive PyTorch, SDPA and
 the reference kernel; and the handout's generation run (batch 16, prompt 1024, cache
@@ -30,12 +33,13 @@ from common import impl
 
 from harness import cli, gpu_share, points, sanitize
 from harness.diagnose import decode_schedules, diagnose, kernel_constants
-from harness.checks import (GUARD_BITS, CheckResult, compare, exact_float32, expect_errors, guard_damage,
-                           guarded_input, guarded_output, random_tensor)
+from harness.checks import (GUARD_BITS, GUARD_BITS_16, CheckResult, compare, exact_float32, expect_errors,
+                           guard_damage, guarded_input, guarded_output, random_tensor)
 from common.layer import mha_weights
 from harness.records import Report
 from harness.sandbox import WorkerDied, WorkerError
 from harness.reference import attention_reference, causal_mask, expand_kv_heads
+from task4 import measure as task4_measure
 from task5 import measure
 from task5.attention import TASK4_DID_NOT_BUILD
 from task5.measure import ATOL, RTOL
@@ -46,6 +50,7 @@ PARTS = {  # name: (README steps, optional)
     "split": ((3,), True),
     "layer": ((1, 2), False),
     "paged": ((5,), True),
+    "half": ((6,), True),
 }
 # (batch, heads, max_seq, pos, n_new, head_dim): rows pos .. pos + n_new - 1 are written. pos is an int
 # (every sequence), or one position per sequence, passed as int32 on the GPU (read by the kernel): a
@@ -87,6 +92,19 @@ PAGED_UPDATE_CASES = [(3, 2, 16, 4, (0, 15, 47), 1, 64), (2, 4, 8, 4, (5, 20), 9
 PAGED_DECODE_CASES = [(3, 4, 4, 16, 3, (1, 40, 33), 64, None, 1), (2, 8, 2, 16, 7, (100, 17), 128, (0, 5), 0),
                       (4, 6, 3, 32, 3, (64, 1, 90, 65), 80, None, 3), (2, 4, 1, 1, 8, (7, 3), 32, None, 1),
                       (2, 4, 4, 64, 4, (200, 0), 12, None, 1), (1, 32, 8, 16, 257, (4097,), 128, None, 0)]
+# Step 6 (optional), the cache in bf16 and fp16 (kernels/decode_half.cu), each case in both types: the update as
+# CACHE_CASES' (a copy: exact), and the decode as GROUPED_SPLIT_CASES' (splits 1: none), against float64 on the
+# same 16-bit values within what the type allows (task4/measure.py's half_allowance: twice SDPA's own error on
+# them, or half a unit in the last place). head_dim 8 to 128 and odd ones (which the kernel reads a value at a
+# time), lengths per sequence with one out of range (NaN), padding, groups, and long caches split.
+HALF_UPDATE_CASES = [(2, 3, 50, 49, 1, 64), (1, 2, 300, 17, 129, 17), (3, 2, 40, (0, 39, 17), 1, 64),
+                     (4, 2, 40, (5, 40, -1, 36), 4, 48)]
+HALF_DECODE_CASES = [(1, 1, 1, 8, 1, 128, None, 1), (2, 3, 3, 100, 33, 128, None, 1), (1, 2, 2, 200, 65, 64, None, 1),
+                     (1, 3, 3, 150, 129, 17, None, 1), (2, 8, 2, 200, 65, 64, None, 1), (1, 12, 3, 60, 41, 8, None, 1),
+                     (2, 6, 3, 600, 513, 80, (0, 500), 3), (1, 1, 1, 4100, 4097, 128, None, 0),
+                     (4, 8, 2, 300, (257, 3, 300, 130), 128, (0, 2, 299, 100), 1), (3, 2, 2, 50, (20, 0, 51), 32, None, 1),
+                     (3, 8, 2, 2000, (1999, 17, 600), 96, None, 0), (2, 4, 4, 300, (300, 5), 40, (0, 4), 7)]
+HALF_CALL_LIMIT = {"timeout": 60}  # a call of the bf16/fp16 part: small cases, so a hang costs a minute, not five
 # (hidden, heads, max_seq, prompt_len, steps): steps that end exactly at a full cache included
 LAYER_CASES = [(256, 4, 80, 50, 30), (256, 4, 40, 1, 20), (4096, 32, 48, 33, 15)]
 
@@ -127,36 +145,48 @@ def cache_with_tail(shape, length, seed):
     return cache
 
 
-def run_update(worker, case):
+def run_update(worker, case, dtype=torch.float32):
     """The update of a case, run: ((k_new, v_new), the caches' values before, the caches), or the guard bands'
-    damage (a failed CheckResult)."""
+    damage (a failed CheckResult). A 16-bit dtype: the cache of step 6 (update_cache_half)."""
     b, h, max_seq, pos, n, d = case.shape
-    k_new, v_new = random_tensor((b, h, n, d), case.seed), random_tensor((b, h, n, d), case.seed + 1)
-    before = [random_tensor((b, h, max_seq, d), case.seed + 2 + i) for i in range(2)]
+    k_new, v_new = (random_tensor((b, h, n, d), case.seed + i).to(dtype) for i in range(2))
+    before = [random_tensor((b, h, max_seq, d), case.seed + 2 + i).to(dtype) for i in range(2)]
     news = [guarded_input(name, t) for name, t in (("k_new", k_new), ("v_new", v_new))]
-    caches = [guarded_output(name, (b, h, max_seq, d)) for name in ("k_cache", "v_cache")]
+    caches = [guarded_output(name, (b, h, max_seq, d), dtype=dtype) for name in ("k_cache", "v_cache")]
     for cache, values in zip(caches, before):
         cache.tensor.copy_(values)
-    worker.call("update_cache", news[0].tensor, news[1].tensor, caches[0].tensor, caches[1].tensor, on_gpu(pos))
+    call, limit = ("update_cache", {}) if dtype == torch.float32 else ("update_cache_half", HALF_CALL_LIMIT)
+    worker.call(call, news[0].tensor, news[1].tensor, caches[0].tensor, caches[1].tensor, on_gpu(pos), **limit)
     return guard_damage(*news, *caches) or ((k_new, v_new), before, caches)
 
 
-def check_update(worker, case):
+def update_step(dtype) -> int:
+    """The README step of an update: step 1's float32 cache, or step 6's 16-bit one."""
+    return 1 if dtype == torch.float32 else 6
+
+
+def bits(t):
+    """A tensor's values as integers of their width: rows compared bit for bit."""
+    return t.view(torch.int32 if t.dtype == torch.float32 else torch.int16)
+
+
+def check_update(worker, case, dtype=torch.float32):
     b, h, max_seq, pos, n, d = case.shape
     if not isinstance(pos, int):
-        return check_update_per_sequence(worker, case)
-    ran = run_update(worker, case)
+        return check_update_per_sequence(worker, case, dtype)
+    ran = run_update(worker, case, dtype)
     if isinstance(ran, CheckResult):
         return ran  # the guard bands' damage
+    step = update_step(dtype)
     (k_new, v_new), before, caches = ran
     for cache, values, new in zip(caches, before, (k_new, v_new)):
         expected = values.clone()
         expected[:, :, pos:pos + n] = new
         got = cache.tensor.cpu()
-        wrong = (got.view(torch.int32) != expected.view(torch.int32)).any(dim=-1)  # (b, h, max_seq) rows
+        wrong = (bits(got) != bits(expected)).any(dim=-1)  # (b, h, max_seq) rows
         if not wrong.any():
             continue
-        if torch.equal(got.view(torch.int32), values.view(torch.int32)):
+        if torch.equal(bits(got), bits(values)):
             return CheckResult(False, f"`{cache.name}` is unchanged: rows {pos} .. {pos + n - 1} were not written",
                                untouched=True)
         rows = sorted({int(r) for r in wrong.nonzero()[:, 2]})
@@ -164,13 +194,13 @@ def check_update(worker, case):
         shown = ", ".join(map(str, (outside or rows)[:5]))
 
         def holds_new(at):
-            return torch.equal(got[:, :, at:at + n].contiguous().view(torch.int32), new.view(torch.int32))
+            return torch.equal(bits(got[:, :, at:at + n].contiguous()), bits(new))
 
         landed = [at for at in range(max_seq - n + 1) if at != pos and holds_new(at)]
         if landed and not holds_new(pos):
             off = landed[0] - pos
             return False, (f"looks like the new rows written at other rows than pos .. pos + n_new - 1 (row pos + t "
-                           f"of the cache takes new row t): see README, Task 5, step 1. `{cache.name}`: they landed "
+                           f"of the cache takes new row t): see README, Task 5, step {step}. `{cache.name}`: they landed "
                            f"{abs(off)} row{'s' if abs(off) > 1 else ''} {'past' if off > 0 else 'before'} pos, at rows "
                            f"{landed[0]} to {landed[0] + n - 1}, not {pos} to {pos + n - 1}"), {}
         if outside:
@@ -180,32 +210,33 @@ def check_update(worker, case):
     return True, f"rows {pos} .. {pos + n - 1} written exactly, the other {max_seq - n} untouched", {}
 
 
-def check_update_per_sequence(worker, case):
+def check_update_per_sequence(worker, case, dtype=torch.float32):
     """update_cache with one position per sequence (int32 on the GPU): each sequence's rows where its pos says,
     and nothing written for a sequence whose rows would not fit."""
     b, h, max_seq, pos, n, d = case.shape
-    ran = run_update(worker, case)
+    ran = run_update(worker, case, dtype)
     if isinstance(ran, CheckResult):
         return ran  # the guard bands' damage
+    step = update_step(dtype)
     (k_new, v_new), before, caches = ran
     for cache, values, new in zip(caches, before, (k_new, v_new)):
-        got = cache.tensor.cpu().view(torch.int32)
+        got = bits(cache.tensor.cpu())
         for seq, p in enumerate(pos):
             expected = values[seq].clone()
             fits = 0 <= p <= max_seq - n
             if fits:
                 expected[:, p:p + n] = new[seq]
-            if torch.equal(got[seq], expected.view(torch.int32)):
+            if torch.equal(got[seq], bits(expected)):
                 continue
-            rows = sorted({int(r) for r in (got[seq] != expected.view(torch.int32)).any(dim=-1).nonzero()[:, 1]})
+            rows = sorted({int(r) for r in (got[seq] != bits(expected)).any(dim=-1).nonzero()[:, 1]})
             shown = ", ".join(map(str, rows[:5]))
             if not fits:
                 return False, (f"`{cache.name}`, sequence {seq}: pos[{seq}] = {p} with {n} new row(s) does not fit in "
                                f"max_seq = {max_seq}, so nothing may be written, but rows {shown} changed: skip such "
-                               "a sequence (README, Task 5, step 1)"), {}
+                               f"a sequence (README, Task 5, step {step})"), {}
             return False, (f"`{cache.name}`, sequence {seq}: rows {shown} are wrong; its new rows go to pos[{seq}] .. "
                            f"pos[{seq}] + n_new - 1 = {p} .. {p + n - 1}: each sequence reads its own pos (README, "
-                           "Task 5, step 1)"), {}
+                           f"Task 5, step {step})"), {}
     skipped = sum(not 0 <= p <= max_seq - n for p in pos)
     return True, (f"each sequence's rows written at its own pos, the rest untouched"
                   f"{f'; {skipped} that did not fit wrote nothing' if skipped else ''}"), {}
@@ -291,11 +322,10 @@ def check_decode_per_sequence(worker, shape, seed, splits):
     got, said = out.tensor.cpu(), []
     for seq, (end, first) in enumerate(zip(lengths, starts or (0,) * b)):
         if not 0 <= first < end <= max_seq:
-            if not torch.isnan(got[seq]).all() or bool((got[seq].view(torch.int32) == GUARD_BITS).any()):
-                return False, (f"sequence {seq} has length {end} and key_start {first}, out of range for a cache of "
-                               f"max_seq = {max_seq}: its output must be NaN (the given check in block_rows makes "
-                               "it so: keep it), got numbers or nothing written"), {}
-            said.append(f"sequence {seq} out of range: NaN")
+            passed, words = out_of_range(got[seq], seq, end, first, max_seq, GUARD_BITS)
+            if not passed:
+                return False, words, {}
+            said.append(words)
             continue
         expected = attention_reference(q[seq:seq + 1], k_cache[seq:seq + 1, :, first:end],
                                        v_cache[seq:seq + 1, :, first:end], False, scale)[0]
@@ -309,12 +339,59 @@ def check_decode_per_sequence(worker, shape, seed, splits):
     return True, f"each sequence over its own rows: {'; '.join(said)}", {}
 
 
+def out_of_range(got, seq, end, first, max_seq, fill, keep="") -> tuple[bool, str]:
+    """A sequence whose length or key_start is out of range: its output must be NaN, every element written (none
+    left at the output's `fill`). keep: more of what to keep, said when it is not."""
+    if torch.isnan(got).all() and not bool((bits(got) == fill).any()):
+        return True, f"sequence {seq} out of range: NaN"
+    return False, (f"sequence {seq} has length {end} and key_start {first}, out of range for a cache of max_seq = "
+                   f"{max_seq}: its output must be NaN (the given check in block_rows makes it so: keep it{keep}), "
+                   "got numbers or nothing written")
+
+
 def nan_without_the_tail(worker, q, k_cache, v_cache, length, scale, splits) -> bool:
     """Whether the decode still computes NaN when the cache past `length` holds zeros instead of NaN."""
     caches = [guarded_input(name, t.nan_to_num(0.0)) for name, t in (("k_cache", k_cache), ("v_cache", v_cache))]
     q_in, out = guarded_input("q", q), guarded_output("out", q.shape)
     worker.call("decode", q_in.tensor, *(c.tensor for c in caches), out.tensor, length, scale, splits)
     return bool((torch.isnan(out.tensor) & (out.tensor.view(torch.int32) != GUARD_BITS)).any())
+
+
+def check_half_decode(worker, shape, seed, splits, dtype):
+    """Step 6: the decode over a 16-bit cache against float64 on the same 16-bit values, each sequence over its
+    own rows (NaN for one out of range), within what SDPA's own error on them says the type allows."""
+    b, h, kvh, max_seq, length, d, starts = grouped(shape)
+    lengths = [length] * b if isinstance(length, int) else list(length)
+    q, k_cache, v_cache = (t.to(dtype) for t in decode_inputs(shape, seed))
+    inputs = [guarded_input(name, t) for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))]
+    out = guarded_output("out", q.shape, dtype=dtype)
+    scale = 1.0 / math.sqrt(d)
+    worker.call("decode_half", *(t.tensor for t in inputs), out.tensor, on_gpu(length), scale, splits,
+                None if starts is None else on_gpu(starts), **HALF_CALL_LIMIT)
+    damage = guard_damage(*inputs, out)
+    if damage:
+        return damage
+    got, said = out.tensor.cpu(), []
+    for seq, (end, first) in enumerate(zip(lengths, starts or (0,) * b)):
+        if not 0 <= first < end <= max_seq:
+            passed, words = out_of_range(got[seq], seq, end, first, max_seq, GUARD_BITS_16,
+                                         ", and write_nan's output; README, Task 5, step 6")
+            if not passed:
+                return False, words, {}
+            said.append(words)
+            continue
+        rows = [c[seq:seq + 1, :, first:end] for c in (k_cache, v_cache)]
+        expected = attention_reference(q[seq:seq + 1], *rows, False, scale)[0]
+        allowed, why = task4_measure.half_allowance(q[seq:seq + 1], *rows, False, scale, None, expected)
+        result = compare(got[seq:seq + 1], expected, atol=allowed, rtol=0.0, name=f"sequence {seq}'s output",
+                         poisoned=True)
+        if not result.passed:
+            result.message = (f"{result.message} ({why}; its rows are {first} .. {end - 1}: README, Task 5, "
+                              "step 6)")
+            return result
+        said.append(f"{result.message}, {allowed:.1e} allowed")
+    return True, (f"each sequence over its own rows, within 2x SDPA's error in {str(dtype)[6:]} on its inputs (or "
+                  f"half a unit in the last place): {'; '.join(said)}"), {}
 
 
 def check_layer(worker, hidden, heads, max_seq, prompt_len, steps, seed, prefill):
@@ -623,6 +700,97 @@ def sanitizer_calls(hidden: cli.Hidden | None, with_splits: bool, with_pages: bo
 
 
 
+def check_half_errors(worker):
+    """The given binding's errors for the 16-bit cache (not the student's work: reported, not scored)."""
+    cache = torch.zeros(1, 2, 16, 64, device="cuda", dtype=torch.bfloat16)
+    new = torch.zeros(1, 2, 1, 64, device="cuda", dtype=torch.bfloat16)
+    q = torch.zeros(1, 2, 1, 64, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    bad = [
+        ("a float32 cache", ("update_cache_half", new.float(), new.float(), cache.float(), cache.float(), 0),
+         "must be bfloat16 or float16"),
+        ("new rows in float16 for a bfloat16 cache", ("update_cache_half", new.half(), new.half(), cache,
+                                                      cache.clone(), 0), "like k_cache"),
+        ("pos past the cache", ("update_cache_half", new, new.clone(), cache, cache.clone(), 16),
+         "pos + n_new must be at most max_seq"),
+        ("a float32 query", ("decode_half", q.float(), cache, cache.clone(), out, 4, 0.125, 0), "like k_cache"),
+        ("out in float16", ("decode_half", q, cache, cache.clone(), out.half(), 4, 0.125, 0), "like k_cache"),
+        ("a cache on the CPU", ("decode_half", q, cache.cpu(), cache.cpu(), out, 4, 0.125, 0), "CUDA"),
+        ("length past max_seq", ("decode_half", q, cache, cache.clone(), out, 17, 0.125, 0),
+         "length must be between 1 and max_seq"),
+        ("out is q", ("decode_half", q, cache, cache.clone(), q, 4, 0.125, 0), "must not share memory"),
+    ]
+    return expect_errors(lambda *call: worker.call(*call), bad)
+
+
+def half_sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
+    """Step 6's pass: the update (one sequence that does not fit), and the decode with 16-byte rows and with a
+    value at a time, groups, padding, a length out of range and splits, bf16 and fp16 in turn."""
+    calls = []
+    for i, (b, h, max_seq, pos, n, d) in enumerate([(2, 1, 40, (3, 39), 2, 17), (1, 2, 10, 9, 1, 128)]):
+        dtype = (torch.bfloat16, torch.float16)[i % 2]
+        k_new, v_new = (random_tensor((b, h, n, d), cli.seed(60 + 2 * i + j, hidden)).to(dtype) for j in range(2))
+        where = pos if isinstance(pos, int) else torch.tensor(pos, dtype=torch.int32)
+        calls.append(sanitize.Call(f"{str(dtype)[6:]} update_cache_half cache {max_seq} pos {pos} n_new {n} head_dim "
+                                   f"{d}", "update_cache_half",
+                                   (k_new, v_new, torch.zeros(b, h, max_seq, d, dtype=dtype),
+                                    torch.zeros(b, h, max_seq, d, dtype=dtype), where),
+                                   ("k_new", "v_new", "k_cache", "v_cache", "pos")))
+    for i, shape in enumerate([(2, 6, 2, 40, 37, 64, (0, 30), 1), (1, 3, 3, 70, 65, 17, None, 1),
+                               (3, 4, 2, 30, (30, 1, 31), 128, None, 3), (2, 6, 3, 40, (40, 12), 80, (39, 12), 2)]):
+        dtype = (torch.bfloat16, torch.float16)[i % 2]
+        q, k_cache, v_cache = (t.nan_to_num().to(dtype) for t in decode_inputs(shape[:7], cli.seed(64 + i, hidden)))
+        starts = None if shape[6] is None else torch.tensor(shape[6], dtype=torch.int32)
+        length = shape[4] if isinstance(shape[4], int) else torch.tensor(shape[4], dtype=torch.int32)
+        names = ("q", "k_cache", "v_cache", "out") + (() if isinstance(length, int) else ("length",))
+        calls.append(sanitize.Call(f"{str(dtype)[6:]} decode_half {describe_grouped(shape[:7])} splits {shape[7]}",
+                                   "decode_half", (q, k_cache, v_cache, torch.empty_like(q), length,
+                                                   1 / math.sqrt(shape[5]), shape[7], starts),
+                                   names + ("key_start",)))
+    return calls
+
+
+HALF_PASS_NAME = f"{sanitize.PASS_NAME}, the bf16/fp16 cache (optional)"
+HALF_KERNEL_STEPS = {name: "Task 5, step 6 (optional)" for name in
+                     ("update_cache_kernel", "attend_rows", "decode_kernel", "decode_split_kernel",
+                      "combine_splits_kernel", "block_rows", "write_nan", "first_position")}
+
+
+def half_part(report, worker, hidden_cases) -> bool:
+    """Step 6 (optional): the 16-bit cache's update and decode in both types; whether every case passed. The
+    first case whose process crashed or hung ends the part (the rest would wait as long)."""
+    report.begin_part("half", (6,), optional=True)
+    runs = [(case, lambda c=case, t=dtype: check_update(worker, c, t))
+            for name, dtype in task4_measure.HALF_TYPES.items()
+            for case in cli.cases(5, "half update", HALF_UPDATE_CASES, hidden_cases, causal=(False,),
+                                  shape_text=lambda s, n=name: f"{n} update batch {s[0]} heads {s[1]} cache {s[2]} "
+                                                               f"pos {s[3]} n_new {s[4]} head_dim {s[5]}")]
+    runs += [(case, lambda c=case, t=dtype: check_half_decode(worker, c.shape[:7], c.seed, c.shape[7], t))
+             for name, dtype in task4_measure.HALF_TYPES.items()
+             for case in cli.cases(5, "half decode", HALF_DECODE_CASES, hidden_cases, causal=(False,),
+                                   shape_text=lambda s, n=name: f"{n} decode {describe_grouped(s[:7])} splits "
+                                                                f"{s[7] or 'chosen by the launcher'}")]
+    for case, check in runs:
+        before = len(report.cases)
+        report.run(case.name, check)
+        if report.process_died_since(before, "the bf16/fp16 part"):
+            break
+    return report.end_part("half")
+
+
+def optional_half(report, worker, args) -> None:
+    """Step 6 (optional): the 16-bit cache's checks, its own sanitizer pass and bad input, then its benchmarks;
+    every case optional, so nothing here moves a point."""
+    if half_part(report, worker, args.hidden):
+        sanitize.add_to_report(report, 5, args, half_sanitizer_calls(args.hidden), HALF_KERNEL_STEPS.get,
+                               HALF_PASS_NAME, kind="optional")
+        report.run("bad input to the bf16/fp16 cache raises clear errors (the given binding)",
+                   lambda: check_half_errors(worker), kind="optional")
+        if not args.grading and not report.stopped:
+            with gpu_share.alone(worker):
+                measure.run_half_benchmarks(report, worker)
+
+
 def main(argv=None) -> int:
     parser = cli.parser(5, __doc__.splitlines()[2])
     for part, (steps, optional) in PARTS.items():
@@ -638,7 +806,7 @@ def main(argv=None) -> int:
         split_passed = paged_passed = False
         prefill = {"by": "task4", "why": ""}  # the layer's prefill: your Task 4 kernel, unless it fails
         constants = kernel_constants("task5/kernels/decode.cu", args.student_dir, args.solution)
-        for part in [] if args.sanitize else chosen:
+        for part in [] if args.sanitize else [p for p in chosen if p != "half"]:
             steps, optional = PARTS[part]
             report.begin_part(part, steps, optional=optional)
             first = len(report.cases)
@@ -683,21 +851,27 @@ def main(argv=None) -> int:
                 split_passed = len(report.cases) > first and all(c.passed for c in report.cases[first:])
             if part == "paged":
                 paged_passed = len(report.cases) > first and all(c.passed for c in report.cases[first:])
-        if args.sanitize or any(c.passed and c.kind == "check" for c in report.cases):
+        if (args.sanitize and chosen != ["half"]) or any(c.passed and c.kind == "check" for c in report.cases):
             with_splits = split_passed or (args.sanitize and "split" in chosen)
             with_pages = paged_passed or (args.sanitize and "paged" in chosen)
             sanitize.add_to_report(report, 5, args, sanitizer_calls(args.hidden, with_splits, with_pages),
                                    KERNEL_STEPS.get)
         if args.sanitize:
+            if "half" in chosen:
+                sanitize.add_to_report(report, 5, args, half_sanitizer_calls(args.hidden), HALF_KERNEL_STEPS.get,
+                                       HALF_PASS_NAME, kind="optional")
             return report.finish(args.json)
-        report.run("bad input raises clear errors (the given binding and layer)", lambda: check_errors(worker),
-                   kind="given")
-        report.run("a step past a full cache raises a clear error (the given layer)",
-                   lambda: check_cache_full(worker), kind="given")
-        report.run("task 6's decode-step products (the given linear) match float64",
-                   lambda: check_linear(worker, args.hidden), kind="given")
+        if chosen != ["half"]:  # the optional part alone: its own bad input and benchmarks follow it
+            report.run("bad input raises clear errors (the given binding and layer)", lambda: check_errors(worker),
+                       kind="given")
+            report.run("a step past a full cache raises a clear error (the given layer)",
+                       lambda: check_cache_full(worker), kind="given")
+            report.run("task 6's decode-step products (the given linear) match float64",
+                       lambda: check_linear(worker, args.hidden), kind="given")
         required = [c for c in report.cases if c.kind != "optional"]
-        if set(chosen) < {"cache", "decode", "layer"}:
+        if chosen == ["half"]:
+            pass
+        elif set(chosen) < {"cache", "decode", "layer"}:
             report.note("benchmarks run when every part is tested (no --cache/--decode/--layer flag)")
         elif report.stopped or not all(c.passed for c in required):
             report.note("benchmarks skipped until every check passes")
@@ -708,8 +882,17 @@ def main(argv=None) -> int:
             said = None if args.solution or args.grading else points.estimate_note(5, report.cases)
             if said:
                 report.note(said)
+        if "half" in chosen and not report.stopped:
+            # Last, in a process of its own (the next call starts one): a crash or a hang in the optional kernels
+            # costs their own part, never the float32 checks, the sanitizer pass or the benchmarks before it.
+            worker.stop_until_next_call()
+            optional_half(report, worker, args)
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(5, args.solution, args.student_dir, report.attention_ops), kind="rule")
+    if chosen == ["half"]:  # the status below counts required checks only, and this run has none
+        optional = [c for c in report.cases if c.kind == "optional"]
+        report.note(f"--half tests the optional part alone: {sum(c.passed for c in optional)} of its "
+                    f"{len(optional)} checks passed")
     return report.finish(args.json)
 
 

@@ -19,11 +19,14 @@ student = load_student_module("task7.attention")
 _model = _kernels = None
 
 
-def make_model(config: dict, state: dict, device: str) -> None:
+def make_model(config: dict, state: dict, device: str, dtype: str = "float32") -> None:
+    """dtype "bfloat16" or "float16": the whole model in that type (on the GPU, your kernels' optional 16-bit parts:
+    Task 4's steps 8-11 and Task 5's step 6)."""
     global _model, _kernels
     _model = None
     _kernels = PyTorchKernels() if device == "cpu" else built_kernels()
-    _model = gpt2.use_kernels(gpt2.from_state(config, state, device), student.kernel_attention, _kernels)
+    model = gpt2.from_state(config, state, device).to(getattr(torch, dtype))
+    _model = gpt2.use_kernels(model, student.kernel_attention, _kernels)
 
 
 def generate(ids, new_tokens, attention_mask=None):

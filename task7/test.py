@@ -14,7 +14,9 @@ also give each sequence the tokens it gets generated alone.
   Llama with Llama 3.2 1B's attention (32 query heads over 8 key/value heads), and GPT-2 itself
   (124M parameters) with its real weights when they are in the Hugging Face cache (tests never
   download), else random ones; then the time per generated token against the model's own
-  attention, and the generated text.
+  attention, and the generated text; last (optional, reported), three of the models in bf16 and
+  fp16, through your kernels' optional 16-bit parts, each within twice the logit error of the same
+  model in that type with PyTorch's attention.
 Your code runs in a worker process (task7/entry.py).
 """
 
@@ -27,7 +29,7 @@ import torch
 from common import impl
 
 from harness import bench, cli, gpu_share
-from harness.checks import compare_logits, decided, exact_float32, expect_errors
+from harness.checks import LOGITS_ATOL, compare_logits, decided, exact_float32, expect_errors
 from harness.records import NeedsCuda, Report
 from task7 import gpt2
 
@@ -44,6 +46,12 @@ GPU_CASES = [("small GPT-2", gpt2.SMALL, 2, 33, 20),
              ("small GPT-2, padded", gpt2.SMALL, 4, (5, 17, 40, 28), 12),
              ("Llama with Llama 3.2 1B's attention (32 query heads over 8 key/value heads, head_dim 64), padded",
               gpt2.LLAMA_1B_ATTENTION, 4, (5, 17, 40, 28), 12)]
+# The optional 16-bit part: the same models in bf16 and fp16 (your Task 4 kernel's steps 8-11 and Task 5's step 6),
+# each held to what its type allows: twice the largest logit error of the same model in the same type with PyTorch's
+# own attention (transformers' "sdpa") on the same tokens.
+HALF_CASES = [GPU_CASES[0], GPU_CASES[1], GPU_CASES[3]]
+HALF_TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+HALF_ERROR_FACTOR = 2.0
 GPT2_RUN = dict(batch=1, new_tokens=40, random_prompt=16)
 REPS = 3
 BUILD_TIMEOUT_S = 900  # the first GPU model builds your Task 4 and Task 5 kernels
@@ -71,40 +79,55 @@ def generated(worker, prompt, new_tokens, mask, vocab):
 
 
 def check_generation(worker, model, config: dict, prompt: torch.Tensor, new_tokens: int, device: str,
-                     mask: torch.Tensor | None = None):
+                     mask: torch.Tensor | None = None, dtype=torch.float32):
     """The worker's greedy generation against the float64 reference, teacher-forced; (passed, message, metrics).
     mask (batch, prompt_len): prompts padded on the left; then each sequence must also get, generated alone,
-    the tokens it got in the batch."""
-    worker.call("make_model", config, model.state_dict(), device, timeout=BUILD_TIMEOUT_S)
+    the tokens it got in the batch. dtype: the model's (bf16 or fp16: the optional 16-bit part)."""
+    worker.call("make_model", config, model.state_dict(), device, str(dtype)[6:], timeout=BUILD_TIMEOUT_S)
     vocab = model.config.vocab_size
     reply = generated(worker, prompt, new_tokens, mask, vocab)
     if isinstance(reply, str):
         return False, reply, {}
     tokens, logits = reply
-    reference = reference_of(model, device)
     ids = torch.cat((prompt, tokens), dim=1)
-    with torch.no_grad(), exact_float32():
-        if mask is None:
-            expected = reference(ids.to(device)).logits[:, prompt.shape[1] - 1:-1].cpu()
-        else:  # each sequence on its own, without its padding: what the padded batch must give
-            expected = torch.stack([reference(ids[b:b + 1, torch.cat((mask[b], torch.ones_like(tokens[b]))) == 1]
-                                              .to(device)).logits[0, -new_tokens - 1:-1].cpu()
-                                    for b in range(prompt.shape[0])])
+    expected = teacher_forced(reference_of(model, device), ids, mask, new_tokens, device)
+    atol, said = None, ""
+    if dtype != torch.float32:  # what the type allows: the same model in it, with PyTorch's own attention
+        ours = copy.deepcopy(model).to(device=device, dtype=dtype)
+        ours.set_attn_implementation("sdpa")
+        yardstick = float((teacher_forced(ours, ids, mask, new_tokens, device).double() - expected).abs().max())
+        atol = max(HALF_ERROR_FACTOR * yardstick, LOGITS_ATOL * float(expected.abs().max()))
+        said = (f" (allowed {atol:.2g}: {HALF_ERROR_FACTOR:g}x the largest logit error of the same model in "
+                f"{str(dtype)[6:]} with PyTorch's attention, {yardstick:.2g}, on the same tokens)")
     passed, message, metrics = compare_logits(logits, expected, prompt.shape[1], first=prompt.shape[1] - 1,
-                                              hints=HINTS)
+                                              hints=HINTS, atol=atol)
+    message += said
     if passed and mask is not None:
-        passed, alone = each_alone(worker, prompt, mask, tokens, expected, vocab)
+        passed, alone = each_alone(worker, prompt, mask, tokens, expected, vocab, atol)
         message += f"; {alone}"
     if not passed and device == "cuda":
         message += ("; on the GPU the model runs your Task 4 and Task 5 kernels: if the CPU cases pass, check "
-                    "python -m task4.test and python -m task5.test")
+                    "python -m task4.test and python -m task5.test" +
+                    (" (with --half: in 16 bits they are their optional parts)" if dtype != torch.float32 else ""))
     return passed, message, metrics
 
 
-def each_alone(worker, prompt, mask, tokens, expected, vocab) -> tuple[bool, str]:
+def teacher_forced(model, ids, mask, new_tokens: int, device: str) -> torch.Tensor:
+    """The logits `model` gives for each generated token's position, fed the whole sequence ids (batch, n) at once:
+    with a mask, each sequence on its own, without its padding (what the padded batch must give)."""
+    with torch.no_grad(), exact_float32():
+        if mask is None:
+            return model(ids.to(device)).logits[:, -new_tokens - 1:-1].cpu()
+        keep = torch.cat((mask, torch.ones(mask.shape[0], new_tokens, dtype=mask.dtype)), dim=1) == 1
+        return torch.stack([model(ids[b:b + 1, keep[b]].to(device)).logits[0, -new_tokens - 1:-1].cpu()
+                            for b in range(ids.shape[0])])
+
+
+def each_alone(worker, prompt, mask, tokens, expected, vocab, atol=None) -> tuple[bool, str]:
     """Each padded sequence generated alone, without padding, must give the batch's tokens up to the first
-    near-tie of the reference's logits (there float32 may pick either, and the two runs part)."""
-    new_tokens, settled = tokens.shape[1], decided(expected)
+    near-tie of the reference's logits (there float32 may pick either, and the two runs part; atol: a 16-bit
+    model's tolerance)."""
+    new_tokens, settled = tokens.shape[1], decided(expected, atol)
     for b in range(prompt.shape[0]):
         alone = generated(worker, prompt[b:b + 1, mask[b] == 1], new_tokens, None, vocab)
         if isinstance(alone, str):
@@ -190,18 +213,25 @@ def time_per_token(worker, model, tokenizer, what: str, prompt):
                   f"({model.config._attn_implementation}); generated: {text}"), metrics
 
 
-def run_cases(report, worker, cases, first_seed: int, device: str, hidden: cli.Hidden | None):
-    """Random GPT-2s of the cases' configurations, each generating from a random prompt on `device`."""
+def run_cases(report, worker, cases, first_seed: int, device: str, hidden: cli.Hidden | None, dtype=None) -> bool:
+    """Random GPT-2s of the cases' configurations, each generating from a random prompt on `device` (dtype: a 16-bit
+    type's name, the optional part's: it stops at the first case whose process crashed or hung, and says so).
+    Whether every case ran."""
     for i, (name, config, batch, prompt_len, n) in enumerate(cases):
         seed = cli.seed(first_seed + i, hidden)
-        prefix = "cpu " if device == "cpu" else ""
+        prefix = "cpu " if device == "cpu" else f"{dtype} " if dtype else ""
         if isinstance(prompt_len, tuple):  # prompts of different lengths, padded on the left
             prompt, mask = random_prompts(prompt_len, config["vocab_size"], seed, pad_id=0)
             what = f"prompts of {', '.join(map(str, prompt_len))} tokens"
         else:
             prompt, mask, what = random_prompt(batch, prompt_len, config["vocab_size"], seed), None, f"prompt {prompt_len}"
+        before = len(report.cases)
         report.run(f"{prefix}{name}: batch {batch}, {what}, {n} new tokens",
-                   lambda: check_generation(worker, gpt2.random_model(config, seed), config, prompt, n, device, mask))
+                   lambda: check_generation(worker, gpt2.random_model(config, seed), config, prompt, n, device, mask,
+                                            HALF_TYPES.get(dtype, torch.float32)))
+        if dtype and report.process_died_since(before, "the bf16/fp16 part"):
+            return False
+    return True
 
 
 def run_on_gpu(report, worker, args):
@@ -236,8 +266,15 @@ def run_on_gpu(report, worker, args):
             report.run("generation with grouped-query attention: time per token, and the text",
                        lambda: time_per_token(worker, llama, llama_tokenizer, llama_what, llama_prompt),
                        kind="benchmark")
+        # Last, in a process of its own (the next call starts one): a crash in an optional 16-bit kernel costs its part.
+        worker.stop_until_next_call()
+        report.begin_part("half", (1, 2, 3), optional=True)
+        for i, name in enumerate(HALF_TYPES):
+            if not run_cases(report, worker, HALF_CASES, 100 + 10 * i, "cuda", args.hidden, name):
+                break
+        report.end_part("half")
     else:
-        report.note("the time per token is measured once every check passes")
+        report.note("the time per token is measured, and the optional bf16/fp16 models run, once every check passes")
 
 
 def needs_gpu():

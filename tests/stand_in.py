@@ -390,12 +390,15 @@ class Behaviour:
 
     slowdown: each call takes this many times the stand-in GPU's time for its work;
     wrong_head_dim: outputs of this head_dim (the timed cases') come out 1% too large;
-    build_error: the student's build of these kernels fails with this message.
+    build_error: the student's build of these kernels fails with this message;
+    half: the bf16/fp16 kernels (task 4's of steps 8-11, task 5's decode of step 6; the float32 ones are right)
+    write outputs 1% too large ("wrong"), or nothing ("unwritten", a skeleton's).
     """
 
     slowdown: float = 1.0
     wrong_head_dim: int | None = None
     build_error: str | None = None
+    half: str | None = None
 
 
 class StandInKernels:
@@ -444,7 +447,31 @@ class Task4Kernels(StandInKernels):
 
     @launched
     def forward(self, q, k, v, out, causal, scale, key_start=None):
-        _check_cuda_float32(q, "q")
+        self._forward(q, k, v, out, causal, scale, key_start, _check_cuda_float32)
+
+    @launched
+    def forward_half(self, q, k, v, out, causal, scale, key_start=None):
+        """The bf16/fp16 kernel: the same checks for one 16-bit type, computed in float32, written in that type."""
+        if q.dtype not in (torch.bfloat16, torch.float16):
+            raise RuntimeError(f"q must be bfloat16 or float16 for forward_half, got {str(q.dtype)[6:]} "
+                               "(float32 goes to forward)")
+
+        def same_type(t, name):
+            if getattr(t, "on_host", False):
+                raise RuntimeError(f"{name} must be a CUDA tensor, got one on cpu (move it with .cuda())")
+            if t.dtype != q.dtype:
+                raise RuntimeError(f"{name} must be {str(q.dtype)[6:]} like q, got {str(t.dtype)[6:]}")
+            if not t.is_contiguous():
+                raise RuntimeError(f"{name} must be contiguous (call .contiguous() first)")
+        kept = out.clone() if self.behaviour.half == "unwritten" else None
+        self._forward(q, k, v, out, causal, scale, key_start, same_type)
+        if self.behaviour.half == "wrong":
+            out.mul_(1.01)
+        elif kept is not None:
+            out.copy_(kept)
+
+    def _forward(self, q, k, v, out, causal, scale, key_start, check_type):
+        check_type(q, "q")
         for t, name in ((q, "q"), (k, "k"), (v, "v"), (out, "out")):
             _check_dim(t, name, 4)
         batch, heads, seq_q, head_dim = q.shape
@@ -466,7 +493,7 @@ class Task4Kernels(StandInKernels):
             raise RuntimeError(f"causal attention needs seq_q <= seq_k, got seq_q = {seq_q} and seq_k = {k.shape[2]}")
         _check_finite(scale)
         for t, name in ((k, "k"), (v, "v"), (out, "out")):
-            _check_cuda_float32(t, name)
+            check_type(t, name)
         for t, name in ((q, "q"), (k, "k"), (v, "v")):
             _check_no_overlap(out, "out", t, name)
         if key_start is not None and seq_q > k.shape[2]:
@@ -475,26 +502,54 @@ class Task4Kernels(StandInKernels):
         _check_key_start(key_start, batch, k.shape[2], "seq_k")
         if not heads:
             return
-        k, v = expand_kv_heads(k, heads), expand_kv_heads(v, heads)
+        q, k, v = q.float(), expand_kv_heads(k, heads).float(), expand_kv_heads(v, heads).float()
         with self.work(_attention_seconds(q, k, causal)):
             self.write(out, _padded(lambda *qkv: _attention(*qkv, causal, scale), q, k, v, key_start))
 
     def max_head_dim(self):
         return 128
 
+    def has_half(self):
+        return True
+
     def tile_sizes(self):
         return 64, 64
 
 
 class Task5Kernels(StandInKernels):
-    """task5/binding.cpp's `update_cache`, `decode` and `splits_for`, computed in PyTorch."""
+    """task5/binding.cpp's `update_cache`, `decode` and `splits_for` (and step 6's `update_cache_half` and
+    `decode_half`), computed in PyTorch."""
 
     MAX_SPLITS = 256
+    half = None  # during a call of step 6's: the cache's 16-bit type, which every tensor of the call must have
+
+    def _check_type(self, t, name):
+        if self.half is None:
+            return _check_cuda_float32(t, name)
+        if getattr(t, "on_host", False):
+            raise RuntimeError(f"{name} must be a CUDA tensor, got one on cpu (move it with .cuda())")
+        if t.dtype != self.half:
+            raise RuntimeError(f"{name} must be {str(self.half)[6:]} like k_cache, got {str(t.dtype)[6:]}")
+        if not t.is_contiguous():
+            raise RuntimeError(f"{name} must be contiguous (call .contiguous() first)")
+
+    @contextlib.contextmanager
+    def _half_call(self, k_cache):
+        """A call of step 6's: the binding's cache_type first, then the float32 call's checks for that type."""
+        if k_cache.dtype not in (torch.bfloat16, torch.float16):
+            raise RuntimeError(f"k_cache must be bfloat16 or float16 for the 16-bit cache (update_cache_half, "
+                               f"decode_half), got {str(k_cache.dtype)[6:]} (a float32 cache goes to update_cache "
+                               "and decode)")
+        self.half = k_cache.dtype
+        try:
+            yield
+        finally:
+            self.half = None
 
     def _check_cache(self, k_cache, v_cache):
-        _check_cuda_float32(k_cache, "k_cache")
+        self._check_type(k_cache, "k_cache")
         _check_dim(k_cache, "k_cache", 4)
-        _check_cuda_float32(v_cache, "v_cache")
+        self._check_type(v_cache, "v_cache")
         if v_cache.shape != k_cache.shape:
             raise RuntimeError(f"v_cache must have k_cache's shape {list(k_cache.shape)} (batch, heads, max_seq, "
                                f"head_dim), got {list(v_cache.shape)}")
@@ -504,9 +559,8 @@ class Task5Kernels(StandInKernels):
             raise RuntimeError(f"head_dim (k_cache.size(3)) must be at most {self.max_head_dim()}, "
                                f"got {k_cache.shape[3]}")
 
-    @staticmethod
-    def _check_matches(t, name, k_cache, what):
-        _check_cuda_float32(t, name)
+    def _check_matches(self, t, name, k_cache, what):
+        self._check_type(t, name)
         _check_dim(t, name, 4)
         if (t.shape[0], t.shape[1], t.shape[3]) != (k_cache.shape[0], k_cache.shape[1], k_cache.shape[3]):
             raise RuntimeError(f"{name} must be {what} with the cache's batch, heads and head_dim (k_cache is "
@@ -536,9 +590,32 @@ class Task5Kernels(StandInKernels):
             v_cache[:, :, pos:pos + n_new] = v_new
 
     @launched
+    def update_cache_half(self, k_new, v_new, k_cache, v_cache, pos):
+        kept = [c.clone() for c in (k_cache, v_cache)] if self.behaviour.half == "unwritten" else None
+        with self._half_call(k_cache):
+            self.update_cache.__wrapped__(self, k_new, v_new, k_cache, v_cache, pos)
+        if kept is not None:
+            k_cache.copy_(kept[0])
+            v_cache.copy_(kept[1])
+
+    @launched
+    def decode_half(self, q, k_cache, v_cache, out, length, scale, splits=0, key_start=None):
+        """Step 6's decode: the float32 decode's checks for the cache's type, computed in float32, written in it."""
+        with self._half_call(k_cache):
+            kept = out.clone() if self.behaviour.half == "unwritten" else None
+            self.decode.__wrapped__(self, q, k_cache, v_cache, out, length, scale, splits, key_start)
+        if self.behaviour.half == "wrong":
+            out.mul_(1.01)
+        elif kept is not None:
+            out.copy_(kept)
+
+    def has_half(self):
+        return True
+
+    @launched
     def decode(self, q, k_cache, v_cache, out, length, scale, splits=0, key_start=None):
         self._check_cache(k_cache, v_cache)
-        _check_cuda_float32(q, "q")
+        self._check_type(q, "q")
         _check_dim(q, "q", 4)
         if q.shape[0] != k_cache.shape[0] or q.shape[3] != k_cache.shape[3]:
             raise RuntimeError(f"q must be (batch, heads, 1, head_dim) with the cache's batch ({k_cache.shape[0]}) and "
@@ -550,7 +627,7 @@ class Task5Kernels(StandInKernels):
                                f"kv_heads = {kv_heads}")
         if q.shape[2] != 1:
             raise RuntimeError(f"q must hold one query per (batch, head) (q.size(2) == 1), got shape {list(q.shape)}")
-        _check_cuda_float32(out, "out")
+        self._check_type(out, "out")
         if out.shape != q.shape:
             raise RuntimeError(f"out must have q's shape {list(q.shape)}, got {list(out.shape)}")
         per_sequence = isinstance(length, torch.Tensor)
@@ -565,11 +642,13 @@ class Task5Kernels(StandInKernels):
         _check_finite(scale)
         for t, name in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")):
             _check_no_overlap(out, "out", t, name)
+        row_bytes = k_cache.element_size() * k_cache.shape[3]  # as stored: 16-bit rows take half the time
+        q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()  # 16-bit ones computed in float32
         if per_sequence:  # each sequence over its own rows; a length or key_start out of range gives NaN
             if key_start is not None:
                 _check_per_sequence(key_start, "key_start", "one first valid key", q.shape[0])
             starts = [0] * q.shape[0] if key_start is None else key_start.tolist()
-            with self.work(2 * k_cache.nbytes / BYTES_PER_S):
+            with self.work(2 * k_cache[..., 0].numel() * row_bytes / BYTES_PER_S):
                 for b, (end, first) in enumerate(zip(length.tolist(), starts)):
                     if not 0 <= first < end <= k_cache.shape[2]:
                         self.write(out[b:b + 1], torch.full_like(q[b:b + 1], math.nan))
@@ -578,7 +657,7 @@ class Task5Kernels(StandInKernels):
                     self.write(out[b:b + 1], _attention(q[b:b + 1], k, v, False, scale))
             return
         _check_key_start(key_start, q.shape[0], length - 1, "length - 1")
-        with self.work(2 * k_cache[:, :, :length].nbytes / BYTES_PER_S):  # K and V read once, each head once
+        with self.work(2 * k_cache[:, :, :length, 0].numel() * row_bytes / BYTES_PER_S):  # K, V once, each head once
             k, v = (expand_kv_heads(c[:, :, :length], heads) for c in (k_cache, v_cache))
             self.write(out, _padded(lambda *qkv: _attention(*qkv, False, scale), q, k, v, key_start))
 
@@ -804,10 +883,12 @@ def _tensors(value):
 SMALL = {  # module: {name: the small value the stand-in uses}
     "task2.measure": {"TIMING_SHAPE": (2, 3, 96, 32)},
     "task4.measure": {"PERF_CASE": (1, 2, 1024, 24), "HEAD_DIM_CASES": [(1, 2, 256, 64), (1, 2, 200, 80)],
-                   "HANDOUT_CASES": [(2, 64)], "HANDOUT_LAYER": (64, 4), "ESTIMATE_TFLOPS": FLOPS_PER_S / 1e12},
+                   "HANDOUT_CASES": [(2, 64)], "HANDOUT_LAYER": (64, 4), "ESTIMATE_TFLOPS": FLOPS_PER_S / 1e12,
+                   "ESTIMATE_HALF_TFLOPS": FLOPS_PER_S / 1e12, "HALF_BENCHMARKS": [(1, 2, 256, 32)]},
     "task5.measure": {"DECODE_BENCHMARKS": [(1, 2, 2, 2048, 48), (1, 1, 1, 4096, 48), (1, 4, 2, 2048, 48)], "LONG_CACHE_NEEDS_SPLITS_BELOW": 2,
                    "PAGED_BENCHMARK": (2, 2, 2, 256, 16), "SHAPE_BENCHMARKS": [(1, 3, 3, 700, 40), (2, 4, 2, 300, 48)],
-                   "HANDOUT": dict(batch=2, prompt=40, max_seq=64, hidden=64, heads=4, steps=8)},
+                   "HANDOUT": dict(batch=2, prompt=40, max_seq=64, hidden=64, heads=4, steps=8),
+                   "HALF_BENCHMARKS": [(1, 2, 2, 2048, 48, torch.bfloat16), (1, 4, 2, 2048, 48, torch.float16)]},
 }
 
 # Hidden cases timed at their real sizes (hundreds of MB) cost minutes on a CPU: the stand-in's instead.

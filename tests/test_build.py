@@ -196,7 +196,8 @@ def test_compile_without_a_gpu_compiles_the_kernels_alone_and_says_what_is_left(
     monkeypatch.setattr(build, "BUILD_ROOT", tmp_path)
     assert build.compile_main(5, []) == 0  # the skeleton compiles
     said = capsys.readouterr().out
-    assert "compiled task5/kernels/decode.cu for sm_" in said and "python -m task5.test there" in said
+    assert "compiled task5/kernels/decode.cu, task5/kernels/decode_half.cu for sm_" in said, said
+    assert "python -m task5.test there" in said
     assert build.compile_main(5, ["--extension"]) == 1  # a class's prebuild needs the extension, or to be told
     said = capsys.readouterr().out
     assert "CPU-only build" in said or "no CUDA GPU" in said
@@ -207,3 +208,25 @@ def test_compile_without_a_gpu_compiles_the_kernels_alone_and_says_what_is_left(
     assert build.compile_main(5, []) == 1
     said = capsys.readouterr().out
     assert "compiling" in said and "decode.cu(2): error" in said and "Traceback" not in said
+
+
+@needs_nvcc
+def test_an_optional_file_that_does_not_compile_is_left_out_of_a_students_build_only(tmp_path, monkeypatch, capsys):
+    """Task 4's bf16/fp16 file (an optional part): broken, it is left out of the student's build with its compiler
+    errors kept for the part to tell, while the float32 file builds; the reference's build never leaves one out."""
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    (kernels / "attention.cu").write_text((REPO / "task4/kernels/attention.cu").read_text())
+    (kernels / "attention_half.cu").write_text("#include <cuda_runtime.h>\n__global__ void k() { int x = ; }\n")
+    sources = sorted(kernels.glob("*.cu"))
+    monkeypatch.setattr(build, "OPTIONAL_LEFT_OUT", {})
+    objects = build.compile_with_optional(4, False, sources, tmp_path, "90", build.CUDA_FLAGS)
+    assert [o.name.split("-")[0] for o in objects] == ["attention"]
+    why = build.OPTIONAL_LEFT_OUT["task4/kernels/attention_half.cu"]
+    assert "attention_half.cu(2): error" in why
+    assert "task4/kernels/attention_half.cu (an optional part) is left out of the build" in capsys.readouterr().out
+    with pytest.raises(BuildError, match="attention_half.cu"):
+        build.compile_with_optional(4, True, sources, tmp_path, "90", build.CUDA_FLAGS)
+    (kernels / "attention_half.cu").write_text((REPO / "task4/kernels/attention_half.cu").read_text())
+    objects = build.compile_with_optional(4, False, sorted(kernels.glob("*.cu")), tmp_path, "90", build.CUDA_FLAGS)
+    assert len(objects) == 2 and build.OPTIONAL_LEFT_OUT == {}  # mended: in the build, and nothing said

@@ -9,6 +9,7 @@ record as the grader does.
 """
 
 import pytest
+import torch
 
 from harness import bench, calibration
 from harness.records import Report
@@ -16,7 +17,8 @@ from grader.calibrate import ratios_of
 from grader.rubric import RUBRIC, estimated, score
 from common.tasks import KIT_FOLDERS
 from tests.conftest import REPO, needs_solution
-from tests.stand_in import GPU_NAME, Behaviour, Task2Kernels, Task4Kernels, Task5Kernels, stand_in  # noqa: F401
+from tests.stand_in import (GPU_NAME, Behaviour, CudaOnTheCpu, Task2Kernels, Task4Kernels, Task5Kernels,  # noqa: F401
+                             stand_in)
 
 pytestmark = [needs_solution(2), needs_solution(4), needs_solution(5)]
 HIDDEN = ("--hidden", str(REPO / "grader" / "hidden.py"))  # as the grader passes it (grader/runner.py)
@@ -81,6 +83,12 @@ def test_the_models_earn_their_points_on_the_gpu_path(stand_in, monkeypatch, tas
     assert timed and all(c["passed"] for c in timed)
     if task == 7:  # GPT-2's size and the Llama-family model, each against its own attention
         assert [("ms_per_token" in c["metrics"]) for c in timed] == [True, True]
+        from task7.test import HALF_CASES, HALF_TYPES  # then the optional part: the models in bf16 and fp16, last
+        half = [c for c in record["cases"] if c["name"].split()[0] in HALF_TYPES]
+        assert len(half) == len(HALF_TYPES) * len(HALF_CASES), [c["name"] for c in half]
+        assert all(c["kind"] == "optional" and c["passed"] and "x the largest logit error of the same model in"
+                   in c["message"] for c in half), half
+        assert record["cases"].index(half[0]) > record["cases"].index(timed[-1])
     if task == 6:  # the decode step as a CUDA graph: its checks (optional) pass, and it is timed with its floor
         graph = [c for c in record["cases"] if c["name"].startswith("graph:")]
         assert len(graph) >= 2 and all(c["passed"] and c["kind"] == "optional" for c in graph), graph
@@ -340,3 +348,159 @@ def test_task5_keeps_its_points_when_task4_does_not_build(stand_in):
                for n in record["notes"]), record["notes"]
     given = [c for c in record["cases"] if c["kind"] == "given"]
     assert given and all(c["passed"] for c in given)  # the given layer's checks need no Task 4 kernel
+
+
+def half_checks(record):
+    """The bf16/fp16 part's checks: optional cases named by their type (bf16 ..., fp16 ...), timings left out."""
+    return [c for c in record["cases"] if c["kind"] == "optional" and c["name"].split()[0] in ("bf16", "fp16")
+            and " attention batch " not in c["name"]]
+
+
+def test_task4s_half_precision_part_is_checked_in_both_types_and_scores_nothing(stand_in, tmp_path):
+    """The optional bf16/fp16 kernel (steps 8-11): every public and hidden case in both types passes for the
+    reference, then its own sanitizer pass, its bad input and its timings, all optional; a student's kernel 1% off
+    fails those cases only, with the allowance said, and keeps every point; with the steps still TODO the part
+    says which step, and the float32 part is untouched by those TODOs."""
+    from task4 import measure
+    from task4.test import HALF_CASES, HALF_PASS_NAME, HALF_TYPES
+    from grader.hidden import CASES as HIDDEN_CASES
+
+    record = stand_in.run(4, "--solution", *HIDDEN)
+    checks = half_checks(record)
+    shapes = HALF_CASES + HIDDEN_CASES[4]["half"]
+    causal = sum(1 for s in shapes if s[3] <= s[4])
+    assert len(checks) == len(HALF_TYPES) * (len(shapes) + causal + 1), [c["name"] for c in checks]  # + large scores
+    assert all(c["passed"] and "x SDPA's" in c["message"] for c in checks), failed(record)
+    assert sum("large scores" in c["name"] for c in checks) == len(HALF_TYPES)
+    passes = {c["name"]: c for c in record["cases"] if c["name"].startswith("memory-safe")}
+    assert passes[HALF_PASS_NAME]["kind"] == "optional" and passes[HALF_PASS_NAME]["passed"]
+    assert [c["kind"] for name, c in passes.items() if name != HALF_PASS_NAME] == ["rule"]
+    timed = [c for c in record["cases"] if " attention batch " in c["name"] and c["name"].split()[0] in HALF_TYPES]
+    assert len(timed) == len(HALF_TYPES) * len(measure.HALF_BENCHMARKS) * 2, [c["name"] for c in timed]
+    assert all(c["kind"] == "optional" and c["passed"] and c["message"].endswith("not scored")
+               and "flash backend" in c["message"] and "reference kernel" in c["message"]
+               and bench.VS_REFERENCE not in c["metrics"] for c in timed), timed
+    assert score(4, record)[0] == RUBRIC[4].points
+    graded = stand_in.run(4, "--solution", "--grading")
+    assert half_checks(graded) and not [c for c in graded["cases"] if " attention batch " in c["name"]
+                                        and c["name"].split()[0] in HALF_TYPES]
+    assert any("the bf16/fp16 kernel against SDPA's flash backend" in n for n in graded["notes"]), graded["notes"]
+
+    for rel in ("task4/kernels/attention.cu", "task4/kernels/attention_half.cu"):  # a finished student's files
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text((REPO / rel.replace("kernels/", "solution/kernels/")).read_text())
+    stand_in.student[4] = Behaviour(half="wrong")
+    record = stand_in.run(4, "--student-dir", str(tmp_path))
+    points, why = score(4, record)
+    assert record["status"] == "passed" and points == RUBRIC[4].points, why
+    wrong = [c for c in half_checks(record) if not c["passed"]]
+    assert wrong and all("allowed" in c["message"] and "not implemented" not in c["message"] for c in wrong)
+    assert all(c["passed"] for c in record["cases"] if c["kind"] == "check")
+    assert HALF_PASS_NAME not in {c["name"] for c in record["cases"]}  # the part failed: no pass of its own
+
+    stand_in.student[4] = Behaviour(half="unwritten")
+    record = stand_in.run(4)  # the handout's skeletons: every step TODO, the stand-in's float32 kernel right
+    assert record["status"] == "passed", failed(record)
+    said = [c["message"] for c in record["cases"] if c["kind"] == "optional" and not c["passed"]]
+    assert len(said) == 1 and "not implemented yet: see README, Task 4, step 8" in said[0], said
+
+
+def half_cache_checks(record):
+    """Task 5's bf16/fp16 part (step 6): its update and decode checks, named by their type, timings left out."""
+    return [c for c in record["cases"] if c["kind"] == "optional" and c["name"].split()[0] in ("bf16", "fp16")
+            and " cached tokens " not in c["name"]]
+
+
+def test_task5s_half_precision_cache_is_checked_in_both_types_and_scores_nothing(stand_in, tmp_path):
+    """The optional bf16/fp16 cache (step 6): every public and hidden update and decode case in both types passes for
+    the reference, then its own sanitizer pass, its bad input and its timings, all optional; a decode 1% off fails
+    those cases only and keeps every point; the skeleton's step 6 says so, the float32 parts untouched by it."""
+    from task4.measure import HALF_TYPES
+    from task5 import measure
+    from task5.test import HALF_DECODE_CASES, HALF_PASS_NAME, HALF_UPDATE_CASES
+    from grader.hidden import CASES as HIDDEN_CASES
+
+    record = stand_in.run(5, "--solution", "--half", *HIDDEN)
+    checks = half_cache_checks(record)
+    cases = (len(HALF_UPDATE_CASES) + len(HIDDEN_CASES[5]["half update"]) + len(HALF_DECODE_CASES)
+             + len(HIDDEN_CASES[5]["half decode"]))
+    assert len(checks) == len(HALF_TYPES) * cases, [c["name"] for c in checks]
+    assert all(c["passed"] for c in checks), failed(record)
+    decodes = [c for c in checks if " decode " in c["name"]]
+    assert decodes and all("x SDPA's" in c["message"] or "out of range: NaN" in c["message"] for c in decodes)
+    passes = {c["name"]: c for c in record["cases"] if c["name"].startswith("memory-safe")}
+    assert passes[HALF_PASS_NAME]["kind"] == "optional" and passes[HALF_PASS_NAME]["passed"]
+    errors = [c for c in record["cases"] if c["name"].startswith("bad input to the bf16/fp16 cache")]
+    assert len(errors) == 1 and errors[0]["passed"] and errors[0]["kind"] == "optional", errors
+    timed = [c for c in record["cases"] if " cached tokens " in c["name"] and c["name"].split()[0] in HALF_TYPES]
+    assert len(timed) == len(measure.HALF_BENCHMARKS), [c["name"] for c in timed]
+    assert all(c["kind"] == "optional" and c["passed"] and c["message"].endswith("not scored")
+               and "copy bandwidth" in c["message"] and "reference kernel" in c["message"] for c in timed), timed
+    graded = stand_in.run(5, "--solution", "--grading", "--half")
+    assert half_cache_checks(graded) and not [c for c in graded["cases"] if " cached tokens " in c["name"]
+                                              and c["name"].split()[0] in HALF_TYPES]
+
+    for rel in ("task5/kernels/decode.cu", "task5/kernels/decode_half.cu"):  # a finished student's files
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text((REPO / rel.replace("kernels/", "solution/kernels/")).read_text())
+    stand_in.student[5] = Behaviour(half="wrong")
+    record = stand_in.run(5, "--student-dir", str(tmp_path))  # every part: the optional one runs last
+    points, why = score(5, record)
+    assert record["status"] == "passed" and points == RUBRIC[5].points, why
+    kinds = [c["kind"] for c in record["cases"]]
+    first_half = record["cases"].index(half_cache_checks(record)[0])
+    assert "benchmark" in kinds and first_half > max(i for i, k in enumerate(kinds) if k == "benchmark")
+    wrong = [c for c in half_cache_checks(record) if not c["passed"]]
+    assert wrong and all(" decode " in c["name"] and "allowed" in c["message"] for c in wrong), wrong
+    assert all(c["passed"] for c in half_cache_checks(record) if " update " in c["name"])
+    assert HALF_PASS_NAME not in {c["name"] for c in record["cases"]}  # the part failed: no pass of its own
+
+    stand_in.student[5] = Behaviour(half="unwritten")
+    record = stand_in.run(5, "--half")  # the handout's skeleton: step 6 TODO
+    said = [c["message"] for c in record["cases"] if c["kind"] == "optional" and not c["passed"]]
+    assert len(said) == 1 and "not implemented yet: see README, Task 5, step 6" in said[0], said
+    assert any("--half tests the optional part alone" in n for n in record["notes"]), record["notes"]
+
+
+def test_a_16_bit_cache_goes_to_step_6s_kernels(stand_in):
+    """task5/attention.py's update_cache and decode take a bf16/fp16 cache to update_cache_half and decode_half (as
+    task 4's flash_attention does for its 16-bit kernel): the cached layer, and tasks 6 and 7, run in 16 bits through
+    the same functions; a 16-bit query over a float32 cache is refused with the type each needs."""
+    from task5 import attention
+
+    with CudaOnTheCpu():
+        check_16_bit_cache(attention)
+
+
+def check_16_bit_cache(attention):
+    for dtype in (torch.bfloat16, torch.float16):
+        k_cache, v_cache = (torch.zeros(2, 2, 16, 32, device="cuda", dtype=dtype) for _ in range(2))
+        k_new, v_new = (torch.randn(2, 2, 5, 32, device="cuda").to(dtype) for _ in range(2))
+        attention.update_cache(k_new, v_new, k_cache, v_cache, 0, solution=True)
+        assert torch.equal(k_cache[:, :, :5], k_new) and torch.equal(v_cache[:, :, :5], v_new)
+        q = torch.randn(2, 4, 1, 32, device="cuda").to(dtype)
+        out = attention.decode(q, k_cache, v_cache, 5, solution=True)
+        k, v = (c[:, :, :5].float().repeat_interleave(2, 1) for c in (k_cache, v_cache))
+        expected = torch.softmax(q.float() @ k.transpose(-1, -2) / 32 ** 0.5, -1) @ v
+        assert out.dtype == dtype and torch.allclose(out.float(), expected, atol=2e-2), (out.float() - expected).abs().max()
+    with pytest.raises(RuntimeError, match="q must be float32"):
+        attention.decode(q, torch.zeros(2, 2, 16, 32, device="cuda"), torch.zeros(2, 2, 16, 32, device="cuda"), 5,
+                         solution=True)
+
+
+@needs_solution(7)
+def test_task7s_16_bit_models_fail_on_a_wrong_16_bit_kernel_and_cost_no_point(stand_in, monkeypatch, tmp_path):
+    """Task 4's bf16/fp16 kernel 1% off: task 7's float32 models (and every point) are untouched, and its optional
+    16-bit models say what is off, within what the type allows, and where to look."""
+    from task7.test import HALF_TYPES
+
+    (tmp_path / "task7").mkdir()
+    (tmp_path / "task7/attention.py").write_text((REPO / "task7/solution/attention.py").read_text())
+    stand_in.student[4] = Behaviour(half="wrong")
+    monkeypatch.setattr(bench, "copy_bandwidth_gbs", lambda *args, **kwargs: 1e3)
+    record = stand_in.run(7, "--student-dir", str(tmp_path), *HIDDEN)
+    points, why = score(7, record)
+    assert record["status"] == "passed" and points == RUBRIC[7].points, why
+    half = [c for c in record["cases"] if c["name"].split()[0] in HALF_TYPES]
+    wrong = [c["message"] for c in half if not c["passed"]]
+    assert wrong and all("allowed" in m and "--half" in m for m in wrong), wrong

@@ -170,6 +170,77 @@ def test_task5_decode_reading_past_length_is_told_so(tmp_path):
     assert all("NaN" in m for m in failed), failed
 
 
+# -- the optional bf16/fp16 kernel (task4/kernels/attention_half.cu, steps 8-11) ----------------------------
+
+HALF_REFERENCE = "task4/solution/kernels/attention_half.cu"
+H4_O_NOT_RESCALED = ("          o[mt][d][0] *= alpha[0];\n          o[mt][d][1] *= alpha[0];\n"
+                     "          o[mt][d][2] *= alpha[1];\n          o[mt][d][3] *= alpha[1];\n", "")
+H4_ONE_TILE_SHORT = ("ceil_div(last_key, COLS) : 0;", "ceil_div(last_key, COLS) - 1 : 0;")
+H4_V_WITHOUT_TRANS = ("ldmatrix_x4_trans(b, v_rows", "ldmatrix_x4(b, v_rows")
+H4_NO_ROW_GUARD = ("      if (row >= seq_q) continue;\n      const float inv", "      const float inv")
+
+
+def half_submission(tmp_path, *edits):
+    """Task 4's two files: the reference's float32 kernel (right) and its bf16/fp16 kernel with exact edits."""
+    text = (REPO / HALF_REFERENCE).read_text()
+    for old, new in edits:
+        assert old in text, f"known-bad variant no longer applies: {old!r} not in {HALF_REFERENCE}"
+        text = text.replace(old, new, 1)
+    return submission(tmp_path, {"task4/kernels/attention.cu": (REPO / "task4/solution/kernels/attention.cu").read_text(),
+                                 "task4/kernels/attention_half.cu": text})
+
+
+@needs_solution(4)
+@pytest.mark.parametrize("edit, words", [
+    (H4_O_NOT_RESCALED, "elements differ"),
+    (H4_ONE_TILE_SHORT, "elements differ"),
+    (H4_V_WITHOUT_TRANS, "elements differ"),
+    (H4_NO_ROW_GUARD, "past the end of `out`"),
+], ids=["o_not_rescaled", "one_tile_short", "v_without_trans", "no_row_guard"])
+def test_task4_half_kernels_that_are_wrong_fail_their_optional_part(edit, words, tmp_path):
+    record = run_test(4, half_submission(tmp_path, edit), tmp_path, "--half")
+    half = [c for c in record["cases"] if c["kind"] == "optional"]
+    wrong = [c["message"] for c in half if not c["passed"]]
+    assert half and any(words in m for m in wrong), wrong[:3] or "every case passed"
+
+
+@needs_solution(4)
+def test_task4_half_file_that_does_not_compile_is_left_out_and_its_part_says_why(tmp_path):
+    files = {"task4/kernels/attention.cu": (REPO / "task4/solution/kernels/attention.cu").read_text(),
+             "task4/kernels/attention_half.cu": "#include <cuda_runtime.h>\n__global__ void k() { int x = ; }\n"}
+    record = run_test(4, submission(tmp_path, files), tmp_path, "--half")
+    assert not [c for c in record["cases"] if c["name"] == "build"], "the float32 file built: task 4 is not lost"
+    half = [c["message"] for c in record["cases"] if c["kind"] == "optional" and not c["passed"]]
+    assert half and "attention_half.cu was left out of the build" in half[0] and "error" in half[0], half[:2]
+
+
+# -- the optional bf16/fp16 cache (task5/kernels/decode_half.cu, step 6) ------------------------------------
+
+HALF5_REFERENCE = "task5/solution/kernels/decode_half.cu"
+H5_V_READ_AS_K = ("Half<T>::unpack8(v_raw[u], value);", "Half<T>::unpack8(k_raw[u], value);")
+H5_ROWS_PAST_THE_END_SCORED = ("      const bool valid = round + u * GROUPS + grp < end;\n",
+                               "      const bool valid = true;\n")  # zeros past the end, scored 0: weight they lack
+H5_UPDATE_ONE_ROW_LATE = ("const size_t dst = (bh * max_seq + p) * head_dim + within;",
+                          "const size_t dst = (bh * max_seq + p + 1) * head_dim + within;")
+
+
+@needs_solution(5)
+@pytest.mark.parametrize("edit, words", [
+    (H5_V_READ_AS_K, "elements differ"),
+    (H5_ROWS_PAST_THE_END_SCORED, "elements differ"),
+    (H5_UPDATE_ONE_ROW_LATE, "landed 1 row past pos"),
+], ids=["v_read_as_k", "rows_past_the_end_scored", "update_one_row_late"])
+def test_task5_half_kernels_that_are_wrong_fail_their_optional_part(edit, words, tmp_path):
+    text = (REPO / HALF5_REFERENCE).read_text()
+    assert edit[0] in text, f"known-bad variant no longer applies: {edit[0]!r} not in {HALF5_REFERENCE}"
+    files = {"task5/kernels/decode.cu": (REPO / "task5/solution/kernels/decode.cu").read_text(),
+             "task5/kernels/decode_half.cu": text.replace(edit[0], edit[1], 1)}
+    record = run_test(5, submission(tmp_path, files), tmp_path, "--half")
+    half = [c for c in record["cases"] if c["kind"] == "optional"]
+    wrong = [c["message"] for c in half if not c["passed"]]
+    assert half and any(words in m for m in wrong), wrong[:3] or "every case passed"
+
+
 # -- mistakes that give wrong answers: each is named, with its README step, in the first lines -------------
 
 DIAGNOSED = {  # id: (task, edits, flags, what the diagnosis says, its step)

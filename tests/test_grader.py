@@ -587,3 +587,20 @@ def test_the_score_line_says_what_was_not_graded_and_why():
     assert score_text(entries) == "2 / 20 (2 of the 20 points graded: task 2 needs a GPU; tasks 3, 4, 5, 6, 7 not asked for)"
     every = [{"task": t, "points": r.points, "max_points": r.points, "status": "passed"} for t, r in RUBRIC.items()]
     assert score_text(every, bold="**") == "**20 / 20** (20 of the 20 points graded)"
+
+
+def test_a_submission_without_an_optional_file_gets_its_skeleton_and_a_plain_note(tmp_path):
+    """Task 4's bf16/fp16 file is an optional part: a submission without it is graded with its skeleton, said
+    plainly, and the class gradebook does not list it missing (a required file still is)."""
+    from grader.__main__ import prepare_submission
+
+    submission = tmp_path / "alice"
+    (submission / "task4/kernels").mkdir(parents=True)
+    (submission / "task4/kernels/attention.cu").write_text((REPO / "task4/kernels/attention.cu").read_text())
+    notes = prepare_submission(submission, tmp_path / "graded")
+    half = [n for n in notes if n.startswith("task4/kernels/attention_half.cu")]
+    assert half == ["task4/kernels/attention_half.cu: not in the submission (an optional part, not scored), so its "
+                    "skeleton was used"]
+    assert (tmp_path / "graded/task4/kernels/attention_half.cu").read_text() == \
+        (REPO / "task4/kernels/attention_half.cu").read_text()
+    assert any(n.startswith("task1/attention.py: missing") for n in notes)  # a required file: said as before

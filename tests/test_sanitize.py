@@ -105,3 +105,11 @@ def test_task4_findings_name_the_kernel_and_the_copy():
     message = sanitize.finding_message(oob.findings[0], lines, out, lambda k: "Task 4, steps 1-6")
     assert message.startswith("out-of-bounds write of global memory in flash_attention_kernel at attention.cu:373")
     assert "16 bytes right after the end of `out` (1 x 2 x 65 x 64) (README, Task 4, steps 1-6)" in message
+
+
+def test_a_kernel_is_named_without_its_templates_or_its_anonymous_namespace():
+    assert sanitize._function("void flash_attention_kernel<(int)64, (bool)1>(const float *, int)") == \
+        "flash_attention_kernel"
+    assert sanitize._function("void (anonymous namespace)::decode_kernel<__nv_bfloat16, (int)8, (int)16, (int)1>"
+                              "(const T1 *, const T1 *, int)") == "decode_kernel"
+    assert sanitize._function("void <unnamed>::attend_rows<float>(int)") == "attend_rows"

@@ -22,6 +22,17 @@
 
 inline std::string num(int64_t x) { return std::to_string(x); }
 
+// A tensor type as Python names it (torch.bfloat16 -> "bfloat16"), for the 16-bit kernels' messages.
+inline std::string dtype_name(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return "float32";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kDouble: return "float64";
+    default: return c10::toString(type);
+  }
+}
+
 inline std::string shape(const torch::Tensor& t) {
   std::string s = "[";
   for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));

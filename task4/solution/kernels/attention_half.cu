@@ -1,0 +1,458 @@
+// Task 4, optional part (README, Task 4, steps 8-11): the fused kernel in bf16 and fp16 on the tensor cores.
+//
+//   out = softmax(scale * Q K^T + mask) V        q, k, v, out in bf16 or fp16; scores, the online
+//                                                softmax and the accumulator in float32
+//
+// FlashAttention-2's forward as it runs on Ampere and Hopper (mma.sync, not Hopper's wgmma):
+// - a block of WARPS warps takes BLOCK_ROWS query rows of one (batch, head); each warp owns WARP_ROWS
+//   of them, M_TILES tiles of 16 (FlashAttention-2's split: no warp waits on another's softmax), so
+//   that each K or V fragment a warp reads from shared memory feeds M_TILES mmas: with one tile of 16
+//   rows, shared memory, not the tensor cores, sets the pace;
+// - Q's tile is loaded once into shared memory; its mma operands stay in registers for head_dim up
+//   to 64, and are read again at each tile for larger ones (registers are short there);
+// - K and V come in tiles of block_cols(D) rows through cp.async, two stages: tile j + 1 is on its way
+//   while tile j is used;
+// - S = Q K^T with mma.sync.m16n8k16 (K read by ldmatrix: its rows are the B operand's columns);
+// - the online softmax on S's accumulator fragments (a thread holds 2 rows x 2 columns per 8-key
+//   n-tile; a row's maximum and sum are shuffled over the 4 threads that share it);
+// - P stays in registers: the accumulator layout of two neighbouring n-tiles is the A operand
+//   layout of one k16 step, so P V needs only a conversion to 16 bits;
+// - V read by ldmatrix.trans (V's rows are keys: the B operand wants keys along k);
+// - tiles past the causal diagonal are never loaded.
+// Shared memory rows are padded by 16 bytes: 8 rows read at the same column by ldmatrix then fall
+// in 8 different groups of 4 banks for every head_dim that is a multiple of 16 (no conflict).
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+namespace {
+
+constexpr int WARP = 32;
+constexpr int WARPS = 4;
+constexpr int THREADS = WARPS * WARP;
+constexpr int M_TILES = 2;                     // m16 tiles of query rows per warp
+constexpr int WARP_ROWS = 16 * M_TILES;        // query rows per warp
+constexpr int BLOCK_ROWS = WARP_ROWS * WARPS;  // query rows per block
+constexpr int BLOCK_COLS = 64;                 // keys per K/V tile, head_dim up to 96
+constexpr int BLOCK_COLS_LARGE_D = 32;         // above (O alone takes 128 registers a thread at 128)
+constexpr int Q_IN_REGISTERS_UP_TO = 64;       // head_dim tiles that keep Q's operands in registers
+constexpr int Q_STEPS_UNROLLED = 1;            // k16 steps unrolled where Q's operands are read per step
+constexpr bool SKIP_SETTLED_RESCALE = false;   // skip O's rescale where no row of the warp has a new maximum
+constexpr int MAX_HEAD_DIM = 128;
+constexpr int PAD = 8;                         // halves (16 bytes) after each shared-memory row
+constexpr float LOG2E = 1.4426950408889634f;
+
+__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+__host__ __device__ constexpr int block_cols(int d) { return d > 96 ? BLOCK_COLS_LARGE_D : BLOCK_COLS; }
+
+// The two 16-bit types: mma's name for them, and packing two floats into one 32-bit register.
+template <typename T>
+struct Half;
+template <>
+struct Half<__nv_bfloat16> {
+  __device__ static uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+  __device__ static __nv_bfloat16 from(float x) { return __float2bfloat16_rn(x); }
+};
+template <>
+struct Half<__half> {
+  __device__ static uint32_t pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+  __device__ static __half from(float x) { return __float2half_rn(x); }
+};
+
+// The instructions below need sm_80 (Ampere) or newer. Built for an older GPU they compile to a trap, and the
+// kernel is never launched there: the binding checks the GPU's compute capability first.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define OLDER_THAN_AMPERE 1
+#endif
+
+// d (16x8, f32) += a (16x16) b (16x8), a row-major, b column-major: one warp, 4 + 2 + 4 registers.
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#ifdef OLDER_THAN_AMPERE
+  __trap();
+#else
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// 2^x on the special function unit, denormal results flushed to zero (exp2f adds instructions for them:
+// this is one per element of S, the softmax's costliest step).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Four 8x8 matrices of 16-bit values from shared memory: lane l gives the address of row l % 8 of
+// matrix l / 8, and gets, of each matrix, row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 (.trans: of
+// the transposed matrix).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+#ifdef OLDER_THAN_AMPERE
+  (void)row;
+  __trap();
+#else
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+#endif
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
+#ifdef OLDER_THAN_AMPERE
+  (void)row;
+  __trap();
+#else
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+#endif
+}
+
+// 16 bytes global -> shared without passing through registers; src_bytes < 16 fills the rest with
+// zeros (0: a row past the end of the keys, or columns past head_dim).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+#ifdef OLDER_THAN_AMPERE
+  (void)dst, (void)src, (void)src_bytes;
+  __trap();
+#else
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(src), "r"(src_bytes));
+#endif
+}
+#ifdef OLDER_THAN_AMPERE
+__device__ __forceinline__ void cp_async_commit() {}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {}
+#else
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+#endif
+
+// rows x D of a (rows_valid x head_dim, row-major) matrix into a padded shared tile, zeros past the
+// valid rows and columns. VEC: head_dim % 8 == 0 and 16-byte aligned rows, so cp.async 16 bytes at
+// a time; else element by element (synchronous).
+template <typename T, int D, int ROWS, bool VEC>
+__device__ __forceinline__ void load_tile(T* tile, const T* src, int rows_valid, int head_dim) {
+  constexpr int LD = D + PAD, CHUNKS = D / 8;
+  // BEGIN SOLUTION "step 8: copy the tile 16 bytes at a time (cp.async), zeros past the valid rows and columns"
+  for (int idx = threadIdx.x; idx < ROWS * CHUNKS; idx += THREADS) {
+    const int row = idx / CHUNKS, col = (idx % CHUNKS) * 8;
+    T* dst = tile + row * LD + col;
+    if constexpr (VEC) {
+      const bool inside = row < rows_valid && col < head_dim;
+      cp_async16(dst, inside ? src + (size_t)row * head_dim + col : src, inside ? 16 : 0);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        dst[e] = row < rows_valid && col + e < head_dim ? src[(size_t)row * head_dim + col + e] : Half<T>::from(0.0f);
+    }
+  }
+  // END SOLUTION
+}
+
+// One k16 step of S = Q K^T for a warp: s[mt][n] += a[mt] (16 rows x 16 of head_dim) times keys n*8..n*8+7
+// (16 of head_dim each, read from shared memory at k_rows by ldmatrix); each K fragment serves every m16 tile.
+template <typename T, int M, int N, int LD>
+__device__ __forceinline__ void qk_step(float (&s)[M][N][4], const uint32_t (&a)[M][4], const T* k_rows) {
+  // BEGIN SOLUTION "step 9: Q's A operands (ldmatrix), then S = Q K^T on the tensor cores (K's rows by ldmatrix)"
+#pragma unroll
+  for (int n = 0; n < N; n += 2) {
+    uint32_t b[4];  // keys n*8.. (b[0], b[1]) and n*8+8.. (b[2], b[3])
+    ldmatrix_x4(b, k_rows + n * 8 * LD);
+#pragma unroll
+    for (int mt = 0; mt < M; ++mt) {
+      mma16816<T>(s[mt][n], a[mt], b[0], b[1]);
+      mma16816<T>(s[mt][n + 1], a[mt], b[2], b[3]);
+    }
+  }
+  // END SOLUTION
+}
+
+// grid (batch * heads, ceil(seq_q / BLOCK_ROWS)), THREADS threads, smem_bytes<T, D>() of shared memory.
+// q, out: (batch * heads, seq_q, head_dim); k, v: (batch * kv_heads, seq_k, head_dim); D is head_dim
+// rounded up to a multiple of 16. scale_log2 = scale * log2(e).
+template <typename T, int D, bool VEC>
+__global__ void __launch_bounds__(THREADS)
+    flash_attention_half_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                T* __restrict__ out, int heads, int kv_heads, const int* __restrict__ key_start,
+                                int seq_q, int seq_k, int head_dim, float scale_log2, bool causal) {
+  static_assert(D % 16 == 0 && D <= MAX_HEAD_DIM, "D is a multiple of the mma's k (16)");
+  constexpr int LD = D + PAD;
+  constexpr int COLS = block_cols(D);  // keys per K/V tile
+  constexpr int K_STEPS = D / 16;      // k16 steps of Q K^T
+  constexpr int S_TILES = COLS / 8;    // n8 tiles of S (keys)
+  constexpr int O_TILES = D / 8;       // n8 tiles of O (head_dim)
+  extern __shared__ uint4 smem_raw[];
+  T* q_tile = reinterpret_cast<T*>(smem_raw);  // (BLOCK_ROWS, LD)
+  T* k_tiles = q_tile + BLOCK_ROWS * LD;       // 2 x (COLS, LD)
+  T* v_tiles = k_tiles + 2 * COLS * LD;        // 2 x (COLS, LD)
+
+  const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+  const int q_start = (gridDim.y - 1 - blockIdx.y) * BLOCK_ROWS;  // the longest causal rows first
+  const int batch = blockIdx.x / heads, head = blockIdx.x % heads;
+  const int kv_head = head / (heads / kv_heads);
+  q += (size_t)blockIdx.x * seq_q * head_dim;
+  out += (size_t)blockIdx.x * seq_q * head_dim;
+  k += ((size_t)batch * kv_heads + kv_head) * seq_k * head_dim;
+  v += ((size_t)batch * kv_heads + kv_head) * seq_k * head_dim;
+  if (key_start != nullptr) {  // as the float32 kernel: padded queries get zeros, the rest skip the padding
+    const int first = key_start[batch];
+    const int skip = min(seq_q, max(0, first - (seq_k - seq_q)));
+    for (int idx = threadIdx.x; idx < BLOCK_ROWS * head_dim; idx += THREADS) {
+      const int row = q_start + idx / head_dim;
+      if (row < skip) out[(size_t)row * head_dim + idx % head_dim] = Half<T>::from(0.0f);
+    }
+    k += (size_t)first * head_dim;
+    v += (size_t)first * head_dim;
+    seq_k -= first;
+    q += (size_t)skip * head_dim;
+    out += (size_t)skip * head_dim;
+    seq_q -= skip;
+    if (q_start >= seq_q) return;
+  }
+  const int causal_offset = seq_k - seq_q;  // query i sees keys j <= i + causal_offset
+  // The K/V tiles this block visits: all, or up to the diagonal of its last row.
+  const int last_key = causal ? min(seq_k, q_start + BLOCK_ROWS + causal_offset) : seq_k;
+  const int num_tiles = last_key > 0 ? ceil_div(last_key, COLS) : 0;
+
+  load_tile<T, D, BLOCK_ROWS, VEC>(q_tile, q + (size_t)q_start * head_dim, seq_q - q_start, head_dim);
+  if (num_tiles > 0) {
+    load_tile<T, D, COLS, VEC>(k_tiles, k, seq_k, head_dim);
+    load_tile<T, D, COLS, VEC>(v_tiles, v, seq_k, head_dim);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // This warp's rows of Q as A operands, one per m16 tile and k16 step: kept in registers for small head_dims;
+  // for large ones O alone takes 4 * M_TILES * D / 8 registers, and Q's are read again from shared memory at
+  // each k16 step of each tile instead.
+  constexpr bool Q_IN_REGISTERS = D <= Q_IN_REGISTERS_UP_TO;
+  const T* q_rows = q_tile + (warp * WARP_ROWS + (lane / 8 % 2) * 8 + lane % 8) * LD + (lane / 16) * 8;
+  uint32_t q_frag[Q_IN_REGISTERS ? K_STEPS : 1][M_TILES][4] = {};
+  // BEGIN SOLUTION "step 9: Q's A operands (ldmatrix), then S = Q K^T on the tensor cores (K's rows by ldmatrix)"
+  if constexpr (Q_IN_REGISTERS) {
+#pragma unroll
+    for (int st = 0; st < K_STEPS; ++st)
+#pragma unroll
+      for (int mt = 0; mt < M_TILES; ++mt) ldmatrix_x4(q_frag[st][mt], q_rows + mt * 16 * LD + st * 16);
+  }
+  // END SOLUTION
+
+  float o[M_TILES][O_TILES][4] = {};
+  float row_max[M_TILES][2], row_sum[M_TILES][2] = {};  // of rows lane / 4 and lane / 4 + 8 of each m16 tile
+#pragma unroll
+  for (int mt = 0; mt < M_TILES; ++mt) row_max[mt][0] = row_max[mt][1] = -INFINITY;
+  const int row0 = q_start + warp * WARP_ROWS + lane / 4;  // row (mt, r) is row0 + mt * 16 + r * 8
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int stage = tile % 2;
+    const T* k_tile = k_tiles + stage * COLS * LD;
+    const T* v_tile = v_tiles + stage * COLS * LD;
+    if (tile + 1 < num_tiles) {  // the next tile on its way while this one is used
+      const int next = (tile + 1) * COLS;
+      load_tile<T, D, COLS, VEC>(k_tiles + (1 - stage) * COLS * LD, k + (size_t)next * head_dim,
+                                       seq_k - next, head_dim);
+      load_tile<T, D, COLS, VEC>(v_tiles + (1 - stage) * COLS * LD, v + (size_t)next * head_dim,
+                                       seq_k - next, head_dim);
+    }
+    cp_async_commit();
+
+    // S = Q K^T for this warp's rows and the tile's keys: each K fragment read serves all M_TILES row tiles.
+    float s[M_TILES][S_TILES][4] = {};
+    // BEGIN SOLUTION "step 9: Q's A operands (ldmatrix), then S = Q K^T on the tensor cores (K's rows by ldmatrix)"
+    const T* k_rows = k_tile + ((lane / 16) * 8 + lane % 8) * LD + (lane / 8 % 2) * 8;
+    if constexpr (Q_IN_REGISTERS) {
+#pragma unroll
+      for (int st = 0; st < K_STEPS; ++st) qk_step<T, M_TILES, S_TILES, LD>(s, q_frag[st], k_rows + st * 16);
+    } else {
+#pragma unroll Q_STEPS_UNROLLED  // unrolled, the compiler loads Q's operands for every step early
+      for (int st = 0; st < K_STEPS; ++st) {
+        uint32_t a[M_TILES][4];
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; ++mt) ldmatrix_x4(a[mt], q_rows + mt * 16 * LD + st * 16);
+        qk_step<T, M_TILES, S_TILES, LD>(s, a, k_rows + st * 16);
+      }
+    }
+    // END SOLUTION
+
+    // Scale, mask the tiles that need it, and fold into the online softmax.
+    uint32_t p[M_TILES][S_TILES / 2][4] = {};  // P as A operands of P V, one per m16 tile and k16 step (16 keys)
+    const int col_start = tile * COLS;
+    const bool masked = col_start + COLS > seq_k ||
+                        (causal && col_start + COLS - 1 > q_start + warp * WARP_ROWS + causal_offset);
+    // s[mt][n][e] is key col_start + key_offset + n * 8 + e % 2 of row row0 + mt * 16 + (e / 2) * 8. It is masked
+    // when n * 8 + e % 2 >= keys_left (past seq_k) or, causal, > diagonal + mt * 16 + (e / 2) * 8 (the future):
+    // constants (once unrolled) against two numbers per thread.
+    const int key_offset = (lane % 4) * 2;
+    const int keys_left = seq_k - col_start - key_offset;
+    const int diagonal = row0 + causal_offset - col_start - key_offset;
+    // BEGIN SOLUTION "step 10: the online softmax on S's fragments, P packed as the A operands of P V"
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt) {
+      float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int n = 0; n < S_TILES; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = n * 8 + e % 2;
+          float x = s[mt][n][e] * scale_log2;
+          if (masked && (key >= keys_left || (causal && key > diagonal + mt * 16 + (e / 2) * 8))) x = -INFINITY;
+          s[mt][n][e] = x;
+          tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+        }
+      float alpha[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+        const float new_max = fmaxf(row_max[mt][r], tile_max[r]);
+        const float base = new_max == -INFINITY ? 0.0f : new_max;  // a row with no key yet: no NaN
+        alpha[r] = fast_exp2(row_max[mt][r] - base);
+        row_max[mt][r] = new_max;
+        row_sum[mt][r] *= alpha[r];
+        tile_max[r] = base;
+      }
+#pragma unroll
+      for (int n = 0; n < S_TILES; ++n) {
+        const float p0 = fast_exp2(s[mt][n][0] - tile_max[0]), p1 = fast_exp2(s[mt][n][1] - tile_max[0]);
+        const float p2 = fast_exp2(s[mt][n][2] - tile_max[1]), p3 = fast_exp2(s[mt][n][3] - tile_max[1]);
+        row_sum[mt][0] += p0 + p1;
+        row_sum[mt][1] += p2 + p3;
+        p[mt][n / 2][(n % 2) * 2] = Half<T>::pack(p0, p1);
+        p[mt][n / 2][(n % 2) * 2 + 1] = Half<T>::pack(p2, p3);
+      }
+      // O's rescale costs 4 * O_TILES multiplies a tile (2 a score at head_dim 128), and once the maxima settle
+      // most tiles leave every row's alone (alpha == 1 exactly): the warp skips it then, all lanes together.
+      if (!SKIP_SETTLED_RESCALE || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+        for (int d = 0; d < O_TILES; ++d) {
+          o[mt][d][0] *= alpha[0];
+          o[mt][d][1] *= alpha[0];
+          o[mt][d][2] *= alpha[1];
+          o[mt][d][3] *= alpha[1];
+        }
+      }
+    }
+    // END SOLUTION
+
+    // O += P V: each V fragment read serves all M_TILES row tiles.
+    // BEGIN SOLUTION "step 11: O += P V (V's rows by ldmatrix.trans); at the end, out = O / l"
+    const T* v_rows = v_tile + ((lane / 8 % 2) * 8 + lane % 8) * LD + (lane / 16) * 8;
+#pragma unroll
+    for (int st = 0; st < COLS / 16; ++st)
+#pragma unroll
+      for (int d = 0; d < O_TILES; d += 2) {
+        uint32_t b[4];  // keys st*16.. : head_dim d*8.. (b[0], b[1]) and d*8+8.. (b[2], b[3])
+        ldmatrix_x4_trans(b, v_rows + st * 16 * LD + d * 8);
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; ++mt) {
+          mma16816<T>(o[mt][d], p[mt][st], b[0], b[1]);
+          mma16816<T>(o[mt][d + 1], p[mt][st], b[2], b[3]);
+        }
+      }
+    // END SOLUTION
+    cp_async_wait<0>();
+    __syncthreads();  // the next tile has landed, and nobody reads this stage any more
+  }
+
+  // out = O / l: the row sums are still split over the 4 threads of each row.
+  // BEGIN SOLUTION "step 11: O += P V (V's rows by ldmatrix.trans); at the end, out = O / l"
+#pragma unroll
+  for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = row_sum[mt][r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int row = row0 + mt * 16 + r * 8;
+      if (row >= seq_q) continue;
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // a row that saw no key: zeros
+      T* out_row = out + (size_t)row * head_dim;
+#pragma unroll
+      for (int d = 0; d < O_TILES; ++d) {
+        const int col = d * 8 + (lane % 4) * 2;
+        if (col < head_dim) out_row[col] = Half<T>::from(o[mt][d][r * 2] * inv);
+        if (col + 1 < head_dim) out_row[col + 1] = Half<T>::from(o[mt][d][r * 2 + 1] * inv);
+      }
+    }
+  // END SOLUTION
+}
+
+template <typename T, int D>
+constexpr size_t smem_bytes() {
+  return (size_t)(BLOCK_ROWS + 4 * block_cols(D)) * (D + PAD) * sizeof(T);
+}
+
+template <typename T, int D>
+cudaError_t launch(const void* q, const void* k, const void* v, void* out, int batch, int heads, int kv_heads,
+                   const int* key_start, int seq_q, int seq_k, int head_dim, float scale, bool causal,
+                   cudaStream_t stream) {
+  const bool vec = head_dim % 8 == 0 &&
+                   ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) |
+                     reinterpret_cast<uintptr_t>(v)) % 16) == 0;
+  const size_t smem = smem_bytes<T, D>();
+  const dim3 grid(batch * heads, ceil_div(seq_q, BLOCK_ROWS));
+  auto kernel = vec ? flash_attention_half_kernel<T, D, true> : flash_attention_half_kernel<T, D, false>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (err != cudaSuccess) return err;
+  kernel<<<grid, THREADS, smem, stream>>>(static_cast<const T*>(q), static_cast<const T*>(k),
+                                          static_cast<const T*>(v), static_cast<T*>(out), heads, kv_heads,
+                                          key_start, seq_q, seq_k, head_dim, scale * LOG2E, causal);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_for_head_dim(const void* q, const void* k, const void* v, void* out, int batch, int heads,
+                                int kv_heads, const int* key_start, int seq_q, int seq_k, int head_dim,
+                                float scale, bool causal, cudaStream_t stream) {
+#define LAUNCH(D) launch<T, D>(q, k, v, out, batch, heads, kv_heads, key_start, seq_q, seq_k, head_dim, scale, \
+                               causal, stream)
+  if (head_dim <= 32) return LAUNCH(32);
+  if (head_dim <= 64) return LAUNCH(64);
+  if (head_dim <= 80) return LAUNCH(80);
+  if (head_dim <= 96) return LAUNCH(96);
+  return LAUNCH(128);
+#undef LAUNCH
+}
+
+}  // namespace
+
+// q, out: (batch, heads, seq_q, head_dim); k, v: (batch, kv_heads, seq_k, head_dim); all contiguous, of one
+// 16-bit type (bf16: true for bfloat16, false for float16). key_start: nullptr or (batch,) int32 on the device.
+cudaError_t flash_attention_half_forward(const void* q, const void* k, const void* v, void* out, bool bf16,
+                                         int batch, int heads, int kv_heads, const int* key_start, int seq_q,
+                                         int seq_k, int head_dim, float scale, bool causal, cudaStream_t stream) {
+  if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || seq_q < 1 || seq_k < 1 ||
+      head_dim < 1 || head_dim > MAX_HEAD_DIM || (causal && seq_q > seq_k) || (seq_q - 1) / BLOCK_ROWS >= 65535)
+    return cudaErrorInvalidValue;
+  if (batch == 0) return cudaSuccess;
+  return bf16 ? launch_for_head_dim<__nv_bfloat16>(q, k, v, out, batch, heads, kv_heads, key_start, seq_q, seq_k,
+                                                   head_dim, scale, causal, stream)
+              : launch_for_head_dim<__half>(q, k, v, out, batch, heads, kv_heads, key_start, seq_q, seq_k,
+                                            head_dim, scale, causal, stream);
+}

@@ -1,0 +1,515 @@
+// Task 5, optional part (README, Task 5, step 6): the KV cache in bf16 or fp16.
+//
+// The same decode as decode.cu, over a cache of 16-bit values: q, the new keys and values, the
+// cache and out all bfloat16 or all float16; the scores, the online softmax and the accumulators
+// stay in float32. A decode step reads the whole cache once and does little else, so its time is
+// the cache's size over the memory bandwidth: 16-bit values halve the bytes per cached position,
+// and with them the time of a step (and let a GPU hold twice the positions).
+//
+// What changes from decode.cu is how a row is read. A lane still loads 16 bytes at a time, but
+// these are 8 values, not 4: with head_dim a multiple of 8 (and rows 16-byte aligned), a row is
+// read by G = head_dim / 8 lanes (rounded up to a power of two), each converting its 8 values to
+// float32 in registers; otherwise by all 32 lanes, one value at a time (4 per lane at most).
+// Everything after the conversion is decode.cu's: the groups of G lanes, UNROLL rows of K and V
+// in flight per lane, up to MAX_QUERIES query heads of a group per block, the merge of the groups,
+// and split-KV with a combining kernel (the partial outputs in float32, the output in 16 bits).
+// A paged cache is decode.cu's alone.
+//
+// The kernels trust their arguments (task5/binding.cpp checks the tensors, and the values from
+// the host); values read from GPU memory are checked where they are read, as in decode.cu: a
+// write outside the cache is skipped, and a sequence whose length or key_start is out of range
+// gets NaN.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+namespace {  // decode.cu has kernels and helpers of the same names: these stay in this file
+
+constexpr int DECODE_WARPS = 16;  // warps per block
+constexpr int UNROLL = 4;         // rows of K (and of V) each lane has in flight
+constexpr int MAX_QUERIES = 4;    // query heads of one group a block attends with at once
+constexpr int MAX_HEAD_DIM = 128;
+constexpr int MAX_SPLITS = 256;
+constexpr int COMBINE_PARTS = 8;
+constexpr int WARP = 32;
+constexpr float LOG2E = 1.4426950408889634f;
+static_assert(DECODE_WARPS * WARP >= MAX_HEAD_DIM && DECODE_WARPS * WARP <= 1024,
+              "the groups are merged one output column per thread");
+
+int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// The two 16-bit types: one value to and from float32, and the 8 values of a 16-byte load to
+// float32 (two at a time: one instruction converts a pair).
+template <typename T>
+struct Half;
+template <>
+struct Half<__nv_bfloat16> {
+  __device__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+  __device__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+  __device__ static void unpack8(const uint4& raw, float (&out)[8]) {
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __bfloat1622float2(pairs[j]);
+      out[2 * j] = f.x, out[2 * j + 1] = f.y;
+    }
+  }
+};
+template <>
+struct Half<__half> {
+  __device__ static float to_float(__half x) { return __half2float(x); }
+  __device__ static __half from_float(float x) { return __float2half_rn(x); }
+  __device__ static void unpack8(const uint4& raw, float (&out)[8]) {
+    const __half2* pairs = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __half22float2(pairs[j]);
+      out[2 * j] = f.x, out[2 * j + 1] = f.y;
+    }
+  }
+};
+
+// A lane works on E values of a row: with 16-byte loads (VEC = 8) the 8 columns 8 g .. 8 g + 7
+// of lane g of its group of G; with scalar loads (VEC = 1, G = 32) columns g + 32 e, e < 4.
+template <int VEC, int G>
+struct RowSplit {
+  static constexpr int ROWS = WARP / G;            // rows a warp reads at once
+  static constexpr int E = VEC == 8 ? 8 : 4;       // values per lane
+  static_assert(VEC == 8 || (VEC == 1 && G == WARP), "scalar loads use the whole warp per row");
+  __device__ static int column(int g, int e) { return VEC == 8 ? 8 * g + e : g + WARP * e; }
+};
+
+// Given (decode.cu's): one row's Q partial dot products (this lane's columns of q_i . k), each summed over the
+// G lanes of the group, the Q sums in every lane of it. One butterfly per query would take
+// Q log2(G) shuffles per row, and with 4 or 8 queries that, not memory, bounds the kernel. So
+// while there are several values, each pair of lanes splits them: the lane with the bit of O
+// set keeps the upper half and adds its partner's copy of it, the other lane the lower half
+// (Q - 1 shuffles in all, halving the values per lane each time). Then lane g holds query
+// g / (G / Q)'s sum over the bits it split on; a butterfly over the remaining lanes completes
+// it, and each query's sum is broadcast from a lane that holds it: Q - 1 + log2(G / Q) + Q
+// shuffles (10 instead of 20 for 4 queries at G = 32). Every lane of the warp must call it.
+// The first N values of v: the lanes with the bit O of g set keep (and complete) the upper half.
+template <int N, int O>
+__device__ __forceinline__ void keep_half(float* v, int g) {
+  const bool upper = (g & O) != 0;
+#pragma unroll
+  for (int j = 0; j < N / 2; ++j) {
+    const float keep = upper ? v[j + N / 2] : v[j];
+    const float send = upper ? v[j] : v[j + N / 2];
+    v[j] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+  }
+}
+
+template <int G, int Q>
+__device__ __forceinline__ void sum_over_group(float (&dot)[Q], int g) {
+  if constexpr (Q == 1 || G < Q) {  // a butterfly per query (too few lanes to split Q values)
+#pragma unroll
+    for (int i = 0; i < Q; ++i)
+#pragma unroll
+      for (int offset = G / 2; offset > 0; offset /= 2) dot[i] += __shfl_xor_sync(0xffffffffu, dot[i], offset);
+  } else {
+    float v[Q];
+#pragma unroll
+    for (int i = 0; i < Q; ++i) v[i] = dot[i];
+    static_assert(Q <= 8, "sum_over_group splits at most 8 values");
+    keep_half<Q, G / 2>(v, g);  // v[j]: query (g & G/2 ? Q/2 : 0) + j
+    if constexpr (Q >= 4) keep_half<Q / 2, G / 4>(v, g);
+    if constexpr (Q >= 8) keep_half<Q / 4, G / 8>(v, g);
+#pragma unroll
+    for (int offset = G / Q / 2; offset > 0; offset /= 2) v[0] += __shfl_xor_sync(0xffffffffu, v[0], offset);
+#pragma unroll
+    for (int i = 0; i < Q; ++i) dot[i] = __shfl_sync(0xffffffffu, v[0], i * (G / Q), G);
+  }
+}
+
+// Given: the position sequence b's new rows start at, or -1 when they would not all fit.
+__device__ __forceinline__ int first_position(const int* __restrict__ pos, int b, int n_new, int max_seq) {
+  const int p = pos[b];
+  return p >= 0 && p <= max_seq - n_new ? p : -1;
+}
+
+// k_new, v_new: (batch * kv_heads, n_new, head_dim); k_cache, v_cache: (batch * kv_heads, max_seq,
+// head_dim); sequence b's new rows go to positions pos[b] .. pos[b] + n_new - 1. As decode.cu's
+// update, for 16-bit values.
+template <typename T>
+__global__ void update_cache_kernel(const T* __restrict__ k_new, const T* __restrict__ v_new,
+                                    T* __restrict__ k_cache, T* __restrict__ v_cache, int batch, int kv_heads,
+                                    int n_new, int max_seq, int head_dim, const int* __restrict__ pos) {
+  // BEGIN SOLUTION "step 6: copy each new 16-bit row of K and V into the cache at position pos[b] + its index"
+  const size_t row_values = (size_t)n_new * head_dim;
+  const size_t total = (size_t)batch * kv_heads * row_values;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+    const size_t bh = i / row_values, within = i % row_values;
+    const int p = first_position(pos, (int)(bh / kv_heads), n_new, max_seq);
+    if (p < 0) continue;
+    const size_t dst = (bh * max_seq + p) * head_dim + within;
+    k_cache[dst] = k_new[i];
+    v_cache[dst] = v_new[i];
+  }
+  // END SOLUTION
+}
+
+template <int Q>
+struct Merged {
+  float m[Q], l[Q], o[Q];  // per query: row max, row sum, numerator of column threadIdx.x
+};
+
+// Q queries against rows [begin, end) of one head's cache (k, v: its row 0), as decode.cu's
+// attend_rows: groups of G lanes, each with its own online softmax per query, merged at the end.
+template <typename T, int VEC, int G, int Q>
+__device__ Merged<Q> attend_rows(const T* __restrict__ q, int queries, const T* __restrict__ k,
+                                 const T* __restrict__ v, int head_dim, int begin, int end, float scale_log2) {
+  using Split = RowSplit<VEC, G>;
+  constexpr int E = Split::E;
+  constexpr int GROUPS = DECODE_WARPS * Split::ROWS;
+  __shared__ float group_m[GROUPS], group_l[GROUPS];
+  __shared__ float group_acc[DECODE_WARPS * WARP * 8];  // GROUPS * head_dim <= this
+
+  const int g = threadIdx.x % G;     // this lane's place in its group (G divides the warp)
+  const int grp = threadIdx.x / G;  // this lane's group in the block
+  Merged<Q> result;
+#pragma unroll
+  for (int i = 0; i < Q; ++i) result.m[i] = -INFINITY, result.l[i] = 0.0f, result.o[i] = 0.0f;
+
+  float qv[Q][E], acc[Q][E], m[Q], l[Q];
+#pragma unroll
+  for (int i = 0; i < Q; ++i) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int c = Split::column(g, e);
+      qv[i][e] = i < queries && c < head_dim ? Half<T>::to_float(q[i * head_dim + c]) * scale_log2 : 0.0f;
+      acc[i][e] = 0.0f;
+    }
+    m[i] = -INFINITY, l[i] = 0.0f;
+  }
+
+  for (int round = begin; round < end; round += UNROLL * GROUPS) {
+    // Issue every load of this round before using any: UNROLL rows of K and of V, 16 bytes a lane
+    // (VEC = 8) or one value per column (VEC = 1), kept as loaded until they are used.
+    uint4 k_raw[UNROLL], v_raw[UNROLL];
+    float kv[VEC == 8 ? 1 : UNROLL][4], vv[VEC == 8 ? 1 : UNROLL][4];
+    // BEGIN SOLUTION "step 6: load UNROLL rows of K and V, 16 bytes (8 values) a lane, zeros for rows past the end"
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int row = round + u * GROUPS + grp;
+      const size_t at = row < end ? (size_t)row * head_dim : 0;
+      if constexpr (VEC == 8) {
+        const bool ok = row < end && 8 * g < head_dim;
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        k_raw[u] = ok ? *reinterpret_cast<const uint4*>(k + at + 8 * g) : zero;
+        v_raw[u] = ok ? *reinterpret_cast<const uint4*>(v + at + 8 * g) : zero;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = Split::column(g, e);
+          const bool ok = row < end && c < head_dim;
+          kv[u][e] = ok ? Half<T>::to_float(k[at + c]) : 0.0f;
+          vv[u][e] = ok ? Half<T>::to_float(v[at + c]) : 0.0f;
+        }
+      }
+    }
+    // END SOLUTION
+    float s[Q][UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      float key[E];
+      // BEGIN SOLUTION "step 6: each row's values as float32, then decode.cu's scores"
+      if constexpr (VEC == 8) {
+        Half<T>::unpack8(k_raw[u], key);
+      } else {
+#pragma unroll
+        for (int e = 0; e < E; ++e) key[e] = kv[u][e];
+      }
+      float dot[Q];
+#pragma unroll
+      for (int i = 0; i < Q; ++i) {
+        dot[i] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) dot[i] = fmaf(qv[i][e], key[e], dot[i]);
+      }
+      sum_over_group<G, Q>(dot, g);
+      const bool valid = round + u * GROUPS + grp < end;
+#pragma unroll
+      for (int i = 0; i < Q; ++i) s[i][u] = valid ? dot[i] : -INFINITY;
+      // END SOLUTION
+    }
+#pragma unroll
+    for (int i = 0; i < Q; ++i) {
+      float round_max = -INFINITY;
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) round_max = fmaxf(round_max, s[i][u]);
+      const float m_new = fmaxf(m[i], round_max);
+      if (m_new == -INFINITY) continue;
+      const float alpha = exp2f(m[i] - m_new);
+      l[i] *= alpha;
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[i][e] *= alpha;
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const float p = exp2f(s[i][u] - m_new);
+        l[i] += p;
+        float value[E];
+        // BEGIN SOLUTION "step 6: the row of V as float32 too"
+        if constexpr (VEC == 8) {
+          Half<T>::unpack8(v_raw[u], value);
+        } else {
+#pragma unroll
+          for (int e = 0; e < E; ++e) value[e] = vv[u][e];
+        }
+        // END SOLUTION
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[i][e] = fmaf(p, value[e], acc[i][e]);
+      }
+      m[i] = m_new;
+    }
+  }
+
+  // Merge the groups, one query at a time (decode.cu's).
+#pragma unroll
+  for (int i = 0; i < Q; ++i) {
+    if (g == 0) group_m[grp] = m[i], group_l[grp] = l[i];
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int c = Split::column(g, e);
+      if (c < head_dim) group_acc[grp * head_dim + c] = acc[i][e];
+    }
+    __syncthreads();
+    if (threadIdx.x < head_dim) {
+      float big = -INFINITY;
+      for (int j = 0; j < GROUPS; ++j) big = fmaxf(big, group_m[j]);
+      float sum = 0.0f, o = 0.0f;
+      if (big != -INFINITY) {
+        for (int j = 0; j < GROUPS; ++j) {
+          const float w = exp2f(group_m[j] - big);
+          sum = fmaf(group_l[j], w, sum);
+          o = fmaf(group_acc[j * head_dim + threadIdx.x], w, o);
+        }
+      }
+      result.m[i] = big, result.l[i] = sum, result.o[i] = o;
+    }
+    __syncthreads();
+  }
+  return result;
+}
+
+// A block's queries and cache rows (decode.cu's BlockRows): blockIdx.x counts (batch, kv_head,
+// chunk of up to Q query heads of its group); rows [key_start or 0, length), `invalid` when a
+// length or key_start read from GPU memory is out of range.
+struct BlockRows {
+  size_t first_query;
+  int queries;
+  size_t cache_head;
+  int begin, end;
+  bool invalid;
+};
+
+template <int Q>
+__device__ BlockRows block_rows(int heads, int kv_heads, const int* length, const int* key_start, int max_seq) {
+  const int group = heads / kv_heads, chunks = (group + Q - 1) / Q;
+  const int cache_head = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
+  const int batch = cache_head / kv_heads, kv_head = cache_head % kv_heads;
+  const int head = kv_head * group + chunk * Q;
+  const int begin = key_start != nullptr ? key_start[batch] : 0, end = length[batch];
+  const bool invalid = !(0 <= begin && begin < end && end <= max_seq);
+  return BlockRows{(size_t)batch * heads + head, min(Q, group - chunk * Q), (size_t)cache_head,
+                   invalid ? 0 : begin, invalid ? 0 : end, invalid};
+}
+
+template <typename T>
+__device__ __forceinline__ void write_nan(T* __restrict__ rows, int count, int head_dim) {
+  for (int i = threadIdx.x; i < count * head_dim; i += blockDim.x) rows[i] = Half<T>::from_float(NAN);
+}
+
+// Two blocks per SM for one query a block (as decode.cu), else one.
+template <int VEC, int G, int Q>
+constexpr int MIN_BLOCKS_PER_SM = Q == 1 && VEC == 8 && G > 1 ? 2 : 1;
+
+// q, out: (batch, heads, head_dim); k_cache, v_cache: (batch, kv_heads, max_seq, head_dim).
+template <typename T, int VEC, int G, int Q>
+__global__ void __launch_bounds__(DECODE_WARPS * WARP, MIN_BLOCKS_PER_SM<VEC, G, Q>)
+    decode_kernel(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                  T* __restrict__ out, int heads, int kv_heads, const int* __restrict__ length,
+                  const int* __restrict__ key_start, int max_seq, int head_dim, float scale_log2) {
+  const BlockRows b = block_rows<Q>(heads, kv_heads, length, key_start, max_seq);
+  if (b.invalid) return write_nan(out + b.first_query * head_dim, b.queries, head_dim);
+  const size_t at = b.cache_head * max_seq * head_dim;
+  const Merged<Q> r = attend_rows<T, VEC, G, Q>(q + b.first_query * head_dim, b.queries, k_cache + at,
+                                                v_cache + at, head_dim, b.begin, b.end, scale_log2);
+  // BEGIN SOLUTION "step 6: write out = O / L in the 16-bit type"
+#pragma unroll
+  for (int i = 0; i < Q; ++i)
+    if (i < b.queries && threadIdx.x < head_dim)
+      out[(b.first_query + i) * head_dim + threadIdx.x] = Half<T>::from_float(r.o[i] / r.l[i]);
+  // SKELETON
+  // (void)r, (void)out;
+  // END SOLUTION
+}
+
+// Split-KV (decode.cu's step 3): the partial outputs and log-sum-exps in float32.
+// partial_out: (batch * heads, splits, head_dim); partial_lse: (batch * heads, splits).
+template <typename T, int VEC, int G, int Q>
+__global__ void __launch_bounds__(DECODE_WARPS * WARP, MIN_BLOCKS_PER_SM<VEC, G, Q>)
+    decode_split_kernel(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                        float* __restrict__ partial_out, float* __restrict__ partial_lse, int heads, int kv_heads,
+                        const int* __restrict__ length, const int* __restrict__ key_start, int max_seq,
+                        int head_dim, float scale_log2) {
+  const BlockRows b = block_rows<Q>(heads, kv_heads, length, key_start, max_seq);
+  const int split = blockIdx.y, splits = gridDim.y;
+  if (b.invalid) {  // NaN partial outputs of weight 1: the combined output is NaN too
+    for (int i = 0; i < b.queries; ++i) {
+      const size_t slot = (b.first_query + i) * splits + split;
+      for (int c = threadIdx.x; c < head_dim; c += blockDim.x) partial_out[slot * head_dim + c] = NAN;
+      if (threadIdx.x == 0) partial_lse[slot] = 0.0f;
+    }
+    return;
+  }
+  const int rows_per_split = (b.end - b.begin + splits - 1) / splits;
+  const int begin = min(b.end, b.begin + split * rows_per_split), end = min(b.end, begin + rows_per_split);
+  const size_t at = b.cache_head * max_seq * head_dim;
+  const Merged<Q> r = attend_rows<T, VEC, G, Q>(q + b.first_query * head_dim, b.queries, k_cache + at,
+                                                v_cache + at, head_dim, begin, end, scale_log2);
+#pragma unroll
+  for (int i = 0; i < Q; ++i) {
+    if (i >= b.queries) break;
+    const size_t slot = (b.first_query + i) * splits + split;
+    if (threadIdx.x < head_dim)
+      partial_out[slot * head_dim + threadIdx.x] = r.l[i] > 0.0f ? r.o[i] / r.l[i] : 0.0f;
+    if (threadIdx.x == 0) partial_lse[slot] = r.l[i] > 0.0f ? r.m[i] + log2f(r.l[i]) : -INFINITY;
+  }
+}
+
+// decode.cu's combining kernel, writing the 16-bit output.
+template <typename T>
+__global__ void __launch_bounds__(MAX_HEAD_DIM * COMBINE_PARTS)
+    combine_splits_kernel(const float* __restrict__ partial_out, const float* __restrict__ partial_lse,
+                          T* __restrict__ out, int splits, int head_dim) {
+  const size_t bh = blockIdx.x;
+  const int c = threadIdx.x, part = threadIdx.y;
+  __shared__ float weight[MAX_SPLITS];
+  __shared__ float part_sum[COMBINE_PARTS][MAX_HEAD_DIM];
+  const int thread = part * blockDim.x + c;
+  for (int s = thread; s < splits; s += blockDim.x * blockDim.y) weight[s] = partial_lse[bh * splits + s];
+  __syncthreads();
+  float big = -INFINITY;
+  for (int s = 0; s < splits; ++s) big = fmaxf(big, weight[s]);
+  __syncthreads();
+  for (int s = thread; s < splits; s += blockDim.x * blockDim.y) weight[s] = exp2f(weight[s] - big);
+  __syncthreads();
+  float o = 0.0f;
+  if (c < head_dim)
+    for (int s = part; s < splits; s += COMBINE_PARTS) o = fmaf(weight[s], partial_out[(bh * splits + s) * head_dim + c], o);
+  part_sum[part][c] = o;
+  __syncthreads();
+  if (part == 0 && c < head_dim) {
+    float sum = 0.0f, total = 0.0f;
+    for (int s = 0; s < splits; ++s) sum += weight[s];
+    for (int p = 0; p < COMBINE_PARTS; ++p) total += part_sum[p][c];
+    out[bh * head_dim + c] = Half<T>::from_float(total / sum);
+  }
+}
+
+int queries_per_block(int group) {
+  int q = 1;
+  while (q < group && q < MAX_QUERIES) q *= 2;
+  return q;
+}
+
+template <typename T, int VEC, int G, int Q>
+cudaError_t launch_decode(const T* q, const T* k_cache, const T* v_cache, T* out, int batch, int heads,
+                          int kv_heads, const int* length, const int* key_start, int max_seq, int head_dim,
+                          float scale, int splits, float* partial_out, float* partial_lse, cudaStream_t stream) {
+  const int group = heads / kv_heads;
+  const int threads = DECODE_WARPS * WARP, blocks = batch * kv_heads * ceil_div(group, Q);
+  if (splits == 1) {
+    decode_kernel<T, VEC, G, Q><<<blocks, threads, 0, stream>>>(q, k_cache, v_cache, out, heads, kv_heads, length,
+                                                                 key_start, max_seq, head_dim, scale * LOG2E);
+    return cudaGetLastError();
+  }
+  decode_split_kernel<T, VEC, G, Q><<<dim3(blocks, splits), threads, 0, stream>>>(
+      q, k_cache, v_cache, partial_out, partial_lse, heads, kv_heads, length, key_start, max_seq, head_dim,
+      scale * LOG2E);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  combine_splits_kernel<T><<<batch * heads, dim3(MAX_HEAD_DIM, COMBINE_PARTS), 0, stream>>>(partial_out, partial_lse,
+                                                                                            out, splits, head_dim);
+  return cudaGetLastError();
+}
+
+// The row split from head_dim (16-byte loads need head_dim % 8 == 0 and 16-byte aligned rows),
+// the queries per block from the group size.
+template <typename T>
+cudaError_t launch(const void* q_in, const void* k_in, const void* v_in, void* out_in, int batch, int heads,
+                   int kv_heads, const int* length, const int* key_start, int max_seq, int head_dim, float scale,
+                   int splits, float* partial_out, float* partial_lse, cudaStream_t stream) {
+  const T* q = static_cast<const T*>(q_in);
+  const T* k_cache = static_cast<const T*>(k_in);
+  const T* v_cache = static_cast<const T*>(v_in);
+  T* out = static_cast<T*>(out_in);
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec8 = head_dim % 8 == 0 && aligned(q) && aligned(k_cache) && aligned(v_cache);
+  const int lanes = (head_dim + 7) / 8, queries = queries_per_block(heads / kv_heads);
+#define LAUNCH_Q(VEC, G, Q)                                                                                 \
+  launch_decode<T, VEC, G, Q>(q, k_cache, v_cache, out, batch, heads, kv_heads, length, key_start, max_seq, \
+                              head_dim, scale, splits, partial_out, partial_lse, stream)
+#define LAUNCH(VEC, G) \
+  (queries == 1 ? LAUNCH_Q(VEC, G, 1) : queries == 2 ? LAUNCH_Q(VEC, G, 2) : LAUNCH_Q(VEC, G, MAX_QUERIES))
+  if (!vec8) return LAUNCH(1, 32);
+  if (lanes > 8) return LAUNCH(8, 16);
+  if (lanes > 4) return LAUNCH(8, 8);
+  if (lanes > 2) return LAUNCH(8, 4);
+  if (lanes > 1) return LAUNCH(8, 2);
+  return LAUNCH(8, 1);
+#undef LAUNCH
+#undef LAUNCH_Q
+}
+
+}  // namespace
+
+// Launchers, called by task5/binding.cpp on PyTorch's current stream; bf16: true for bfloat16,
+// false for float16 (every tensor of a call the same type).
+
+// k_new, v_new: (batch, kv_heads, n_new, head_dim); k_cache, v_cache: (batch, kv_heads, max_seq,
+// head_dim); pos: (batch,) ints in GPU memory.
+cudaError_t update_cache_half(const void* k_new, const void* v_new, void* k_cache, void* v_cache, bool bf16,
+                              int batch, int kv_heads, int n_new, int max_seq, int head_dim, const int* pos,
+                              cudaStream_t stream) {
+  if (batch < 0 || kv_heads < 1 || n_new < 0 || n_new > max_seq || head_dim < 1) return cudaErrorInvalidValue;
+  const size_t total = (size_t)batch * kv_heads * n_new * head_dim;
+  if (total == 0) return cudaSuccess;
+  const int threads = 256;
+  const int blocks = (int)std::min<size_t>((total + threads - 1) / threads, 65535 * 8);
+  if (bf16)
+    update_cache_kernel<__nv_bfloat16><<<blocks, threads, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(k_new), static_cast<const __nv_bfloat16*>(v_new),
+        static_cast<__nv_bfloat16*>(k_cache), static_cast<__nv_bfloat16*>(v_cache), batch, kv_heads, n_new,
+        max_seq, head_dim, pos);
+  else
+    update_cache_kernel<__half><<<blocks, threads, 0, stream>>>(
+        static_cast<const __half*>(k_new), static_cast<const __half*>(v_new), static_cast<__half*>(k_cache),
+        static_cast<__half*>(v_cache), batch, kv_heads, n_new, max_seq, head_dim, pos);
+  return cudaGetLastError();
+}
+
+// q, out: (batch, heads, head_dim); length, key_start (nullptr or (batch,)): ints in GPU memory.
+// splits: 1, or the blocks per (batch, kv_head, chunk) of decode.cu's decode_splits, with
+// partial_out (batch * heads * splits * head_dim floats) and partial_lse (batch * heads * splits).
+cudaError_t decode_half_forward(const void* q, const void* k_cache, const void* v_cache, void* out, bool bf16,
+                                int batch, int heads, int kv_heads, const int* length, const int* key_start,
+                                int max_seq, int head_dim, float scale, int splits, float* partial_out,
+                                float* partial_lse, cudaStream_t stream) {
+  if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || length == nullptr || max_seq < 1 ||
+      head_dim < 1 || head_dim > MAX_HEAD_DIM || splits < 1 || splits > MAX_SPLITS ||
+      (splits > 1 && (partial_out == nullptr || partial_lse == nullptr)))
+    return cudaErrorInvalidValue;
+  if (batch == 0) return cudaSuccess;
+  return bf16 ? launch<__nv_bfloat16>(q, k_cache, v_cache, out, batch, heads, kv_heads, length, key_start, max_seq,
+                                      head_dim, scale, splits, partial_out, partial_lse, stream)
+              : launch<__half>(q, k_cache, v_cache, out, batch, heads, kv_heads, length, key_start, max_seq,
+                               head_dim, scale, splits, partial_out, partial_lse, stream);
+}
