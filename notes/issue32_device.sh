@@ -26,6 +26,16 @@ B)
 D)
   ( time timeout 590 python -m task7.test --solution ) > $OUT/t7sol.log 2>&1
   tail -n 20 $OUT/t7sol.log ;;
+K)  # every known-bad submission of tests/test_cuda_submissions.py, in ${2:-8} shards at once
+  T=tests/test_cuda_submissions.py
+  python -m pytest --collect-only -q -p no:cacheprovider $T | grep "::" > $L/ids
+  split -n r/${2:-8} $L/ids $L/shard.
+  for s in $L/shard.*; do
+    timeout 570 python -m pytest -q -p no:cacheprovider -rA $(cat $s) > $s.log 2>&1 &
+  done
+  wait
+  for s in $L/shard.*.log; do echo "== $s"; grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|Timeout|Error" $s | tail -n 12; done > $OUT/known_bad.log
+  cat $L/shard.*.log > $OUT/known_bad_full.log; cat $OUT/known_bad.log ;;
 C)
   ( time timeout 590 python -m grader --solution --out $OUT/graded --keep --tasks "${2:-1,2,3,4,5,6,7}" ) > $OUT/grader.log 2>&1
   tail -n 30 $OUT/grader.log ;;

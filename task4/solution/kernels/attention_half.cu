@@ -10,7 +10,7 @@
 //   rows, shared memory, not the tensor cores, sets the pace;
 // - Q's tile is loaded once into shared memory; its mma operands stay in registers for head_dim up
 //   to 64, and are read again at each tile for larger ones (registers are short there);
-// - K and V come in tiles of block_cols(D) rows through cp.async, two stages: tile j + 1 is on its way
+// - K and V come in tiles of BLOCK_COLS rows through cp.async, two stages: tile j + 1 is on its way
 //   while tile j is used;
 // - S = Q K^T with mma.sync.m16n8k16 (K read by ldmatrix: its rows are the B operand's columns);
 // - the online softmax on S's accumulator fragments (a thread holds 2 rows x 2 columns per 8-key
@@ -38,17 +38,15 @@ constexpr int THREADS = WARPS * WARP;
 constexpr int M_TILES = 2;                     // m16 tiles of query rows per warp
 constexpr int WARP_ROWS = 16 * M_TILES;        // query rows per warp
 constexpr int BLOCK_ROWS = WARP_ROWS * WARPS;  // query rows per block
-constexpr int BLOCK_COLS = 64;                 // keys per K/V tile, head_dim up to 96
-constexpr int BLOCK_COLS_LARGE_D = 32;         // above (O alone takes 128 registers a thread at 128)
+constexpr int BLOCK_COLS = 64;                 // keys per K/V tile
 constexpr int Q_IN_REGISTERS_UP_TO = 64;       // head_dim tiles that keep Q's operands in registers
 constexpr int Q_STEPS_UNROLLED = 1;            // k16 steps unrolled where Q's operands are read per step
-constexpr bool SKIP_SETTLED_RESCALE = false;   // skip O's rescale where no row of the warp has a new maximum
+constexpr bool SKIP_SETTLED_RESCALE = true;    // skip O's rescale where no row of the warp has a new maximum
 constexpr int MAX_HEAD_DIM = 128;
 constexpr int PAD = 8;                         // halves (16 bytes) after each shared-memory row
 constexpr float LOG2E = 1.4426950408889634f;
 
 __host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
-__host__ __device__ constexpr int block_cols(int d) { return d > 96 ? BLOCK_COLS_LARGE_D : BLOCK_COLS; }
 
 // The two 16-bit types: mma's name for them, and packing two floats into one 32-bit register.
 template <typename T>
@@ -202,7 +200,7 @@ __global__ void __launch_bounds__(THREADS)
                                 int seq_q, int seq_k, int head_dim, float scale_log2, bool causal) {
   static_assert(D % 16 == 0 && D <= MAX_HEAD_DIM, "D is a multiple of the mma's k (16)");
   constexpr int LD = D + PAD;
-  constexpr int COLS = block_cols(D);  // keys per K/V tile
+  constexpr int COLS = BLOCK_COLS;     // keys per K/V tile
   constexpr int K_STEPS = D / 16;      // k16 steps of Q K^T
   constexpr int S_TILES = COLS / 8;    // n8 tiles of S (keys)
   constexpr int O_TILES = D / 8;       // n8 tiles of O (head_dim)
@@ -405,7 +403,7 @@ __global__ void __launch_bounds__(THREADS)
 
 template <typename T, int D>
 constexpr size_t smem_bytes() {
-  return (size_t)(BLOCK_ROWS + 4 * block_cols(D)) * (D + PAD) * sizeof(T);
+  return (size_t)(BLOCK_ROWS + 4 * BLOCK_COLS) * (D + PAD) * sizeof(T);
 }
 
 template <typename T, int D>
