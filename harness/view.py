@@ -154,13 +154,17 @@ def make_view(task: int, student_dir: Path, view: Path, solution: bool) -> list[
             if not (view / rel).exists():
                 (view / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(REPO / rel, view / rel)
-    notes = []
+    notes, missing = [], []
     for number in (task, *spec.uses):
         for rel in TASKS[number].student_files:
             source = source_of(rel, student_dir, solution)
             why = copy_regular_file(source, view / rel)
-            if why:
+            if why == "missing":
+                missing.append(rel)
+            elif why:
                 notes.append(f"{rel}: {why}, so it was not used")
+    if missing:  # one line: a checkout with a task's files only should not push its failures off the first lines
+        notes.insert(0, f"{', '.join(missing)}: missing, so {'it was' if len(missing) == 1 else 'they were'} not used")
     return notes
 
 

@@ -28,7 +28,8 @@ D)
   tail -n 20 $OUT/t7sol.log ;;
 K)  # every known-bad submission of tests/test_cuda_submissions.py, in ${2:-8} shards at once
   T=tests/test_cuda_submissions.py
-  python -m pytest --collect-only -q -p no:cacheprovider $T | grep "::" > $L/ids
+  if [ -n "$3" ]; then cp "$3" $L/ids; else  # a file of test ids: those only
+    python -m pytest --collect-only -q -p no:cacheprovider $T | grep "::" > $L/ids; fi
   split -n r/${2:-8} $L/ids $L/shard.
   for s in $L/shard.*; do
     timeout 570 python -m pytest -q -p no:cacheprovider -rA $(cat $s) > $s.log 2>&1 &

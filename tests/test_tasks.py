@@ -101,3 +101,17 @@ def test_the_view_gets_commons_code_and_nothing_else_there(tmp_path):
     copy_tree(tree, tmp_path / "copy", suffixes=(".py", ".h"))
     copied = sorted(p.relative_to(tmp_path / "copy").as_posix() for p in (tmp_path / "copy").rglob("*"))
     assert copied == ["build.py", "csrc", "csrc/checks.h"]
+
+
+def test_files_missing_from_a_checkout_are_named_in_one_note(tmp_path):
+    """A checkout with one task's file only (as the known-bad submissions are): its sibling tasks' and optional
+    files are named in one line, so that the first lines of the test's output are still its failures."""
+    from harness.view import make_view
+
+    student = tmp_path / "student"
+    (student / "task5/kernels").mkdir(parents=True)
+    (student / "task5/kernels/decode.cu").write_text((REPO / "task5/kernels/decode.cu").read_text())
+    (student / "task5/kernels/decode_half.cu").symlink_to(student / "task5/kernels/decode.cu")
+    notes = make_view(5, student, tmp_path / "view", solution=False)
+    assert notes[0] == ("task4/kernels/attention.cu, task4/kernels/attention_half.cu: missing, so they were not used")
+    assert notes[1:] == ["task5/kernels/decode_half.cu: not a regular file (a link?), so it was not used"]
