@@ -102,10 +102,10 @@ def copy_bandwidth_gbs(nbytes: int | None = None, reps: int = 20, warmup: int = 
     return 2 * nbytes / (min(samples) * 1e-3) / 1e9
 
 
-def matmul_tflops(m: int, n: int, k: int, reps: int = 10, warmup: int = 5) -> float:
-    """The rate of one float32 product (m x k) @ (k x n) on the GPU, in TFLOP/s (the fastest of `reps`, CUDA
+def matmul_tflops(m: int, n: int, k: int, reps: int = 10, warmup: int = 5, dtype=torch.float32) -> float:
+    """The rate of one product (m x k) @ (k x n) in `dtype` on the GPU, in TFLOP/s (the fastest of `reps`, CUDA
     events, after a warm-up): the compute floor of a prefill, measured in the same run as it."""
-    a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
+    a, b = torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype)
     for _ in range(warmup):
         a @ b
     samples = []

@@ -300,6 +300,19 @@ def expect_errors(call, bad) -> tuple[bool, str, dict]:
 LOGITS_ATOL, LOGITS_RTOL = 1e-4, 1e-4
 
 
+# A model in bf16 or fp16: its logits within this many times the largest error of the same model in that type
+# with PyTorch's own attention, measured on the same tokens (tasks 6 and 7's optional 16-bit parts).
+HALF_ERROR_FACTOR = 2.0
+
+
+def half_logits_atol(yardstick: float, expected, dtype) -> tuple[float, str]:
+    """(atol, what it is, for the message): a 16-bit model's tolerance from `yardstick`, the largest logit error of
+    the same model in `dtype` with PyTorch's attention against `expected` (never under float32's)."""
+    atol = max(HALF_ERROR_FACTOR * yardstick, LOGITS_ATOL * float(expected.abs().max()))
+    return atol, (f" (allowed {atol:.2g}: {HALF_ERROR_FACTOR:g}x the largest logit error of the same model in "
+                  f"{str(dtype)[6:]} with PyTorch's attention, {yardstick:.2g}, on the same tokens)")
+
+
 def decided(expected, atol: float | None = None) -> torch.Tensor:
     """Where the greedy token is decided: the reference's two best logits (batch, positions, vocab) further apart
     than twice the tolerance (below it, float32 may pick either: random weights make such near-ties common).

@@ -55,18 +55,21 @@ __attribute__((weak)) cudaError_t decode_half_forward(const void* q, const void*
                                                       const int* length, const int* key_start, int max_seq,
                                                       int head_dim, float scale, int splits, float* partial_out,
                                                       float* partial_lse, cudaStream_t stream);
-// Given (common/csrc/linear_rows.cu, compiled beside your kernels): y (rows, n) = x (rows, k) @ w^T.
+// Given (common/csrc/linear_rows.cu, compiled beside your kernels): y (rows, n) = x (rows, k) @ w^T, in float32
+// or in bfloat16 (bf16: true) or float16.
 cudaError_t linear_rows(const float* x, const float* w, float* y, int rows, int n, int k, cudaStream_t stream);
+cudaError_t linear_rows_half(const void* x, const void* w, void* y, bool bf16, int rows, int n, int k,
+                             cudaStream_t stream);
 int linear_max_rows();
 
 namespace {
 
 // A tensor of the call: on the GPU, contiguous, and of the call's type: float32 (decode.cu's kernels), or the
 // cache's bfloat16 or float16 (decode_half.cu's), which every other tensor of the call must share.
-void check_typed(const torch::Tensor& t, const char* name, at::ScalarType type) {
+void check_typed(const torch::Tensor& t, const char* name, at::ScalarType type, const char* like = "k_cache") {
   if (type == torch::kFloat32) return check_cuda_float32(t, name);
   TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got one on ", t.device().str(), " (move it with .cuda())");
-  TORCH_CHECK(t.scalar_type() == type, name, " must be ", dtype_name(type), " like k_cache, got ",
+  TORCH_CHECK(t.scalar_type() == type, name, " must be ", dtype_name(type), " like ", like, ", got ",
               dtype_name(t.scalar_type()));
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous (call .contiguous() first)");
 }
@@ -386,11 +389,16 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
 }
 
 // Task 6's decode step: out = x @ weight^T for the few rows of a step (one token per sequence), the
-// product nn.Linear computes, by the given kernel that streams the weight (common/csrc/linear_rows.cu).
+// product nn.Linear computes, by the given kernel that streams the weight (common/csrc/linear_rows.cu). In
+// float32, or in bfloat16 or float16 (a model in 16 bits), the weight's type, which x and out share.
 void linear(const torch::Tensor& x, const torch::Tensor& weight, torch::Tensor& out) {
-  check_cuda_float32(x, "x");
-  check_cuda_float32(weight, "weight");
-  check_cuda_float32(out, "out");
+  TORCH_CHECK(weight.scalar_type() == torch::kFloat32 || weight.scalar_type() == torch::kBFloat16 ||
+                  weight.scalar_type() == torch::kHalf,
+              "weight must be float32, bfloat16 or float16, got ", dtype_name(weight.scalar_type()));
+  const at::ScalarType type = weight.scalar_type();
+  check_typed(weight, "weight", type);
+  check_typed(x, "x", type, "weight");
+  check_typed(out, "out", type, "weight");
   check_dim(x, "x", 2);
   check_dim(weight, "weight", 2);
   check_dim(out, "out", 2);
@@ -399,8 +407,9 @@ void linear(const torch::Tensor& x, const torch::Tensor& weight, torch::Tensor& 
   TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= linear_max_rows(), "x must hold 1 to ", num(linear_max_rows()),
               " rows (one token per sequence), got shape ", shape(x));
   check_size(weight, "weight", 1, x, "x", 1, "in_features");
-  TORCH_CHECK(x.size(1) % 4 == 0, "in_features (x.size(1)) must be a multiple of 4 (the kernel reads float4), got ",
-              num(x.size(1)));
+  const int64_t per_load = 16 / (int64_t)x.element_size();  // the kernel reads 16 bytes at a time
+  TORCH_CHECK(x.size(1) % per_load == 0, "in_features (x.size(1)) must be a multiple of ", num(per_load),
+              " for ", dtype_name(type), " (the kernel reads 16 bytes at a time), got ", num(x.size(1)));
   TORCH_CHECK(out.size(0) == x.size(0) && out.size(1) == weight.size(0), "out must be (rows, out_features) = [",
               num(x.size(0)), ", ", num(weight.size(0)), "], got shape ", shape(out));
   check_not_empty(weight, "weight");
@@ -408,13 +417,20 @@ void linear(const torch::Tensor& x, const torch::Tensor& weight, torch::Tensor& 
   check_fits_int(weight.size(1), "in_features (weight.size(1))");
   for (const torch::Tensor* t : {&x, &weight, static_cast<const torch::Tensor*>(&out)})
     TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
-                "x, weight and out must start on a 16-byte boundary (the kernel reads float4); a slice may not");
+                "x, weight and out must start on a 16-byte boundary (the kernel reads 16 bytes at a time); a slice "
+                "may not");
   check_no_overlap(out, "out", x, "x");
   check_no_overlap(out, "out", weight, "weight");
   const c10::cuda::CUDAGuard guard(x.device());
-  check_launch(linear_rows(x.data_ptr<float>(), weight.data_ptr<float>(), out.data_ptr<float>(), (int)x.size(0),
-                           (int)weight.size(0), (int)x.size(1), at::cuda::getCurrentCUDAStream()),
-               "linear");
+  const int rows = (int)x.size(0), n = (int)weight.size(0), k = (int)x.size(1);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  if (type == torch::kFloat32)
+    check_launch(linear_rows(x.data_ptr<float>(), weight.data_ptr<float>(), out.data_ptr<float>(), rows, n, k, stream),
+                 "linear");
+  else
+    check_launch(linear_rows_half(x.data_ptr(), weight.data_ptr(), out.data_ptr(), type == torch::kBFloat16, rows, n,
+                                  k, stream),
+                 "linear");
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

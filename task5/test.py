@@ -592,6 +592,16 @@ def check_errors(worker):
                                          torch.zeros(2, 31, device="cuda")), "out must be (rows, out_features)"),
         ("linear of a weight on the CPU", ("linear", torch.zeros(2, 64, device="cuda"), torch.zeros(32, 64),
                                            torch.zeros(2, 32, device="cuda")), "weight must be a CUDA tensor"),
+        ("linear of a float64 weight", ("linear", torch.zeros(2, 64, device="cuda"),
+                                        torch.zeros(32, 64, device="cuda", dtype=torch.float64),
+                                        torch.zeros(2, 32, device="cuda")), "weight must be float32, bfloat16 or float16"),
+        ("linear of bf16 x and a float32 weight", ("linear", torch.zeros(2, 64, device="cuda", dtype=torch.bfloat16),
+                                                   torch.zeros(32, 64, device="cuda"),
+                                                   torch.zeros(2, 32, device="cuda")), "x must be float32"),
+        ("linear in bf16 over 12 in_features", ("linear", torch.zeros(2, 12, device="cuda", dtype=torch.bfloat16),
+                                                torch.zeros(32, 12, device="cuda", dtype=torch.bfloat16),
+                                                torch.zeros(2, 32, device="cuda", dtype=torch.bfloat16)),
+         "multiple of 8"),
     ]
     ok, message, metrics = expect_errors(lambda *call: worker.call(*call), bad)
     if not ok:
@@ -609,28 +619,39 @@ def check_errors(worker):
     return True, f"{len(bad) + len(layer_bad)} kinds of bad input rejected with clear errors", {}
 
 
-# (rows, in_features, out_features): one token per sequence, widths off the kernel's float4 and its 16 rows of a
-# block, down to the smallest k it takes, and one of the handout model's (qkv at batch 4)
+# (rows, in_features, out_features): one token per sequence, widths off the kernel's 16-byte loads and its 16 rows
+# of a block, down to the smallest k it takes, and one of the handout model's (qkv at batch 4); in float32 (4 values
+# a load) and in bf16 and fp16 (8 values a load: task 6's 16-bit model)
 LINEAR_CASES = [(1, 4, 1), (3, 68, 33), (5, 260, 100), (8, 2052, 17), (4, 4096, 12288)]
+LINEAR_HALF_CASES = [(1, 8, 1), (3, 72, 33), (5, 264, 100), (8, 2056, 17), (4, 4096, 12288)]
+# A 16-bit product's sums are float32's, rounded once to the type: within its unit roundoff of the float64 result
+# (bf16 keeps 8 significant bits, fp16 11), on top of float32's tolerance.
+UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 
 
 def check_linear(worker, hidden):
     """Task 6's decode step multiplies its rows by every weight with the given `linear` (common/csrc/linear_rows.cu):
-    against float64, with a NaN row after out that must stay NaN (given code: reported, not scored)."""
-    for i, (rows, k, n) in enumerate(LINEAR_CASES):
-        x = random_tensor((rows, k), cli.seed(70 + i, hidden), "cuda")
-        weight = random_tensor((n, k), cli.seed(80 + i, hidden), "cuda") / math.sqrt(k)  # nn.Linear's: outputs ~1
-        out = torch.full((rows + 1, n), math.nan, device="cuda")  # row `rows` is past out
-        worker.call("linear", x, weight, out[:rows])
-        with exact_float32():
-            expected = x.double() @ weight.double().t()
-        name = f"linear of {rows} rows, in_features {k}, out_features {n}"
-        result = compare(out[:rows], expected, atol=ATOL, rtol=RTOL, name=name)
-        if not result.passed:
-            return False, result.message, {}
-        if not torch.isnan(out[rows]).all():
-            return False, f"{name}: wrote past out (the row after it, NaN, changed)", {}
-    return True, f"{len(LINEAR_CASES)} shapes match float64, nothing written past out", {}
+    against float64, with a NaN row after out that must stay NaN (given code: reported, not scored); in float32,
+    then in bf16 and fp16 against float64 on the same 16-bit inputs."""
+    for dtype, cases in ((torch.float32, LINEAR_CASES), (torch.bfloat16, LINEAR_HALF_CASES),
+                         (torch.float16, LINEAR_HALF_CASES)):
+        for i, (rows, k, n) in enumerate(cases):
+            x = random_tensor((rows, k), cli.seed(70 + i, hidden), "cuda").to(dtype)
+            weight = (random_tensor((n, k), cli.seed(80 + i, hidden), "cuda") / math.sqrt(k)).to(dtype)  # outputs ~1
+            out = torch.full((rows + 1, n), math.nan, device="cuda", dtype=dtype)  # row `rows` is past out
+            worker.call("linear", x, weight, out[:rows])
+            with exact_float32():
+                expected = x.double() @ weight.double().t()
+            name = f"linear of {rows} rows, in_features {k}, out_features {n}" + (
+                f" in {str(dtype)[6:]}" if dtype != torch.float32 else "")
+            result = compare(out[:rows].float(), expected, atol=ATOL, rtol=RTOL + UNIT_ROUNDOFF.get(dtype, 0.0),
+                             name=name)
+            if not result.passed:
+                return False, result.message, {}
+            if not torch.isnan(out[rows]).all():
+                return False, f"{name}: wrote past out (the row after it, NaN, changed)", {}
+    return True, (f"{len(LINEAR_CASES)} shapes in float32 and {len(LINEAR_HALF_CASES)} in bf16 and in fp16 match "
+                  "float64, nothing written past out"), {}
 
 
 def check_cache_full(worker):
@@ -670,6 +691,10 @@ def sanitizer_calls(hidden: cli.Hidden | None, with_splits: bool, with_pages: bo
     x, weight = random_tensor((3, 68), cli.seed(54, hidden)), random_tensor((33, 68), cli.seed(55, hidden))
     calls.append(sanitize.Call("linear 3 rows, in_features 68, out_features 33", "linear",
                                (x, weight, torch.empty(3, 33)), ("x", "weight", "out")))
+    x, weight = (random_tensor(shape, cli.seed(56 + i, hidden), dtype=torch.bfloat16)
+                 for i, shape in enumerate(((3, 72), (33, 72))))
+    calls.append(sanitize.Call("linear in bf16, 3 rows, in_features 72, out_features 33", "linear",
+                               (x, weight, torch.empty(3, 33, dtype=torch.bfloat16)), ("x", "weight", "out")))
     # one position per sequence (int32 on the GPU): the last one does not fit and writes nothing
     for b, h, max_seq, pos, n, d in [(1, 2, 10, 9, 1, 128), (2, 1, 40, 3, 33, 17), (3, 2, 20, (0, 18, 19), 2, 64)]:
         k_new, v_new = (random_tensor((b, h, n, d), cli.seed(max_seq + n + i, hidden)) for i in range(2))

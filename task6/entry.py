@@ -17,14 +17,16 @@ student = load_student_module("task6.attention")
 _model = _decoder = None
 
 
-def make_model(config: dict, seed: int, device: str) -> None:
-    """The model with your attention, its weights drawn from `seed` (the checks draw the same ones)."""
+def make_model(config: dict, seed: int, device: str, dtype: str = "float32") -> None:
+    """The model with your attention, its weights drawn from `seed` (the checks draw the same ones), in `dtype`:
+    float32, or bfloat16 or float16 (the optional 16-bit part: your kernels' 16-bit versions run it)."""
     global _model, _decoder
     _model = _decoder = None
     if device == "cuda":
         torch.cuda.empty_cache()
     kernels = PyTorchKernels() if device == "cpu" else built_kernels()
-    _model = SmallLM(Config(**config), student.CachedAttention, kernels, device=device, seed=seed)
+    _model = SmallLM(Config(**config), student.CachedAttention, kernels, device=device, dtype=getattr(torch, dtype),
+                     seed=seed)
     if device == "cuda":  # a decode step's products by the given kernel, which reads weights faster than cuBLAS
         _model.set_linear(kernels.linear, kernels.linear_max_rows())
 
@@ -38,7 +40,7 @@ def teacher_force(tokens, prompt_len, key_start=None, graph=False):
         decoder = Decoder(_model, graph=graph and prompt_len < tokens.shape[1])
         logits = [decoder.prefill(tokens[:, :prompt_len], key_start, last=False)]
         logits += [decoder.step(tokens[:, i:i + 1]).clone() for i in range(prompt_len, tokens.shape[1])]
-        return torch.cat(logits, dim=1).cpu()
+        return torch.cat(logits, dim=1).float().cpu()  # a 16-bit model's too: the checks take float32
 
 
 def feed(chunks, key_start=None):

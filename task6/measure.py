@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from common import impl
 from common.torch_kernels import PyTorchKernels
 from harness import bench
-from harness.checks import compare_logits, exact_float32
+from harness.checks import compare_logits, exact_float32, half_logits_atol
 from harness.sandbox import WorkerDied, WorkerError
 from harness.timing import summarize
 from task6.model import Attention, Config, Decoder, SmallLM
@@ -129,26 +129,37 @@ class Generation:
         for r, m in zip(reply, mine):
             m.copy_(r)
 
-    def check(self, model: SmallLM):
-        """The logits against `model` (float32, PyTorch attention) teacher-forced on the same tokens."""
+    def sequence(self) -> torch.Tensor:
+        return torch.cat((self.prompt, self.tokens), dim=1)
+
+    def check(self, model: SmallLM, same_type=None, dtype=None):
+        """The logits against `model` (float32, PyTorch attention) teacher-forced on the same tokens. A 16-bit
+        model's (dtype): within what the type allows, measured by `same_type`, the logits of the same 16-bit model
+        with PyTorch's attention on the same tokens."""
         if (self.tokens < 0).any() or (self.tokens >= model.config.vocab).any():
             raise AssertionError("the generated tokens are not all valid token ids: not every step ran")
         if not torch.equal(self.tokens, self.logits[:, :-1].argmax(dim=-1)):
             raise AssertionError("the generated tokens are not the argmax of the logits before them")
         prompt_len = self.prompt.shape[1]
         with torch.no_grad(), exact_float32():
-            expected = model(torch.cat((self.prompt, self.tokens), dim=1))[:, prompt_len - 1:]
-        passed, message, _ = compare_logits(self.logits.double(), expected.double(), prompt_len, first=prompt_len - 1,
-                                            hints=HINTS)
+            expected = model(self.sequence())[:, prompt_len - 1:].double()
+        atol, said = None, ""
+        if same_type is not None:
+            yardstick = float((same_type.to(expected.device).double() - expected).abs().max())
+            atol, said = half_logits_atol(yardstick, expected, dtype)
+        passed, message, _ = compare_logits(self.logits.double(), expected, prompt_len, first=prompt_len - 1,
+                                            hints=HINTS, atol=atol)
         if not passed:
-            raise AssertionError(f"the timed generation's outputs are wrong: {message}")
+            raise AssertionError(f"the timed generation's outputs are wrong: {message}{said}")
 
 
-def time_student(worker, config: Config, run: Run, seed: int, graph: bool = False, make: bool = True):
+def time_student(worker, config: Config, run: Run, seed: int, graph: bool = False, make: bool = True,
+                 dtype=torch.float32):
     """TTFT and TBT of your model in the worker, host clock around each request; (ttft, tbt, generations).
-    graph: the decode steps replayed from a CUDA graph (captured in the untimed warm-up generation)."""
+    graph: the decode steps replayed from a CUDA graph (captured in the untimed warm-up generation).
+    dtype: the model's (bfloat16 or float16: the optional 16-bit part)."""
     if make:
-        worker.call("make_model", config.as_dict(), seed, run.device, timeout=BUILD_TIMEOUT_S)
+        worker.call("make_model", config.as_dict(), seed, run.device, str(dtype)[6:], timeout=BUILD_TIMEOUT_S)
     warm = Generation(run, config.vocab, seed)
     worker.call("prefill", warm.prompt, warm.logits, graph)
     worker.call("steps", warm.tokens[:, :2], warm.logits[:, :3])
@@ -210,14 +221,15 @@ def time_recompute(model: SmallLM, run: Run, seed: int) -> float:
         return bench.host_clock(once, reps=1, per_request=1, device=run.device).median_ms
 
 
-def floor_ms(config: Config, run: Run, copy_gbs: float) -> tuple[float, float]:
-    """(bytes, ms): what one decode step must read, every weight once and the cache at its mean length.
+def floor_ms(config: Config, run: Run, copy_gbs: float, value_bytes: int = 4) -> tuple[float, float]:
+    """(bytes, ms): what one decode step must read, every weight once and the cache at its mean length, each
+    value `value_bytes` (4: float32; 2: a 16-bit model).
 
     The embedding table is left out: a step reads only its tokens' rows of it.
     """
     mean_length = run.prompt + (run.steps + 1) / 2
-    cache = 2 * config.layers * run.batch * config.key_value_heads * config.head_dim * mean_length * 4
-    nbytes = (config.parameters() - config.vocab * config.hidden) * 4 + cache
+    cache = 2 * config.layers * run.batch * config.key_value_heads * config.head_dim * mean_length * value_bytes
+    nbytes = (config.parameters() - config.vocab * config.hidden) * value_bytes + cache
     return nbytes, nbytes / (copy_gbs * 1e9) * 1e3
 
 
@@ -245,16 +257,34 @@ def reference_attention(report):
         return None
 
 
+def same_type_logits(config: Config, seed: int, device: str, dtype, generations) -> list[torch.Tensor]:
+    """What a 16-bit type allows: the logits of the same model in `dtype` with PyTorch's attention (the weights
+    drawn from `seed` as the worker's), teacher-forced on each generation's tokens, in float32 on the CPU (its
+    memory is given back before the float32 model is made)."""
+    model = SmallLM(config, FullAttention, device=device, dtype=dtype, seed=seed)
+    with torch.no_grad():
+        logits = [model(gen.sequence())[:, gen.prompt.shape[1] - 1:].float().cpu() for gen in generations]
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return logits
+
+
 def run_generation(report, worker, name: str, config: Config, run: Run, seed: int, copy_gbs=None,
-                   baselines: bool = True):
+                   baselines: bool = True, dtype=torch.float32, float32_tbt_ms: float | None = None):
     """Your model's generation in the worker, then, with the worker ended, the checks and the baselines here.
 
     copy_gbs: the copy bandwidth, measured here when None (on the GPU). baselines: also time SDPA and the
     reference kernels over the same cache (the grader leaves them out: no point depends on them).
+    dtype: the model's; bfloat16 or float16 is the optional 16-bit part: its floor counts 2 bytes a value, its
+    outputs are checked within what the type allows, no baseline runs, and its TBT is set against
+    float32_tbt_ms, the float32 model's, when given.
     """
     if config.max_seq < run.prompt + run.steps:
         raise ValueError(f"{name}: max_seq {config.max_seq} is shorter than the run")
-    title = f"generation ({name}): time to first token, time between tokens, TBT floor"
+    half = dtype != torch.float32
+    in_type = f" in {str(dtype)[6:]}" if half else ""
+    title = f"generation ({name}){in_type}: time to first token, time between tokens, TBT floor"
     # Measured before and after the worker's run, the higher counts: right after the worker
     # ends the GPU may still be freeing its memory, and a low bandwidth would lower the floor.
     try:
@@ -262,7 +292,7 @@ def run_generation(report, worker, name: str, config: Config, run: Run, seed: in
     except RuntimeError:  # no room beside the worker's model, say: the measurement after its run decides
         copy_before = 0.0
     try:
-        ttft, tbt, generations = time_student(worker, config, run, seed)
+        ttft, tbt, generations = time_student(worker, config, run, seed, dtype=dtype)
     except (WorkerError, WorkerDied, AssertionError) as err:
         report.add(title, False, f"your model's generation run failed: {err}", kind="benchmark",
                    cause=getattr(err, "cause", None))
@@ -270,7 +300,8 @@ def run_generation(report, worker, name: str, config: Config, run: Run, seed: in
     graphed = None  # the decode step as a CUDA graph: (tbt, generations), or why not
     if run.device == "cuda":
         try:
-            _, graph_tbt, graph_generations = time_student(worker, config, run, seed, graph=True, make=False)
+            _, graph_tbt, graph_generations = time_student(worker, config, run, seed, graph=True, make=False,
+                                                           dtype=dtype)
             graphed = graph_tbt, graph_generations
         except (WorkerError, WorkerDied, AssertionError) as err:
             graphed = not_capturable(err)
@@ -278,18 +309,25 @@ def run_generation(report, worker, name: str, config: Config, run: Run, seed: in
 
     def result():
         measured_gbs = copy_gbs or max(copy_before, bench.copy_bandwidth_gbs())
-        model = SmallLM(config, FullAttention, device=run.device, seed=seed)
         nonlocal graphed
+        checked = generations + (graphed[1] if isinstance(graphed, tuple) else [])
+        same_type = same_type_logits(config, seed, run.device, dtype, checked) if half else [None] * len(checked)
+        graph_type = same_type[len(generations):]  # the graph's generations' own
+        model = SmallLM(config, FullAttention, device=run.device, seed=seed)
+        if half:  # the float32 model of the 16-bit model's weights, exactly
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.copy_(p.to(dtype))
         for i, gen in enumerate(generations):
             try:
-                gen.check(model)
+                gen.check(model, same_type[i], dtype)
             except AssertionError as err:
                 return False, f"timed generation {i + 1} of {len(generations)}: {err}", {}
         generations.clear()
         if isinstance(graphed, tuple):  # reported, not scored: a wrong replay is said, the run still counts
             for i, gen in enumerate(graphed[1]):
                 try:
-                    gen.check(model)
+                    gen.check(model, graph_type[i], dtype)
                 except AssertionError as err:
                     graphed = (f"replayed, but timed generation {i + 1} with the graph is wrong ({err}): the kernels "
                                "and RoPE must read cache.lengths, not the Python int cache.length, which a graph "
@@ -297,7 +335,8 @@ def run_generation(report, worker, name: str, config: Config, run: Run, seed: in
                     break
             else:
                 graphed[1].clear()
-        nbytes, floor = floor_ms(config, run, measured_gbs)
+        same_type.clear()
+        nbytes, floor = floor_ms(config, run, measured_gbs, dtype.itemsize)
         runs = [("", tbt)] + ([(" with the decode step as a CUDA graph", graphed[0])] if isinstance(graphed, tuple)
                               else [])
         for how, t in runs:
@@ -307,7 +346,7 @@ def run_generation(report, worker, name: str, config: Config, run: Run, seed: in
         metrics = {"ttft_ms": ttft.median_ms, "tbt_ms": tbt.median_ms, "tbt_floor_ms": floor,
                    "tbt_over_floor": tbt.median_ms / floor, "copy_gbs": measured_gbs, "bytes_per_step": nbytes}
         message = (f"batch {run.batch}, prompt {run.prompt}, {run.steps} steps, hidden {config.hidden}, "
-                   f"{config.layers} layers ({config.parameters() * 4 / 1e9:.1f} GB of weights): "
+                   f"{config.layers} layers ({config.parameters() * dtype.itemsize / 1e9:.1f} GB of weights{in_type}): "
                    f"TTFT {ttft.median_ms:.1f} ms, TBT {tbt.median_ms:.2f} ms = {tbt.median_ms / floor:.2f}x the floor "
                    f"of {floor:.2f} ms ({nbytes / 1e9:.1f} GB per step at the {measured_gbs:.0f} GB/s copy bandwidth)")
         if isinstance(graphed, tuple):
@@ -316,13 +355,19 @@ def run_generation(report, worker, name: str, config: Config, run: Run, seed: in
                         f"{graphed[0].median_ms / floor:.2f}x the floor")
         elif graphed:
             message += f"; the decode step as a CUDA graph: {graphed}"
+        if float32_tbt_ms:  # bf16 halves the bytes a step reads: how much of that the step gets
+            metrics |= {"tbt_over_float32": tbt.median_ms / float32_tbt_ms}
+            message += (f"; {tbt.median_ms / float32_tbt_ms:.2f}x the float32 model's TBT of {float32_tbt_ms:.2f} ms "
+                        "(its floor is half of float32's)")
         if run.device == "cuda":
-            tflops = bench.matmul_tflops(run.batch * run.prompt, config.mlp, config.hidden)
+            tflops = bench.matmul_tflops(run.batch * run.prompt, config.mlp, config.hidden, dtype=dtype)
             flops, ttft_floor = ttft_floor_ms(config, run, tflops)
             metrics |= {"ttft_floor_ms": ttft_floor, "ttft_over_floor": ttft.median_ms / ttft_floor,
                         "matmul_tflops": tflops}
             message += (f"; TTFT = {ttft.median_ms / ttft_floor:.2f}x its floor of {ttft_floor:.1f} ms ({flops / 1e12:.1f} "
-                        f"TFLOP at the {tflops:.1f} TFLOP/s of a float32 product measured here)")
+                        f"TFLOP at the {tflops:.1f} TFLOP/s of a {str(dtype)[6:]} product measured here)")
+        if half:  # the baselines are float32's (the float32 run reports them)
+            return True, message, metrics
         reference = reference_attention(report) if run.device == "cuda" and baselines else None
         sdpa = SmallLM(config, SdpaCachedAttention, device="meta").share_weights(model)
         if reference is not None:  # the same products as your model's: the given kernel, from the reference's build

@@ -154,7 +154,8 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
-        if self.rows_kernel is None or rows > self.max_rows or self.in_features % 4 or self.bias is not None:
+        if (self.rows_kernel is None or rows > self.max_rows or self.in_features * x.element_size() % 16
+                or self.bias is not None):  # the kernel reads 16 bytes at a time
             return F.linear(x, self.weight, self.bias)
         out = torch.empty(*x.shape[:-1], self.out_features, device=x.device, dtype=x.dtype)
         self.rows_kernel(x.reshape(rows, self.in_features).contiguous(), self.weight, out.view(rows, self.out_features))
@@ -244,13 +245,18 @@ class SmallLM(nn.Module):
 
     @torch.no_grad()
     def draw_weights(self, seed: int) -> None:
-        """Every matrix from N(0, 1 / fan_in) (embeddings N(0, 1)), LayerNorms 1 and 0, in a fixed order."""
+        """Every matrix from N(0, 1 / fan_in) (embeddings N(0, 1)), LayerNorms 1 and 0, in a fixed order. A 16-bit
+        model's are drawn in float32 and rounded: the float32 model's of the same seed, in its type."""
         gen = torch.Generator(device=self.embed.weight.device).manual_seed(seed)
         for name, p in self.named_parameters():
             if "norm" in name:
                 p.fill_(1.0 if name.endswith("weight") else 0.0)
             else:
-                p.normal_(0.0, 1.0 if name == "embed.weight" else 1.0 / math.sqrt(p.shape[1]), generator=gen)
+                std = 1.0 if name == "embed.weight" else 1.0 / math.sqrt(p.shape[1])
+                if p.dtype in (torch.bfloat16, torch.float16):
+                    p.copy_(torch.empty(p.shape, device=p.device).normal_(0.0, std, generator=gen))
+                else:
+                    p.normal_(0.0, std, generator=gen)
 
     def share_weights(self, other: SmallLM) -> SmallLM:
         """Take `other`'s weights without copying them (this model must be made on the meta device)."""

@@ -1,4 +1,4 @@
-"""python -m task6.test [--solution] [--json PATH] [--size auto|handout|small]
+"""python -m task6.test [--solution] [--json PATH] [--size auto|handout|small] [--dtype float32|bfloat16|float16]
 
 Checks Task 6's attention inside the small LLM of task6/model.py, by teacher forcing: the
 model with your attention (prefill, then one token at a time through the KV cache) and the
@@ -16,6 +16,10 @@ Then the handout's generation run (batch 4, prompt 1024, 100 new tokens, hidden 
 between tokens, against the same model with PyTorch's attention (recomputing the sequence
 without a cache, and SDPA over the same cache), and the TBT floor: the bytes one decode
 step must read at the copy bandwidth measured in the same run.
+Optional, reported and not scored (`--dtype` runs one type alone): the same model in bf16 and in fp16,
+with your kernels' 16-bit versions (Task 4's optional part, Task 5's step 6), within twice the logit
+error of the same 16-bit model with PyTorch's attention; then the generation run in bf16, against
+its own floor (half float32's bytes) and the float32 run's TBT.
 The generation run is measured in task6/measure.py. Your code runs in a worker process (task6/entry.py).
 """
 
@@ -25,7 +29,7 @@ import torch
 
 from common import impl
 from harness import cli, gpu_share
-from harness.checks import compare_logits, exact_float32, expect_errors
+from harness.checks import compare_logits, exact_float32, expect_errors, half_logits_atol
 from harness.records import NeedsCuda, Report
 from harness.sandbox import WorkerError
 from task6.measure import (BUILD_TIMEOUT_S, HANDOUT, HINTS, FullAttention, choose_size, not_capturable, random_tokens,
@@ -44,6 +48,15 @@ GRAPH_CASES = [(256, 4, 2, 2, 200, 130, 20), (1024, 16, 2, 4, 60, 40, 12, 2, (35
 GPU_CASES = [(256, 4, 2, 2, 200, 130, 20), (512, 4, 3, 2, 120, 77, 16), (96, 3, 2, 3, 48, 33, 15),
              (256, 2, 2, 1, 40, 1, 39), (4096, 32, 1, 1, 80, 65, 15), (256, 4, 2, 2, 60, 30, 10, 1),
              (1024, 16, 2, 4, 60, 40, 12, 2, (35, 23, 40, 12)), (2048, 32, 1, 4, 52, 40, 12, 8, (35, 23, 0, 12))]
+
+
+# The optional 16-bit part: the model in bf16 and in fp16 with your kernels' 16-bit versions (Task 4's optional
+# part, Task 5's step 6), checked within what the type allows; then the generation run in bf16 against its own
+# floor, half float32's bytes (reported, not scored). One case of each kind: heads of 64, heads of 128, and a
+# padded grouped-query batch.
+HALF_CASES = [GPU_CASES[0], GPU_CASES[4], GPU_CASES[6]]
+HALF_TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+HALF_GENERATION = torch.bfloat16
 
 
 def unpack(shape):
@@ -70,9 +83,10 @@ def config_of(shape, vocab: int) -> Config:
                   kv_heads=kv_heads)
 
 
-def reference_model(config: Config, seed: int, device) -> SmallLM:
-    """The float64 reference with the weights the worker drew from `seed` (drawn in float32, then widened)."""
-    drawn = SmallLM(config, FullAttention, device=device, seed=seed)
+def reference_model(config: Config, seed: int, device, drawn: SmallLM | None = None) -> SmallLM:
+    """The float64 reference with the weights the worker drew from `seed` (drawn in float32, then widened), or
+    those of `drawn` (a 16-bit model's, widened)."""
+    drawn = drawn or SmallLM(config, FullAttention, device=device, seed=seed)
     reference = SmallLM(config, FullAttention, device=device, dtype=torch.float64, seed=None)
     reference.load_state_dict({name: w.double() for name, w in drawn.state_dict().items()})
     return reference
@@ -80,12 +94,14 @@ def reference_model(config: Config, seed: int, device) -> SmallLM:
 
 # -- checks -------------------------------------------------------------------------------------
 
-def check_teacher_forced(worker, case, vocab: int, graph: bool = False):
+def check_teacher_forced(worker, case, vocab: int, graph: bool = False, dtype=torch.float32):
+    """dtype: the model's; bfloat16 or float16 (the optional part) is held to what the type allows, measured by the
+    same 16-bit model with PyTorch's attention on the same tokens."""
     _, _, _, batch, _, prompt_len, steps, _, padding = unpack(case.shape)
     config = config_of(case.shape, vocab)
     tokens = random_tokens((batch, prompt_len + steps), vocab, case.seed + 1)  # random padding: it takes no weight
     key_start = None if padding is None else torch.tensor(padding, dtype=torch.int32)
-    worker.call("make_model", config.as_dict(), case.seed, case.device, timeout=BUILD_TIMEOUT_S)
+    worker.call("make_model", config.as_dict(), case.seed, case.device, str(dtype)[6:], timeout=BUILD_TIMEOUT_S)
     try:
         got = worker.call("teacher_force", tokens, prompt_len, key_start, graph)
     except WorkerError as err:
@@ -96,31 +112,51 @@ def check_teacher_forced(worker, case, vocab: int, graph: bool = False):
     if not isinstance(got, torch.Tensor) or tuple(got.shape) != want_shape or got.dtype != torch.float32:
         what = f"{tuple(got.shape)} {got.dtype}" if isinstance(got, torch.Tensor) else type(got).__name__
         return False, f"the model's logits are {what}, expected {want_shape} float32 (does forward return (batch, n, hidden)?)", {}
-    reference = reference_model(config, case.seed, case.device)
+    same_type = (None if dtype == torch.float32 else
+                 SmallLM(config, FullAttention, device=case.device, dtype=dtype, seed=case.seed))
+    reference = reference_model(config, case.seed, case.device, same_type)
     if padding is None:
         with torch.no_grad(), exact_float32():
             expected = reference(tokens.to(case.device)).cpu()
-        passed, message, metrics = compare_logits(got, expected, prompt_len, hints=HINTS)
+        atol, said = tolerance(same_type, tokens, expected)
+        passed, message, metrics = compare_logits(got, expected, prompt_len, hints=HINTS, atol=atol)
+        message += said
     else:
-        passed, message, metrics = compare_padded(got, tokens, padding, prompt_len, reference, case.device)
+        passed, message, metrics = compare_padded(got, tokens, padding, prompt_len, reference, case.device, same_type)
     if not passed and graph:
         message += ("; replayed from a CUDA graph: if the model passes the GPU part above, without the graph, the "
                     "kernels and RoPE must read cache.lengths, not the Python int cache.length, which a graph keeps "
                     "at the value of the step it was captured at (README, Task 6, step 5)")
     elif not passed and case.device == "cuda":
         message += ("; on the GPU the model runs your Task 4 and Task 5 kernels: if the CPU cases pass, "
-                    "check python -m task4.test and python -m task5.test")
+                    "check python -m task4.test and python -m task5.test" +
+                    (" (in 16 bits: Task 4's optional part, python -m task5.test --half)" if same_type else ""))
     return passed, message, metrics
 
 
-def compare_padded(got, tokens, padding, prompt_len: int, reference, device):
+def tolerance(same_type: SmallLM | None, tokens, expected) -> tuple[float | None, str]:
+    """(None, ""): float32's. A 16-bit model's (atol, what it is): from `same_type`, the same model in its type with
+    PyTorch's attention, on the same tokens."""
+    if same_type is None:
+        return None, ""
+    weight = same_type.embed.weight
+    with torch.no_grad():
+        yardstick = float((same_type(tokens.to(weight.device)).double().cpu() - expected).abs().max())
+    return half_logits_atol(yardstick, expected, weight.dtype)
+
+
+def compare_padded(got, tokens, padding, prompt_len: int, reference, device, same_type=None):
     """Each sequence of a batch padded on the left against the reference of that sequence alone, without its
-    padding (its positions from 0): the padding must change nothing. Returns the worst sequence's numbers."""
+    padding (its positions from 0): the padding must change nothing. Returns the worst sequence's numbers.
+    same_type: a 16-bit model's yardstick (`tolerance`)."""
     worst = None
     for b, pad in enumerate(padding):
         with torch.no_grad(), exact_float32():
             expected = reference(tokens[b:b + 1, pad:].to(device)).cpu()
-        passed, message, metrics = compare_logits(got[b:b + 1, pad:], expected, prompt_len - pad, hints=HINTS)
+        atol, said = tolerance(same_type, tokens[b:b + 1, pad:], expected)
+        passed, message, metrics = compare_logits(got[b:b + 1, pad:], expected, prompt_len - pad, hints=HINTS,
+                                                  atol=atol)
+        message += said
         if not passed:
             return False, (f"sequence {b} (a prompt of {prompt_len - pad} tokens after {pad} of padding), against "
                            f"itself alone, positions counted from its first real token: {message} (a padded batch: steps 3 and 4 pass cache.key_start to the "
@@ -150,12 +186,42 @@ def needs_gpu():
     raise NeedsCuda("no CUDA GPU is visible: the model with your kernels runs on the GPU")
 
 
+def run_half(report, worker, args, types: dict, float32_tbt_ms: float | None) -> None:
+    """The optional 16-bit part: the model in each of `types`, teacher-forced on the GPU; then, if every case
+    passed, the generation run in the first type (the float32 run's TBT beside it, when there was one). Last, in
+    a process of its own (the next call starts one): a crash in a 16-bit kernel costs this part only."""
+    worker.stop_until_next_call()
+    report.begin_part("the model in bf16 and fp16, your kernels' 16-bit versions", (1, 2, 3, 4), optional=True)
+    before = len(report.cases)
+    for name, dtype in types.items():
+        for case in cli.cases(6, "half", HALF_CASES, args.hidden, shape_text, causal=(False,)):
+            report.run(f"{name}: {case.name}", lambda: check_teacher_forced(worker, case, GPU_VOCAB, dtype=dtype))
+            if report.process_died_since(before, "the bf16/fp16 part"):
+                report.end_part("half")
+                return
+    passed = report.end_part("half")
+    if not passed:
+        report.note("the generation run in 16 bits is skipped until its model's checks pass")
+        return
+    size = choose_size(args.size)
+    with gpu_share.alone(worker):
+        run_generation(report, worker, size, SIZES[size], HANDOUT, cli.seed(60, args.hidden), baselines=False,
+                       dtype=next(iter(types.values())), float32_tbt_ms=float32_tbt_ms)
+
+
 def main(argv=None) -> int:
     parser = cli.parser(6, __doc__.splitlines()[2])
     parser.add_argument("--size", choices=("auto", "handout", "small"), default="auto",
                         help="the generation run's model: handout (about 34 GB of GPU memory), small (about 5 GB), "
                              "auto (handout on a GPU with 40 GB or more)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                        help="the model's type on the GPU: float32 alone (the scored checks and generation run), or "
+                             "bfloat16 or float16 alone (the optional 16-bit part: its checks and generation run in "
+                             "that type); without it, float32, then the 16-bit part in both types")
     args = parser.parse_args(argv)
+    float32_parts = args.dtype in (None, "float32")
+    half_types = ({} if args.dtype == "float32" else HALF_TYPES if args.dtype is None else
+                  {k: v for k, v in HALF_TYPES.items() if v == getattr(torch, args.dtype)})
     report = Report(6, args.solution, "prefill and decode inside a small LLM", args.student_dir)
     with cli.worker(report, 6, args, cuda=torch.cuda.is_available()) as worker:
         if worker is None:
@@ -165,7 +231,7 @@ def main(argv=None) -> int:
             report.run(case.name, lambda: check_teacher_forced(worker, case, CPU_VOCAB))
         report.end_part("cpu")
         logic_works = bool(report.cases) and all(c.passed for c in report.cases)
-        if torch.cuda.is_available():
+        if torch.cuda.is_available() and float32_parts:
             worker.take_kernels_built_ahead()  # graded: the kernels the grader built while the CPU part ran
             report.begin_part("your Task 4 and Task 5 kernels inside the model, on the GPU", (1, 2, 3, 4))
             for case in cli.cases(6, "gpu", GPU_CASES, args.hidden, shape_text, causal=(False,)):
@@ -175,14 +241,15 @@ def main(argv=None) -> int:
             for case in cli.cases(6, "graph", GRAPH_CASES, args.hidden, shape_text, causal=(False,)):
                 report.run(f"graph: {case.name}", lambda: check_teacher_forced(worker, case, GPU_VOCAB, graph=True))
             report.end_part("graph")
-        else:
+        elif not torch.cuda.is_available():
             report.run("the model with your kernels", needs_gpu)
         if logic_works:  # they feed a prompt first, so they need steps 1-4
             report.run("a full cache and bad input raise clear errors (the given model)", lambda: check_errors(worker),
                        kind="given")
-        if not all(c.passed for c in report.cases if c.kind != "optional"):
+        all_passed = all(c.passed for c in report.cases if c.kind != "optional")
+        if not all_passed:
             report.note("the generation run is skipped until every check passes")
-        elif torch.cuda.is_available():
+        elif torch.cuda.is_available() and float32_parts:
             size = choose_size(args.size)
             if args.grading:
                 report.note(cli.GRADING_LEAVES_OUT.format(task=6, what="SDPA and the reference kernels over the "
@@ -190,6 +257,12 @@ def main(argv=None) -> int:
             with gpu_share.alone(worker):  # it also gives back the checks' own reference models' memory
                 run_generation(report, worker, size, SIZES[size], HANDOUT, cli.seed(60, args.hidden),
                                baselines=not args.grading)
+        if torch.cuda.is_available() and half_types:
+            if all_passed:
+                float32_tbt = next((c.metrics["tbt_ms"] for c in report.cases if "tbt_ms" in c.metrics), None)
+                run_half(report, worker, args, half_types, float32_tbt)
+            else:
+                report.note("the optional bf16/fp16 model runs once every check passes")
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(6, args.solution, args.student_dir, report.attention_ops), kind="rule")
     return report.finish(args.json)

@@ -700,19 +700,27 @@ class Task5Kernels(StandInKernels):
 
     @launched
     def linear(self, x, weight, out):
-        """The given product of a decode step's rows with a weight (common/csrc/linear_rows.cu)."""
+        """The given product of a decode step's rows with a weight (common/csrc/linear_rows.cu), in float32 or in
+        the weight's 16-bit type."""
+        if weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise RuntimeError(f"weight must be float32, bfloat16 or float16, got {str(weight.dtype)[6:]}")
+        for t, name in ((weight, "weight"), (x, "x"), (out, "out")):
+            if weight.dtype == torch.float32:
+                _check_cuda_float32(t, name)
+            elif t.dtype != weight.dtype:
+                raise RuntimeError(f"{name} must be {str(weight.dtype)[6:]} like weight, got {str(t.dtype)[6:]}")
         for t, name in ((x, "x"), (weight, "weight"), (out, "out")):
-            _check_cuda_float32(t, name)
             _check_dim(t, name, 2)
         if not 1 <= x.shape[0] <= self.linear_max_rows():
             raise RuntimeError(f"x must hold 1 to {self.linear_max_rows()} rows (one token per sequence), got shape "
                                f"{list(x.shape)}")
-        if weight.shape[1] != x.shape[1] or x.shape[1] % 4:
-            raise RuntimeError(f"weight must be (out_features, {x.shape[1]}) and in_features a multiple of 4, got "
-                               f"{list(weight.shape)}")
+        per_load = 16 // x.element_size()
+        if weight.shape[1] != x.shape[1] or x.shape[1] % per_load:
+            raise RuntimeError(f"weight must be (out_features, {x.shape[1]}) and in_features a multiple of "
+                               f"{per_load}, got {list(weight.shape)}")
         if tuple(out.shape) != (x.shape[0], weight.shape[0]):
             raise RuntimeError(f"out must be (rows, out_features) = {[x.shape[0], weight.shape[0]]}, got {list(out.shape)}")
-        torch.mm(x, weight.t(), out=out)
+        out.copy_(x.float() @ weight.float().t())  # float32 sums, rounded once to the type
 
     def linear_max_rows(self):
         return 8

@@ -92,8 +92,18 @@ def test_the_models_earn_their_points_on_the_gpu_path(stand_in, monkeypatch, tas
     if task == 6:  # the decode step as a CUDA graph: its checks (optional) pass, and it is timed with its floor
         graph = [c for c in record["cases"] if c["name"].startswith("graph:")]
         assert len(graph) >= 2 and all(c["passed"] and c["kind"] == "optional" for c in graph), graph
-        (generation,) = timed
+        generation, half_generation = timed
         assert {"tbt_graph_ms", "ttft_floor_ms"} <= set(generation["metrics"]), generation["message"]
+        # then the optional part: the model in bf16 and fp16, last, and the generation run in bf16 with its floor
+        half = [c for c in record["cases"] if c["name"].split(":")[0] in task6_test.HALF_TYPES]
+        assert len(half) >= len(task6_test.HALF_TYPES) * len(task6_test.HALF_CASES), [c["name"] for c in half]
+        assert all(c["kind"] == "optional" and c["passed"] and "x the largest logit error of the same model in"
+                   in c["message"] for c in half), half
+        assert record["cases"].index(half[0]) > record["cases"].index(generation)
+        assert "in bfloat16" in half_generation["name"], half_generation["name"]
+        ratio = half_generation["metrics"]["tbt_floor_ms"] / generation["metrics"]["tbt_floor_ms"]
+        assert ratio == pytest.approx(0.5), half_generation["message"]  # 2 bytes a value: half float32's floor
+        assert "x the float32 model's TBT" in half_generation["message"], half_generation["message"]
 
 
 @needs_solution(6)
@@ -504,3 +514,26 @@ def test_task7s_16_bit_models_fail_on_a_wrong_16_bit_kernel_and_cost_no_point(st
     half = [c for c in record["cases"] if c["name"].split()[0] in HALF_TYPES]
     wrong = [c["message"] for c in half if not c["passed"]]
     assert wrong and all("allowed" in m and "--half" in m for m in wrong), wrong
+
+
+@needs_solution(6)
+def test_task6s_16_bit_model_fails_on_a_wrong_16_bit_kernel_and_costs_no_point(stand_in, monkeypatch, tmp_path):
+    """Task 5's bf16/fp16 decode 1% off: task 6's float32 model (and every point) is untouched, and its optional
+    16-bit model says what is off, within what the type allows, and where to look; its generation run waits."""
+    from task6 import measure, test as task6_test
+    from task6.model import SIZES
+
+    monkeypatch.setattr(task6_test, "HANDOUT", measure.Run(batch=2, prompt=10, steps=6))
+    monkeypatch.setitem(SIZES, "small", SIZES["tiny"])
+    monkeypatch.setattr(bench, "copy_bandwidth_gbs", lambda *args, **kwargs: 1e3)
+    (tmp_path / "task6").mkdir()
+    (tmp_path / "task6/attention.py").write_text((REPO / "task6/solution/attention.py").read_text())
+    stand_in.student[5] = Behaviour(half="wrong")
+    record = stand_in.run(6, "--student-dir", str(tmp_path), "--size", "small")
+    points, why = score(6, record)
+    assert record["status"] == "passed" and points == RUBRIC[6].points, why
+    half = [c for c in record["cases"] if c["name"].split(":")[0] in task6_test.HALF_TYPES]
+    wrong = [c["message"] for c in half if not c["passed"]]
+    assert wrong and all("allowed" in m and "--half" in m for m in wrong), wrong
+    assert not any("in bfloat16" in c["name"] for c in record["cases"])  # no 16-bit generation run
+    assert any("generation run in 16 bits is skipped" in n for n in record["notes"]), record["notes"]

@@ -259,3 +259,30 @@ def test_a_generation_with_a_wrong_token_fails_its_check():
     gen.tokens[0, 2] = (gen.tokens[0, 2] + 1) % TINY.vocab
     with pytest.raises(AssertionError, match="not the argmax"):
         gen.check(reference)
+
+
+def test_a_16_bit_models_weights_are_the_float32_models_rounded_and_its_floor_half():
+    """The optional 16-bit part: the checks' model and the worker's draw the same weights in bf16 as in float32,
+    rounded; a step of it reads 2 bytes a value, so its TBT floor is half float32's."""
+    wide = SmallLM(TINY, task6_measure.FullAttention, seed=5)
+    narrow = SmallLM(TINY, task6_measure.FullAttention, dtype=torch.bfloat16, seed=5)
+    for (name, w), (_, n) in zip(wide.named_parameters(), narrow.named_parameters()):
+        assert n.dtype == torch.bfloat16 and torch.equal(w.to(torch.bfloat16), n), name
+    run = task6_measure.Run(batch=2, prompt=10, steps=6, device="cpu")
+    full, half = (task6_measure.floor_ms(TINY, run, 1e3, size)[0] for size in (4, 2))
+    assert half == full / 2
+
+
+def test_the_decode_steps_product_goes_to_the_given_kernel_when_its_loads_fit():
+    """Linear hands a step's rows to the given kernel only where a row is whole 16-byte loads: 4 float32 values, 8
+    bf16 ones."""
+    from task6.model import Linear
+
+    calls = []
+    for dtype, in_features, taken in ((torch.float32, 12, True), (torch.bfloat16, 12, False),
+                                      (torch.bfloat16, 16, True)):
+        linear = Linear(in_features, 3, bias=False, dtype=dtype)
+        linear.rows_kernel, linear.max_rows = (lambda x, w, out: calls.append(out.fill_(0))), 8
+        calls.clear()
+        out = linear(torch.ones(2, 1, in_features, dtype=dtype))
+        assert bool(calls) == taken and out.shape == (2, 1, 3) and out.dtype == dtype, (dtype, in_features)
