@@ -32,11 +32,14 @@ def kernel_file(host_code="", top=""):
 
 @needs_nvcc
 @needs_solution(4)
-@pytest.mark.parametrize("task", [2, 4])
-def test_the_reference_kernels_keep_the_rules(task, tmp_path):
+@needs_solution(5)
+@pytest.mark.parametrize("task", [2, 4, 5])
+def test_the_reference_and_given_kernels_keep_the_rules(task, tmp_path):
+    """The given kernels too (task 5's linear): they are compiled as a student's file is, under the same rules."""
     sources = sorted((REPO / f"task{task}/solution/kernels").glob("*.cu"))
+    sources += [REPO / rel for rel in build.GIVEN_KERNELS.get(task, [])]
     objects = build.compile_kernels(sources, tmp_path, ARCH, build.CUDA_FLAGS)
-    assert len(objects) == len(sources) >= 1  # task 4 has two files: the float32 and the bf16/fp16 kernels
+    assert len(objects) == len(sources) >= 1  # tasks 4 and 5 have two files: the float32 and the bf16/fp16 kernels
     for obj in objects:
         assert "cudaGetLastError" in kernel_rules.imported_symbols(obj)
 

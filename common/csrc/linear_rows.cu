@@ -24,13 +24,14 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace {
 
 constexpr int WARP = 32;
 constexpr int WARPS = 8;          // warps per block
 constexpr int ROWS = 2;           // rows of W a warp takes at once
-constexpr int AHEAD = 2;          // float4 of each row each lane loads before using any
+constexpr int AHEAD = 2;          // 16-byte loads of each row each lane issues before using any
 constexpr int BLOCKS_PER_SM = 4;  // the grid: enough warps per SM to keep the loads in flight
 constexpr int MAX_ROWS = 8;       // rows of x (one per sequence of the batch)
 
@@ -38,45 +39,43 @@ constexpr int MAX_ROWS = 8;       // rows of x (one per sequence of the batch)
 template <typename T>
 constexpr int PER_LOAD = 16 / sizeof(T);
 
-// The dot product of two 16-byte loads of T, in float32.
-template <typename T>
-__device__ float dot16(uint4 a, uint4 b);
-template <>
-__device__ float dot16<float>(uint4 a, uint4 b) {
-  const float4 x = *reinterpret_cast<float4*>(&a), y = *reinterpret_cast<float4*>(&b);
-  return x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
-}
 // Two 16-bit values packed in 32 bits, widened to float2 (exactly: both types fit in a float).
-__device__ float2 widen(uint32_t pair, __nv_bfloat16) {
-  return make_float2(__uint_as_float(pair << 16), __uint_as_float(pair & 0xffff0000u));
+template <typename T>
+__device__ inline float2 widen(uint32_t pair) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return make_float2(__uint_as_float(pair << 16), __uint_as_float(pair & 0xffff0000u));
+  else
+    return __half22float2(__halves2half2(__ushort_as_half(pair & 0xffffu), __ushort_as_half(pair >> 16)));
 }
-__device__ float2 widen(uint32_t pair, __half) {
-  return __half22float2(__halves2half2(__ushort_as_half(pair & 0xffffu), __ushort_as_half(pair >> 16)));
-}
-template <typename T>  // bfloat16 or float16: four pairs
-__device__ float dot16_pairs(uint4 a, uint4 b) {
-  const uint32_t x[4] = {a.x, a.y, a.z, a.w}, y[4] = {b.x, b.y, b.z, b.w};
-  float sum = 0.0f;
+
+// The dot product of two 16-byte loads of T, in float32. (Templates with `if constexpr`, not
+// specializations: those would also be compiled for the host, as stubs that call exit.)
+template <typename T>
+__device__ inline float dot16(uint4 a, uint4 b) {
+  if constexpr (std::is_same_v<T, float>) {
+    return __uint_as_float(a.x) * __uint_as_float(b.x) + __uint_as_float(a.y) * __uint_as_float(b.y) +
+           __uint_as_float(a.z) * __uint_as_float(b.z) + __uint_as_float(a.w) * __uint_as_float(b.w);
+  } else {  // bfloat16 or float16: four pairs
+    const uint32_t x[4] = {a.x, a.y, a.z, a.w}, y[4] = {b.x, b.y, b.z, b.w};
+    float sum = 0.0f;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 xf = widen(x[i], T()), yf = widen(y[i], T());
-    sum += xf.x * yf.x + xf.y * yf.y;
+    for (int i = 0; i < 4; ++i) {
+      const float2 xf = widen<T>(x[i]), yf = widen<T>(y[i]);
+      sum += xf.x * yf.x + xf.y * yf.y;
+    }
+    return sum;
   }
-  return sum;
 }
-template <>
-__device__ float dot16<__nv_bfloat16>(uint4 a, uint4 b) { return dot16_pairs<__nv_bfloat16>(a, b); }
-template <>
-__device__ float dot16<__half>(uint4 a, uint4 b) { return dot16_pairs<__half>(a, b); }
 
 template <typename T>
-__device__ T from_float(float v);
-template <>
-__device__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
-template <>
-__device__ __half from_float<__half>(float v) { return __float2half(v); }
+__device__ inline T from_float(float v) {
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16(v);
+  else
+    return __float2half(v);
+}
 
 // B rows of x, compiled for 1, 2, 4 and 8 (the launcher rounds `rows` up; the rows past it are
 // computed on the last row again and never written).
