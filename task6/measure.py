@@ -271,14 +271,14 @@ def same_type_logits(config: Config, seed: int, device: str, dtype, generations)
 
 
 def run_generation(report, worker, name: str, config: Config, run: Run, seed: int, copy_gbs=None,
-                   baselines: bool = True, dtype=torch.float32, float32_tbt_ms: float | None = None):
+                   baselines: bool = True, dtype=torch.float32, float32_run: dict | None = None):
     """Your model's generation in the worker, then, with the worker ended, the checks and the baselines here.
 
     copy_gbs: the copy bandwidth, measured here when None (on the GPU). baselines: also time SDPA and the
     reference kernels over the same cache (the grader leaves them out: no point depends on them).
     dtype: the model's; bfloat16 or float16 is the optional 16-bit part: its floor counts 2 bytes a value, its
-    outputs are checked within what the type allows, no baseline runs, and its TBT is set against
-    float32_tbt_ms, the float32 model's, when given.
+    outputs are checked within what the type allows, no baseline runs, and its TBTs are set against
+    float32_run's, the float32 generation's metrics, when given.
     """
     if config.max_seq < run.prompt + run.steps:
         raise ValueError(f"{name}: max_seq {config.max_seq} is shorter than the run")
@@ -355,10 +355,15 @@ def run_generation(report, worker, name: str, config: Config, run: Run, seed: in
                         f"{graphed[0].median_ms / floor:.2f}x the floor")
         elif graphed:
             message += f"; the decode step as a CUDA graph: {graphed}"
-        if float32_tbt_ms:  # bf16 halves the bytes a step reads: how much of that the step gets
-            metrics |= {"tbt_over_float32": tbt.median_ms / float32_tbt_ms}
-            message += (f"; {tbt.median_ms / float32_tbt_ms:.2f}x the float32 model's TBT of {float32_tbt_ms:.2f} ms "
-                        "(its floor is half of float32's)")
+        if float32_run:  # a 16-bit step reads half the bytes: how much of that each way of launching it gets
+            ways = [("", "tbt_ms", "launched from Python"), ("_graph", "tbt_graph_ms", "as a CUDA graph")]
+            said = []
+            for key, metric, how in ways:
+                if metric in metrics and metric in float32_run:
+                    metrics[f"tbt{key}_over_float32"] = metrics[metric] / float32_run[metric]
+                    said.append(f"{metrics[metric] / float32_run[metric]:.2f}x ({how}, float32 "
+                                f"{float32_run[metric]:.2f} ms)")
+            message += f"; against the float32 model's TBT: {', '.join(said)}" if said else ""
         if run.device == "cuda":
             tflops = bench.matmul_tflops(run.batch * run.prompt, config.mlp, config.hidden, dtype=dtype)
             flops, ttft_floor = ttft_floor_ms(config, run, tflops)

@@ -186,9 +186,9 @@ def needs_gpu():
     raise NeedsCuda("no CUDA GPU is visible: the model with your kernels runs on the GPU")
 
 
-def run_half(report, worker, args, types: dict, float32_tbt_ms: float | None) -> None:
+def run_half(report, worker, args, types: dict, float32_run: dict | None) -> None:
     """The optional 16-bit part: the model in each of `types`, teacher-forced on the GPU; then, if every case
-    passed, the generation run in the first type (the float32 run's TBT beside it, when there was one). Last, in
+    passed, the generation run in the first type (the float32 run's TBTs beside it, when there was one). Last, in
     a process of its own (the next call starts one): a crash in a 16-bit kernel costs this part only."""
     worker.stop_until_next_call()
     report.begin_part("the model in bf16 and fp16, your kernels' 16-bit versions", (1, 2, 3, 4), optional=True)
@@ -206,7 +206,7 @@ def run_half(report, worker, args, types: dict, float32_tbt_ms: float | None) ->
     size = choose_size(args.size)
     with gpu_share.alone(worker):
         run_generation(report, worker, size, SIZES[size], HANDOUT, cli.seed(60, args.hidden), baselines=False,
-                       dtype=next(iter(types.values())), float32_tbt_ms=float32_tbt_ms)
+                       dtype=next(iter(types.values())), float32_run=float32_run)
 
 
 def main(argv=None) -> int:
@@ -259,8 +259,8 @@ def main(argv=None) -> int:
                                baselines=not args.grading)
         if torch.cuda.is_available() and half_types:
             if all_passed:
-                float32_tbt = next((c.metrics["tbt_ms"] for c in report.cases if "tbt_ms" in c.metrics), None)
-                run_half(report, worker, args, half_types, float32_tbt)
+                float32_run = next((c.metrics for c in report.cases if "tbt_ms" in c.metrics), None)
+                run_half(report, worker, args, half_types, float32_run)
             else:
                 report.note("the optional bf16/fp16 model runs once every check passes")
     report.run("own work: no PyTorch attention, no reference solution",

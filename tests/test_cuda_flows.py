@@ -103,7 +103,8 @@ def test_the_models_earn_their_points_on_the_gpu_path(stand_in, monkeypatch, tas
         assert "in bfloat16" in half_generation["name"], half_generation["name"]
         ratio = half_generation["metrics"]["tbt_floor_ms"] / generation["metrics"]["tbt_floor_ms"]
         assert ratio == pytest.approx(0.5), half_generation["message"]  # 2 bytes a value: half float32's floor
-        assert "x the float32 model's TBT" in half_generation["message"], half_generation["message"]
+        assert "against the float32 model's TBT" in half_generation["message"], half_generation["message"]
+        assert {"tbt_over_float32", "tbt_graph_over_float32"} <= set(half_generation["metrics"])
 
 
 @needs_solution(6)
