@@ -303,6 +303,7 @@ LOGITS_ATOL, LOGITS_RTOL = 1e-4, 1e-4
 # A model in bf16 or fp16: its logits within this many times the largest error of the same model in that type
 # with PyTorch's own attention, measured on the same tokens (tasks 6 and 7's optional 16-bit parts).
 HALF_ERROR_FACTOR = 2.0
+HALF_TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # their short names, as case names say them
 
 
 def half_logits_atol(yardstick: float, expected, dtype) -> tuple[float, str]:

@@ -19,7 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from common import impl
 
 from harness import bench, calibration
-from harness.checks import GUARD_ELEMENTS, Guarded, bit_sum, compare, exact_float32, guard_damage
+from harness.checks import GUARD_ELEMENTS, HALF_TYPES, Guarded, bit_sum, compare, exact_float32, guard_damage
 from common.layer import mha_weights
 from harness.reference import (attention_flops, attention_reference, causal_mask, expand_kv_heads, fp32_peak_tflops,
                               fp32_tensor_core_bound_tflops, half_tensor_core_bound_tflops, naive_attention,
@@ -38,7 +38,6 @@ REPS = 5  # timed requests per benchmark
 # inputs: this many times SDPA's own largest error there (PyTorch's attention in the same type), and at least half
 # a unit in the last place of the largest |expected|. Measured on an H100: the reference's largest error equals
 # SDPA's on every case of task4/test.py's HALF_CASES, in both types (the output's rounding to 16 bits dominates).
-HALF_TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 HALF_ERROR_FACTOR = 2.0
 HALF_EPS = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}  # half a unit in the last place, relative
 HALF_BENCHMARKS = [(8, 32, 4096, 64), (8, 32, 4096, 128)]  # (batch, heads, seq, head_dim): causal and not, each type

@@ -132,14 +132,19 @@ class Generation:
     def sequence(self) -> torch.Tensor:
         return torch.cat((self.prompt, self.tokens), dim=1)
 
+    def validate(self, vocab: int):
+        """The tokens are ids of the vocabulary, each the argmax of the logits before it (before any model reads
+        them: an id outside the embedding would stop the GPU)."""
+        if (self.tokens < 0).any() or (self.tokens >= vocab).any():
+            raise AssertionError("the generated tokens are not all valid token ids: not every step ran")
+        if not torch.equal(self.tokens, self.logits[:, :-1].argmax(dim=-1)):
+            raise AssertionError("the generated tokens are not the argmax of the logits before them")
+
     def check(self, model: SmallLM, same_type=None, dtype=None):
         """The logits against `model` (float32, PyTorch attention) teacher-forced on the same tokens. A 16-bit
         model's (dtype): within what the type allows, measured by `same_type`, the logits of the same 16-bit model
         with PyTorch's attention on the same tokens."""
-        if (self.tokens < 0).any() or (self.tokens >= model.config.vocab).any():
-            raise AssertionError("the generated tokens are not all valid token ids: not every step ran")
-        if not torch.equal(self.tokens, self.logits[:, :-1].argmax(dim=-1)):
-            raise AssertionError("the generated tokens are not the argmax of the logits before them")
+        self.validate(model.config.vocab)
         prompt_len = self.prompt.shape[1]
         with torch.no_grad(), exact_float32():
             expected = model(self.sequence())[:, prompt_len - 1:].double()
@@ -310,6 +315,14 @@ def run_generation(report, worker, name: str, config: Config, run: Run, seed: in
     def result():
         measured_gbs = copy_gbs or max(copy_before, bench.copy_bandwidth_gbs())
         nonlocal graphed
+        for i, gen in enumerate(generations + (graphed[1] if isinstance(graphed, tuple) else [])):
+            try:
+                gen.validate(config.vocab)
+            except AssertionError as err:
+                if i < len(generations):
+                    return False, f"timed generation {i + 1} of {len(generations)}: {err}", {}
+                graphed = f"replayed, but timed generation {i + 1 - len(generations)} with the graph is wrong ({err})"
+                break
         checked = generations + (graphed[1] if isinstance(graphed, tuple) else [])
         same_type = same_type_logits(config, seed, run.device, dtype, checked) if half else [None] * len(checked)
         graph_type = same_type[len(generations):]  # the graph's generations' own

@@ -29,7 +29,7 @@ import torch
 
 from common import impl
 from harness import cli, gpu_share
-from harness.checks import compare_logits, exact_float32, expect_errors, half_logits_atol
+from harness.checks import HALF_TYPES, compare_logits, exact_float32, expect_errors, half_logits_atol
 from harness.records import NeedsCuda, Report
 from harness.sandbox import WorkerError
 from task6.measure import (BUILD_TIMEOUT_S, HANDOUT, HINTS, FullAttention, choose_size, not_capturable, random_tokens,
@@ -52,11 +52,9 @@ GPU_CASES = [(256, 4, 2, 2, 200, 130, 20), (512, 4, 3, 2, 120, 77, 16), (96, 3, 
 
 # The optional 16-bit part: the model in bf16 and in fp16 with your kernels' 16-bit versions (Task 4's optional
 # part, Task 5's step 6), checked within what the type allows; then the generation run in bf16 against its own
-# floor, half float32's bytes (reported, not scored). One case of each kind: heads of 64, heads of 128, and a
+# floor, half float32's bytes (reported, not scored; with --dtype float16, in fp16). One case of each kind: heads of 64, heads of 128, and a
 # padded grouped-query batch.
 HALF_CASES = [GPU_CASES[0], GPU_CASES[4], GPU_CASES[6]]
-HALF_TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-HALF_GENERATION = torch.bfloat16
 
 
 def unpack(shape):
@@ -130,7 +128,8 @@ def check_teacher_forced(worker, case, vocab: int, graph: bool = False, dtype=to
     elif not passed and case.device == "cuda":
         message += ("; on the GPU the model runs your Task 4 and Task 5 kernels: if the CPU cases pass, "
                     "check python -m task4.test and python -m task5.test" +
-                    (" (in 16 bits: Task 4's optional part, python -m task5.test --half)" if same_type else ""))
+                    (" (in 16 bits, their optional parts: python -m task4.test --half and python -m task5.test "
+                     "--half)" if same_type is not None else ""))
     return passed, message, metrics
 
 

@@ -29,7 +29,7 @@ import torch
 from common import impl
 
 from harness import bench, cli, gpu_share
-from harness.checks import compare_logits, decided, exact_float32, expect_errors, half_logits_atol
+from harness.checks import HALF_TYPES, compare_logits, decided, exact_float32, expect_errors, half_logits_atol
 from harness.records import NeedsCuda, Report
 from task7 import gpt2
 
@@ -50,7 +50,6 @@ GPU_CASES = [("small GPT-2", gpt2.SMALL, 2, 33, 20),
 # each held to what its type allows: twice the largest logit error of the same model in the same type with PyTorch's
 # own attention (transformers' "sdpa") on the same tokens.
 HALF_CASES = [GPU_CASES[0], GPU_CASES[1], GPU_CASES[3]]
-HALF_TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 GPT2_RUN = dict(batch=1, new_tokens=40, random_prompt=16)
 REPS = 3
 BUILD_TIMEOUT_S = 900  # the first GPU model builds your Task 4 and Task 5 kernels

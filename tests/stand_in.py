@@ -707,8 +707,12 @@ class Task5Kernels(StandInKernels):
         for t, name in ((weight, "weight"), (x, "x"), (out, "out")):
             if weight.dtype == torch.float32:
                 _check_cuda_float32(t, name)
+            elif getattr(t, "on_host", False):
+                raise RuntimeError(f"{name} must be a CUDA tensor, got one on cpu (move it with .cuda())")
             elif t.dtype != weight.dtype:
                 raise RuntimeError(f"{name} must be {str(weight.dtype)[6:]} like weight, got {str(t.dtype)[6:]}")
+            elif not t.is_contiguous():
+                raise RuntimeError(f"{name} must be contiguous (call .contiguous() first)")
         for t, name in ((x, "x"), (weight, "weight"), (out, "out")):
             _check_dim(t, name, 2)
         if not 1 <= x.shape[0] <= self.linear_max_rows():

@@ -83,7 +83,8 @@ def test_the_models_earn_their_points_on_the_gpu_path(stand_in, monkeypatch, tas
     assert timed and all(c["passed"] for c in timed)
     if task == 7:  # GPT-2's size and the Llama-family model, each against its own attention
         assert [("ms_per_token" in c["metrics"]) for c in timed] == [True, True]
-        from task7.test import HALF_CASES, HALF_TYPES  # then the optional part: the models in bf16 and fp16, last
+        from harness.checks import HALF_TYPES
+        from task7.test import HALF_CASES  # then the optional part: the models in bf16 and fp16, last
         half = [c for c in record["cases"] if c["name"].split()[0] in HALF_TYPES]
         assert len(half) == len(HALF_TYPES) * len(HALF_CASES), [c["name"] for c in half]
         assert all(c["kind"] == "optional" and c["passed"] and "x the largest logit error of the same model in"
@@ -95,8 +96,8 @@ def test_the_models_earn_their_points_on_the_gpu_path(stand_in, monkeypatch, tas
         generation, half_generation = timed
         assert {"tbt_graph_ms", "ttft_floor_ms"} <= set(generation["metrics"]), generation["message"]
         # then the optional part: the model in bf16 and fp16, last, and the generation run in bf16 with its floor
-        half = [c for c in record["cases"] if c["name"].split(":")[0] in task6_test.HALF_TYPES]
-        assert len(half) >= len(task6_test.HALF_TYPES) * len(task6_test.HALF_CASES), [c["name"] for c in half]
+        half = [c for c in record["cases"] if c["name"].split(":")[0] in HALF_TYPES]
+        assert len(half) >= len(HALF_TYPES) * len(task6_test.HALF_CASES), [c["name"] for c in half]
         assert all(c["kind"] == "optional" and c["passed"] and "x the largest logit error of the same model in"
                    in c["message"] for c in half), half
         assert record["cases"].index(half[0]) > record["cases"].index(generation)
@@ -533,7 +534,7 @@ def test_task6s_16_bit_model_fails_on_a_wrong_16_bit_kernel_and_costs_no_point(s
     record = stand_in.run(6, "--student-dir", str(tmp_path), "--size", "small")
     points, why = score(6, record)
     assert record["status"] == "passed" and points == RUBRIC[6].points, why
-    half = [c for c in record["cases"] if c["name"].split(":")[0] in task6_test.HALF_TYPES]
+    half = [c for c in record["cases"] if c["name"].split(":")[0] in HALF_TYPES]
     wrong = [c["message"] for c in half if not c["passed"]]
     assert wrong and all("allowed" in m and "--half" in m for m in wrong), wrong
     assert not any("in bfloat16" in c["name"] for c in record["cases"])  # no 16-bit generation run

@@ -10,8 +10,8 @@
 //   rows, shared memory, not the tensor cores, sets the pace;
 // - Q's tile is loaded once into shared memory; its mma operands stay in registers for head_dim up
 //   to 64, and are read again at each tile for larger ones (registers are short there);
-// - K and V come in tiles of BLOCK_COLS rows through cp.async, two stages: tile j + 1 is on its way
-//   while tile j is used;
+// - K and V come in tiles of BLOCK_COLS rows (BLOCK_COLS_SMALL where shared memory is short: see
+//   launch) through cp.async, two stages: tile j + 1 is on its way while tile j is used;
 // - S = Q K^T with mma.sync.m16n8k16 (K read by ldmatrix: its rows are the B operand's columns);
 // - the online softmax on S's accumulator fragments (a thread holds 2 rows x 2 columns per 8-key
 //   n-tile; a row's maximum and sum are shuffled over the 4 threads that share it);
@@ -39,6 +39,8 @@ constexpr int M_TILES = 2;                     // m16 tiles of query rows per wa
 constexpr int WARP_ROWS = 16 * M_TILES;        // query rows per warp
 constexpr int BLOCK_ROWS = WARP_ROWS * WARPS;  // query rows per block
 constexpr int BLOCK_COLS = 64;                 // keys per K/V tile
+constexpr int BLOCK_COLS_SMALL = 32;           // at head_dim 128 where BLOCKS_PER_SM 64-key blocks do not fit
+constexpr int BLOCKS_PER_SM = 2;               // blocks whose shared memory an SM should hold
 constexpr int Q_IN_REGISTERS_UP_TO = 64;       // head_dim tiles that keep Q's operands in registers
 constexpr int Q_STEPS_UNROLLED = 1;            // k16 steps unrolled where Q's operands are read per step
 constexpr bool SKIP_SETTLED_RESCALE = true;    // skip O's rescale where no row of the warp has a new maximum
@@ -190,17 +192,16 @@ __device__ __forceinline__ void qk_step(float (&s)[M][N][4], const uint32_t (&a)
   // END SOLUTION
 }
 
-// grid (batch * heads, ceil(seq_q / BLOCK_ROWS)), THREADS threads, smem_bytes<T, D>() of shared memory.
+// grid (batch * heads, ceil(seq_q / BLOCK_ROWS)), THREADS threads, smem_bytes<T, D, COLS>() of shared memory.
 // q, out: (batch * heads, seq_q, head_dim); k, v: (batch * kv_heads, seq_k, head_dim); D is head_dim
 // rounded up to a multiple of 16. scale_log2 = scale * log2(e).
-template <typename T, int D, bool VEC>
+template <typename T, int D, int COLS, bool VEC>
 __global__ void __launch_bounds__(THREADS)
     flash_attention_half_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                 T* __restrict__ out, int heads, int kv_heads, const int* __restrict__ key_start,
                                 int seq_q, int seq_k, int head_dim, float scale_log2, bool causal) {
   static_assert(D % 16 == 0 && D <= MAX_HEAD_DIM, "D is a multiple of the mma's k (16)");
   constexpr int LD = D + PAD;
-  constexpr int COLS = BLOCK_COLS;     // keys per K/V tile
   constexpr int K_STEPS = D / 16;      // k16 steps of Q K^T
   constexpr int S_TILES = COLS / 8;    // n8 tiles of S (keys)
   constexpr int O_TILES = D / 8;       // n8 tiles of O (head_dim)
@@ -401,27 +402,49 @@ __global__ void __launch_bounds__(THREADS)
   // END SOLUTION
 }
 
-template <typename T, int D>
+template <typename T, int D, int COLS>
 constexpr size_t smem_bytes() {
-  return (size_t)(BLOCK_ROWS + 4 * BLOCK_COLS) * (D + PAD) * sizeof(T);
+  return (size_t)(BLOCK_ROWS + 4 * COLS) * (D + PAD) * sizeof(T);
 }
 
-template <typename T, int D>
-cudaError_t launch(const void* q, const void* k, const void* v, void* out, int batch, int heads, int kv_heads,
-                   const int* key_start, int seq_q, int seq_k, int head_dim, float scale, bool causal,
-                   cudaStream_t stream) {
+template <typename T, int D, int COLS>
+cudaError_t launch_tiles(const void* q, const void* k, const void* v, void* out, int batch, int heads, int kv_heads,
+                         const int* key_start, int seq_q, int seq_k, int head_dim, float scale, bool causal,
+                         cudaStream_t stream) {
   const bool vec = head_dim % 8 == 0 &&
                    ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) |
                      reinterpret_cast<uintptr_t>(v)) % 16) == 0;
-  const size_t smem = smem_bytes<T, D>();
+  const size_t smem = smem_bytes<T, D, COLS>();
   const dim3 grid(batch * heads, ceil_div(seq_q, BLOCK_ROWS));
-  auto kernel = vec ? flash_attention_half_kernel<T, D, true> : flash_attention_half_kernel<T, D, false>;
+  auto kernel = vec ? flash_attention_half_kernel<T, D, COLS, true> : flash_attention_half_kernel<T, D, COLS, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != cudaSuccess) return err;
   kernel<<<grid, THREADS, smem, stream>>>(static_cast<const T*>(q), static_cast<const T*>(k),
                                           static_cast<const T*>(v), static_cast<T*>(out), heads, kv_heads,
                                           key_start, seq_q, seq_k, head_dim, scale * LOG2E, causal);
   return cudaGetLastError();
+}
+
+// At head_dim 128 a block of 64-key tiles takes 102 KB of shared memory: two fit in an H100's SM (228 KB), not
+// in an A100's (164 KB), and not even one in the 100 KB of an RTX 30xx/40xx, L4 or L40 (99 KB a block at most).
+// There the K/V tiles have 32 keys (68 KB a block). Below head_dim 128, 64-key tiles fit everywhere.
+template <typename T, int D>
+cudaError_t launch(const void* q, const void* k, const void* v, void* out, int batch, int heads, int kv_heads,
+                   const int* key_start, int seq_q, int seq_k, int head_dim, float scale, bool causal,
+                   cudaStream_t stream) {
+#define LAUNCH_TILES(COLS) launch_tiles<T, D, COLS>(q, k, v, out, batch, heads, kv_heads, key_start, seq_q, seq_k, \
+                                                   head_dim, scale, causal, stream)
+  if constexpr (D > 96) {
+    int device = 0, per_sm = 0, reserved = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device);
+    if (err != cudaSuccess) return err;
+    if (BLOCKS_PER_SM * (smem_bytes<T, D, BLOCK_COLS>() + reserved) > (size_t)per_sm)
+      return LAUNCH_TILES(BLOCK_COLS_SMALL);
+  }
+  return LAUNCH_TILES(BLOCK_COLS);
+#undef LAUNCH_TILES
 }
 
 template <typename T>
