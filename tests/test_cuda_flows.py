@@ -129,8 +129,10 @@ def test_task6_a_step_that_passes_the_python_length_is_told_so_by_the_graph(stan
     assert any("not the Python int cache.length" in m for m in graph.values()), graph
     assert any("could not be captured (CUDA error: operation not permitted" in m for m in graph.values()), graph
     assert record["status"] == "passed", failed(record)
-    (generation,) = [c for c in record["cases"] if c["kind"] == "benchmark"]
-    assert "with the graph is wrong" in generation["message"] and "tbt_graph_ms" not in generation["metrics"]
+    generations = [c for c in record["cases"] if c["kind"] == "benchmark"]  # float32's, then the optional bf16 one
+    assert [("in bfloat16" in c["name"]) for c in generations] == [False, True], [c["name"] for c in generations]
+    for generation in generations:
+        assert "with the graph is wrong" in generation["message"] and "tbt_graph_ms" not in generation["metrics"]
 
 
 def test_task4s_sweep_writes_a_row_per_timed_case(stand_in, tmp_path, monkeypatch):
