@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from harness import bench, calibration
+from harness.checks import HALF_TYPES
 from harness.records import Report
 from grader.calibrate import ratios_of
 from grader.rubric import RUBRIC, estimated, score
@@ -83,7 +84,6 @@ def test_the_models_earn_their_points_on_the_gpu_path(stand_in, monkeypatch, tas
     assert timed and all(c["passed"] for c in timed)
     if task == 7:  # GPT-2's size and the Llama-family model, each against its own attention
         assert [("ms_per_token" in c["metrics"]) for c in timed] == [True, True]
-        from harness.checks import HALF_TYPES
         from task7.test import HALF_CASES  # then the optional part: the models in bf16 and fp16, last
         half = [c for c in record["cases"] if c["name"].split()[0] in HALF_TYPES]
         assert len(half) == len(HALF_TYPES) * len(HALF_CASES), [c["name"] for c in half]
