@@ -6,7 +6,7 @@ binding of its own, then, for bf16 and fp16: checks it against float64 on the sa
 that are not multiples of the tiles (causal, seq_q != seq_k, grouped heads, key_start), each output poisoned
 with NaN and followed by a guard band, and prints its error beside SDPA's own on the same inputs. --time: at
 B8 H32 S4096, head_dim 64 and 128, causal and not, CUDA events around 10 runs after 3 (the median), against
-SDPA's flash backend in the same dtype, in TFLOP/s. --configs: variants of the reference's constants, each built,
+SDPA's flash backend in the same dtype, in TFLOP/s. --configs: variants of the reference's constants (or file=PATH: another version), each built,
 checked and timed (bf16) after it, and a table of all.
 """
 import os
@@ -131,9 +131,13 @@ def timing(ext, dtype, head_dims=(64, 128)):
 
 
 def variant(source: str, config: str) -> str:
-    """The reference with constants replaced: config "WARPS=8,BLOCK_COLS=32"."""
+    """The reference with constants replaced: config "WARPS=8,BLOCK_COLS=32"; "file=PATH" starts from another
+    version of the file (an earlier design step, say)."""
     for item in filter(None, config.split(",")):
         name, value = item.split("=")
+        if name == "file":
+            source = open(value).read()
+            continue
         def replace(m, value=int(value)):  # an int constant takes the number, a bool one 0 or 1
             return m.group(1) + (str(bool(value)).lower() if m.group(2) == "bool" else str(value)) + ";"
         source, count = re.subn(rf"(constexpr (int|bool) {name} = )(?:\d+|true|false);", replace, source)

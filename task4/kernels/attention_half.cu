@@ -42,6 +42,7 @@ constexpr int BLOCK_COLS = 64;                 // keys per K/V tile
 constexpr int BLOCK_COLS_SMALL = 32;           // at head_dim 128 where BLOCKS_PER_SM 64-key blocks do not fit
 constexpr int BLOCKS_PER_SM = 2;               // blocks whose shared memory an SM should hold
 constexpr int Q_IN_REGISTERS_UP_TO = 64;       // head_dim tiles that keep Q's operands in registers
+constexpr int LOADS_UNROLLED_UP_TO = 64;       // head_dim tiles whose K/V tile loads are unrolled
 constexpr int Q_STEPS_UNROLLED = 1;            // k16 steps unrolled where Q's operands are read per step
 constexpr bool SKIP_SETTLED_RESCALE = true;    // skip O's rescale where no row of the warp has a new maximum
 constexpr int MAX_HEAD_DIM = 128;
@@ -257,6 +258,9 @@ __global__ void __launch_bounds__(THREADS)
     // Scale, mask the tiles that need it, and fold into the online softmax.
     uint32_t p[M_TILES][S_TILES / 2][4] = {};  // P as A operands of P V, one per m16 tile and k16 step (16 keys)
     const int col_start = tile * COLS;
+    // Only the last tile (keys past seq_k) and, causal, the tiles across this warp's diagonal need a mask: a pass of
+    // its own there, that the whole warp takes or none does (two comparisons per score on every tile were over a third
+    // of a tile's instructions at head_dim 64).
     const bool masked = col_start + COLS > seq_k ||
                         (causal && col_start + COLS - 1 > q_start + warp * WARP_ROWS + causal_offset);
     // s[mt][n][e] is key col_start + key_offset + n * 8 + e % 2 of row row0 + mt * 16 + (e / 2) * 8. It is masked

@@ -42,6 +42,7 @@ constexpr int BLOCK_COLS = 64;                 // keys per K/V tile
 constexpr int BLOCK_COLS_SMALL = 32;           // at head_dim 128 where BLOCKS_PER_SM 64-key blocks do not fit
 constexpr int BLOCKS_PER_SM = 2;               // blocks whose shared memory an SM should hold
 constexpr int Q_IN_REGISTERS_UP_TO = 64;       // head_dim tiles that keep Q's operands in registers
+constexpr int LOADS_UNROLLED_UP_TO = 64;       // head_dim tiles whose K/V tile loads are unrolled
 constexpr int Q_STEPS_UNROLLED = 1;            // k16 steps unrolled where Q's operands are read per step
 constexpr bool SKIP_SETTLED_RESCALE = true;    // skip O's rescale where no row of the warp has a new maximum
 constexpr int MAX_HEAD_DIM = 128;
@@ -159,12 +160,17 @@ template <typename T, int D, int ROWS, bool VEC>
 __device__ __forceinline__ void load_tile(T* tile, const T* src, int rows_valid, int head_dim) {
   constexpr int LD = D + PAD, CHUNKS = D / 8;
   // BEGIN SOLUTION "step 8: copy the tile 16 bytes at a time (cp.async), zeros past the valid rows and columns"
-  for (int idx = threadIdx.x; idx < ROWS * CHUNKS; idx += THREADS) {
+  // A trip count known at compile time: the loop runs without the checks a loop from threadIdx.x needs. Unrolled,
+  // each copy's address is computed once for all tiles and kept: registers that, past head_dim 64, O needs.
+#pragma unroll(D <= LOADS_UNROLLED_UP_TO ? ceil_div(ROWS * CHUNKS, THREADS) : 1)
+  for (int i = 0; i < ceil_div(ROWS * CHUNKS, THREADS); ++i) {
+    const int idx = threadIdx.x + i * THREADS;
+    if (ROWS * CHUNKS % THREADS != 0 && idx >= ROWS * CHUNKS) break;
     const int row = idx / CHUNKS, col = (idx % CHUNKS) * 8;
     T* dst = tile + row * LD + col;
     if constexpr (VEC) {
       const bool inside = row < rows_valid && col < head_dim;
-      cp_async16(dst, inside ? src + (size_t)row * head_dim + col : src, inside ? 16 : 0);
+      cp_async16(dst, src + (inside ? row * head_dim + col : 0), inside ? 16 : 0);  // int: row < ROWS
     } else {
 #pragma unroll
       for (int e = 0; e < 8; ++e)
@@ -302,6 +308,9 @@ __global__ void __launch_bounds__(THREADS)
     // Scale, mask the tiles that need it, and fold into the online softmax.
     uint32_t p[M_TILES][S_TILES / 2][4] = {};  // P as A operands of P V, one per m16 tile and k16 step (16 keys)
     const int col_start = tile * COLS;
+    // Only the last tile (keys past seq_k) and, causal, the tiles across this warp's diagonal need a mask: a pass of
+    // its own there, that the whole warp takes or none does (two comparisons per score on every tile were over a third
+    // of a tile's instructions at head_dim 64).
     const bool masked = col_start + COLS > seq_k ||
                         (causal && col_start + COLS - 1 > q_start + warp * WARP_ROWS + causal_offset);
     // s[mt][n][e] is key col_start + key_offset + n * 8 + e % 2 of row row0 + mt * 16 + (e / 2) * 8. It is masked
@@ -312,18 +321,29 @@ __global__ void __launch_bounds__(THREADS)
     const int diagonal = row0 + causal_offset - col_start - key_offset;
     // BEGIN SOLUTION "step 10: the online softmax on S's fragments, P packed as the A operands of P V"
 #pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+      for (int n = 0; n < S_TILES; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][n][e] *= scale_log2;
+    if (masked) {
+#pragma unroll
+      for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+        for (int n = 0; n < S_TILES; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = n * 8 + e % 2;
+            if (key >= keys_left || (causal && key > diagonal + mt * 16 + (e / 2) * 8)) s[mt][n][e] = -INFINITY;
+          }
+    }
+#pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt) {
       float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int n = 0; n < S_TILES; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = n * 8 + e % 2;
-          float x = s[mt][n][e] * scale_log2;
-          if (masked && (key >= keys_left || (causal && key > diagonal + mt * 16 + (e / 2) * 8))) x = -INFINITY;
-          s[mt][n][e] = x;
-          tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
-        }
+        for (int e = 0; e < 4; ++e) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[mt][n][e]);
       float alpha[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
