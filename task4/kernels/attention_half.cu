@@ -4,7 +4,7 @@
 //                                                softmax and the accumulator in float32
 //
 // FlashAttention-2's forward as it runs on Ampere and Hopper (mma.sync, not Hopper's wgmma):
-// - a block of WARPS warps takes BLOCK_ROWS query rows of one (batch, head); each warp owns WARP_ROWS
+// - a block of WARPS warps takes WARPS * WARP_ROWS query rows of one (batch, head); each warp owns WARP_ROWS
 //   of them, M_TILES tiles of 16 (FlashAttention-2's split: no warp waits on another's softmax), so
 //   that each K or V fragment a warp reads from shared memory feeds M_TILES mmas: with one tile of 16
 //   rows, shared memory, not the tensor cores, sets the pace;
@@ -33,17 +33,15 @@
 namespace {
 
 constexpr int WARP = 32;
-constexpr int WARPS = 4;
-constexpr int THREADS = WARPS * WARP;
 constexpr int M_TILES = 2;                     // m16 tiles of query rows per warp
 constexpr int WARP_ROWS = 16 * M_TILES;        // query rows per warp
-constexpr int BLOCK_ROWS = WARP_ROWS * WARPS;  // query rows per block
+constexpr int BLOCK_WARPS = 4;                 // warps per block (two blocks an SM)
+constexpr int BLOCK_WARPS_LARGE_D = 8;         // above head_dim 96 where such a block fits (one an SM)
 constexpr int BLOCK_COLS = 64;                 // keys per K/V tile
-constexpr int BLOCK_COLS_SMALL = 32;           // at head_dim 128 where BLOCKS_PER_SM 64-key blocks do not fit
-constexpr int BLOCKS_PER_SM = 2;               // blocks whose shared memory an SM should hold
+constexpr int BLOCK_COLS_SMALL = 32;           // above head_dim 96 where an 8-warp block does not fit
 constexpr int Q_IN_REGISTERS_UP_TO = 64;       // head_dim tiles that keep Q's operands in registers
 constexpr int LOADS_UNROLLED_UP_TO = 64;       // head_dim tiles whose K/V tile loads are unrolled
-constexpr int Q_STEPS_UNROLLED = 1;            // k16 steps unrolled where Q's operands are read per step
+constexpr int Q_STEPS_UNROLLED = 8;            // k16 steps unrolled where Q's operands are read per step (8: all)
 constexpr bool SKIP_SETTLED_RESCALE = true;    // skip O's rescale where no row of the warp has a new maximum
 constexpr int MAX_HEAD_DIM = 128;
 constexpr int PAD = 8;                         // halves (16 bytes) after each shared-memory row
@@ -156,7 +154,7 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 // rows x D of a (rows_valid x head_dim, row-major) matrix into a padded shared tile, zeros past the
 // valid rows and columns. VEC: head_dim % 8 == 0 and 16-byte aligned rows, so cp.async 16 bytes at
 // a time; else element by element (synchronous).
-template <typename T, int D, int ROWS, bool VEC>
+template <typename T, int D, int ROWS, int THREADS, bool VEC>
 __device__ __forceinline__ void load_tile(T* tile, const T* src, int rows_valid, int head_dim) {
   constexpr int LD = D + PAD, CHUNKS = D / 8;
   // TODO (README, Task 4, step 8: copy the tile 16 bytes at a time (cp.async), zeros past the valid rows and columns)
@@ -169,15 +167,17 @@ __device__ __forceinline__ void qk_step(float (&s)[M][N][4], const uint32_t (&a)
   // TODO (README, Task 4, step 9: Q's A operands (ldmatrix), then S = Q K^T on the tensor cores (K's rows by ldmatrix))
 }
 
-// grid (batch * heads, ceil(seq_q / BLOCK_ROWS)), THREADS threads, smem_bytes<T, D, COLS>() of shared memory.
+// grid (batch * heads, ceil(seq_q / (WARPS * WARP_ROWS))), WARPS * 32 threads, smem_bytes<T, D, COLS, WARPS>() of
+// shared memory.
 // q, out: (batch * heads, seq_q, head_dim); k, v: (batch * kv_heads, seq_k, head_dim); D is head_dim
 // rounded up to a multiple of 16. scale_log2 = scale * log2(e).
-template <typename T, int D, int COLS, bool VEC>
-__global__ void __launch_bounds__(THREADS)
+template <typename T, int D, int COLS, int WARPS, bool VEC>
+__global__ void __launch_bounds__(WARPS * WARP)
     flash_attention_half_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                 T* __restrict__ out, int heads, int kv_heads, const int* __restrict__ key_start,
                                 int seq_q, int seq_k, int head_dim, float scale_log2, bool causal) {
   static_assert(D % 16 == 0 && D <= MAX_HEAD_DIM, "D is a multiple of the mma's k (16)");
+  constexpr int THREADS = WARPS * WARP, BLOCK_ROWS = WARPS * WARP_ROWS;
   constexpr int LD = D + PAD;
   constexpr int K_STEPS = D / 16;      // k16 steps of Q K^T
   constexpr int S_TILES = COLS / 8;    // n8 tiles of S (keys)
@@ -215,10 +215,10 @@ __global__ void __launch_bounds__(THREADS)
   const int last_key = causal ? min(seq_k, q_start + BLOCK_ROWS + causal_offset) : seq_k;
   const int num_tiles = last_key > 0 ? ceil_div(last_key, COLS) : 0;
 
-  load_tile<T, D, BLOCK_ROWS, VEC>(q_tile, q + (size_t)q_start * head_dim, seq_q - q_start, head_dim);
+  load_tile<T, D, BLOCK_ROWS, THREADS, VEC>(q_tile, q + (size_t)q_start * head_dim, seq_q - q_start, head_dim);
   if (num_tiles > 0) {
-    load_tile<T, D, COLS, VEC>(k_tiles, k, seq_k, head_dim);
-    load_tile<T, D, COLS, VEC>(v_tiles, v, seq_k, head_dim);
+    load_tile<T, D, COLS, THREADS, VEC>(k_tiles, k, seq_k, head_dim);
+    load_tile<T, D, COLS, THREADS, VEC>(v_tiles, v, seq_k, head_dim);
   }
   cp_async_commit();
   cp_async_wait<0>();
@@ -244,9 +244,9 @@ __global__ void __launch_bounds__(THREADS)
     const T* v_tile = v_tiles + stage * COLS * LD;
     if (tile + 1 < num_tiles) {  // the next tile on its way while this one is used
       const int next = (tile + 1) * COLS;
-      load_tile<T, D, COLS, VEC>(k_tiles + (1 - stage) * COLS * LD, k + (size_t)next * head_dim,
+      load_tile<T, D, COLS, THREADS, VEC>(k_tiles + (1 - stage) * COLS * LD, k + (size_t)next * head_dim,
                                        seq_k - next, head_dim);
-      load_tile<T, D, COLS, VEC>(v_tiles + (1 - stage) * COLS * LD, v + (size_t)next * head_dim,
+      load_tile<T, D, COLS, THREADS, VEC>(v_tiles + (1 - stage) * COLS * LD, v + (size_t)next * head_dim,
                                        seq_k - next, head_dim);
     }
     cp_async_commit();
@@ -281,48 +281,51 @@ __global__ void __launch_bounds__(THREADS)
   // TODO (README, Task 4, step 11: O += P V (V's rows by ldmatrix.trans); at the end, out = O / l)
 }
 
-template <typename T, int D, int COLS>
+template <typename T, int D, int COLS, int WARPS>
 constexpr size_t smem_bytes() {
-  return (size_t)(BLOCK_ROWS + 4 * COLS) * (D + PAD) * sizeof(T);
+  return (size_t)(WARPS * WARP_ROWS + 4 * COLS) * (D + PAD) * sizeof(T);
 }
 
-template <typename T, int D, int COLS>
+template <typename T, int D, int COLS, int WARPS>
 cudaError_t launch_tiles(const void* q, const void* k, const void* v, void* out, int batch, int heads, int kv_heads,
                          const int* key_start, int seq_q, int seq_k, int head_dim, float scale, bool causal,
                          cudaStream_t stream) {
   const bool vec = head_dim % 8 == 0 &&
                    ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) |
                      reinterpret_cast<uintptr_t>(v)) % 16) == 0;
-  const size_t smem = smem_bytes<T, D, COLS>();
-  const dim3 grid(batch * heads, ceil_div(seq_q, BLOCK_ROWS));
-  auto kernel = vec ? flash_attention_half_kernel<T, D, COLS, true> : flash_attention_half_kernel<T, D, COLS, false>;
+  const size_t smem = smem_bytes<T, D, COLS, WARPS>();
+  const dim3 grid(batch * heads, ceil_div(seq_q, WARPS * WARP_ROWS));
+  auto kernel = vec ? flash_attention_half_kernel<T, D, COLS, WARPS, true>
+                    : flash_attention_half_kernel<T, D, COLS, WARPS, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != cudaSuccess) return err;
-  kernel<<<grid, THREADS, smem, stream>>>(static_cast<const T*>(q), static_cast<const T*>(k),
+  kernel<<<grid, WARPS * WARP, smem, stream>>>(static_cast<const T*>(q), static_cast<const T*>(k),
                                           static_cast<const T*>(v), static_cast<T*>(out), heads, kv_heads,
                                           key_start, seq_q, seq_k, head_dim, scale * LOG2E, causal);
   return cudaGetLastError();
 }
 
-// At head_dim 128 a block of 64-key tiles takes 102 KB of shared memory: two fit in an H100's SM (228 KB), not
-// in an A100's (164 KB), and not even one in the 100 KB of an RTX 30xx/40xx, L4 or L40 (99 KB a block at most).
-// There the K/V tiles have 32 keys (68 KB a block). Below head_dim 128, 64-key tiles fit everywhere.
+// Above head_dim 96 a block of 8 warps and 64-key tiles (139 KB of shared memory at head_dim 128) runs faster than
+// two of 4 warps (102 KB each): each K/V tile serves 256 query rows, not 128. It fits an H100's SM (227 KB a block)
+// and an A100's (163 KB), not the 99 KB a block of an RTX 30xx/40xx, L4 or L40: there a block has 4 warps and 32-key
+// tiles (68 KB). Up to head_dim 96, 4 warps and 64-key tiles fit everywhere and are the faster.
 template <typename T, int D>
 cudaError_t launch(const void* q, const void* k, const void* v, void* out, int batch, int heads, int kv_heads,
                    const int* key_start, int seq_q, int seq_k, int head_dim, float scale, bool causal,
                    cudaStream_t stream) {
-#define LAUNCH_TILES(COLS) launch_tiles<T, D, COLS>(q, k, v, out, batch, heads, kv_heads, key_start, seq_q, seq_k, \
-                                                   head_dim, scale, causal, stream)
+#define LAUNCH_TILES(COLS, WARPS) launch_tiles<T, D, COLS, WARPS>(q, k, v, out, batch, heads, kv_heads, key_start, \
+                                                                 seq_q, seq_k, head_dim, scale, causal, stream)
   if constexpr (D > 96) {
-    int device = 0, per_sm = 0, reserved = 0;
+    int device = 0, per_block = 0;
     cudaError_t err = cudaGetDevice(&device);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     if (err != cudaSuccess) return err;
-    if (BLOCKS_PER_SM * (smem_bytes<T, D, BLOCK_COLS>() + reserved) > (size_t)per_sm)
-      return LAUNCH_TILES(BLOCK_COLS_SMALL);
+    if (smem_bytes<T, D, BLOCK_COLS, BLOCK_WARPS_LARGE_D>() <= (size_t)per_block)
+      return LAUNCH_TILES(BLOCK_COLS, BLOCK_WARPS_LARGE_D);
+    return LAUNCH_TILES(BLOCK_COLS_SMALL, BLOCK_WARPS);
+  } else {
+    return LAUNCH_TILES(BLOCK_COLS, BLOCK_WARPS);
   }
-  return LAUNCH_TILES(BLOCK_COLS);
 #undef LAUNCH_TILES
 }
 
@@ -348,7 +351,8 @@ cudaError_t flash_attention_half_forward(const void* q, const void* k, const voi
                                          int batch, int heads, int kv_heads, const int* key_start, int seq_q,
                                          int seq_k, int head_dim, float scale, bool causal, cudaStream_t stream) {
   if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || seq_q < 1 || seq_k < 1 ||
-      head_dim < 1 || head_dim > MAX_HEAD_DIM || (causal && seq_q > seq_k) || (seq_q - 1) / BLOCK_ROWS >= 65535)
+      head_dim < 1 || head_dim > MAX_HEAD_DIM || (causal && seq_q > seq_k) ||
+      (seq_q - 1) / (BLOCK_WARPS * WARP_ROWS) >= 65535)  // grid.y, at the smaller block
     return cudaErrorInvalidValue;
   if (batch == 0) return cudaSuccess;
   return bf16 ? launch_for_head_dim<__nv_bfloat16>(q, k, v, out, batch, heads, kv_heads, key_start, seq_q, seq_k,
