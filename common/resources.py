@@ -93,6 +93,6 @@ def demangle(kernels: list[KernelResources]) -> list[KernelResources]:
     names = proc.stdout.splitlines()
     if proc.returncode != 0 or len(names) != len(kernels):
         return kernels
-    for k, name in zip(kernels, names):
-        k.name = re.sub(r"^void ", "", name.split("(")[0])
+    for k, name in zip(kernels, names):  # a kernel in an anonymous namespace: its name without the namespace
+        k.name = re.sub(r"^void ", "", name.replace("(anonymous namespace)::", "").split("(")[0])
     return kernels

@@ -28,7 +28,8 @@ METRICS = [
 SECTIONS = ["SpeedOfLight", "LaunchStats", "Occupancy", "ComputeWorkloadAnalysis", "SchedulerStats"]
 NCU_ARGS = [a for s in SECTIONS for a in ("--section", s)] + ["--metrics", ",".join(METRICS)]
 
-_KERNEL = re.compile(r"^\s{2}(?:void )?(?P<name>[\w:<>, ]+?)\(.*\) (?P<grid>\([\d, ]+\))x(?P<block>\([\d, ]+\))")
+_KERNEL = re.compile(r"^\s{2}(?:void )?(?:\(anonymous namespace\)::)?(?P<name>[\w:<>, ]+?)\(.*\) "
+                     r"(?P<grid>\([\d, ]+\))x(?P<block>\([\d, ]+\))")  # a kernel of an anonymous namespace too
 _SECTION = re.compile(r"^\s{4}Section: (?P<name>.+?)\s*$")
 _ROW = re.compile(r"^\s{4}(?P<name>\S(?:.*?\S)?)\s{2,}(?:(?P<unit>[^\s\d][^\s]*)\s+)?(?P<value>-?[\d,]*\.?\d+)\s*$")
 BYTES = {"byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12}  # ncu's units for byte counts
@@ -168,12 +169,14 @@ NO_COUNTERS = ("ncu may not read this GPU's performance counters (ERR_NVGPUCTRPE
                "https://developer.nvidia.com/ERR_NVGPUCTRPERM)")
 
 
-def main(task: int, kernel: str, entry: str, args_of, what_of, argv=None, causal: bool = True) -> int:
+def main(task: int, kernel: str, entry: str, args_of, what_of, argv=None, causal: bool = True,
+         half: tuple[str, str, str] | None = None) -> int:
     """`python -m taskN.profile`: one launch of the kernel named `kernel` under ncu, in the task's worker.
 
     The worker runs under ncu (its report goes to a pipe only this process reads, as the
     sanitizer's does); the entry point `entry` makes its own inputs at the standard size,
-    `args_of(options)`, and launches the kernel once.
+    `args_of(options)`, and launches the kernel once. half: (help, kernel, entry) of the task's
+    optional bf16/fp16 kernel, profiled instead with --half.
     """
     import argparse
     import time
@@ -190,8 +193,12 @@ def main(task: int, kernel: str, entry: str, args_of, what_of, argv=None, causal
     if causal:
         parser.add_argument("--causal", action="store_true", help="with the causal mask")
     parser.add_argument("--student-dir", type=Path, default=REPO, help=argparse.SUPPRESS)
+    if half is not None:
+        parser.add_argument("--half", action="store_true", help=half[0])
     parser.add_argument("--raw", action="store_true", help="also print ncu's whole report")
     options = parser.parse_args(argv)
+    if half is not None and options.half:
+        kernel, entry = half[1], half[2]
     from common.build import find_cuda_tool
 
     ncu = find_cuda_tool("ncu")

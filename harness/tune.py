@@ -144,13 +144,17 @@ class Plan:
 
     task: int
     kernel_file: str  # the student's file, e.g. task4/kernels/attention.cu
-    timed_kernel: str  # demangled name of the kernel the timed case runs, e.g. flash_attention_kernel<128>
+    timed_kernel: object  # demangled name of the kernel the timed case runs, e.g. flash_attention_kernel<128>, or
+    # callable(every constant's value) -> that name, where the constants pick the template instance
     what: str  # the timed case in words
     unit: str  # "TFLOP/s" or "GB/s"
     limit: str  # what `share` is a percentage of
     configs: list[dict[str, int]]  # the default list
     measure: object  # callable(worker) -> Measured, run in this (trusted) process against the worker
     also: object = None  # callable(worker) -> lines, run on the file as it is (#1) after its measure: more timings
+
+    def kernel_name(self, values: dict[str, int]) -> str:
+        return self.timed_kernel(values) if callable(self.timed_kernel) else self.timed_kernel
 
 
 def _config_dir(root: Path, task: int, kernel_file: str, text: str, student_dir: Path, solution: bool) -> Path:
@@ -241,7 +245,7 @@ def run(plan: Plan, configs: list[dict[str, int]], *, student_dir: Path, solutio
 
     def prepare(row: Row):
         worker, scratch = spawned[row.number]
-        if _start(row, worker, scratch, plan.timed_kernel) is not None:
+        if _start(row, worker, scratch, plan.kernel_name(tunables(text) | row.config)) is not None:
             started[row.number] = worker
 
     jobs = max(1, jobs)
@@ -280,7 +284,8 @@ def best(rows: list[Row]) -> Row | None:
 def table(plan: Plan, rows: list[Row], names: list[str]) -> list[str]:
     """The rows as text, one per configuration, the fastest correct one marked."""
     top = best(rows)
-    lines = [f"configuration = {', '.join(names)}; figures for {plan.timed_kernel}; timed: {plan.what}",
+    kernel = plan.kernel_name(rows[0].config) if rows else ""
+    lines = [f"configuration = {', '.join(names)}; figures for {kernel}; timed: {plan.what}",
              f"  {'#':>2}  {'configuration':<22} {'regs':>4} {'spills (B)':>10} {'smem/block':>10} {'threads':>7} "
              f"{'blocks/SM':>9}  {'time':>10} {plan.unit:>8} {'% ' + plan.limit:>14}"]
     for r in rows:
@@ -354,7 +359,8 @@ def plot(path: Path, plan: Plan, rows: list[Row], names: list[str], title: str) 
     return path
 
 
-def main(plan: Plan, argv=None) -> int:
+def main(plan: Plan, argv=None, half: Plan | None = None) -> int:
+    """`python -m taskN.tune`; `half`: the plan of the task's optional bf16/fp16 kernel, taken with --half."""
     import argparse
     import os
 
@@ -369,6 +375,8 @@ def main(plan: Plan, argv=None) -> int:
                         help="your own configurations, each NAME=NUMBER pairs separated by commas (names not given "
                              "keep the file's value); default: a list that covers the usual choices")
     parser.add_argument("--solution", action="store_true", help="tune the reference solution instead of your code")
+    if half is not None:
+        parser.add_argument("--half", action="store_true", help=f"tune the optional bf16/fp16 kernel ({half.kernel_file})")
     parser.add_argument("--student-dir", type=Path, default=REPO, metavar="DIR", help=argparse.SUPPRESS)
     parser.add_argument("--build-only", action="store_true",
                         help="only compile each configuration: registers, spills, or why it does not build (no GPU)")
@@ -376,6 +384,10 @@ def main(plan: Plan, argv=None) -> int:
                         help="configurations built at once (default: half the CPU cores, at most 8)")
     parser.add_argument("--csv", type=Path, default=Path(f"task{plan.task}-tune.csv"), help="where the rows go")
     args = parser.parse_args(argv)
+    if half is not None and args.half:
+        plan = half
+        if args.csv == Path(f"task{plan.task}-tune.csv"):
+            args.csv = Path(f"task{plan.task}-half-tune.csv")
 
     source = source_of(plan.kernel_file, args.student_dir, args.solution)
     text = source.read_text()
@@ -401,7 +413,8 @@ def main(plan: Plan, argv=None) -> int:
             return 1
         arch = build.cuda_arch(without_gpu="90")  # no GPU to ask: sm_90 unless TORCH_CUDA_ARCH_LIST says otherwise
         for n, b in enumerate(build_configs(source, configs, root / "build-only", arch, jobs=args.jobs), 1):
-            kernel = next((k for k in b.kernels if k.name == plan.timed_kernel), b.kernels[0] if b.kernels else None)
+            timed = plan.kernel_name(tunables(text) | b.config)
+            kernel = next((k for k in b.kernels if k.name == timed), b.kernels[0] if b.kernels else None)
             said = b.error or (kernel.line() if kernel else "no kernels")
             print(f"  #{n} {config_text({k: v for k, v in (tunables(text) | b.config).items() if k in names})}: {said}")
         return 0

@@ -77,3 +77,10 @@ def profile_launch(batch, heads, seq, head_dim, causal):
     q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda") for _ in range(3))
     ext.forward(q, k, v, torch.empty_like(q), causal, head_dim ** -0.5)
     torch.cuda.synchronize()
+
+
+def profile_launch_half(batch, heads, seq, head_dim, causal):
+    """The same for the bf16 kernel (python -m task4.profile --half)."""
+    q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    forward_half(q, k, v, torch.empty_like(q), causal, head_dim ** -0.5)
+    torch.cuda.synchronize()

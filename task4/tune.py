@@ -1,4 +1,4 @@
-"""python -m task4.tune [--configs NAME=N,... ...] [--solution] [--build-only] [--jobs N] [--csv PATH]
+"""python -m task4.tune [--half] [--configs NAME=N,... ...] [--solution] [--build-only] [--jobs N] [--csv PATH]
 
 Builds your kernel (task4/kernels/attention.cu) at several settings of its tile constants, side
 by side, then checks each on a few edge cases and times it at batch 8, 32 heads, seq 4096,
@@ -6,14 +6,24 @@ head_dim 128, one at a time. One row per configuration: registers per thread, sp
 memory per block, threads and blocks per SM, time, TFLOP/s and the share of the GPU's float32
 FFMA peak; the fastest correct one is marked with the lines to paste into your file. Writes
 task4-tune.csv (and task4-tune.png when matplotlib is installed). README, Task 4, step 7.
+
+--half: the optional bf16/fp16 kernel (task4/kernels/attention_half.cu, steps 8-11) in bf16, its
+knobs (warps per block, tile keys, what is unrolled or kept in registers), against the
+tensor cores' bound for 16-bit products, with SDPA's flash backend timed beside the file as it is;
+writes task4-half-tune.csv.
 """
 
+import math
 import sys
 
-from harness import tune
-from harness.reference import attention_flops, fp32_peak_tflops
-from task4.measure import PERF_CASE, time_student
-from task4.test import check_case, shape_text
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from harness import bench, tune
+from harness.reference import attention_flops, fp32_peak_tflops, half_tensor_core_bound_tflops
+from task4.measure import PERF_CASE, time_here, time_student
+from task4.test import check_case, check_half_case, shape_text
 
 # Each sets every constant, so a row means the same whatever the file says. The first is the
 # skeleton's untuned start; the list covers the tile shapes, the micro-tile per thread, and
@@ -52,5 +62,55 @@ PLAN = tune.Plan(task=4, kernel_file="task4/kernels/attention.cu", timed_kernel=
                  what="batch {} heads {} seq {} head_dim {}".format(*PERF_CASE), unit="TFLOP/s",
                  limit="FFMA peak", configs=CONFIGS, measure=measure)
 
+# The bf16/fp16 kernel's knobs (the skeleton's values first: 4 warps, 8 above head_dim 96, 64-key tiles, Q's
+# k16 steps unrolled). Timed at head_dim 128, where the knobs matter most.
+HALF_CONFIGS = [
+    {"BLOCK_WARPS_LARGE_D": 8, "BLOCK_COLS": 64, "Q_STEPS_UNROLLED": 8},
+    {"BLOCK_WARPS_LARGE_D": 4, "BLOCK_COLS": 64, "Q_STEPS_UNROLLED": 8},
+    {"BLOCK_WARPS_LARGE_D": 8, "BLOCK_COLS": 64, "Q_STEPS_UNROLLED": 1},
+    {"BLOCK_WARPS_LARGE_D": 8, "BLOCK_COLS": 32, "Q_STEPS_UNROLLED": 8},
+    {"BLOCK_WARPS_LARGE_D": 8, "BLOCK_COLS": 64, "Q_STEPS_UNROLLED": 8, "LOADS_UNROLLED_UP_TO": 128},
+]
+
+
+def measure_half(worker) -> tune.Measured:
+    for n, (shape, causal) in enumerate(CHECKS):
+        result = check_half_case(worker, shape, causal, seed=900 + 10 * n, dtype=torch.bfloat16)
+        if not result.passed:
+            return tune.Measured(error=f"wrong at {shape_text(shape)}{' causal' if causal else ''}: "
+                                       f"{result.message.splitlines()[0]}")
+    b, h, s, d = PERF_CASE
+    timing, count = time_student(worker, b, h, s, d, False, dtype=torch.bfloat16)
+    if count is None:
+        return tune.Measured(error=f"timed run failed: {timing.splitlines()[0]}")
+    tflops = attention_flops(b, h, s, s, d, False) / (timing.median_ms * 1e-3) / 1e12
+    return tune.Measured(ms=timing.median_ms, throughput=tflops, share=100 * tflops / half_tensor_core_bound_tflops())
+
+
+def sdpa_flash_beside(worker) -> list[str]:
+    """SDPA's flash backend (FlashAttention-2) at the same case, in bf16"""
+    b, h, s, d = PERF_CASE
+
+    def flash(q, k, v, o):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, scale=1.0 / math.sqrt(d))
+    t_flash = time_here(flash, b, h, s, d, 1, torch.bfloat16)
+    return [f"SDPA's flash backend (FlashAttention-2), bf16, same case: {bench.timing_text(t_flash)}"
+            + (f", {attention_flops(b, h, s, s, d, False) / (t_flash.median_ms * 1e-3) / 1e12:.0f} TFLOP/s"
+               if not isinstance(t_flash, str) else "")]
+
+
+def half_timed_kernel(values: dict[str, int]) -> str:
+    """The instance the launcher runs at head_dim 128 in bf16 where a block may have 139 KB of shared memory (H100,
+    A100; on GPUs of 99 KB a block it takes 4 warps and BLOCK_COLS_SMALL instead)."""
+    return (f"flash_attention_half_kernel<__nv_bfloat16, 128, {values.get('BLOCK_COLS')}, "
+            f"{values.get('BLOCK_WARPS_LARGE_D')}, true>")
+
+
+HALF_PLAN = tune.Plan(task=4, kernel_file="task4/kernels/attention_half.cu", timed_kernel=half_timed_kernel,
+                      what="bf16, batch {} heads {} seq {} head_dim {}".format(*PERF_CASE), unit="TFLOP/s",
+                      limit="16-bit tensor-core bound", configs=HALF_CONFIGS, measure=measure_half,
+                      also=sdpa_flash_beside)
+
 if __name__ == "__main__":
-    sys.exit(tune.main(PLAN))
+    sys.exit(tune.main(PLAN, half=HALF_PLAN))

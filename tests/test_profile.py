@@ -59,3 +59,11 @@ def test_at_the_memory_or_compute_bound_what_does_not_limit_the_kernel_is_left_o
     text = "\n".join(summary(launch))
     assert "at the compute bound (SM 85% >= 80% of peak)" in text and "DRAM read" not in text
     assert "bank conflicts (" in text and "issue slots busy" in text
+
+
+def test_a_kernel_of_an_anonymous_namespace_is_read_too():
+    line = ("  void (anonymous namespace)::flash_attention_half_kernel<__nv_bfloat16, 128, 64, 8, true>(const T1 *, int) "
+            "(256, 16, 1)x(256, 1, 1), Context 1, Stream 7, Device 0, CC 9.0")
+    launches = parse_ncu(line)
+    assert [(l.kernel, l.grid, l.block) for l in launches] == [
+        ("flash_attention_half_kernel<__nv_bfloat16, 128, 64, 8, true>", "(256, 16, 1)", "(256, 1, 1)")]

@@ -93,3 +93,26 @@ def test_the_timed_kernels_figures_come_from_the_newest_build(tmp_path):
     kernel = tune.built_kernel(tmp_path, "flash_attention_kernel<128>")
     assert kernel is not None and kernel.registers == 128 and kernel.spill_stores == 1196
     assert tune.built_kernel(tmp_path, "no_such_kernel") is None
+
+
+def test_the_half_kernels_knobs_are_constants_of_its_file_and_skeleton():
+    from task4.tune import HALF_PLAN
+
+    for path in (REPO / "task4/kernels/attention_half.cu", REPO / "task4/solution/kernels/attention_half.cu"):
+        text = path.read_text()
+        for config in HALF_PLAN.configs:
+            tune.configure(text, config)  # an unknown name would raise
+        assert HALF_PLAN.configs[0].items() <= tune.tunables(text).items(), "the first row is the file as it is"
+
+
+@needs_nvcc
+def test_the_half_kernel_timed_is_one_the_build_reports(tmp_path):
+    """Its name comes from the constants (the launcher picks the instance): the figures shown must be its own."""
+    from task4.tune import HALF_PLAN
+
+    source = REPO / "task4/solution/kernels/attention_half.cu"
+    configs = [{}, {"BLOCK_COLS": 32, "BLOCK_WARPS_LARGE_D": 4}]
+    for config, built in zip(configs, tune.build_configs(source, configs, tmp_path, "90", jobs=2)):
+        name = HALF_PLAN.kernel_name(tune.tunables(source.read_text()) | config)
+        assert built.error is None and name in [k.name for k in built.kernels], (name, [k.name for k in built.kernels])
+        assert not next(k for k in built.kernels if k.name == name).spills
