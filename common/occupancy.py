@@ -16,6 +16,7 @@ comes back (plain integers) like any other reply.
 from __future__ import annotations
 
 import ctypes
+import re
 import struct
 from pathlib import Path
 
@@ -24,6 +25,19 @@ _ATTRIBUTES_BYTES = 256  # more than the struct's size in any CUDA version: the 
 _DEFAULT_LIMIT = 48 * 1024  # static + dynamic shared memory a kernel may use without opting in to more
 _OFFSETS = {"static_shared": (0, ctypes.c_size_t), "local": (16, ctypes.c_size_t),
             "threads": (24, ctypes.c_int), "registers": (28, ctypes.c_int), "dynamic_shared": (44, ctypes.c_int)}
+
+
+def host_stub_name(symbol: str, table: dict[str, int]) -> str | None:
+    """The host stub's symbol for the kernel ptxas names `symbol`. The same name, except for a kernel in an
+    anonymous namespace: the host compiler marks its name internal (`L` before it), ptxas does not."""
+    if symbol in table:
+        return symbol
+    m = re.match(r"_ZN(\d+)_GLOBAL__N_", symbol)  # _ZN, the namespace's name as <length><name>, then the kernel's
+    if m:
+        end = m.end(1) + int(m.group(1))
+        internal = symbol[:end] + "L" + symbol[end:]
+        return internal if internal in table else None
+    return None
 
 
 def blocks_per_sm(library: str, symbols: list[str]) -> dict[str, dict[str, int]]:
@@ -38,9 +52,10 @@ def blocks_per_sm(library: str, symbols: list[str]) -> dict[str, dict[str, int]]
     base = _load_base(lib, table, "PyInit_" + Path(library).name.split(".")[0])
     found = {}
     for symbol in symbols:
-        if base is None or symbol not in table:
+        stub_name = host_stub_name(symbol, table)
+        if base is None or stub_name is None:
             continue  # a stripped library: no figure rather than a wrong one
-        stub = ctypes.c_void_p(base + table[symbol])
+        stub = ctypes.c_void_p(base + table[stub_name])
         raw = ctypes.create_string_buffer(_ATTRIBUTES_BYTES)
         if get_attributes(raw, stub) != 0:
             continue

@@ -191,16 +191,19 @@ def _start(row: Row, worker, scratch: Path, timed_kernel: str):
 
 
 def built_kernel(scratch: Path, name: str) -> KernelResources | None:
-    """What ptxas said of kernel `name` in the newest build under scratch/worker-builds (its object's .ptxas).
+    """What ptxas said of kernel `name` in the newest build under scratch/worker-builds that has it (each object's
+    .ptxas: a task's two kernel files build one after the other, so the newest report may be the other file's).
 
     One folder per configuration's text, so the newest is this one's. The worker could write anything
     there: the figures are only shown, never scored, and a file that is not a small regular one is skipped.
     """
-    kernels = []
-    for ptxas in sorted((scratch / "worker-builds").rglob("*.ptxas"), key=lambda p: p.lstat().st_mtime):
+    for ptxas in sorted((scratch / "worker-builds").rglob("*.ptxas"), key=lambda p: p.lstat().st_mtime, reverse=True):
         if ptxas.is_file() and not ptxas.is_symlink() and ptxas.stat().st_size < 1 << 20:
-            kernels = resources.parse_ptxas(ptxas.read_text(errors="replace"))
-    return next((k for k in resources.demangle(kernels) if k.name == name), None)
+            kernels = resources.demangle(resources.parse_ptxas(ptxas.read_text(errors="replace")))
+            found = next((k for k in kernels if k.name == name), None)
+            if found is not None:
+                return found
+    return None
 
 
 def _occupancy(worker, kernel: KernelResources | None) -> dict[str, int]:
@@ -285,7 +288,8 @@ def table(plan: Plan, rows: list[Row], names: list[str]) -> list[str]:
     """The rows as text, one per configuration, the fastest correct one marked."""
     top = best(rows)
     kernel = plan.kernel_name(rows[0].config) if rows else ""
-    lines = [f"configuration = {', '.join(names)}; figures for {kernel}; timed: {plan.what}",
+    which = f"{kernel}" if not callable(plan.timed_kernel) else f"the kernel each row runs (#1: {kernel})"
+    lines = [f"configuration = {', '.join(names)}; figures for {which}; timed: {plan.what}",
              f"  {'#':>2}  {'configuration':<22} {'regs':>4} {'spills (B)':>10} {'smem/block':>10} {'threads':>7} "
              f"{'blocks/SM':>9}  {'time':>10} {plan.unit:>8} {'% ' + plan.limit:>14}"]
     for r in rows:
@@ -382,12 +386,12 @@ def main(plan: Plan, argv=None, half: Plan | None = None) -> int:
                         help="only compile each configuration: registers, spills, or why it does not build (no GPU)")
     parser.add_argument("--jobs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
                         help="configurations built at once (default: half the CPU cores, at most 8)")
-    parser.add_argument("--csv", type=Path, default=Path(f"task{plan.task}-tune.csv"), help="where the rows go")
+    parser.add_argument("--csv", type=Path, help=f"where the rows go (default: task{plan.task}-tune.csv"
+                        + (f", task{plan.task}-half-tune.csv with --half)" if half is not None else ")"))
     args = parser.parse_args(argv)
-    if half is not None and args.half:
-        plan = half
-        if args.csv == Path(f"task{plan.task}-tune.csv"):
-            args.csv = Path(f"task{plan.task}-half-tune.csv")
+    half_chosen = half is not None and args.half
+    plan = half if half_chosen else plan
+    args.csv = args.csv or Path(f"task{plan.task}-{'half-' if half_chosen else ''}tune.csv")
 
     source = source_of(plan.kernel_file, args.student_dir, args.solution)
     text = source.read_text()

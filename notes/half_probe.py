@@ -1,6 +1,6 @@
 """Issue 32: the bf16/fp16 tensor-core FlashAttention reference (task4/solution/kernels/attention_half.cu) alone.
 
-python notes/half_probe.py [--time] [--build N] [--configs WARPS=8 WARPS=8,BLOCK_COLS=32 ...]  (a GPU of compute
+python notes/half_probe.py [--time] [--build N] [--configs BLOCK_WARPS=8 BLOCK_COLS=32,Q_STEPS_UNROLLED=1 ...]  (a GPU of compute
 capability 8.0 or later; --build N builds variant N only, 0 being the reference as it is, and exits). Builds the file with a small
 binding of its own, then, for bf16 and fp16: checks it against float64 on the same 16-bit inputs over shapes
 that are not multiples of the tiles (causal, seq_q != seq_k, grouped heads, key_start), each output poisoned
@@ -131,10 +131,11 @@ def timing(ext, dtype, head_dims=(64, 128)):
 
 
 def variant(source: str, config: str) -> str:
-    """The reference with constants replaced: config "WARPS=8,BLOCK_COLS=32"; "file=PATH" starts from another
+    """The reference with constants replaced: config "BLOCK_WARPS=8,BLOCK_COLS=32"; "file=PATH" starts from another
     version of the file (an earlier design step, say)."""
-    for item in filter(None, config.split(",")):
-        name, value = item.split("=")
+    items = [item for item in config.split(",") if item]
+    for item in sorted(items, key=lambda item: not item.startswith("file=")):  # file= first: the others edit it
+        name, value = item.split("=", 1)
         if name == "file":
             source = open(value).read()
             continue
@@ -147,7 +148,7 @@ def variant(source: str, config: str) -> str:
 
 
 def main():
-    """python notes/half_probe.py [--time] [--configs CONFIG ...]: CONFIG like WARPS=8,BLOCK_COLS=32 (one build and
+    """python notes/half_probe.py [--time] [--configs CONFIG ...]: CONFIG like BLOCK_WARPS=8,BLOCK_COLS=32 (one build and
     one row each, after the reference as it is)."""
     source = open("task4/solution/kernels/attention_half.cu").read()
     configs = [""] + (sys.argv[sys.argv.index("--configs") + 1:] if "--configs" in sys.argv else [])

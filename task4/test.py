@@ -98,6 +98,8 @@ HALF_CASES = [
     (1, 4, 4, 1, 300, 128, None),
     (2, 4, 4, 90, 90, 64, (0, 37)),
     (2, 4, 2, 30, 100, 128, (5, 99)),
+    (1, 2, 2, 300, 517, 128, None),  # above head_dim 96, blocks of 256 rows: two, the second partial
+    (2, 2, 1, 600, 700, 128, (0, 450)),  # padding that skips more than a block of queries
 ]
 def shape_text(shape) -> str:
     return "batch {} heads {} seq {}x{} head_dim {}".format(*shape)

@@ -101,10 +101,16 @@ def sdpa_flash_beside(worker) -> list[str]:
 
 
 def half_timed_kernel(values: dict[str, int]) -> str:
-    """The instance the launcher runs at head_dim 128 in bf16 where a block may have 139 KB of shared memory (H100,
-    A100; on GPUs of 99 KB a block it takes 4 warps and BLOCK_COLS_SMALL instead)."""
-    return (f"flash_attention_half_kernel<__nv_bfloat16, 128, {values.get('BLOCK_COLS')}, "
-            f"{values.get('BLOCK_WARPS_LARGE_D')}, true>")
+    """The instance the launcher runs at head_dim 128 in bf16: 8-warp blocks of BLOCK_COLS-key tiles where this GPU
+    lets a block have their shared memory (H100, A100), else 4 warps and BLOCK_COLS_SMALL (the file's launcher)."""
+    warps, cols = values.get("BLOCK_WARPS_LARGE_D"), values.get("BLOCK_COLS")
+    rows = warps * 16 * values.get("M_TILES", 2) if warps else 0
+    smem = (rows + 4 * (cols or 0)) * (128 + values.get("PAD", 8)) * 2
+    per_block = getattr(torch.cuda.get_device_properties(0), "shared_memory_per_block_optin", None) \
+        if torch.cuda.is_available() else None
+    if per_block is not None and smem > per_block:
+        warps, cols = values.get("BLOCK_WARPS"), values.get("BLOCK_COLS_SMALL")
+    return f"flash_attention_half_kernel<__nv_bfloat16, 128, {cols}, {warps}, true>"
 
 
 HALF_PLAN = tune.Plan(task=4, kernel_file="task4/kernels/attention_half.cu", timed_kernel=half_timed_kernel,

@@ -93,6 +93,21 @@ def test_the_timed_kernels_figures_come_from_the_newest_build(tmp_path):
     kernel = tune.built_kernel(tmp_path, "flash_attention_kernel<128>")
     assert kernel is not None and kernel.registers == 128 and kernel.spill_stores == 1196
     assert tune.built_kernel(tmp_path, "no_such_kernel") is None
+    # a task's second kernel file builds after the first: the newest report lacks the timed kernel, an older one has it
+    (folder / "other_file.ptxas").write_text("ptxas info    : Compiling entry function '_Z5otherv' for 'sm_90'\n")
+    kernel = tune.built_kernel(tmp_path, "flash_attention_kernel<128>")
+    assert kernel is not None and kernel.registers == 128
+
+
+def test_the_host_stub_of_a_kernel_in_an_anonymous_namespace_is_found():
+    from common.occupancy import host_stub_name
+
+    # ptxas names it without the `L` (internal linkage) that the host compiler puts before the kernel's name
+    ptxas = "_ZN37_GLOBAL__N__afb3315d_5_v2_cu_33f48c1627flash_attention_half_kernelI6__halfLi64ELi64ELi4ELb1EEEvv"
+    stub = "_ZN37_GLOBAL__N__afb3315d_5_v2_cu_33f48c16L27flash_attention_half_kernelI6__halfLi64ELi64ELi4ELb1EEEvv"
+    assert host_stub_name(ptxas, {stub: 0}) == stub
+    assert host_stub_name("_Z6kernelPf", {"_Z6kernelPf": 0}) == "_Z6kernelPf"
+    assert host_stub_name("_Z6kernelPf", {}) is None
 
 
 def test_the_half_kernels_knobs_are_constants_of_its_file_and_skeleton():

@@ -24,7 +24,8 @@ def test_every_default_configuration_passes_the_kernels_static_asserts(tmp_path)
         source = REPO / plan.kernel_file.replace("/", "/solution/", 1)
         built = tune.build_configs(source, plan.configs, tmp_path / str(plan.task), "90", jobs=2)
         assert [b.error for b in built] == [None] * len(built), plan.task
-        assert all(any(k.name == plan.timed_kernel for k in b.kernels) for b in built), plan.task
+        names = [plan.kernel_name(tune.tunables(source.read_text()) | config) for config in plan.configs]
+        assert all(any(k.name == name for k in b.kernels) for name, b in zip(names, built)), plan.task
 
 
 @needs_solution(1)
