@@ -15,7 +15,8 @@ CASES = {
         "attention": [(3, 2, 45, 130, 96)],  # (batch, heads, seq_q, seq_k, head_dim)
     },
     # (batch, heads, seq_q, seq_k, head_dim, block_rows, block_cols)
-    3: {"attention": [(2, 3, 65, 65, 48, 32, 48), (1, 2, 3, 190, 24, 16, 64), (1, 1, 33, 33, 16, 33, 1)]},
+    3: {"attention": [(2, 3, 65, 65, 48, 32, 48), (1, 2, 3, 190, 24, 16, 64), (1, 1, 33, 33, 16, 33, 1)],
+        "backward": [(2, 2, 65, 97, 48, 32, 48), (1, 3, 33, 33, 16, 33, 5)]},  # the optional backward pass
     4: {
         "attention": [(3, 1, 191, 191, 96), (1, 2, 5, 700, 128), (2, 1, 256, 256, 40)],  # (b, h, sq, sk, d)
         # (batch, heads, kv_heads, seq_q, seq_k, head_dim, key_start or None)

@@ -64,6 +64,18 @@ def attention_reference(q, k, v, causal: bool = False, scale: float | None = Non
         return out, torch.logsumexp(scores, dim=-1).masked_fill(padded[..., 0], -math.inf)
 
 
+def attention_gradients(q, k, v, d_out, causal: bool = False):
+    """(dq, dk, dv) in float64: autograd through softmax(q k^T / sqrt(d) + mask) v on float64 copies, for the
+    gradient d_out of the output (task 3's backward pass is checked against it)."""
+    with exact_float32(), torch.enable_grad():
+        q, k, v = (t.detach().to(torch.float64).requires_grad_() for t in (q, k, v))
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        if causal:
+            scores = scores.masked_fill(causal_mask(q.shape[-2], k.shape[-2], q.device), -math.inf)
+        (torch.softmax(scores, dim=-1) @ v).backward(d_out.detach().to(torch.float64))
+        return q.grad, k.grad, v.grad
+
+
 def naive_attention(q, k, v, causal: bool = False, scale: float | None = None):
     """The unfused baseline in the inputs' dtype: matmul, mask, softmax, matmul (the whole score matrix)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale

@@ -62,3 +62,71 @@ def flash_attention(
         raise NotImplementedError("see README, Task 3, step 5: normalise, O_i = acc / l_i, and save the log-sum-exp L_i = m_i + log(l_i)")
 
     return (out, lse) if return_lse else out
+
+
+# -- the backward pass (optional: README, Task 3, steps 6-8) -------------------------------------------------
+
+
+def flash_attention_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    d_out: torch.Tensor,
+    causal: bool = False,
+    block_rows: int = 64,
+    block_cols: int = 64,
+):
+    """dq, dk, dv of out = flash_attention(q, k, v, causal) for d_out = dLoss/d out (Algorithm 2 of the paper).
+
+    Tile by tile, as the forward pass: each tile of the probabilities P is computed again from the saved
+    log-sum-exp (P_ij = exp(S_ij - L_i)), so neither the full score matrix nor P is ever held. The outer loop
+    walks the key/value tiles, whose dK_j and dV_j it sums over the query tiles of the inner loop; dQ_i
+    collects a part from every key tile.
+    """
+    check_qkv(q, k, v, dims=4, seq_dim=2, causal=causal)
+    if block_rows < 1 or block_cols < 1:
+        raise ValueError(f"block_rows and block_cols must be positive, got {block_rows} and {block_cols}")
+    seq_q, seq_k, head_dim = q.shape[2], k.shape[2], q.shape[3]
+    scale = 1.0 / math.sqrt(head_dim)
+    offset = seq_k - seq_q  # query i is aligned with key i + offset
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    # TODO (README, Task 3, step 7: D_i = rowsum(dO_i * O_i), and the first query tile a causal key tile reaches)
+    delta = torch.zeros_like(lse)
+
+    for col_start in range(0, seq_k, block_cols):
+        col_end = min(col_start + block_cols, seq_k)
+        k_j, v_j = k[:, :, col_start:col_end], v[:, :, col_start:col_end]  # (B, H, Bc, d)
+        dk_j, dv_j = torch.zeros_like(k_j), torch.zeros_like(v_j)
+        # TODO (README, Task 3, step 7: D_i = rowsum(dO_i * O_i), and the first query tile a causal key tile reaches)
+        row_begin = 0
+        for row_start in range(row_begin, seq_q, block_rows):
+            row_end = min(row_start + block_rows, seq_q)
+            q_i, do_i = q[:, :, row_start:row_end], d_out[:, :, row_start:row_end]  # (B, H, Br, d)
+            lse_i, delta_i = lse[:, :, row_start:row_end], delta[:, :, row_start:row_end]  # (B, H, Br)
+            # TODO (README, Task 3, step 8: P_ij = exp(S_ij - L_i) again, then dV_j, dP_ij, dS_ij, and the parts of dQ_i and dK_j)
+            raise NotImplementedError("see README, Task 3, step 8: P_ij = exp(S_ij - L_i) again, then dV_j, dP_ij, dS_ij, and the parts of dQ_i and dK_j")
+        dk[:, :, col_start:col_end] = dk_j
+        dv[:, :, col_start:col_end] = dv_j
+    return dq, dk, dv
+
+
+class FlashAttention(torch.autograd.Function):
+    """flash_attention as a PyTorch operation with a gradient: the forward pass saves q, k, v, the output and the
+    log-sum-exp (one number per query row, never P), and the backward pass is flash_attention_backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False, block_rows=64, block_cols=64):
+        # TODO (README, Task 3, step 6: the forward saves q, k, v, out and the log-sum-exp; the backward returns dq, dk, dv)
+        raise NotImplementedError("see README, Task 3, step 6: the forward saves q, k, v, out and the log-sum-exp; the backward returns dq, dk, dv")
+
+    @staticmethod
+    def backward(ctx, d_out):
+        # TODO (README, Task 3, step 6: the forward saves q, k, v, out and the log-sum-exp; the backward returns dq, dk, dv)
+        raise NotImplementedError("see README, Task 3, step 6: the forward saves q, k, v, out and the log-sum-exp; the backward returns dq, dk, dv")
+
+
+def flash_attention_trainable(q, k, v, causal: bool = False, block_rows: int = 64, block_cols: int = 64):
+    """flash_attention that autograd can differentiate (given)."""
+    return FlashAttention.apply(q, k, v, causal, block_rows, block_cols)

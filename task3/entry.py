@@ -35,6 +35,83 @@ def flash_shapes(q, k, v, causal, block_rows, block_cols):
     return tuple(out.shape) if isinstance(out, torch.Tensor) else None
 
 
+# -- the optional backward pass (steps 6-8) ---------------------------------------------------------------------
+
+
+def _trainable():
+    if not all(hasattr(student, name) for name in ("flash_attention_trainable", "flash_attention_backward")):
+        # a file from before the backward pass was in the handout
+        raise NotImplementedError("see README, Task 3, step 6: your task3/attention.py has no flash_attention_backward or "
+                                  "flash_attention_trainable: copy the backward pass's part of the handout's file")
+    return student.flash_attention_trainable
+
+
+def saved_by(grad_fn):
+    """What the forward pass kept for the backward pass: the shapes of ctx.save_for_backward's tensors, and the
+    names and shapes of any tensor kept another way on ctx (an attribute, or in a list, tuple or dict of one)."""
+    if grad_fn is None:
+        return None
+    saved = [tuple(t.shape) for t in getattr(grad_fn, "saved_tensors", ()) if isinstance(t, torch.Tensor)]
+    others = []
+    for name, value in getattr(grad_fn, "__dict__", {}).items():
+        values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+        others += [(str(name), tuple(t.shape)) for t in values if isinstance(t, torch.Tensor)]
+    return saved, others
+
+
+def _forward(q, k, v, causal, block_rows, block_cols):
+    with torch.enable_grad():
+        out = _trainable()(q, k, v, causal=causal, block_rows=block_rows, block_cols=block_cols)
+    if not isinstance(out, torch.Tensor) or out.grad_fn is None:
+        raise TypeError("flash_attention_trainable must return a tensor autograd can differentiate (one made by "
+                        "FlashAttention.apply), got " + (f"{type(out).__name__}" if not isinstance(out, torch.Tensor)
+                                                        else "a tensor without a gradient function"))
+    return out
+
+
+def flash_saved(q, k, v, causal, block_rows, block_cols):
+    """The forward pass alone: what it kept for the backward pass (saved_by)."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    return saved_by(_forward(q, k, v, causal, block_rows, block_cols).grad_fn)
+
+
+def flash_backward(q, k, v, d_out, causal, block_rows, block_cols):
+    """out = flash_attention_trainable(q, k, v), then out.backward(d_out): (out, dq, dk, dv)."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = _forward(q, k, v, causal, block_rows, block_cols)
+    out.backward(d_out)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def flash_backward_shapes(q, k, v, d_out, causal, block_rows, block_cols):
+    """The same without returning the tensors (the memory-limit case): only whether it fits matters."""
+    out, dq, dk, dv = flash_backward(q, k, v, d_out, causal, block_rows, block_cols)
+    return tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in (out, dq, dk, dv))
+
+
+_prepared = {}  # flash_backward_prepare's forward pass, for flash_backward_one_thread
+
+
+def flash_backward_prepare(q, k, v, causal, block_rows, block_cols):
+    """The forward pass whose out and lse flash_backward_one_thread differentiates: a call of its own, so that the
+    CPU time the causal-skip check reads around that one is the backward pass's alone."""
+    _trainable()
+    out, lse = student.flash_attention(q, k, v, causal=causal, block_rows=block_rows, block_cols=block_cols,
+                                       return_lse=True)
+    _prepared["args"] = (q, k, v, out, lse, torch.ones_like(q), causal, block_rows, block_cols)
+
+
+def flash_backward_one_thread(times=1):
+    """flash_attention_backward on the prepared forward pass, `times` times on one CPU thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for _ in range(times):
+            student.flash_attention_backward(*_prepared["args"])
+    finally:
+        torch.set_num_threads(threads)
+
+
 def repeat(times, which, q, k, v, causal):
     """Run task 3's flash attention (or task 1's attention) `times` times; the checks time the request."""
     fn = student.flash_attention if which == "flash" else load_student_module("task1.attention").attention

@@ -7,6 +7,9 @@ Checks Task 3's FlashAttention-2 (PyTorch) on the CPU (and on CUDA when present)
   larger than the memory your code may use (a rule: the task scores 0 without it);
 - that causal runs skip the tiles after the diagonal (they take about half the CPU time);
 then times it next to Task 1's naive attention on the same inputs.
+Optional (steps 6-8, reported, not scored unless the rubric says so): the backward pass, dq, dk and dv
+through flash_attention_trainable against float64 autograd, what its forward pass saves, the full
+matrix never built and the causal tiles skipped there too.
 Your code runs in a worker process (task3/entry.py); this file only checks what it returns.
 """
 
@@ -22,8 +25,9 @@ from common import impl
 from harness import cli, gpu_share
 from harness.checks import compare, random_tensor
 from harness.diagnose import diagnose
+from harness.outcome import Kind
 from harness.records import Report
-from harness.reference import attention_reference
+from harness.reference import attention_gradients, attention_reference
 from harness.sandbox import Worker, WorkerDied, WorkerError
 from harness.timing import summarize
 
@@ -39,6 +43,17 @@ CASES = [
     (1, 1, 70, 70, 8, 1, 7),
 ]
 ATOL, RTOL = 2e-5, 1e-4
+# The optional backward pass (steps 6-8), same layout. Its gradients are held to the forward's tolerance: the reference's
+# worst error on these cases is 3e-6 (dv, seq 129 causal, |dv| up to 6), PyTorch's own float32 autograd through naive
+# attention 2.5e-6 on the same inputs (notes/issue33.md).
+BACKWARD_CASES = [
+    (1, 1, 1, 1, 16, 64, 64),
+    (2, 3, 127, 127, 32, 16, 16),
+    (2, 2, 129, 129, 64, 64, 32),
+    (1, 2, 100, 300, 64, 64, 64),
+    (1, 2, 1, 257, 64, 64, 64),
+    (1, 1, 70, 70, 8, 1, 7),
+]
 TIMING_SHAPES = {"cpu": (2, 8, 512, 64), "cuda": (4, 32, 1024, 128)}  # (batch, heads, seq, head_dim)
 
 
@@ -82,16 +97,87 @@ def check_values(worker, case):
     return checked
 
 
+def check_backward(worker, case):
+    """dq, dk, dv of flash_attention_trainable against float64 autograd; what its forward pass kept for the backward."""
+    q, k, v = inputs(case.shape, case.seed)
+    d_out = random_tensor(q.shape, case.seed + 3)
+    on = lambda t: t.to(case.device)  # noqa: E731
+    said = saved_wrong(worker.call("flash_saved", on(q), on(k), on(v), case.causal, *case.shape[5:]), q.shape, k.shape)
+    if said:  # asked first, from the forward pass alone: a backward pass that reads what it should not have may fail
+        return False, said + " (README, Task 3, step 6)", {}
+    result = worker.call("flash_backward", on(q), on(k), on(v), on(d_out), case.causal, *case.shape[5:])
+    if not (isinstance(result, tuple) and len(result) == 4):
+        return False, "the backward check's call returned something else than (out, dq, dk, dv)", {}
+    out, *grads = result
+    checked = compare(out, attention_reference(q, k, v, case.causal)[0], atol=ATOL, rtol=RTOL, name="out",
+                      device=case.device)
+    if not checked.passed:
+        return checked.passed, f"{checked.message} (flash_attention_trainable's forward pass: README, Task 3, step 6)", {}
+    messages = []
+    for name, got, expected in zip(("dq", "dk", "dv"), grads, attention_gradients(q, k, v, d_out, case.causal)):
+        checked = compare(got, expected, atol=ATOL, rtol=RTOL, name=name, device=case.device)
+        if not checked.passed:
+            return False, f"{checked.message} (README, Task 3, steps 7-8)", {}
+        messages.append(f"{name} {checked.message}")
+    return True, "; ".join(messages) + "; saved q, k, v, out and the log-sum-exp", {}
+
+
+def saved_wrong(saved, q_shape, k_shape) -> str | None:
+    """What is wrong with what the forward pass saved (the worker's description of ctx), or None.
+
+    Exactly q, k, v, the output and one (batch, heads, seq_q) tensor, the log-sum-exp, with
+    ctx.save_for_backward; no other tensor on ctx (P, or the scores, kept aside).
+    """
+    if not (isinstance(saved, tuple) and len(saved) == 2 and all(isinstance(x, list) for x in saved)):
+        return "the forward pass's saved tensors could not be read"
+    tensors, others = saved
+    if others:
+        kept = ", ".join(f"ctx.{name} {tuple(shape)}" for name, shape in others[:3])
+        return (f"the forward pass keeps tensors on ctx besides ctx.save_for_backward: {kept}; save q, k, v, the "
+                f"output and the log-sum-exp with ctx.save_for_backward, nothing else")
+    expected = sorted([tuple(q_shape), tuple(k_shape), tuple(k_shape), tuple(q_shape), tuple(q_shape[:3])])
+    if sorted(tuple(s) for s in tensors) != expected:
+        return (f"the forward pass saved tensors of shapes {[tuple(s) for s in tensors]}; expected q, k, v, the output "
+                f"and the log-sum-exp: {expected} in any order (never P: the backward pass computes it again)")
+    return None
+
+
+def check_backward_causal_skips_tiles(worker, seed):
+    """The backward pass skips the query tiles a causal key tile never reaches (step 7): the worker's CPU time."""
+    q, k, v = inputs((1, 2, 2048, 2048, 32), seed)
+
+    def cpu_seconds(causal):
+        worker.call("flash_backward_prepare", q, k, v, causal, 128, 128)
+        before = worker.cpu_seconds()
+        worker.call("flash_backward_one_thread", SKIP_CHECK_RUNS)
+        return worker.cpu_seconds() - before
+
+    pairs = []
+    for i in range(SKIP_CHECK_PAIRS):
+        spent = {causal: cpu_seconds(causal) for causal in ((False, True) if i % 2 == 0 else (True, False))}
+        pairs.append((spent[True], spent[False]))
+    ratio = statistics.median(causal / max(full, 1e-9) for causal, full in pairs)
+    causal, full = statistics.median(c for c, _ in pairs), statistics.median(f for _, f in pairs)
+    message = (f"causal backward passes took {ratio:.0%} of the CPU time of full ones ({causal:.2f} s vs {full:.2f} s "
+               f"for {SKIP_CHECK_RUNS}; 136 of 256 tiles is 53%)")
+    if ratio > 0.8:
+        return False, message + ": the query tiles before a key tile's diagonal are computed, not skipped " \
+                                "(README, Task 3, step 7)", {}
+    return True, message, {"backward_causal_cpu_fraction": ratio}
+
+
 OUT_OF_MEMORY = ("can't allocate memory", "bad_alloc", "MemoryError", "out of memory", "not enough memory")
 
 
-def check_no_full_matrix(report, args, seed):
+def check_no_full_matrix(report, args, seed, backward=False):
     """In a worker of its own whose memory the operating system limits: the worker cannot lift it.
 
     Running out of memory there breaks the rule (the task scores 0); any other error is a
-    failed check, since the rule could not be judged.
+    failed check, since the rule could not be judged. backward: the same for the optional backward
+    pass (forward and backward through flash_attention_trainable), a check of the optional part.
     """
-    name = "never builds the full score matrix"
+    name = "backward: never builds the full score matrix" if backward else "never builds the full score matrix"
+    kind, judged = (Kind.OPTIONAL, Kind.OPTIONAL) if backward else (Kind.RULE, Kind.CHECK)  # the rule's; "could not judge"
     b, h, sq, sk, d, br, bc = FULL_MATRIX_CASE
     q, k, v = inputs(FULL_MATRIX_CASE, seed, torch.float64)
     full_gib, limit_gib = b * h * sq * sk * 8 / 2**30, MEMORY_LIMIT / 2**30
@@ -102,23 +188,28 @@ def check_no_full_matrix(report, args, seed):
             limited.start()
         except (WorkerError, WorkerDied) as err:
             report.add(name, False, f"{what}: could not be judged, your code did not start: {err}",
-                       cause=getattr(err, "cause", None))
+                       kind=judged, cause=getattr(err, "cause", None))
             return
         try:
-            shape = limited.call("flash_shapes", q, k, v, False, br, bc)
+            if backward:
+                shapes = limited.call("flash_backward_shapes", q, k, v, torch.ones_like(q), False, br, bc)
+                expected = (tuple(q.shape), tuple(q.shape), tuple(k.shape), tuple(v.shape))
+                shape = tuple(q.shape) if shapes == expected else shapes
+            else:
+                shape = limited.call("flash_shapes", q, k, v, False, br, bc)
         except (WorkerError, WorkerDied) as err:
             if isinstance(err, WorkerDied) or any(words in str(err) for words in OUT_OF_MEMORY):
                 report.add(name, False, f"{what} ran out of the {limit_gib:.1f} GiB of memory your code may use, where the full "
                            f"score matrix would need {full_gib:.0f} GiB: work tile by tile and never build it ({err})",
-                           kind="rule", cause=getattr(err, "cause", None))
+                           kind=kind, cause=getattr(err, "cause", None))
             else:
-                report.add(name, False, f"{what}: could not be judged, your code raised {err}")
+                report.add(name, False, f"{what}: could not be judged, your code raised {err}", kind=judged)
             return
     if shape != tuple(q.shape):
-        report.add(name, False, f"{what}: the output has shape {shape}, expected {tuple(q.shape)}")
+        report.add(name, False, f"{what}: the output has shape {shape}, expected {tuple(q.shape)}", kind=judged)
         return
     report.add(name, True, f"{what} ran within {limit_gib:.1f} GiB of memory; the full score matrix would need {full_gib:.0f} GiB",
-               kind="rule")
+               kind=kind)
 
 
 # The causal-skip check measures pairs of requests, a full run and a causal one back to back (in turn first),
@@ -184,8 +275,24 @@ def time_requests(worker, which, q, k, v, causal, reps=5, per_request=3):
     return summarize(samples)
 
 
+def run_backward(report, worker, args) -> None:
+    """The optional part: steps 6-8, once the forward pass passes everything."""
+    report.begin_part("the backward pass (Algorithm 2), through flash_attention_trainable", (6, 7, 8), optional=True)
+    for case in cli.cases(3, "backward", BACKWARD_CASES, args.hidden, shape_text, devices=cli.devices(),
+                          causal_ok=lambda shape: shape[2] <= shape[3]):
+        report.run(f"backward: {case.name}", lambda: check_backward(worker, case))
+    report.run("backward: causal skips the query tiles before the diagonal",
+               lambda: check_backward_causal_skips_tiles(worker, cli.seed(997, args.hidden)))
+    if not report.stopped:
+        check_no_full_matrix(report, args, cli.seed(996, args.hidden), backward=True)
+    report.end_part("backward")
+
+
 def main(argv=None) -> int:
-    args = cli.parser(3, __doc__.splitlines()[2]).parse_args(argv)
+    parser = cli.parser(3, __doc__.splitlines()[2])
+    parser.add_argument("--backward", action="store_true",
+                        help="the optional backward pass (steps 6-8) alone, after the forward pass's values")
+    args = parser.parse_args(argv)
     report = Report(3, args.solution, "FlashAttention-2 in PyTorch", args.student_dir)
     with cli.worker(report, 3, args, cuda=torch.cuda.is_available()) as worker:
         if worker is None:
@@ -193,21 +300,31 @@ def main(argv=None) -> int:
         for case in cli.cases(3, "attention", CASES, args.hidden, shape_text, devices=cli.devices(),
                               causal_ok=lambda shape: shape[2] <= shape[3]):
             report.run(case.name, lambda: check_values(worker, case))
-        report.run("causal skips the tiles after the diagonal",
-                   lambda: check_causal_skips_tiles(worker, cli.seed(998, args.hidden)))
-        if not report.stopped:
-            check_no_full_matrix(report, args, cli.seed(999, args.hidden))
+        if not args.backward:
+            run_forward_rest(report, worker, args)
         if not report.stopped and all(c.passed for c in report.cases):
-            if cli.used_code_hung(args, 1, worker):  # it would hang here again, for a whole call's time limit
-                report.note("timing against task 1 skipped: task 1's code did not finish importing when task 1 "
-                            "was graded")
-            else:
-                with gpu_share.alone(worker):
-                    for device in cli.devices():
-                        time_against_task1(report, worker, device, args.solution)
+            run_backward(report, worker, args)
+        elif args.backward:
+            report.note("the backward pass is checked once the forward pass's checks pass")
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(3, args.solution, args.student_dir, report.attention_ops), kind="rule")
     return report.finish(args.json)
+
+
+def run_forward_rest(report, worker, args) -> None:
+    """After the values: the causal skip, the rule's memory case, and the timing beside task 1."""
+    report.run("causal skips the tiles after the diagonal",
+               lambda: check_causal_skips_tiles(worker, cli.seed(998, args.hidden)))
+    if not report.stopped:
+        check_no_full_matrix(report, args, cli.seed(999, args.hidden))
+    if not report.stopped and all(c.passed for c in report.cases):
+        if cli.used_code_hung(args, 1, worker):  # it would hang here again, for a whole call's time limit
+            report.note("timing against task 1 skipped: task 1's code did not finish importing when task 1 "
+                        "was graded")
+        else:
+            with gpu_share.alone(worker):
+                for device in cli.devices():
+                    time_against_task1(report, worker, device, args.solution)
 
 
 if __name__ == "__main__":

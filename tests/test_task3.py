@@ -3,7 +3,9 @@
 import pytest
 
 from task3 import test as task3_test
-from tests.conftest import bad_variant, needs_solution, run_test, submission
+from tests.conftest import REPO, bad_variant, needs_solution, run_test, submission
+
+REPO_SOLUTION = REPO / "task3/solution"
 
 pytestmark = needs_solution(3)
 
@@ -16,6 +18,8 @@ def test_reference_passes(tmp_path):
     assert record["status"] == "passed"
     assert any(c["kind"] == "benchmark" and "task 1" in c["message"] for c in record["cases"])
     assert any(c["kind"] == "rule" and "full score matrix" in c["name"] and c["passed"] for c in record["cases"])
+    backward = [c for c in record["cases"] if c["kind"] == "optional"]  # the backward pass, steps 6-8
+    assert len(backward) == 14 and all(c["passed"] for c in backward), [c["message"] for c in backward if not c["passed"]]
 
 
 def test_skeleton_reports_the_first_missing_step(capsys, tmp_path):
@@ -78,3 +82,72 @@ def test_bad_arguments(kwargs, words):
     q, k = torch.randn(1, 1, 4, 8), torch.randn(1, 1, 3, 8)
     with pytest.raises(ValueError, match=words):
         flash_attention(q, k, k, **kwargs)
+
+
+# -- the optional backward pass (steps 6-8): each known-bad version loses its optional checks, never the task --------
+
+def backward_record(tmp_path, *edits):
+    text = (REPO_SOLUTION / "attention.py").read_text()
+    for old, new in edits:
+        assert old in text, f"known-bad variant no longer applies: {old!r} not in task3/solution/attention.py"
+        text = text.replace(old, new, 1)
+    record = run_test(3, submission(tmp_path, {"task3/attention.py": text}), tmp_path, "--backward")
+    assert record["status"] == "passed", "an optional part never decides the task"
+    return record
+
+
+def optional(record, words=""):
+    return [c for c in record["cases"] if c["kind"] == "optional" and words in c["name"]]
+
+
+def test_the_skeletons_backward_pass_says_step_6_and_the_task_still_passes(tmp_path):
+    # the skeleton's backward pass below a working forward pass (the reference's own: test_reference_passes)
+    skeleton = (REPO / "task3/attention.py").read_text()
+    forward_done = (REPO_SOLUTION / "attention.py").read_text().split("# -- the backward pass")[0]
+    text = forward_done + "# -- the backward pass" + skeleton.split("# -- the backward pass")[1]
+    record = run_test(3, submission(tmp_path, {"task3/attention.py": text}), tmp_path, "--backward")
+    assert record["status"] == "passed"
+    said = [c["message"] for c in optional(record) if not c["passed"]]
+    assert len(said) == 1 and "not implemented yet: see README, Task 3, step 6" in said[0], said
+
+
+def test_a_gradient_without_its_scale_is_wrong(tmp_path):
+    record = backward_record(tmp_path, ("dk_j += (ds_ij.transpose(-2, -1) @ q_i) * scale",
+                                        "dk_j += ds_ij.transpose(-2, -1) @ q_i"))
+    wrong = [c["message"] for c in optional(record, "backward: cpu") if not c["passed"]]
+    assert wrong and all("dk" in m and "steps 7-8" in m for m in wrong), wrong[:2]
+    assert not [c for c in optional(record, "backward: cpu batch 1 heads 1 seq 1x1") if not c["passed"]]  # dk is 0
+
+
+def test_saving_p_and_not_skipping_causal_tiles_are_both_named(tmp_path):
+    record = backward_record(
+        tmp_path,
+        ("        ctx.save_for_backward(q, k, v, out, lse)\n",
+         "        ctx.save_for_backward(q, k, v, out, lse, torch.softmax(q @ k.transpose(-2, -1), dim=-1))\n"),
+        ("row_begin = max(0, col_start - offset) // block_rows * block_rows if causal else 0", "row_begin = 0"))
+    values = optional(record, "backward: cpu")
+    assert values and all(not c["passed"] and "saved tensors of shapes" in c["message"] for c in values)
+    skip = optional(record, "causal skips")[0]
+    assert not skip["passed"] and "step 7" in skip["message"]
+
+
+def test_a_tensor_kept_on_ctx_and_the_full_matrix_in_the_backward_pass_are_both_caught(tmp_path):
+    record = backward_record(
+        tmp_path,
+        ("        ctx.causal, ctx.block_rows, ctx.block_cols = causal, block_rows, block_cols\n",
+         "        ctx.causal, ctx.block_rows, ctx.block_cols = causal, block_rows, block_cols\n        ctx.kept = [lse * 2]\n"),
+        ("    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)\n",
+         "    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)\n"
+         "    block_rows, block_cols = seq_q, seq_k  # one tile: the whole matrix at once\n"))
+    values = optional(record, "backward: cpu")
+    assert values and all(not c["passed"] and "ctx.kept" in c["message"] for c in values)
+    rule = optional(record, "full score matrix")[0]
+    assert not rule["passed"] and "never build it" in rule["message"]
+
+
+def test_an_old_file_without_the_backward_pass_is_told_what_to_copy(tmp_path):
+    text = (REPO_SOLUTION / "attention.py").read_text().split("# -- the backward pass")[0]
+    record = run_test(3, submission(tmp_path, {"task3/attention.py": text}), tmp_path, "--backward")
+    assert record["status"] == "passed"
+    said = [c["message"] for c in optional(record) if not c["passed"]]
+    assert said and "copy the backward pass's part of the handout's file" in said[0], said

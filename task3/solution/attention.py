@@ -84,3 +84,97 @@ def flash_attention(
         # END SOLUTION
 
     return (out, lse) if return_lse else out
+
+
+# -- the backward pass (optional: README, Task 3, steps 6-8) -------------------------------------------------
+
+
+def flash_attention_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    d_out: torch.Tensor,
+    causal: bool = False,
+    block_rows: int = 64,
+    block_cols: int = 64,
+):
+    """dq, dk, dv of out = flash_attention(q, k, v, causal) for d_out = dLoss/d out (Algorithm 2 of the paper).
+
+    Tile by tile, as the forward pass: each tile of the probabilities P is computed again from the saved
+    log-sum-exp (P_ij = exp(S_ij - L_i)), so neither the full score matrix nor P is ever held. The outer loop
+    walks the key/value tiles, whose dK_j and dV_j it sums over the query tiles of the inner loop; dQ_i
+    collects a part from every key tile.
+    """
+    check_qkv(q, k, v, dims=4, seq_dim=2, causal=causal)
+    if block_rows < 1 or block_cols < 1:
+        raise ValueError(f"block_rows and block_cols must be positive, got {block_rows} and {block_cols}")
+    seq_q, seq_k, head_dim = q.shape[2], k.shape[2], q.shape[3]
+    scale = 1.0 / math.sqrt(head_dim)
+    offset = seq_k - seq_q  # query i is aligned with key i + offset
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    # BEGIN SOLUTION "step 7: D_i = rowsum(dO_i * O_i), and the first query tile a causal key tile reaches"
+    delta = (d_out * out).sum(dim=-1)  # D: (B, H, seq_q), what softmax's gradient subtracts, once per row
+    # SKELETON
+    # delta = torch.zeros_like(lse)
+    # END SOLUTION
+
+    for col_start in range(0, seq_k, block_cols):
+        col_end = min(col_start + block_cols, seq_k)
+        k_j, v_j = k[:, :, col_start:col_end], v[:, :, col_start:col_end]  # (B, H, Bc, d)
+        dk_j, dv_j = torch.zeros_like(k_j), torch.zeros_like(v_j)
+        # BEGIN SOLUTION "step 7: D_i = rowsum(dO_i * O_i), and the first query tile a causal key tile reaches"
+        # With a causal mask, query i sees key col_start only from i = col_start - offset on: the query tiles
+        # before that one are entirely masked for this key tile, so they are skipped.
+        row_begin = max(0, col_start - offset) // block_rows * block_rows if causal else 0
+        # SKELETON
+        # row_begin = 0
+        # END SOLUTION
+        for row_start in range(row_begin, seq_q, block_rows):
+            row_end = min(row_start + block_rows, seq_q)
+            q_i, do_i = q[:, :, row_start:row_end], d_out[:, :, row_start:row_end]  # (B, H, Br, d)
+            lse_i, delta_i = lse[:, :, row_start:row_end], delta[:, :, row_start:row_end]  # (B, H, Br)
+            # BEGIN SOLUTION "step 8: P_ij = exp(S_ij - L_i) again, then dV_j, dP_ij, dS_ij, and the parts of dQ_i and dK_j"
+            s_ij = (q_i @ k_j.transpose(-2, -1)) * scale  # (B, H, Br, Bc)
+            if causal and col_end - 1 > row_start + offset:  # only tiles that cross the diagonal need a mask
+                rows = torch.arange(row_start, row_end, device=q.device)[:, None]
+                cols = torch.arange(col_start, col_end, device=q.device)[None, :]
+                s_ij = s_ij.masked_fill(cols > rows + offset, -math.inf)
+            p_ij = torch.exp(s_ij - lse_i[..., None])  # the forward's probabilities, normalised by L_i
+            dv_j += p_ij.transpose(-2, -1) @ do_i
+            dp_ij = do_i @ v_j.transpose(-2, -1)  # (B, H, Br, Bc)
+            ds_ij = p_ij * (dp_ij - delta_i[..., None])  # softmax's gradient: P * (dP - rowsum(P * dP)), D_i that sum
+            dq[:, :, row_start:row_end] += (ds_ij @ k_j) * scale
+            dk_j += (ds_ij.transpose(-2, -1) @ q_i) * scale
+            # END SOLUTION
+        dk[:, :, col_start:col_end] = dk_j
+        dv[:, :, col_start:col_end] = dv_j
+    return dq, dk, dv
+
+
+class FlashAttention(torch.autograd.Function):
+    """flash_attention as a PyTorch operation with a gradient: the forward pass saves q, k, v, the output and the
+    log-sum-exp (one number per query row, never P), and the backward pass is flash_attention_backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False, block_rows=64, block_cols=64):
+        # BEGIN SOLUTION "step 6: the forward saves q, k, v, out and the log-sum-exp; the backward returns dq, dk, dv"
+        out, lse = flash_attention(q, k, v, causal, block_rows, block_cols, return_lse=True)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.block_rows, ctx.block_cols = causal, block_rows, block_cols
+        return out
+        # END SOLUTION
+
+    @staticmethod
+    def backward(ctx, d_out):
+        # BEGIN SOLUTION "step 6: the forward saves q, k, v, out and the log-sum-exp; the backward returns dq, dk, dv"
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, d_out, ctx.causal, ctx.block_rows, ctx.block_cols)
+        return dq, dk, dv, None, None, None  # no gradient for causal and the tile sizes
+        # END SOLUTION
+
+
+def flash_attention_trainable(q, k, v, causal: bool = False, block_rows: int = 64, block_cols: int = 64):
+    """flash_attention that autograd can differentiate (given)."""
+    return FlashAttention.apply(q, k, v, causal, block_rows, block_cols)
