@@ -1,5 +1,11 @@
-import sys, torch, math
-sys.path.insert(0, "/work/main")
+"""Issue 33: the task 3 backward reference's error against float64 autograd, beside PyTorch's own float32 autograd
+through naive attention on the same inputs (python notes/issue33_backward_error.py, from the repository root, CPU)."""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.getcwd())
 from task3.solution.attention import flash_attention_trainable
 from harness.reference import naive_attention
 torch.manual_seed(0)
