@@ -72,7 +72,8 @@ def _forward(q, k, v, causal, block_rows, block_cols):
 def flash_saved(q, k, v, causal, block_rows, block_cols):
     """The forward pass alone: what it kept for the backward pass (saved_by)."""
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    return saved_by(_forward(q, k, v, causal, block_rows, block_cols).grad_fn)
+    out = _forward(q, k, v, causal, block_rows, block_cols)  # alive while its saved tensors are read: one is itself
+    return saved_by(out.grad_fn)
 
 
 def flash_backward(q, k, v, d_out, causal, block_rows, block_cols):
