@@ -152,12 +152,7 @@ def check_backward_causal_skips_tiles(worker, seed):
         worker.call("flash_backward_one_thread", SKIP_CHECK_RUNS)
         return worker.cpu_seconds() - before
 
-    pairs = []
-    for i in range(SKIP_CHECK_PAIRS):
-        spent = {causal: cpu_seconds(causal) for causal in ((False, True) if i % 2 == 0 else (True, False))}
-        pairs.append((spent[True], spent[False]))
-    ratio = statistics.median(causal / max(full, 1e-9) for causal, full in pairs)
-    causal, full = statistics.median(c for c, _ in pairs), statistics.median(f for _, f in pairs)
+    ratio, causal, full = causal_cpu_ratio(cpu_seconds)
     message = (f"causal backward passes took {ratio:.0%} of the CPU time of full ones ({causal:.2f} s vs {full:.2f} s "
                f"for {SKIP_CHECK_RUNS}; 136 of 256 tiles is 53%)")
     if ratio > 0.8:
@@ -220,6 +215,16 @@ def check_no_full_matrix(report, args, seed, backward=False):
 SKIP_CHECK_RUNS, SKIP_CHECK_PAIRS = 2, 5
 
 
+def causal_cpu_ratio(cpu_seconds) -> tuple[float, float, float]:
+    """The median over SKIP_CHECK_PAIRS pairs of cpu_seconds(True) / cpu_seconds(False), and each one's median."""
+    pairs = []
+    for i in range(SKIP_CHECK_PAIRS):
+        spent = {causal: cpu_seconds(causal) for causal in ((False, True) if i % 2 == 0 else (True, False))}
+        pairs.append((spent[True], spent[False]))
+    return (statistics.median(causal / max(full, 1e-9) for causal, full in pairs),
+            statistics.median(c for c, _ in pairs), statistics.median(f for _, f in pairs))
+
+
 def check_causal_skips_tiles(worker, seed):
     """With a causal mask the tiles past the diagonal are skipped (step 2): measured as the worker's CPU time."""
     q, k, v = inputs((1, 2, 2048, 2048, 32), seed)
@@ -229,12 +234,7 @@ def check_causal_skips_tiles(worker, seed):
         worker.call("flash_one_thread", q, k, v, causal, 128, 128, SKIP_CHECK_RUNS)
         return worker.cpu_seconds() - before
 
-    pairs = []
-    for i in range(SKIP_CHECK_PAIRS):
-        spent = {causal: cpu_seconds(causal) for causal in ((False, True) if i % 2 == 0 else (True, False))}
-        pairs.append((spent[True], spent[False]))
-    ratio = statistics.median(causal / max(full, 1e-9) for causal, full in pairs)
-    causal, full = statistics.median(c for c, _ in pairs), statistics.median(f for _, f in pairs)
+    ratio, causal, full = causal_cpu_ratio(cpu_seconds)
     # 16 x 16 tiles: the causal loop visits 136 of them, 53% of the work; all 256 and a mask is >= 100%.
     message = (f"causal run took {ratio:.0%} of the CPU time of the full one ({causal:.2f} s vs {full:.2f} s for "
                f"{SKIP_CHECK_RUNS} runs; 136 of 256 tiles is 53%)")
