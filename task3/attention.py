@@ -1,4 +1,5 @@
-"""Task 3: FlashAttention-2 forward (Algorithm 1 of Dao, 2023) in PyTorch.
+"""Task 3: FlashAttention-2 in PyTorch: the forward pass (Algorithm 1 of Dao, 2023), and the backward pass
+(Algorithm 2, optional: steps 6-8, at the end of the file).
 
 Shapes: q is (batch, heads, seq_q, head_dim); k and v are (batch, heads, seq_k, head_dim).
 The loop walks over query tiles of `block_rows` (Br) rows and, inside, key/value
@@ -92,14 +93,14 @@ def flash_attention_backward(
     scale = 1.0 / math.sqrt(head_dim)
     offset = seq_k - seq_q  # query i is aligned with key i + offset
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    # TODO (README, Task 3, step 7: D_i = rowsum(dO_i * O_i), and the first query tile a causal key tile reaches)
+    # TODO (README, Task 3, step 7: D_i = rowsum(dO_i * O_i), once for all tiles)
     delta = torch.zeros_like(lse)
 
     for col_start in range(0, seq_k, block_cols):
         col_end = min(col_start + block_cols, seq_k)
         k_j, v_j = k[:, :, col_start:col_end], v[:, :, col_start:col_end]  # (B, H, Bc, d)
         dk_j, dv_j = torch.zeros_like(k_j), torch.zeros_like(v_j)
-        # TODO (README, Task 3, step 7: D_i = rowsum(dO_i * O_i), and the first query tile a causal key tile reaches)
+        # TODO (README, Task 3, step 7: with a causal mask, start at the first query tile this key tile reaches)
         row_begin = 0
         for row_start in range(row_begin, seq_q, block_rows):
             row_end = min(row_start + block_rows, seq_q)

@@ -43,9 +43,11 @@ CASES = [
     (1, 1, 70, 70, 8, 1, 7),
 ]
 ATOL, RTOL = 2e-5, 1e-4
+FORWARD_STEPS, BACKWARD_STEPS = (1, 2, 3, 4, 5), (6, 7, 8)
 # The optional backward pass (steps 6-8), same layout. Its gradients are held to the forward's tolerance: the reference's
 # worst error on these cases is 3e-6 (dv, seq 129 causal, |dv| up to 6), PyTorch's own float32 autograd through naive
 # attention 2.5e-6 on the same inputs: a wrong step is off by far more.
+BACKWARD_CALL_TIMEOUT_S = 60  # a call of the backward part: small cases, so a hang costs a minute, not five
 BACKWARD_CASES = [
     (1, 1, 1, 1, 16, 64, 64),
     (2, 3, 127, 127, 32, 16, 16),
@@ -102,10 +104,12 @@ def check_backward(worker, case):
     q, k, v = inputs(case.shape, case.seed)
     d_out = random_tensor(q.shape, case.seed + 3)
     on = lambda t: t.to(case.device)  # noqa: E731
-    said = saved_wrong(worker.call("flash_saved", on(q), on(k), on(v), case.causal, *case.shape[5:]), q.shape, k.shape)
+    said = saved_wrong(worker.call("flash_saved", on(q), on(k), on(v), case.causal, *case.shape[5:],
+                                   timeout=BACKWARD_CALL_TIMEOUT_S), q.shape, k.shape)
     if said:  # asked first, from the forward pass alone: a backward pass that reads what it should not have may fail
         return False, said + " (README, Task 3, step 6)", {}
-    result = worker.call("flash_backward", on(q), on(k), on(v), on(d_out), case.causal, *case.shape[5:])
+    result = worker.call("flash_backward", on(q), on(k), on(v), on(d_out), case.causal, *case.shape[5:],
+                         timeout=BACKWARD_CALL_TIMEOUT_S)
     if not (isinstance(result, tuple) and len(result) == 4):
         return False, "the backward check's call returned something else than (out, dq, dk, dv)", {}
     out, *grads = result
@@ -147,9 +151,9 @@ def check_backward_causal_skips_tiles(worker, seed):
     q, k, v = inputs((1, 2, 2048, 2048, 32), seed)
 
     def cpu_seconds(causal):
-        worker.call("flash_backward_prepare", q, k, v, causal, 128, 128)
+        worker.call("flash_backward_prepare", q, k, v, causal, 128, 128, timeout=BACKWARD_CALL_TIMEOUT_S)
         before = worker.cpu_seconds()
-        worker.call("flash_backward_one_thread", SKIP_CHECK_RUNS)
+        worker.call("flash_backward_one_thread", SKIP_CHECK_RUNS, timeout=BACKWARD_CALL_TIMEOUT_S)
         return worker.cpu_seconds() - before
 
     ratio, causal, full = causal_cpu_ratio(cpu_seconds)
@@ -187,9 +191,14 @@ def check_no_full_matrix(report, args, seed, backward=False):
             return
         try:
             if backward:
-                shapes = limited.call("flash_backward_shapes", q, k, v, torch.ones_like(q), False, br, bc)
+                shapes = limited.call("flash_backward_shapes", q, k, v, torch.ones_like(q), False, br, bc,
+                                      timeout=4 * BACKWARD_CALL_TIMEOUT_S)
                 expected = (tuple(q.shape), tuple(q.shape), tuple(k.shape), tuple(v.shape))
-                shape = tuple(q.shape) if shapes == expected else shapes
+                if shapes != expected:  # G: name what is wrong
+                    report.add(name, False, f"{what}: out, dq, dk, dv have shapes {shapes}, expected {expected}",
+                               kind=judged)
+                    return
+                shape = tuple(q.shape)
             else:
                 shape = limited.call("flash_shapes", q, k, v, False, br, bc)
         except (WorkerError, WorkerDied) as err:
@@ -277,15 +286,38 @@ def time_requests(worker, which, q, k, v, causal, reps=5, per_request=3):
 
 def run_backward(report, worker, args) -> None:
     """The optional part: steps 6-8, once the forward pass passes everything."""
-    report.begin_part("the backward pass (Algorithm 2), through flash_attention_trainable", (6, 7, 8), optional=True)
+    report.begin_part("the backward pass (Algorithm 2), through flash_attention_trainable", BACKWARD_STEPS, optional=True)
+    before = len(report.cases)
     for case in cli.cases(3, "backward", BACKWARD_CASES, args.hidden, shape_text, devices=cli.devices(),
                           causal_ok=lambda shape: shape[2] <= shape[3]):
         report.run(f"backward: {case.name}", lambda: check_backward(worker, case))
+        if report.process_died_since(before, "the backward part"):  # a crash or a hang: the rest would wait as long
+            report.end_part("backward")
+            return
     report.run("backward: causal skips the query tiles before the diagonal",
                lambda: check_backward_causal_skips_tiles(worker, cli.seed(997, args.hidden)))
     if not report.stopped:
         check_no_full_matrix(report, args, cli.seed(996, args.hidden), backward=True)
+        report.run("backward: its own gradients, not autograd's",
+                   lambda: check_no_autograd_inside(args.student_dir, args.solution))
     report.end_part("backward")
+
+
+AUTOGRAD_INSIDE = ("enable_grad", "set_grad_enabled", "autograd.grad", ".backward(", "torch.func", "functorch")
+
+
+def check_no_autograd_inside(student_dir, solution):
+    """Steps 6-8 compute dq, dk and dv themselves: autograd run inside them (over small chunks of rows, say) would
+    pass the values and the memory case without Algorithm 2. A scan of the file's code, as the own-work rule's."""
+    from common.impl import source_of
+
+    text = source_of("task3/attention.py", student_dir, solution).read_text(errors="replace")
+    found = [f"line {n}: {name}" for n, line in enumerate(text.splitlines(), 1)
+             for name in AUTOGRAD_INSIDE if name in line.split("#")[0]]
+    if found:
+        return False, (f"task3/attention.py runs autograd ({', '.join(found[:3])}): the backward pass computes dq, "
+                       f"dk and dv itself, tile by tile (README, Task 3, steps 7-8)"), {}
+    return True, "no autograd run inside the backward pass", {}
 
 
 def main(argv=None) -> int:
@@ -297,6 +329,8 @@ def main(argv=None) -> int:
     with cli.worker(report, 3, args, cuda=torch.cuda.is_available()) as worker:
         if worker is None:
             return report.finish(args.json)
+        # The forward pass's steps: a missing one is named among 1-5, never the optional part's 6-8 below it.
+        report.part_steps = FORWARD_STEPS
         for case in cli.cases(3, "attention", CASES, args.hidden, shape_text, devices=cli.devices(),
                               causal_ok=lambda shape: shape[2] <= shape[3]):
             report.run(case.name, lambda: check_values(worker, case))

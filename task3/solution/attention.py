@@ -1,4 +1,5 @@
-"""Task 3: FlashAttention-2 forward (Algorithm 1 of Dao, 2023) in PyTorch.
+"""Task 3: FlashAttention-2 in PyTorch: the forward pass (Algorithm 1 of Dao, 2023), and the backward pass
+(Algorithm 2, optional: steps 6-8, at the end of the file).
 
 Shapes: q is (batch, heads, seq_q, head_dim); k and v are (batch, heads, seq_k, head_dim).
 The loop walks over query tiles of `block_rows` (Br) rows and, inside, key/value
@@ -114,7 +115,7 @@ def flash_attention_backward(
     scale = 1.0 / math.sqrt(head_dim)
     offset = seq_k - seq_q  # query i is aligned with key i + offset
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    # BEGIN SOLUTION "step 7: D_i = rowsum(dO_i * O_i), and the first query tile a causal key tile reaches"
+    # BEGIN SOLUTION "step 7: D_i = rowsum(dO_i * O_i), once for all tiles"
     delta = (d_out * out).sum(dim=-1)  # D: (B, H, seq_q), what softmax's gradient subtracts, once per row
     # SKELETON
     # delta = torch.zeros_like(lse)
@@ -124,7 +125,7 @@ def flash_attention_backward(
         col_end = min(col_start + block_cols, seq_k)
         k_j, v_j = k[:, :, col_start:col_end], v[:, :, col_start:col_end]  # (B, H, Bc, d)
         dk_j, dv_j = torch.zeros_like(k_j), torch.zeros_like(v_j)
-        # BEGIN SOLUTION "step 7: D_i = rowsum(dO_i * O_i), and the first query tile a causal key tile reaches"
+        # BEGIN SOLUTION "step 7: with a causal mask, start at the first query tile this key tile reaches"
         # With a causal mask, query i sees key col_start only from i = col_start - offset on: the query tiles
         # before that one are entirely masked for this key tile, so they are skipped.
         row_begin = max(0, col_start - offset) // block_rows * block_rows if causal else 0
