@@ -369,11 +369,12 @@ def test_code_that_hangs_at_import_costs_one_time_limit_not_two(tmp_path):
     files = {"task1/attention.py": (REPO / "task1/solution/attention.py").read_text() + "\nimport time\ntime.sleep(600)\n",
              "task3/attention.py": (REPO / "task3/solution/attention.py").read_text()}
     started = time.monotonic()
-    results, md = grade(tmp_path, "hang_at_import", timeout=45, tasks="1,3", files=files, plain=True)
+    # 120 s: task 3 with its optional backward part takes 60-90 s on 2 busy cores, and must end inside the limit
+    results, md = grade(tmp_path, "hang_at_import", timeout=120, tasks="1,3", files=files, plain=True)
     task1, task3 = results["tests"]
-    assert task1["score"] == 0 and "timed out after 45 s" in task1["output"]
+    assert task1["score"] == 0 and "timed out after 120 s" in task1["output"]
     assert task3["score"] == 3 and "timing against task 1 skipped: task 1's code did not finish importing" in md
-    assert time.monotonic() - started < 2 * 45
+    assert time.monotonic() - started < 2 * 120
 
 
 @needs_bwrap
