@@ -64,15 +64,18 @@ def attention_reference(q, k, v, causal: bool = False, scale: float | None = Non
         return out, torch.logsumexp(scores, dim=-1).masked_fill(padded[..., 0], -math.inf)
 
 
-def attention_gradients(q, k, v, d_out, causal: bool = False):
-    """(dq, dk, dv) in float64: autograd through softmax(q k^T / sqrt(d) + mask) v on float64 copies, for the
-    gradient d_out of the output (task 3's backward pass is checked against it)."""
+def attention_gradients(q, k, v, d_out, causal: bool = False, scale: float | None = None):
+    """(dq, dk, dv) in float64: autograd through softmax(scale q k^T + mask) v on float64 copies, for the
+    gradient d_out of the output (the backward passes of tasks 3 and 4 are checked against it). k and v may have
+    fewer heads than q (grouped-query attention): their gradients add up over the query heads that share them."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     with exact_float32(), torch.enable_grad():
         q, k, v = (t.detach().to(torch.float64).requires_grad_() for t in (q, k, v))
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        heads = q.shape[-3]
+        scores = (q @ expand_kv_heads(k, heads).transpose(-2, -1)) * scale
         if causal:
             scores = scores.masked_fill(causal_mask(q.shape[-2], k.shape[-2], q.device), -math.inf)
-        (torch.softmax(scores, dim=-1) @ v).backward(d_out.detach().to(torch.float64))
+        (torch.softmax(scores, dim=-1) @ expand_kv_heads(v, heads)).backward(d_out.detach().to(torch.float64))
         return q.grad, k.grad, v.grad
 
 

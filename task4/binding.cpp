@@ -11,6 +11,7 @@
 #include <limits>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "../common/csrc/checks.h"
 
@@ -31,6 +32,20 @@ __attribute__((weak)) cudaError_t flash_attention_half_forward(const void* q, co
                                                                int kv_heads, const int* key_start, int seq_q,
                                                                int seq_k, int head_dim, float scale, bool causal,
                                                                cudaStream_t stream);
+// The backward part (optional, steps 12-16), weak as above. In kernels/attention.cu: the forward without padding,
+// also writing lse, (batch, heads, seq_q) float32, each row's log-sum-exp of the scaled scores (step 12).
+__attribute__((weak)) cudaError_t flash_attention_forward_lse(const float* q, const float* k, const float* v,
+                                                              float* out, float* lse, int batch, int heads,
+                                                              int kv_heads, int seq_q, int seq_k, int head_dim,
+                                                              float scale, bool causal, cudaStream_t stream);
+// In kernels/attention_backward.cu (steps 13-16): dq, dk, dv from dout and what the forward saved; delta is scratch
+// of lse's shape. Shapes as forward's; dq like q, dk and dv like k.
+__attribute__((weak)) cudaError_t flash_attention_backward(const float* q, const float* k, const float* v,
+                                                           const float* out, const float* dout, const float* lse,
+                                                           float* delta, float* dq, float* dk, float* dv, int batch,
+                                                           int heads, int kv_heads, int seq_q, int seq_k,
+                                                           int head_dim, float scale, bool causal,
+                                                           cudaStream_t stream);
 int flash_attention_block_rows();
 int flash_attention_block_cols();
 int flash_attention_max_head_dim();
@@ -149,6 +164,70 @@ void forward_half(const torch::Tensor& q, const torch::Tensor& k, const torch::T
                "flash_attention_half_forward");
 }
 
+// lse: (batch, heads, seq_q) float32 on q's device, not sharing memory with the tensors named in others.
+static void check_lse(const torch::Tensor& lse, const torch::Tensor& q,
+                      std::initializer_list<std::pair<const torch::Tensor*, const char*>> others) {
+  check_cuda_float32(lse, "lse");
+  TORCH_CHECK(lse.dim() == 3 && lse.size(0) == q.size(0) && lse.size(1) == q.size(1) && lse.size(2) == q.size(2),
+              "lse must be (batch, heads, seq_q) = (", num(q.size(0)), ", ", num(q.size(1)), ", ",
+              num(q.size(2)), "), got ", shape(lse));
+  check_same_device(lse, "lse", q, "q");
+  for (const auto& [t, name] : others) check_no_overlap(lse, "lse", *t, name);
+}
+
+void forward_lse(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& out,
+                 torch::Tensor& lse, bool causal, double scale) {
+  check_attention(q, k, v, out, causal, scale, std::nullopt, check_cuda_float32);
+  check_lse(lse, q, {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}});
+  TORCH_CHECK(flash_attention_forward_lse != nullptr,
+              "this build's kernels/attention.cu has no flash_attention_forward_lse (README, Task 4, step 12)");
+  if (q.numel() == 0) return;
+  const c10::cuda::CUDAGuard guard(q.device());
+  check_launch(flash_attention_forward_lse(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+                                           out.data_ptr<float>(), lse.data_ptr<float>(), (int)q.size(0),
+                                           (int)q.size(1), (int)k.size(1), (int)q.size(2), (int)k.size(2),
+                                           (int)q.size(3), (float)scale, causal, at::cuda::getCurrentCUDAStream()),
+               "flash_attention_forward_lse");
+}
+
+// dq, dk, dv (written) from dout and what forward_lse saved (q, k, v, out, lse).
+void backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& out,
+              const torch::Tensor& dout, const torch::Tensor& lse, torch::Tensor& dq, torch::Tensor& dk,
+              torch::Tensor& dv, bool causal, double scale) {
+  check_attention(q, k, v, out, causal, scale, std::nullopt, check_cuda_float32);
+  check_lse(lse, q, {});
+  const std::pair<const torch::Tensor*, const char*> inputs[] = {
+      {&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&dout, "dout"}, {&lse, "lse"}};
+  const std::tuple<const torch::Tensor*, const char*, const torch::Tensor*, const char*> like[] = {
+      {&dout, "dout", &q, "q"}, {&dq, "dq", &q, "q"}, {&dk, "dk", &k, "k"}, {&dv, "dv", &k, "k"}};
+  for (const auto& [t, name, model, model_name] : like) {
+    check_cuda_float32(*t, name);
+    TORCH_CHECK(t->sizes() == model->sizes(), name, " must have ", model_name, "'s shape ", shape(*model), ", got ",
+                shape(*t));
+    check_same_device(*t, name, q, "q");
+  }
+  // The kernels read every input while they write dq, dk and dv, and write each of those once: no sharing.
+  const std::pair<const torch::Tensor*, const char*> outputs[] = {{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}};
+  for (const auto& [o, o_name] : outputs) {
+    for (const auto& [t, name] : inputs) check_no_overlap(*o, o_name, *t, name);
+    for (const auto& [t, name] : outputs)
+      if (t != o) check_no_overlap(*o, o_name, *t, name);
+  }
+  TORCH_CHECK(flash_attention_backward != nullptr,
+              "this build has no backward kernels: task4/kernels/attention_backward.cu is missing, did not compile, "
+              "or does not define flash_attention_backward with the signature above (README, Task 4, step 13)");
+  if (q.numel() == 0) return;
+  const c10::cuda::CUDAGuard guard(q.device());
+  torch::Tensor delta = torch::empty_like(lse);  // D = rowsum(dout * out), the kernels' scratch
+  check_launch(flash_attention_backward(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+                                        out.data_ptr<float>(), dout.data_ptr<float>(), lse.data_ptr<float>(),
+                                        delta.data_ptr<float>(), dq.data_ptr<float>(), dk.data_ptr<float>(),
+                                        dv.data_ptr<float>(), (int)q.size(0), (int)q.size(1), (int)k.size(1),
+                                        (int)q.size(2), (int)k.size(2), (int)q.size(3), (float)scale, causal,
+                                        at::cuda::getCurrentCUDAStream()),
+               "flash_attention_backward");
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward,
         "out = softmax(scale * q k^T + mask) v, fused (FlashAttention-2 forward); q and out are "
@@ -164,6 +243,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("scale"), py::arg("key_start") = py::none());
   m.def("has_half", [] { return flash_attention_half_forward != nullptr; },
         "whether this build holds the bf16/fp16 kernel (task4/kernels/attention_half.cu)");
+  m.def("forward_lse", &forward_lse,
+        "forward without padding that also writes lse, (batch, heads, seq_q) float32: each row's log-sum-exp of "
+        "the scaled scores, what the backward pass needs (README, Task 4, step 12; optional)",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("causal"),
+        py::arg("scale"));
+  m.def("backward", &backward,
+        "dq, dk, dv (written in place) of the attention forward_lse computed, given dout = dLoss/d(out) and what "
+        "it saved: q, k, v, out, lse (README, Task 4, steps 13-16; optional)",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("dout"), py::arg("lse"), py::arg("dq"),
+        py::arg("dk"), py::arg("dv"), py::arg("causal"), py::arg("scale"));
+  m.def("has_backward", [] { return flash_attention_forward_lse != nullptr && flash_attention_backward != nullptr; },
+        "whether this build holds the backward part (step 12 in kernels/attention.cu, kernels/attention_backward.cu)");
   m.def("max_head_dim", &flash_attention_max_head_dim, "the largest head_dim the kernel supports");
   m.def(
       "tile_sizes",

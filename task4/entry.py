@@ -29,6 +29,38 @@ def forward_half(q, k, v, out, causal, scale, key_start=None):
     torch.cuda.synchronize()
 
 
+def _backward_present():
+    """Raises what left the backward part out of this build, where the binding could only say it is absent."""
+    from common.build import OPTIONAL_LEFT_OUT
+
+    left_out = OPTIONAL_LEFT_OUT.get("task4/kernels/attention_backward.cu")
+    if left_out and not ext.has_backward():
+        raise RuntimeError(f"task4/kernels/attention_backward.cu was left out of the build (the float32 kernel is "
+                           f"tested without it): {left_out}")
+
+
+def forward_lse(q, k, v, out, lse, causal, scale):
+    """The forward kernel that also writes each row's log-sum-exp (step 12, optional)."""
+    _backward_present()
+    ext.forward_lse(q, k, v, out, lse, causal, scale)
+    torch.cuda.synchronize()
+
+
+def backward(q, k, v, out, dout, lse, dq, dk, dv, causal, scale):
+    """The backward kernels of kernels/attention_backward.cu (steps 13-16, optional)."""
+    _backward_present()
+    ext.backward(q, k, v, out, dout, lse, dq, dk, dv, causal, scale)
+    torch.cuda.synchronize()
+
+
+def run_batch_backward(sets, causal, scale):
+    """The backward kernels over every (q, k, v, out, dout, lse, dq, dk, dv) set, then wait for the GPU: the checks
+    time this request."""
+    for q, k, v, out, dout, lse, dq, dk, dv in sets:
+        ext.backward(q, k, v, out, dout, lse, dq, dk, dv, causal, scale)
+    torch.cuda.synchronize()
+
+
 def run_batch(sets, causal, scale):
     """The kernel over every (q, k, v, out) set, then wait for the GPU: the checks time this request."""
     for q, k, v, out in sets:
@@ -76,6 +108,15 @@ def profile_launch(batch, heads, seq, head_dim, causal):
     """One launch on inputs made here, for python -m task4.profile (ncu profiles it)."""
     q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda") for _ in range(3))
     ext.forward(q, k, v, torch.empty_like(q), causal, head_dim ** -0.5)
+    torch.cuda.synchronize()
+
+
+def profile_launch_backward(batch, heads, seq, head_dim, causal):
+    """One backward call on inputs made here (out and lse from your forward_lse), for a profiler."""
+    q, k, v, dout = (torch.randn(batch, heads, seq, head_dim, device="cuda") for _ in range(4))
+    out, lse = torch.empty_like(q), torch.empty(batch, heads, seq, device="cuda")
+    ext.forward_lse(q, k, v, out, lse, causal, head_dim ** -0.5)
+    ext.backward(q, k, v, out, dout, lse, *(torch.empty_like(t) for t in (q, k, v)), causal, head_dim ** -0.5)
     torch.cuda.synchronize()
 
 

@@ -36,7 +36,7 @@ from harness.diagnose import diagnose, kernel_constants, tile_schedules
 from harness.checks import compare, exact_float32, expect_errors, guard_damage, guarded_input, guarded_output, random_tensor
 from common.layer import mha_weights
 from harness.records import Report
-from harness.reference import attention_reference, causal_mask, expand_kv_heads
+from harness.reference import attention_gradients, attention_reference, causal_mask, expand_kv_heads
 from task4 import measure
 from task4.measure import ATOL, HALF_TYPES, RTOL
 
@@ -101,6 +101,27 @@ HALF_CASES = [
     (1, 2, 2, 300, 517, 128, None),  # above head_dim 96, blocks of 256 rows: two, the second partial
     (2, 2, 1, 600, 700, 128, (0, 450)),  # padding that skips more than a block of queries
 ]
+# The optional backward part (steps 12-16): (batch, heads, kv_heads, seq_q, seq_k, head_dim), each causal and not
+# (causal needs seq_q <= seq_k). Lengths around the 64-row tiles, seq_q != seq_k both ways, grouped heads (dK and dV
+# add up over the query heads that share them), head_dim 17 to 128.
+BACKWARD_CALL_TIMEOUT_S = 60
+BACKWARD_CASES = [
+    (1, 1, 1, 1, 1, 32),
+    (2, 2, 2, 63, 63, 64),
+    (1, 2, 2, 64, 64, 64),
+    (2, 2, 2, 65, 65, 64),
+    (1, 2, 2, 129, 129, 128),
+    (1, 2, 2, 100, 300, 80),  # causal: the first keys' tiles see every query, the last ones few
+    (1, 2, 2, 300, 100, 64),  # more queries than keys (not causal)
+    (2, 4, 2, 77, 131, 96),
+    (1, 6, 1, 70, 70, 64),  # MQA: six query heads add into one dK, dV
+    (1, 2, 2, 131, 131, 85),
+    (1, 1, 1, 77, 77, 17),
+    (1, 2, 2, 1, 257, 128),
+    (1, 2, 2, 520, 520, 64),
+]
+
+
 def shape_text(shape) -> str:
     return "batch {} heads {} seq {}x{} head_dim {}".format(*shape)
 
@@ -170,6 +191,75 @@ def check_half_case(worker, shape, causal, seed, dtype, magnitude=1.0):
     allowed, said = measure.half_allowance(q, k, v, causal, scale, key_start, expected)
     result = compare(out.tensor, expected, atol=allowed, rtol=0.0, poisoned=True)
     return dataclasses.replace(result, message=f"{result.message} ({said})")
+
+
+def backward_text(shape) -> str:
+    b, h, kvh, sq, sk, d = shape
+    return f"backward {grouped_text((b, h, kvh, sq, sk, d, None))}" if kvh < h else \
+        f"backward batch {b} heads {h} seq {sq}x{sk} head_dim {d}"
+
+
+def check_backward_case(worker, shape, causal, seed):
+    """Step 12 (out and L from forward_lse) against float64, then steps 13-16 (dq, dk, dv from backward, given the
+    float64 reference's out and L in float32, so a slip in step 12 is told there and not in the gradients) against
+    float64 autograd. Outputs poisoned, guard bands around every tensor."""
+    b, h, kvh, sq, sk, d = shape
+    q, k, v = make_inputs((b, h, kvh, sq, sk, d, None), seed)
+    d_out = random_tensor(q.shape, seed + 3)
+    scale = 1.0 / math.sqrt(d)
+    expected_out, expected_lse = attention_reference(q, k, v, causal, scale)
+
+    inputs = [guarded_input(name, t) for name, t in zip("qkv", (q, k, v))]
+    out, lse = guarded_output("out", q.shape), guarded_output("lse", q.shape[:3])
+    worker.call("forward_lse", *(t.tensor for t in inputs), out.tensor, lse.tensor, causal, scale,
+                timeout=BACKWARD_CALL_TIMEOUT_S)
+    damage = guard_damage(*inputs, out, lse)
+    if damage:
+        return damage
+    said = []
+    for name, got, expected in (("lse", lse, expected_lse), ("out", out, expected_out)):
+        result = compare(got.tensor, expected, atol=ATOL, rtol=RTOL, name=name, poisoned=True)
+        if not result.passed:
+            return dataclasses.replace(result, message=f"forward_lse's {result.message} (README, Task 4, step 12)")
+        said.append(f"{name} {result.message}")
+
+    saved = (q, k, v, expected_out.float(), d_out, expected_lse.float())
+    inputs = [guarded_input(name, t) for name, t in zip(("q", "k", "v", "out", "dout", "lse"), saved)]
+    grads = [guarded_output(name, t.shape) for name, t in zip(("dq", "dk", "dv"), (q, k, v))]
+    worker.call("backward", *(t.tensor for t in inputs + grads), causal, scale, timeout=BACKWARD_CALL_TIMEOUT_S)
+    damage = guard_damage(*inputs, *grads)
+    if damage:
+        return damage
+    steps = {"dq": "steps 13 and 16", "dk": "steps 13-15", "dv": "steps 14-15"}
+    for got, expected in zip(grads, attention_gradients(q, k, v, d_out, causal, scale)):
+        result = compare(got.tensor, expected, atol=ATOL, rtol=RTOL, name=got.name, poisoned=True)
+        if not result.passed:
+            return dataclasses.replace(result, message=f"{result.message} (README, Task 4, {steps[got.name]})")
+        said.append(f"{got.name} {result.message}")
+    return True, "; ".join(said), {}
+
+
+def check_backward_errors(worker):
+    """The given binding's errors for the backward part (not the student's work: reported, not scored)."""
+    q = torch.randn(1, 2, 8, 64, device="cuda")
+    k, v, out, dout = (q.clone() for _ in range(4))
+    lse = torch.randn(1, 2, 8, device="cuda")
+    dq, dk, dv = (torch.empty_like(q) for _ in range(3))
+    short = q[:, :, :4].contiguous()  # k and v of 4 keys
+    calls = [
+        ("lse of the wrong shape", "forward_lse", (q, k, v, torch.empty_like(q), lse[:, :, :4].contiguous()),
+         "lse must be (batch, heads, seq_q)"),
+        ("lse in float64", "forward_lse", (q, k, v, torch.empty_like(q), lse.double()), "float32"),
+        ("lse inside out", "forward_lse", (q, k, v, out, out.view(-1)[:16].view(1, 2, 8)), "must not share memory"),
+        ("dk of q's shape where k has fewer keys", "backward",
+         (q, short, short.clone(), out, dout, lse, dq, dk, torch.empty_like(short)), "dk must have k's shape"),
+        ("dk is dv", "backward", (q, k, v, out, dout, lse, dq, dk, dk), "must not share memory"),
+        ("dq is dout", "backward", (q, k, v, out, dout, lse, dout, dk, dv), "must not share memory"),
+        ("dout in float64", "backward", (q, k, v, out, dout.double(), lse, dq, dk, dv), "float32"),
+        ("lse on the CPU", "backward", (q, k, v, out, dout, lse.cpu(), dq, dk, dv), "must be a CUDA tensor"),
+    ]
+    return expect_errors(lambda entry, *args: worker.call(entry, *args),
+                         [(what, (entry, *args, False, 0.125), words) for what, entry, args, words in calls])
 
 
 def check_layer(worker, hidden, heads, seq, causal, seed):
@@ -275,9 +365,33 @@ def half_sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
     return calls
 
 
+def backward_sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
+    """The backward part's pass (steps 12-16): forward_lse and backward at the tile edges, causal and not, a
+    head_dim that is not a tile width, grouped heads."""
+    calls = []
+    for i, (b, h, kvh, sq, sk, d) in enumerate([(1, 2, 2, 65, 65, 64), (1, 4, 2, 70, 131, 85),
+                                                (1, 2, 1, 129, 129, 128)]):
+        q, k, v = make_inputs((b, h, kvh, sq, sk, d, None), cli.seed(sq + sk + d + i, hidden))
+        d_out = random_tensor(q.shape, cli.seed(sq + d, hidden))
+        for causal in (False, True):
+            out, lse = (t.float() for t in attention_reference(q, k, v, causal, 1 / math.sqrt(d)))
+            label = f"{backward_text((b, h, kvh, sq, sk, d))}{' causal' if causal else ''}"
+            calls.append(sanitize.Call(f"forward_lse {label[len('backward '):]}", "forward_lse",
+                                       (q, k, v, torch.empty_like(q), torch.empty(b, h, sq), causal, 1 / math.sqrt(d)),
+                                       ("q", "k", "v", "out", "lse")))
+            calls.append(sanitize.Call(label, "backward", (q, k, v, out, d_out, lse, torch.empty_like(q),
+                                                           torch.empty_like(k), torch.empty_like(v), causal,
+                                                           1 / math.sqrt(d)),
+                                       ("q", "k", "v", "out", "dout", "lse", "dq", "dk", "dv")))
+    return calls
+
+
 def step_of(kernel: str):
-    return {"flash_attention_kernel": "Task 4, steps 1-6",
-            "flash_attention_half_kernel": "Task 4, steps 8-11 (optional)"}.get(kernel)
+    return {"flash_attention_kernel": "Task 4, steps 1-6 (step 12 for lse)",
+            "flash_attention_half_kernel": "Task 4, steps 8-11 (optional)",
+            "delta_kernel": "Task 4, step 13 (optional)",
+            "flash_attention_dkdv_kernel": "Task 4, steps 14-15 (optional)",
+            "flash_attention_dq_kernel": "Task 4, step 16 (optional)"}.get(kernel)
 
 
 
@@ -320,6 +434,33 @@ def half_part(report, worker, hidden_cases) -> bool:
 
 
 HALF_PASS_NAME = f"{sanitize.PASS_NAME}, the bf16/fp16 kernel (optional)"
+BACKWARD_PASS_NAME = f"{sanitize.PASS_NAME}, the backward kernels (optional)"
+
+
+def backward_part(report, worker, hidden_cases) -> bool:
+    """Steps 12-16 (optional): forward_lse and the backward kernels; whether every case passed. The first case whose
+    process crashed or hung ends the part."""
+    report.begin_part("backward", (12, 13, 14, 15, 16), optional=True)
+    for case in cli.cases(4, "backward", BACKWARD_CASES, hidden_cases, backward_text,
+                          causal_ok=lambda s: s[3] <= s[4]):
+        before = len(report.cases)
+        report.run(case.name, lambda: check_backward_case(worker, case.shape, case.causal, case.seed))
+        if report.process_died_since(before, "the backward part"):
+            break
+    return report.end_part("backward")
+
+
+def optional_backward(report, worker, args) -> None:
+    """Steps 12-16 (optional): the checks, the sanitizer pass and bad input, then the timing against SDPA's
+    backward pass; every case optional, so nothing here moves a point."""
+    if backward_part(report, worker, args.hidden):
+        sanitize.add_to_report(report, 4, args, backward_sanitizer_calls(args.hidden), step_of, BACKWARD_PASS_NAME,
+                               kind="optional")
+        report.run("bad input to the backward part raises clear errors (the given binding)",
+                   lambda: check_backward_errors(worker), kind="optional")
+        if not args.grading and not report.stopped:
+            with gpu_share.alone(worker):
+                measure.run_backward_benchmarks(report, worker, measure.backward_cases())
 
 
 def float_part(report, worker, args) -> None:
@@ -374,8 +515,10 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep", action="store_true", help="time over seq 128..8192, write task4-sweep.csv")
     parser.add_argument("--attention", action="store_true", help="test only README steps 1-7 (the float32 kernel)")
     parser.add_argument("--half", action="store_true", help="test only README steps 8-11 (optional: bf16/fp16)")
+    parser.add_argument("--backward", action="store_true",
+                        help="test only README steps 12-16 (optional: the backward pass)")
     args = parser.parse_args(argv)
-    chosen = [p for p in ("attention", "half") if getattr(args, p)] or ["attention", "half"]
+    chosen = [p for p in ("attention", "half", "backward") if getattr(args, p)] or ["attention", "half", "backward"]
     report = Report(4, args.solution, "fused FlashAttention kernel", args.student_dir)
     with cli.worker(report, 4, args) as worker:
         if worker is None:
@@ -386,6 +529,9 @@ def main(argv=None) -> int:
             if "half" in chosen:
                 sanitize.add_to_report(report, 4, args, half_sanitizer_calls(args.hidden), step_of, HALF_PASS_NAME,
                                        kind="optional")
+            if "backward" in chosen:
+                sanitize.add_to_report(report, 4, args, backward_sanitizer_calls(args.hidden), step_of,
+                                       BACKWARD_PASS_NAME, kind="optional")
             return report.finish(args.json)
         if "attention" in chosen:
             float_part(report, worker, args)
@@ -394,12 +540,15 @@ def main(argv=None) -> int:
             # costs its own part, never the float32 checks, the sanitizer pass or the benchmarks before it.
             worker.stop_until_next_call()
             optional_half(report, worker, args)
+        if "backward" in chosen and not report.stopped:
+            worker.stop_until_next_call()  # the same: a process of its own
+            optional_backward(report, worker, args)
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(4, args.solution, args.student_dir, report.attention_ops), kind="rule")
-    if chosen == ["half"]:  # the status below counts required checks only, and this run has none
+    if "attention" not in chosen:  # the status below counts required checks only, and this run has none
         optional = [c for c in report.cases if c.kind == "optional"]
-        report.note(f"--half tests the optional part alone: {sum(c.passed for c in optional)} of its "
-                    f"{len(optional)} checks passed")
+        report.note(f"--{' --'.join(chosen)} tests the optional part{'s' if len(chosen) > 1 else ''} alone: "
+                    f"{sum(c.passed for c in optional)} of {len(optional)} checks passed")
     return report.finish(args.json)
 
 

@@ -55,7 +55,7 @@ from torch.utils._pytree import tree_flatten
 from common import build, impl, wire
 
 from harness import bench, calibration, cli, sanitize
-from harness.reference import attention_flops, expand_kv_heads
+from harness.reference import attention_flops, attention_gradients, causal_mask, expand_kv_heads
 from harness.sandbox import WorkerDied, WorkerError
 from common.worker import _resolve
 
@@ -392,13 +392,15 @@ class Behaviour:
     wrong_head_dim: outputs of this head_dim (the timed cases') come out 1% too large;
     build_error: the student's build of these kernels fails with this message;
     half: the bf16/fp16 kernels (task 4's of steps 8-11, task 5's decode of step 6; the float32 ones are right)
-    write outputs 1% too large ("wrong"), or nothing ("unwritten", a skeleton's).
+    write outputs 1% too large ("wrong"), or nothing ("unwritten", a skeleton's);
+    backward: task 4's backward kernels (steps 13-16) do the same with dk ("wrong", "unwritten").
     """
 
     slowdown: float = 1.0
     wrong_head_dim: int | None = None
     build_error: str | None = None
     half: str | None = None
+    backward: str | None = None
 
 
 class StandInKernels:
@@ -506,10 +508,56 @@ class Task4Kernels(StandInKernels):
         with self.work(_attention_seconds(q, k, causal)):
             self.write(out, _padded(lambda *qkv: _attention(*qkv, causal, scale), q, k, v, key_start))
 
+    @launched
+    def forward_lse(self, q, k, v, out, lse, causal, scale):
+        """Step 12: forward without padding, and each row's log-sum-exp."""
+        self._forward(q, k, v, out, causal, scale, None, _check_cuda_float32)
+        self._check_lse(lse, q, {"q": q, "k": k, "v": v, "out": out})
+        scores = (q @ expand_kv_heads(k, q.shape[1]).transpose(-2, -1)) * scale
+        if causal:
+            scores = scores.masked_fill(causal_mask(q.shape[2], k.shape[2]), -math.inf)
+        lse.copy_(torch.logsumexp(scores, dim=-1))
+
+    @launched
+    def backward(self, q, k, v, out, dout, lse, dq, dk, dv, causal, scale):
+        """Steps 13-16: the binding's checks, then autograd through the attention in float64 (the gradients do not
+        depend on out and lse, given that they are the forward's)."""
+        self._forward(q, k, v, out.clone(), causal, scale, None, _check_cuda_float32)  # q, k, v, out checked alike
+        self._check_lse(lse, q, {})
+        for t, name, model, model_name in ((dout, "dout", q, "q"), (dq, "dq", q, "q"), (dk, "dk", k, "k"),
+                                           (dv, "dv", k, "k")):
+            _check_cuda_float32(t, name)
+            if t.shape != model.shape:
+                raise RuntimeError(f"{name} must have {model_name}'s shape {list(model.shape)}, got {list(t.shape)}")
+        outputs = {"dq": dq, "dk": dk, "dv": dv}
+        for o_name, o in outputs.items():
+            for name, t in {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, **outputs}.items():
+                if name != o_name:
+                    _check_no_overlap(o, o_name, t, name)
+        kept = dk.clone() if self.behaviour.backward == "unwritten" else None
+        with self.work(2.5 * _attention_seconds(q, expand_kv_heads(k, q.shape[1]), causal)):
+            for got, grad in zip((dq, dk, dv), attention_gradients(q, k, v, dout, causal, scale)):
+                got.copy_(grad)
+        if self.behaviour.backward == "wrong":
+            dk.mul_(1.01)
+        elif kept is not None:
+            dk.copy_(kept)
+
+    @staticmethod
+    def _check_lse(lse, q, others):
+        _check_cuda_float32(lse, "lse")
+        if lse.shape != q.shape[:3]:
+            raise RuntimeError(f"lse must be (batch, heads, seq_q) = {tuple(q.shape[:3])}, got {list(lse.shape)}")
+        for name, t in others.items():
+            _check_no_overlap(lse, "lse", t, name)
+
     def max_head_dim(self):
         return 128
 
     def has_half(self):
+        return True
+
+    def has_backward(self):
         return True
 
     def tile_sizes(self):
@@ -896,7 +944,8 @@ SMALL = {  # module: {name: the small value the stand-in uses}
     "task2.measure": {"TIMING_SHAPE": (2, 3, 96, 32)},
     "task4.measure": {"PERF_CASE": (1, 2, 1024, 24), "HEAD_DIM_CASES": [(1, 2, 256, 64), (1, 2, 200, 80)],
                    "HANDOUT_CASES": [(2, 64)], "HANDOUT_LAYER": (64, 4), "ESTIMATE_TFLOPS": FLOPS_PER_S / 1e12,
-                   "ESTIMATE_HALF_TFLOPS": FLOPS_PER_S / 1e12, "HALF_BENCHMARKS": [(1, 2, 256, 32)]},
+                   "ESTIMATE_HALF_TFLOPS": FLOPS_PER_S / 1e12, "HALF_BENCHMARKS": [(1, 2, 256, 32)],
+                   "BACKWARD_BENCHMARKS": [(1, 2, 256, 32)]},
     "task5.measure": {"DECODE_BENCHMARKS": [(1, 2, 2, 2048, 48), (1, 1, 1, 4096, 48), (1, 4, 2, 2048, 48)], "LONG_CACHE_NEEDS_SPLITS_BELOW": 2,
                    "PAGED_BENCHMARK": (2, 2, 2, 256, 16), "SHAPE_BENCHMARKS": [(1, 3, 3, 700, 40), (2, 4, 2, 300, 48)],
                    "HANDOUT": dict(batch=2, prompt=40, max_seq=64, hidden=64, heads=4, steps=8),

@@ -541,3 +541,50 @@ def test_task6s_16_bit_model_fails_on_a_wrong_16_bit_kernel_and_costs_no_point(s
     assert wrong and all("allowed" in m and "--half" in m for m in wrong), wrong
     assert not any("in bfloat16" in c["name"] for c in record["cases"])  # no 16-bit generation run
     assert any("generation run in 16 bits is skipped" in n for n in record["notes"]), record["notes"]
+
+
+def backward_checks(record):
+    """The backward part's checks (steps 12-16): optional cases named "backward ...", timings left out."""
+    return [c for c in record["cases"] if c["kind"] == "optional" and c["name"].startswith("backward batch ")]
+
+
+def test_task4s_backward_part_is_checked_timed_and_scores_nothing(stand_in, tmp_path):
+    """The optional backward part (steps 12-16): every public and hidden case passes for the reference (lse, out,
+    then dq, dk, dv), then its sanitizer pass, its bad input and its timings against SDPA's backward, all optional;
+    a student's dk 1% off fails those cases only, with the step named, and keeps every point; with the steps still
+    TODO the part says which step."""
+    from task4 import measure
+    from task4.test import BACKWARD_CASES, BACKWARD_PASS_NAME
+    from grader.hidden import CASES as HIDDEN_CASES
+
+    record = stand_in.run(4, "--solution", "--backward", *HIDDEN)
+    checks = backward_checks(record)
+    shapes = BACKWARD_CASES + HIDDEN_CASES[4]["backward"]
+    assert len(checks) == len(shapes) + sum(1 for s in shapes if s[3] <= s[4]), [c["name"] for c in checks]
+    assert all(c["passed"] and "lse " in c["message"] and "dv " in c["message"] for c in checks), failed(record)
+    passes = {c["name"]: c for c in record["cases"] if c["name"].startswith("memory-safe")}
+    assert passes[BACKWARD_PASS_NAME]["kind"] == "optional" and passes[BACKWARD_PASS_NAME]["passed"]
+    errors = [c for c in record["cases"] if c["name"].startswith("bad input to the backward part")]
+    assert len(errors) == 1 and errors[0]["passed"], errors
+    timed = [c for c in record["cases"] if c["name"].startswith("backward pass time: ")]
+    assert len(timed) == len(measure.BACKWARD_BENCHMARKS) * 2, [c["name"] for c in timed]
+    assert all(c["kind"] == "optional" and c["passed"] and c["message"].endswith("not scored")
+               and "SDPA's backward" in c["message"] and "reference kernels" in c["message"] for c in timed), timed
+    assert any("--backward tests the optional part alone" in n for n in record["notes"]), record["notes"]
+
+    for rel in ("task4/kernels/attention.cu", "task4/kernels/attention_backward.cu"):  # a finished student's files
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text((REPO / rel.replace("kernels/", "solution/kernels/")).read_text())
+    stand_in.student[4] = Behaviour(backward="wrong")
+    record = stand_in.run(4, "--student-dir", str(tmp_path))
+    points, why = score(4, record)
+    assert record["status"] == "passed" and points == RUBRIC[4].points, why
+    wrong = [c for c in backward_checks(record) if not c["passed"]]
+    assert wrong and all("dk" in c["message"] and "steps 13-15" in c["message"] for c in wrong), wrong
+    assert all(c["passed"] for c in record["cases"] if c["kind"] == "check")
+    assert BACKWARD_PASS_NAME not in {c["name"] for c in record["cases"]}  # the part failed: no pass of its own
+
+    stand_in.student[4] = Behaviour(backward="unwritten")
+    record = stand_in.run(4, "--backward")  # the handout's skeletons: every step TODO
+    said = [c["message"] for c in record["cases"] if c["kind"] == "optional" and not c["passed"]]
+    assert len(said) == 1 and "not implemented yet: see README, Task 4, step 12" in said[0], said

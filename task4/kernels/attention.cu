@@ -109,6 +109,7 @@ static_assert(BLOCK_COLS % 4 == 0, "P is read as float4 along its rows");
 // log2(e): exp(x) = exp2(x * log2(e)). Folding it into the scale turns every
 // exponential into one exp2f, the operation the hardware has.
 constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
 
 __host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
@@ -213,12 +214,13 @@ __device__ __forceinline__ void store_first(float* dst, float x, int) { dst[0] =
 // kernel without padding keeps free (they stay kernel parameters: about 4% of its speed at
 // head_dim 128, where every register counts).
 // grid (batch * heads, ceil(seq_q / Br)), NUM_THREADS threads, smem_bytes<D>() of shared memory.
-// scale_log2 = scale * log2(e).
+// scale_log2 = scale * log2(e). lse: nullptr, or (batch * heads, seq_q): each row's log-sum-exp of the scaled
+// scores, L = log(sum_j exp(scale q k_j)), which the backward pass needs (step 12; never with padding).
 template <int D, bool PADDED>
 __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS_PER_SM)
     flash_attention_kernel(const float* __restrict__ q, const float* __restrict__ k,
-                           const float* __restrict__ v, float* __restrict__ out, int heads,
-                           int kv_heads, const int* __restrict__ key_start, int seq_q, int seq_k,
+                           const float* __restrict__ v, float* __restrict__ out, float* __restrict__ lse,
+                           int heads, int kv_heads, const int* __restrict__ key_start, int seq_q, int seq_k,
                            int head_dim, float scale_log2, bool causal) {
   constexpr int LD = D + PAD;                // row stride of the Q, K and V tiles
   constexpr int LDP = BLOCK_COLS + PAD;      // row stride of the P tile
@@ -248,6 +250,7 @@ __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS_PER_SM)
   const int kv_head = head / (heads / kv_heads);
   q += (size_t)blockIdx.x * seq_q * head_dim;
   out += (size_t)blockIdx.x * seq_q * head_dim;
+  if (lse != nullptr) lse += (size_t)blockIdx.x * seq_q;
   k += ((size_t)batch * kv_heads + kv_head) * seq_k * head_dim;
   v += ((size_t)batch * kv_heads + kv_head) * seq_k * head_dim;
 
@@ -306,6 +309,8 @@ __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS_PER_SM)
   }
 
   // TODO (README, Task 4, step 6: add up l_i across the row's lanes, normalise acc, write out)
+
+  // TODO (README, Task 4, step 12: where lse is given, write each row's L = log(sum of exp(scaled scores)) (optional))
 }
 
 // ----------------------------------------------------------------------------
@@ -326,7 +331,7 @@ static cudaError_t with_head_dim_tile(int head_dim, LaunchFor launch_for) {
 }
 
 template <int D, bool PADDED>
-static cudaError_t launch(const float* q, const float* k, const float* v, float* out, int batch,
+static cudaError_t launch(const float* q, const float* k, const float* v, float* out, float* lse, int batch,
                           int heads, int kv_heads, const int* key_start, int seq_q, int seq_k,
                           int head_dim, float scale, bool causal, cudaStream_t stream) {
   // More than 48 KB of dynamic shared memory needs an explicit opt-in.
@@ -336,7 +341,7 @@ static cudaError_t launch(const float* q, const float* k, const float* v, float*
   if (err != cudaSuccess) return err;
   const dim3 grid(batch * heads, ceil_div(seq_q, BLOCK_ROWS));
   flash_attention_kernel<D, PADDED><<<grid, NUM_THREADS, smem, stream>>>(
-      q, k, v, out, heads, kv_heads, key_start, seq_q, seq_k, head_dim, scale * LOG2E, causal);
+      q, k, v, out, lse, heads, kv_heads, key_start, seq_q, seq_k, head_dim, scale * LOG2E, causal);
   return cudaGetLastError();
 }
 
@@ -355,10 +360,27 @@ cudaError_t flash_attention_forward(const float* q, const float* k, const float*
   return with_head_dim_tile(head_dim, [&](auto tile) {
     constexpr int D = decltype(tile)::value;
     return key_start != nullptr
-               ? launch<D, true>(q, k, v, out, batch, heads, kv_heads, key_start, seq_q, seq_k,
+               ? launch<D, true>(q, k, v, out, nullptr, batch, heads, kv_heads, key_start, seq_q, seq_k,
                                  head_dim, scale, causal, stream)
-               : launch<D, false>(q, k, v, out, batch, heads, kv_heads, key_start, seq_q, seq_k,
+               : launch<D, false>(q, k, v, out, nullptr, batch, heads, kv_heads, key_start, seq_q, seq_k,
                                   head_dim, scale, causal, stream);
+  });
+}
+
+// The same without padding, also writing lse: (batch, heads, seq_q), each row's log-sum-exp of the scaled scores
+// (step 12). The backward pass (kernels/attention_backward.cu) recomputes the probabilities from it.
+cudaError_t flash_attention_forward_lse(const float* q, const float* k, const float* v, float* out, float* lse,
+                                        int batch, int heads, int kv_heads, int seq_q, int seq_k, int head_dim,
+                                        float scale, bool causal, cudaStream_t stream) {
+  if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || seq_q < 1 || seq_k < 1 ||
+      head_dim < 1 || head_dim > MAX_HEAD_DIM || (causal && seq_q > seq_k) ||
+      (seq_q - 1) / BLOCK_ROWS >= 65535 || lse == nullptr)
+    return cudaErrorInvalidValue;
+  if (batch == 0) return cudaSuccess;
+  return with_head_dim_tile(head_dim, [&](auto tile) {
+    constexpr int D = decltype(tile)::value;
+    return launch<D, false>(q, k, v, out, lse, batch, heads, kv_heads, nullptr, seq_q, seq_k, head_dim, scale,
+                            causal, stream);
   });
 }
 
