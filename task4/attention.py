@@ -36,6 +36,34 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, o
     return out
 
 
+class _FlashAttention(torch.autograd.Function):
+    """The kernels as an autograd function: the forward saves what FlashAttention-2 saves (q, k, v, the output and
+    each row's log-sum-exp L, from forward_lse: step 12), and the backward runs kernels/attention_backward.cu
+    (steps 13-16), which computes the probabilities again from L, tile by tile."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, solution):
+        module = extension(solution)
+        out, lse = torch.empty_like(q), q.new_empty(q.shape[:3])
+        module.forward_lse(q, k, v, out, lse, causal, scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.scale, ctx.solution = causal, scale, solution
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+        extension(ctx.solution).backward(q, k, v, out, d_out.contiguous(), lse, dq, dk, dv, ctx.causal, ctx.scale)
+        return dq, dk, dv, None, None, None
+
+
+def flash_attention_trainable(q, k, v, causal: bool = False, scale: float | None = None, solution: bool = False):
+    """flash_attention (float32, no padding) that autograd can differentiate through your backward kernels."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return _FlashAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale, solution)
+
+
 class FlashMultiHeadAttention(AttentionLayer):
     """Multi-head attention (common/layer.py) whose core is the fused kernel."""
 

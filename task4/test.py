@@ -482,8 +482,9 @@ def float_part(report, worker, args) -> None:
         if args.grading:
             batch, seq = measure.HANDOUT_CASES[-1]
             report.note(cli.GRADING_LEAVES_OUT.format(task=4, what=f"the layer at batch {batch} seq {seq} "
-                                                                  "against nn.MultiheadAttention, and the bf16/fp16 "
-                                                                  "kernel against SDPA's flash backend"))
+                                                                  "against nn.MultiheadAttention, the bf16/fp16 "
+                                                                  "kernel against SDPA's flash backend, and the "
+                                                                  "backward kernels against SDPA's backward"))
         with gpu_share.alone(worker):
             measure.run_benchmarks(report, worker, measure.benchmark_cases(args.solution),
                                    measure.layer_cases(args.grading), with_tensor_cores=args.solution)

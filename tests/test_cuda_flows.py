@@ -588,3 +588,18 @@ def test_task4s_backward_part_is_checked_timed_and_scores_nothing(stand_in, tmp_
     record = stand_in.run(4, "--backward")  # the handout's skeletons: every step TODO
     said = [c["message"] for c in record["cases"] if c["kind"] == "optional" and not c["passed"]]
     assert len(said) == 1 and "not implemented yet: see README, Task 4, step 12" in said[0], said
+
+
+def test_task4s_trainable_attention_gives_autograds_gradients(stand_in):
+    """flash_attention_trainable (given) saves forward_lse's output and L and hands them to backward: autograd
+    through it gives what autograd through naive attention gives, grouped heads and causal included."""
+    from harness.reference import attention_gradients
+    from task4.attention import flash_attention_trainable
+
+    with CudaOnTheCpu():
+        q = torch.randn(2, 4, 37, 24, device="cuda", requires_grad=True)
+        k, v = (torch.randn(2, 2, 53, 24, device="cuda", requires_grad=True) for _ in range(2))
+        d_out = torch.randn(2, 4, 37, 24, device="cuda")
+        flash_attention_trainable(q, k, v, causal=True, solution=True).backward(d_out)
+    for got, expected in zip((q.grad, k.grad, v.grad), attention_gradients(q, k, v, d_out, causal=True)):
+        assert torch.allclose(got.double(), expected, atol=1e-5), (got - expected).abs().max()
