@@ -170,13 +170,13 @@ NO_COUNTERS = ("ncu may not read this GPU's performance counters (ERR_NVGPUCTRPE
 
 
 def main(task: int, kernel: str, entry: str, args_of, what_of, argv=None, causal: bool = True,
-         half: tuple[str, str, str] | None = None) -> int:
+         **optional: tuple[str, str, str]) -> int:
     """`python -m taskN.profile`: one launch of the kernel named `kernel` under ncu, in the task's worker.
 
     The worker runs under ncu (its report goes to a pipe only this process reads, as the
     sanitizer's does); the entry point `entry` makes its own inputs at the standard size,
-    `args_of(options)`, and launches the kernel once. half: (help, kernel, entry) of the task's
-    optional bf16/fp16 kernel, profiled instead with --half.
+    `args_of(options)`, and launches the kernel once. optional: (help, kernel, entry) of each of the
+    task's optional parts by flag (half=... is profiled instead of `kernel` with --half).
     """
     import argparse
     import time
@@ -193,12 +193,16 @@ def main(task: int, kernel: str, entry: str, args_of, what_of, argv=None, causal
     if causal:
         parser.add_argument("--causal", action="store_true", help="with the causal mask")
     parser.add_argument("--student-dir", type=Path, default=REPO, help=argparse.SUPPRESS)
-    if half is not None:
-        parser.add_argument("--half", action="store_true", help=half[0])
+    for flag, (said, _, _) in optional.items():
+        parser.add_argument(f"--{flag}", action="store_true", help=said)
     parser.add_argument("--raw", action="store_true", help="also print ncu's whole report")
     options = parser.parse_args(argv)
-    if half is not None and options.half:
-        kernel, entry = half[1], half[2]
+    chosen = [flag for flag in optional if getattr(options, flag)]
+    if len(chosen) > 1:
+        print(f"task {task}: {' and '.join('--' + f for f in chosen)}: one optional part at a time")
+        return 2
+    if chosen:
+        _, kernel, entry = optional[chosen[0]]
     from common.build import find_cuda_tool
 
     ncu = find_cuda_tool("ncu")

@@ -152,6 +152,7 @@ class Plan:
     configs: list[dict[str, int]]  # the default list
     measure: object  # callable(worker) -> Measured, run in this (trusted) process against the worker
     also: object = None  # callable(worker) -> lines, run on the file as it is (#1) after its measure: more timings
+    part: str = ""  # an optional part's plan: what --<its flag> tunes, in words ("the optional bf16/fp16 kernel")
 
     def kernel_name(self, values: dict[str, int]) -> str:
         return self.timed_kernel(values) if callable(self.timed_kernel) else self.timed_kernel
@@ -363,8 +364,9 @@ def plot(path: Path, plan: Plan, rows: list[Row], names: list[str], title: str) 
     return path
 
 
-def main(plan: Plan, argv=None, half: Plan | None = None) -> int:
-    """`python -m taskN.tune`; `half`: the plan of the task's optional bf16/fp16 kernel, taken with --half."""
+def main(plan: Plan, argv=None, **optional: Plan) -> int:
+    """`python -m taskN.tune`; `optional`: the plans of the task's optional parts by flag (half=... is taken with
+    --half), each tuning its own kernel file and writing taskN-<flag>-tune.csv."""
     import argparse
     import os
 
@@ -379,19 +381,22 @@ def main(plan: Plan, argv=None, half: Plan | None = None) -> int:
                         help="your own configurations, each NAME=NUMBER pairs separated by commas (names not given "
                              "keep the file's value); default: a list that covers the usual choices")
     parser.add_argument("--solution", action="store_true", help="tune the reference solution instead of your code")
-    if half is not None:
-        parser.add_argument("--half", action="store_true", help=f"tune the optional bf16/fp16 kernel ({half.kernel_file})")
+    for flag, other in optional.items():
+        parser.add_argument(f"--{flag}", action="store_true", help=f"tune {other.part} ({other.kernel_file})")
     parser.add_argument("--student-dir", type=Path, default=REPO, metavar="DIR", help=argparse.SUPPRESS)
     parser.add_argument("--build-only", action="store_true",
                         help="only compile each configuration: registers, spills, or why it does not build (no GPU)")
     parser.add_argument("--jobs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
                         help="configurations built at once (default: half the CPU cores, at most 8)")
     parser.add_argument("--csv", type=Path, help=f"where the rows go (default: task{plan.task}-tune.csv"
-                        + (f", task{plan.task}-half-tune.csv with --half)" if half is not None else ")"))
+                        + "".join(f", task{plan.task}-{flag}-tune.csv with --{flag}" for flag in optional) + ")")
     args = parser.parse_args(argv)
-    half_chosen = half is not None and args.half
-    plan = half if half_chosen else plan
-    args.csv = args.csv or Path(f"task{plan.task}-{'half-' if half_chosen else ''}tune.csv")
+    chosen = [flag for flag in optional if getattr(args, flag)]
+    if len(chosen) > 1:
+        print(f"task {plan.task}: {' and '.join('--' + f for f in chosen)}: one optional part at a time")
+        return 2
+    plan = optional[chosen[0]] if chosen else plan
+    args.csv = args.csv or Path(f"task{plan.task}-{chosen[0] + '-' if chosen else ''}tune.csv")
 
     source = source_of(plan.kernel_file, args.student_dir, args.solution)
     text = source.read_text()

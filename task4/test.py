@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 
 import torch
 from torch import nn
@@ -120,6 +121,9 @@ BACKWARD_CASES = [
     (1, 2, 2, 1, 257, 128),
     (1, 2, 2, 520, 520, 64),
 ]
+# Every score very negative (q + 4, k - 4: about -128 at head_dim 64): L is too, and exp(0 - L) overflows float32, so a
+# key past seq_k (a zero row of K, score 0) that is not masked turns dQ into NaN. A partial last tile of keys.
+BACKWARD_NEGATIVE = ((1, 2, 2, 50, 100, 64), 4.0)
 
 
 def shape_text(shape) -> str:
@@ -199,12 +203,13 @@ def backward_text(shape) -> str:
         f"backward batch {b} heads {h} seq {sq}x{sk} head_dim {d}"
 
 
-def check_backward_case(worker, shape, causal, seed):
+def check_backward_case(worker, shape, causal, seed, shift=0.0):
     """Step 12 (out and L from forward_lse) against float64, then steps 13-16 (dq, dk, dv from backward, given the
     float64 reference's out and L in float32, so a slip in step 12 is told there and not in the gradients) against
-    float64 autograd. Outputs poisoned, guard bands around every tensor."""
+    float64 autograd. Outputs poisoned, guard bands around every tensor. shift: added to q and taken from k."""
     b, h, kvh, sq, sk, d = shape
     q, k, v = make_inputs((b, h, kvh, sq, sk, d, None), seed)
+    q, k = q + shift, k - shift
     d_out = random_tensor(q.shape, seed + 3)
     scale = 1.0 / math.sqrt(d)
     expected_out, expected_lse = attention_reference(q, k, v, causal, scale)
@@ -237,6 +242,57 @@ def check_backward_case(worker, shape, causal, seed):
             return dataclasses.replace(result, message=f"{result.message} (README, Task 4, {steps[got.name]})")
         said.append(f"{got.name} {result.message}")
     return True, "; ".join(said), {}
+
+
+# The training check (task4/train.py): the model trained with your kernels and with SDPA, same weights and batches.
+# Two float32 runs whose attention sums in another order drift apart most where the loss falls fastest: measured
+# on the CPU, PyTorch's naive attention against SDPA (300 steps) differed by at most 0.6% of the loss at a step.
+# Each step's losses may differ by TRAINING_RTOL of SDPA's plus TRAINING_ATOL; both must end below LEARNED x the
+# chance loss, or the comparison says nothing.
+TRAINING_RTOL, TRAINING_ATOL = 0.05, 0.01
+LEARNED = 0.5
+TRAINING_CALL_TIMEOUT_S = 300
+TRAINING_TAIL = 10  # steps averaged for the final loss
+
+
+def check_training(worker, hidden, write_curves=False):
+    """task4/train.py's copy model trained through your forward_lse and backward, against the same training with
+    SDPA: the loss curves agree step by step, and both learned. Each run is timed on this process's clock."""
+    from task4 import train
+
+    config, seed = train.TRAINING, cli.seed(23, hidden)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    got = worker.call("train_with_kernels", seed, timeout=TRAINING_CALL_TIMEOUT_S)
+    kernel_step_ms = (time.perf_counter() - start) * 1e3 / config.steps
+    if not (isinstance(got, list) and len(got) == config.steps and all(isinstance(x, float) for x in got)):
+        return False, f"the training call returned something else than {config.steps} losses (floats)", {}
+    with exact_float32():
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        expected = train.train(train.sdpa_attention, config, seed, "cuda")
+        sdpa_step_ms = (time.perf_counter() - start) * 1e3 / config.steps
+    metrics = {"kernel_step_ms": kernel_step_ms, "sdpa_step_ms": sdpa_step_ms}
+    tail = lambda losses: sum(losses[-TRAINING_TAIL:]) / TRAINING_TAIL  # noqa: E731
+    said = (f"copy task, {config.steps} steps: loss {got[0]:.3f} -> {tail(got):.3f} with your kernels, "
+            f"{expected[0]:.3f} -> {tail(expected):.3f} with SDPA (chance {train.chance_loss(config):.2f}); "
+            f"{kernel_step_ms:.1f} ms per training step with your kernels, {sdpa_step_ms:.1f} with SDPA")
+    if write_curves:
+        said += "; wrote " + " and ".join(train.write_curves({"your kernels": got, "SDPA": expected}))
+    if not all(math.isfinite(x) for x in got):
+        step = next(i for i, x in enumerate(got) if not math.isfinite(x))
+        return False, f"{said}: the loss is {got[step]} at step {step} (README, Task 4, steps 12-16)", metrics
+    if tail(expected) > LEARNED * train.chance_loss(config):
+        return False, f"{said}: SDPA's run did not learn the task, so the curves say nothing (the kit's problem)", metrics
+    excess = [abs(a - b) - (TRAINING_ATOL + TRAINING_RTOL * b) for a, b in zip(got, expected)]
+    worst = max(range(config.steps), key=lambda i: excess[i])
+    gap = abs(got[worst] - expected[worst])
+    metrics["largest_loss_gap"] = gap
+    if excess[worst] > 0:
+        return False, (f"{said}: at step {worst} the loss is {got[worst]:.4f} with your kernels and "
+                       f"{expected[worst]:.4f} with SDPA, more apart than {TRAINING_RTOL:.0%} + {TRAINING_ATOL}: the "
+                       "gradients your kernels give drive the model elsewhere (README, Task 4, steps 12-16)"), metrics
+    return True, f"{said}; the curves agree step by step (largest gap {gap:.1e}, at step {worst})", metrics
 
 
 def check_backward_errors(worker):
@@ -446,7 +502,12 @@ def backward_part(report, worker, hidden_cases) -> bool:
         before = len(report.cases)
         report.run(case.name, lambda: check_backward_case(worker, case.shape, case.causal, case.seed))
         if report.process_died_since(before, "the backward part"):
-            break
+            return report.end_part("backward")
+    shape, shift = BACKWARD_NEGATIVE
+    for causal in (False, True):
+        report.run(f"{backward_text(shape)}{' causal' if causal else ''}, every score very negative (q + {shift:g}, "
+                   f"k - {shift:g})",
+                   lambda: check_backward_case(worker, shape, causal, cli.seed(29 + causal, hidden_cases), shift))
     return report.end_part("backward")
 
 
@@ -458,6 +519,8 @@ def optional_backward(report, worker, args) -> None:
                                kind="optional")
         report.run("bad input to the backward part raises clear errors (the given binding)",
                    lambda: check_backward_errors(worker), kind="optional")
+        report.run("a model trained through your kernels learns as with SDPA",
+                   lambda: check_training(worker, args.hidden, write_curves=args.backward), kind="optional")
         if not args.grading and not report.stopped:
             with gpu_share.alone(worker):
                 measure.run_backward_benchmarks(report, worker, measure.backward_cases())

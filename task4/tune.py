@@ -1,4 +1,4 @@
-"""python -m task4.tune [--half] [--configs NAME=N,... ...] [--solution] [--build-only] [--jobs N] [--csv PATH]
+"""python -m task4.tune [--half | --backward] [--configs NAME=N,... ...] [--solution] [--build-only] [--jobs N] [--csv PATH]
 
 Builds your kernel (task4/kernels/attention.cu) at several settings of its tile constants, side
 by side, then checks each on a few edge cases and times it at batch 8, 32 heads, seq 4096,
@@ -11,6 +11,10 @@ task4-tune.csv (and task4-tune.png when matplotlib is installed). README, Task 4
 knobs (warps per block, tile keys, what is unrolled or kept in registers), against the
 tensor cores' bound for 16-bit products, with SDPA's flash backend timed beside the file as it is;
 writes task4-half-tune.csv.
+
+--backward: the optional backward kernels (task4/kernels/attention_backward.cu, steps 12-16), their tile sizes
+(both kernels share them), timed as python -m task4.test --backward times them (the dK/dV kernel's figures in
+the table), with SDPA's backward pass beside; writes task4-backward-tune.csv.
 """
 
 import math
@@ -22,8 +26,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from harness import bench, tune
 from harness.reference import attention_flops, fp32_peak_tflops, half_tensor_core_bound_tflops
-from task4.measure import PERF_CASE, time_here, time_student
-from task4.test import check_case, check_half_case, shape_text
+from task4.measure import (BACKWARD_FLOPS, PERF_CASE, time_here, time_sdpa_backward, time_student,
+                           time_student_backward)
+from task4.test import backward_text, check_backward_case, check_case, check_half_case, shape_text
 
 # Each sets every constant, so a row means the same whatever the file says. The first is the
 # skeleton's untuned start; the list covers the tile shapes, the micro-tile per thread, and
@@ -116,7 +121,50 @@ def half_timed_kernel(values: dict[str, int]) -> str:
 HALF_PLAN = tune.Plan(task=4, kernel_file="task4/kernels/attention_half.cu", timed_kernel=half_timed_kernel,
                       what="bf16, batch {} heads {} seq {} head_dim {}".format(*PERF_CASE), unit="TFLOP/s",
                       limit="16-bit tensor-core bound", configs=HALF_CONFIGS, measure=measure_half,
-                      also=sdpa_flash_beside)
+                      also=sdpa_flash_beside, part="the optional bf16/fp16 kernel")
+
+# The backward kernels' tiles (kernels/attention_backward.cu; both kernels share them): the file's first, then
+# other shapes of a thread's piece, more rows a block (each walked tile serves more of them; a thread's accumulators
+# grow), fewer. Wider walked tiles do not fit in shared memory at head_dim 128 (the file's static_assert says so).
+BACKWARD_CONFIGS = [
+    {"BLOCK_ROWS": 64, "BLOCK_COLS": 64, "THREAD_ROWS": 4, "THREAD_COLS": 4},
+    {"BLOCK_ROWS": 64, "BLOCK_COLS": 32, "THREAD_ROWS": 4, "THREAD_COLS": 2},
+    {"BLOCK_ROWS": 64, "BLOCK_COLS": 64, "THREAD_ROWS": 8, "THREAD_COLS": 2},
+    {"BLOCK_ROWS": 64, "BLOCK_COLS": 64, "THREAD_ROWS": 2, "THREAD_COLS": 8},
+    {"BLOCK_ROWS": 128, "BLOCK_COLS": 32, "THREAD_ROWS": 8, "THREAD_COLS": 2},
+    {"BLOCK_ROWS": 32, "BLOCK_COLS": 64, "THREAD_ROWS": 2, "THREAD_COLS": 4},
+]
+BACKWARD_CHECKS = [((1, 2, 2, 129, 129, 128), False), ((1, 2, 2, 129, 129, 128), True), ((1, 4, 2, 70, 200, 72), True),
+                   ((2, 1, 1, 1, 65, 32), False)]
+
+
+def measure_backward(worker) -> tune.Measured:
+    for n, (shape, causal) in enumerate(BACKWARD_CHECKS):
+        result = check_backward_case(worker, shape, causal, seed=900 + 10 * n)
+        passed, message = (result.passed, result.message) if hasattr(result, "passed") else result[:2]
+        if not passed:
+            return tune.Measured(error=f"wrong at {backward_text(shape)}{' causal' if causal else ''}: "
+                                       f"{message.splitlines()[0]}")
+    b, h, s, d = PERF_CASE
+    timing = time_student_backward(worker, b, h, s, d, False)
+    if isinstance(timing, str):
+        return tune.Measured(error=f"timed run failed: {timing.splitlines()[0]}")
+    tflops = BACKWARD_FLOPS * attention_flops(b, h, s, s, d, False) / (timing.median_ms * 1e-3) / 1e12
+    return tune.Measured(ms=timing.median_ms, throughput=tflops, share=100 * tflops / fp32_peak_tflops())
+
+
+def sdpa_backward_beside(worker) -> list[str]:
+    """SDPA's backward pass (efficient backend, float32) at the same case"""
+    b, h, s, d = PERF_CASE
+    t_sdpa = time_sdpa_backward(b, h, s, d, False)
+    return [f"SDPA's backward pass (efficient backend, float32), same case: {bench.timing_text(t_sdpa)}"]
+
+
+BACKWARD_PLAN = tune.Plan(task=4, kernel_file="task4/kernels/attention_backward.cu",
+                          timed_kernel="flash_attention_dkdv_kernel<128>",
+                          what="backward, batch {} heads {} seq {} head_dim {}".format(*PERF_CASE),
+                          unit="TFLOP/s (2.5x the forward's flops)", limit="FFMA peak", configs=BACKWARD_CONFIGS,
+                          measure=measure_backward, also=sdpa_backward_beside, part="the optional backward kernels")
 
 if __name__ == "__main__":
-    sys.exit(tune.main(PLAN, half=HALF_PLAN))
+    sys.exit(tune.main(PLAN, half=HALF_PLAN, backward=BACKWARD_PLAN))

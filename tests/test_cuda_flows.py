@@ -376,7 +376,7 @@ def test_task4s_half_precision_part_is_checked_in_both_types_and_scores_nothing(
     fails those cases only, with the allowance said, and keeps every point; with the steps still TODO the part
     says which step, and the float32 part is untouched by those TODOs."""
     from task4 import measure
-    from task4.test import HALF_CASES, HALF_PASS_NAME, HALF_TYPES
+    from task4.test import BACKWARD_PASS_NAME, HALF_CASES, HALF_PASS_NAME, HALF_TYPES
     from grader.hidden import CASES as HIDDEN_CASES
 
     record = stand_in.run(4, "--solution", *HIDDEN)
@@ -388,7 +388,7 @@ def test_task4s_half_precision_part_is_checked_in_both_types_and_scores_nothing(
     assert sum("large scores" in c["name"] for c in checks) == len(HALF_TYPES)
     passes = {c["name"]: c for c in record["cases"] if c["name"].startswith("memory-safe")}
     assert passes[HALF_PASS_NAME]["kind"] == "optional" and passes[HALF_PASS_NAME]["passed"]
-    assert [c["kind"] for name, c in passes.items() if name != HALF_PASS_NAME] == ["rule"]
+    assert [c["kind"] for name, c in passes.items() if name not in (HALF_PASS_NAME, BACKWARD_PASS_NAME)] == ["rule"]
     timed = [c for c in record["cases"] if " attention batch " in c["name"] and c["name"].split()[0] in HALF_TYPES]
     assert len(timed) == len(HALF_TYPES) * len(measure.HALF_BENCHMARKS) * 2, [c["name"] for c in timed]
     assert all(c["kind"] == "optional" and c["passed"] and c["message"].endswith("not scored")
@@ -548,24 +548,33 @@ def backward_checks(record):
     return [c for c in record["cases"] if c["kind"] == "optional" and c["name"].startswith("backward batch ")]
 
 
-def test_task4s_backward_part_is_checked_timed_and_scores_nothing(stand_in, tmp_path):
+def test_task4s_backward_part_is_checked_timed_and_scores_nothing(stand_in, tmp_path, monkeypatch):
     """The optional backward part (steps 12-16): every public and hidden case passes for the reference (lse, out,
-    then dq, dk, dv), then its sanitizer pass, its bad input and its timings against SDPA's backward, all optional;
-    a student's dk 1% off fails those cases only, with the step named, and keeps every point; with the steps still
-    TODO the part says which step."""
+    then dq, dk, dv), then its sanitizer pass, its bad input, the copy model trained through it against SDPA (its
+    curves written with --backward) and its timings against SDPA's backward, all optional; a student's dk 1% off
+    fails those cases only, with the step named, and keeps every point; with the steps still TODO the part says
+    which step."""
     from task4 import measure
     from task4.test import BACKWARD_CASES, BACKWARD_PASS_NAME
     from grader.hidden import CASES as HIDDEN_CASES
 
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # where --backward writes the training curves
     record = stand_in.run(4, "--solution", "--backward", *HIDDEN)
     checks = backward_checks(record)
     shapes = BACKWARD_CASES + HIDDEN_CASES[4]["backward"]
-    assert len(checks) == len(shapes) + sum(1 for s in shapes if s[3] <= s[4]), [c["name"] for c in checks]
+    causal = sum(1 for s in shapes if s[3] <= s[4])
+    assert len(checks) == len(shapes) + causal + 2, [c["name"] for c in checks]  # + every score very negative
     assert all(c["passed"] and "lse " in c["message"] and "dv " in c["message"] for c in checks), failed(record)
     passes = {c["name"]: c for c in record["cases"] if c["name"].startswith("memory-safe")}
     assert passes[BACKWARD_PASS_NAME]["kind"] == "optional" and passes[BACKWARD_PASS_NAME]["passed"]
     errors = [c for c in record["cases"] if c["name"].startswith("bad input to the backward part")]
     assert len(errors) == 1 and errors[0]["passed"], errors
+    training = [c for c in record["cases"] if c["name"].startswith("a model trained through your kernels")]
+    assert len(training) == 1 and training[0]["passed"] and training[0]["kind"] == "optional", training
+    assert "the curves agree step by step" in training[0]["message"], training[0]["message"]
+    assert {"kernel_step_ms", "sdpa_step_ms", "largest_loss_gap"} <= set(training[0]["metrics"])
+    assert (tmp_path / "cwd" / "task4-training.csv").exists() and "wrote task4-training.csv" in training[0]["message"]
     timed = [c for c in record["cases"] if c["name"].startswith("backward pass time: ")]
     assert len(timed) == len(measure.BACKWARD_BENCHMARKS) * 2, [c["name"] for c in timed]
     assert all(c["kind"] == "optional" and c["passed"] and c["message"].endswith("not scored")

@@ -214,6 +214,65 @@ def test_task4_half_file_that_does_not_compile_is_left_out_and_its_part_says_why
     assert half and "attention_half.cu was left out of the build" in half[0] and "error" in half[0], half[:2]
 
 
+# -- the optional backward part (task4/kernels/attention_backward.cu, steps 12-16) --------------------------
+
+BACKWARD_REFERENCE = "task4/solution/kernels/attention_backward.cu"
+B4_NO_DELTA = ("ds_tile[at] = st[i][j] * (dpt[i][j] - delta_tile[tx + j * COL_THREADS]);",
+               "ds_tile[at] = st[i][j] * dpt[i][j];")  # dS = P dP: D left out of dK
+B4_CAUSAL_START_LATE = ("max(0, key_start - causal_offset) / BLOCK_COLS * BLOCK_COLS",
+                        "(max(0, key_start - causal_offset) / BLOCK_COLS + 1) * BLOCK_COLS")  # a tile of queries skipped
+B4_DQ_TAIL_UNMASKED = ("    const bool needs_mask = kv_start + BLOCK_COLS > seq_k ||\n                            (causal",
+                       "    const bool needs_mask = (causal")  # keys past seq_k weigh in dQ
+B4_NO_BARRIER = ("      __syncthreads();  // P^T and dS^T complete\n", "")  # read P^T before all of it is written
+B4_LSE_NOT_WRITTEN = ("      if (tx == 0 && row < seq_q) lse[row] = (m_i[i] + log2f(l)) * LN2;",
+                      "      if (tx == 0 && row < seq_q) lse[row] = m_i[i] * LN2;")  # L without the sum
+
+
+def backward_submission(tmp_path, *edits, forward_edits=()):
+    """Task 4's float32 kernel (with step 12) and its backward kernels, the reference's with exact edits."""
+    files = {}
+    for rel, reference, changes in (("task4/kernels/attention.cu", "task4/solution/kernels/attention.cu",
+                                     forward_edits), ("task4/kernels/attention_backward.cu", BACKWARD_REFERENCE, edits)):
+        text = (REPO / reference).read_text()
+        for old, new in changes:
+            assert old in text, f"known-bad variant no longer applies: {old!r} not in {reference}"
+            text = text.replace(old, new, 1)
+        files[rel] = text
+    return submission(tmp_path, files)
+
+
+@needs_solution(4)
+@pytest.mark.parametrize("edits, forward_edits, words", [
+    ((B4_NO_DELTA,), (), "(README, Task 4, steps 13-15)"),
+    ((B4_CAUSAL_START_LATE,), (), "(README, Task 4, steps 13-15)"),
+    ((B4_DQ_TAIL_UNMASKED,), (), "(README, Task 4, steps 13 and 16)"),
+    ((), (B4_LSE_NOT_WRITTEN,), "forward_lse's lse"),
+], ids=["d_left_out", "causal_start_a_tile_late", "dq_tail_unmasked", "lse_without_the_sum"])
+def test_task4_backward_kernels_that_are_wrong_fail_their_optional_part(edits, forward_edits, words, tmp_path):
+    record = run_test(4, backward_submission(tmp_path, *edits, forward_edits=forward_edits), tmp_path, "--backward")
+    part = [c for c in record["cases"] if c["kind"] == "optional"]
+    wrong = [c["message"] for c in part if not c["passed"]]
+    assert part and any(words in m for m in wrong), wrong[:3] or "every case passed"
+    assert not [c for c in record["cases"] if c["kind"] == "check" and not c["passed"]]
+
+
+@needs_solution(4)
+def test_task4_backward_without_a_barrier_fails_the_sanitizer(tmp_path):
+    record = run_test(4, backward_submission(tmp_path, B4_NO_BARRIER), tmp_path, "--backward", "--sanitize")
+    message = case(record, f"{PASS_NAME}, the backward kernels (optional)")["message"]
+    assert "race" in message and "attention_backward.cu" in message, message
+
+
+@needs_solution(4)
+def test_task4_backward_file_that_does_not_compile_is_left_out_and_its_part_says_why(tmp_path):
+    files = {"task4/kernels/attention.cu": (REPO / "task4/solution/kernels/attention.cu").read_text(),
+             "task4/kernels/attention_backward.cu": "#include <cuda_runtime.h>\n__global__ void k() { int x = ; }\n"}
+    record = run_test(4, submission(tmp_path, files), tmp_path, "--backward")
+    assert not [c for c in record["cases"] if c["name"] == "build"], "the float32 file built: task 4 is not lost"
+    said = [c["message"] for c in record["cases"] if c["kind"] == "optional" and not c["passed"]]
+    assert said and "attention_backward.cu was left out of the build" in said[0] and "error" in said[0], said[:2]
+
+
 # -- the optional bf16/fp16 cache (task5/kernels/decode_half.cu, step 6) ------------------------------------
 
 HALF5_REFERENCE = "task5/solution/kernels/decode_half.cu"
