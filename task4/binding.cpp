@@ -216,9 +216,14 @@ void backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tenso
   TORCH_CHECK(flash_attention_backward != nullptr,
               "this build has no backward kernels: task4/kernels/attention_backward.cu is missing, did not compile, "
               "or does not define flash_attention_backward with the signature above (README, Task 4, step 13)");
-  if (q.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(q.device());
-  torch::Tensor delta = torch::empty_like(lse);  // D = rowsum(dout * out), the kernels' scratch
+  if (q.numel() == 0) {  // heads == 0 (or batch == 0): no query reads a key, so dk and dv are zeros
+    dk.zero_();
+    dv.zero_();
+    return;
+  }
+  // D = rowsum(dout * out), the kernels' scratch: NaN until the first kernel writes it, so a D never computed shows
+  torch::Tensor delta = torch::full_like(lse, std::numeric_limits<float>::quiet_NaN());
   check_launch(flash_attention_backward(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
                                         out.data_ptr<float>(), dout.data_ptr<float>(), lse.data_ptr<float>(),
                                         delta.data_ptr<float>(), dq.data_ptr<float>(), dk.data_ptr<float>(),

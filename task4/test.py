@@ -123,7 +123,10 @@ BACKWARD_CASES = [
 ]
 # Every score very negative (q + 4, k - 4: about -128 at head_dim 64): L is too, and exp(0 - L) overflows float32, so a
 # key past seq_k (a zero row of K, score 0) that is not masked turns dQ into NaN. A partial last tile of keys.
+# float32 holds scores of -128 to about 1e-5, so what is computed from them is held to NEGATIVE_TOLERANCE x the
+# largest |expected| of each tensor (a NaN, or a wrong step, is far outside it).
 BACKWARD_NEGATIVE = ((1, 2, 2, 50, 100, 64), 4.0)
+NEGATIVE_TOLERANCE = 1e-3
 
 
 def shape_text(shape) -> str:
@@ -206,7 +209,11 @@ def backward_text(shape) -> str:
 def check_backward_case(worker, shape, causal, seed, shift=0.0):
     """Step 12 (out and L from forward_lse) against float64, then steps 13-16 (dq, dk, dv from backward, given the
     float64 reference's out and L in float32, so a slip in step 12 is told there and not in the gradients) against
-    float64 autograd. Outputs poisoned, guard bands around every tensor. shift: added to q and taken from k."""
+    float64 autograd. Outputs poisoned, guard bands around every tensor. shift: added to q and taken from k (the
+    tolerance is then NEGATIVE_TOLERANCE of each tensor's largest |expected|)."""
+    def tolerance(expected):
+        return (NEGATIVE_TOLERANCE * float(expected.abs().max()), 0.0) if shift else (ATOL, RTOL)
+
     b, h, kvh, sq, sk, d = shape
     q, k, v = make_inputs((b, h, kvh, sq, sk, d, None), seed)
     q, k = q + shift, k - shift
@@ -223,7 +230,8 @@ def check_backward_case(worker, shape, causal, seed, shift=0.0):
         return damage
     said = []
     for name, got, expected in (("lse", lse, expected_lse), ("out", out, expected_out)):
-        result = compare(got.tensor, expected, atol=ATOL, rtol=RTOL, name=name, poisoned=True)
+        atol, rtol = tolerance(expected)
+        result = compare(got.tensor, expected, atol=atol, rtol=rtol, name=name, poisoned=True)
         if not result.passed:
             return dataclasses.replace(result, message=f"forward_lse's {result.message} (README, Task 4, step 12)")
         said.append(f"{name} {result.message}")
@@ -237,7 +245,8 @@ def check_backward_case(worker, shape, causal, seed, shift=0.0):
         return damage
     steps = {"dq": "steps 13 and 16", "dk": "steps 13-15", "dv": "steps 14-15"}
     for got, expected in zip(grads, attention_gradients(q, k, v, d_out, causal, scale)):
-        result = compare(got.tensor, expected, atol=ATOL, rtol=RTOL, name=got.name, poisoned=True)
+        atol, rtol = tolerance(expected)
+        result = compare(got.tensor, expected, atol=atol, rtol=rtol, name=got.name, poisoned=True)
         if not result.passed:
             return dataclasses.replace(result, message=f"{result.message} (README, Task 4, {steps[got.name]})")
         said.append(f"{got.name} {result.message}")
@@ -251,23 +260,28 @@ def check_backward_case(worker, shape, causal, seed, shift=0.0):
 # chance loss, or the comparison says nothing.
 TRAINING_RTOL, TRAINING_ATOL = 0.05, 0.01
 LEARNED = 0.5
-TRAINING_CALL_TIMEOUT_S = 300
+TRAINING_CALL_TIMEOUT_S = 120  # the reference takes seconds; a hang costs two minutes of the task's time
 TRAINING_TAIL = 10  # steps averaged for the final loss
+TRAINING_WARMUP = 5  # steps each side runs first, outside the clock (cuBLAS, Adam and the caches set up)
 
 
 def check_training(worker, hidden, write_curves=False):
     """task4/train.py's copy model trained through your forward_lse and backward, against the same training with
-    SDPA: the loss curves agree step by step, and both learned. Each run is timed on this process's clock."""
+    SDPA: the loss curves agree step by step, and both learned. Each run is timed on this process's clock, after a
+    few warm-up steps of its own, with nothing else on the GPU (reported, never scored)."""
     from task4 import train
 
     config, seed = train.TRAINING, cli.seed(23, hidden)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    got = worker.call("train_with_kernels", seed, timeout=TRAINING_CALL_TIMEOUT_S)
-    kernel_step_ms = (time.perf_counter() - start) * 1e3 / config.steps
+    with gpu_share.alone(worker):
+        worker.call("train_with_kernels", seed, TRAINING_WARMUP, timeout=TRAINING_CALL_TIMEOUT_S)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        got = worker.call("train_with_kernels", seed, timeout=TRAINING_CALL_TIMEOUT_S)
+        kernel_step_ms = (time.perf_counter() - start) * 1e3 / config.steps
     if not (isinstance(got, list) and len(got) == config.steps and all(isinstance(x, float) for x in got)):
         return False, f"the training call returned something else than {config.steps} losses (floats)", {}
-    with exact_float32():
+    with exact_float32(), gpu_share.alone(worker):
+        train.train(train.sdpa_attention, config, seed, "cuda", TRAINING_WARMUP)
         torch.cuda.synchronize()
         start = time.perf_counter()
         expected = train.train(train.sdpa_attention, config, seed, "cuda")
@@ -505,9 +519,12 @@ def backward_part(report, worker, hidden_cases) -> bool:
             return report.end_part("backward")
     shape, shift = BACKWARD_NEGATIVE
     for causal in (False, True):
+        before = len(report.cases)
         report.run(f"{backward_text(shape)}{' causal' if causal else ''}, every score very negative (q + {shift:g}, "
                    f"k - {shift:g})",
                    lambda: check_backward_case(worker, shape, causal, cli.seed(29 + causal, hidden_cases), shift))
+        if report.process_died_since(before, "the backward part"):
+            break
     return report.end_part("backward")
 
 

@@ -81,15 +81,15 @@ def batch_of(config: Config, step: int, seed: int, device) -> torch.Tensor:
     return torch.cat([prefix, separator, prefix], dim=1).to(device)
 
 
-def train(attention, config: Config, seed: int, device) -> list[float]:
-    """Trains a fresh model (its weights from `seed`) for config.steps steps of Adam with attention(q, k, v), causal;
-    the loss of every step."""
+def train(attention, config: Config, seed: int, device, steps: int | None = None) -> list[float]:
+    """Trains a fresh model (its weights from `seed`) for config.steps steps (or `steps`) of Adam with
+    attention(q, k, v), causal; the loss of every step."""
     torch.manual_seed(seed)
     model = CopyModel(config).to(device)  # drawn on the CPU, then moved: the same weights everywhere
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     copied = slice(config.prefix, 2 * config.prefix)  # the positions whose next token is a copied one
     losses = []
-    for step in range(config.steps):
+    for step in range(config.steps if steps is None else steps):
         tokens = batch_of(config, step, seed, device)
         logits = model(tokens[:, :-1], attention)
         loss = F.cross_entropy(logits[:, copied].reshape(-1, config.vocab), tokens[:, copied.start + 1:].reshape(-1))

@@ -129,7 +129,6 @@ HALF_PLAN = tune.Plan(task=4, kernel_file="task4/kernels/attention_half.cu", tim
 BACKWARD_CONFIGS = [
     {"BLOCK_ROWS": 64, "BLOCK_COLS": 64, "THREAD_ROWS": 4, "THREAD_COLS": 4},
     {"BLOCK_ROWS": 64, "BLOCK_COLS": 32, "THREAD_ROWS": 4, "THREAD_COLS": 2},
-    {"BLOCK_ROWS": 64, "BLOCK_COLS": 64, "THREAD_ROWS": 8, "THREAD_COLS": 2},
     {"BLOCK_ROWS": 64, "BLOCK_COLS": 64, "THREAD_ROWS": 2, "THREAD_COLS": 8},
     {"BLOCK_ROWS": 128, "BLOCK_COLS": 32, "THREAD_ROWS": 8, "THREAD_COLS": 2},
     {"BLOCK_ROWS": 32, "BLOCK_COLS": 64, "THREAD_ROWS": 2, "THREAD_COLS": 4},

@@ -223,7 +223,9 @@ B4_CAUSAL_START_LATE = ("max(0, key_start - causal_offset) / BLOCK_COLS * BLOCK_
                         "(max(0, key_start - causal_offset) / BLOCK_COLS + 1) * BLOCK_COLS")  # a tile of queries skipped
 B4_DQ_TAIL_UNMASKED = ("    const bool needs_mask = kv_start + BLOCK_COLS > seq_k ||\n                            (causal",
                        "    const bool needs_mask = (causal")  # keys past seq_k weigh in dQ
-B4_NO_BARRIER = ("      __syncthreads();  // P^T and dS^T complete\n", "")  # read P^T before all of it is written
+# the next query tile's copies land while other warps still read this one's Q and dO
+B4_NO_BARRIER = ("      __syncthreads();  // everyone is done with Q, dO, P^T and dS^T before the next tile overwrites them\n",
+                 "")
 B4_LSE_NOT_WRITTEN = ("      if (tx == 0 && row < seq_q) lse[row] = (m_i[i] + log2f(l)) * LN2;",
                       "      if (tx == 0 && row < seq_q) lse[row] = m_i[i] * LN2;")  # L without the sum
 

@@ -141,6 +141,12 @@ using acc_vec = std::conditional_t<D % (4 * COL_THREADS) == 0, float4,
                                    std::conditional_t<D % (2 * COL_THREADS) == 0, float2, float>>;
 template <int D>
 constexpr int ACC_VECS = D / (sizeof(acc_vec<D>) / sizeof(float) * COL_THREADS);  // vectors per row per thread
+template <int D>
+constexpr bool acc_covers_rows() { return ACC_VECS<D> * (sizeof(acc_vec<D>) / sizeof(float)) * COL_THREADS == D; }
+static_assert(acc_covers_rows<32>() && acc_covers_rows<64>() && acc_covers_rows<80>() && acc_covers_rows<96>() &&
+                  acc_covers_rows<128>(),
+              "a row's COL_THREADS lanes must own whole vectors of every compiled head_dim (32, 64, 80, 96, 128): "
+              "another COL_THREADS (BLOCK_COLS / THREAD_COLS)");
 
 __device__ __forceinline__ float component(const float4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
@@ -272,7 +278,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   const int first_query = seq_q;
 
   for (int g = 0; g < group; ++g) {
-    const size_t head = (size_t)batch * heads + kv_head * group + g;  // query heads read their kv head in place
+    // the query heads kv_head * group .. kv_head * group + group - 1 read this key/value head in place
+    const size_t head = (size_t)batch * heads + kv_head * group + g;
     const float* q_head = q + head * seq_q * head_dim;
     const float* do_head = dout + head * seq_q * head_dim;
     const float* lse_head = lse + head * seq_q;
@@ -357,10 +364,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
 #pragma unroll
     for (int c = 0; c < ACC_VECS<D>; ++c) dq_acc[i][c] = vec{};
 
-  // TODO (README, Task 4, step 16: dQ = scale dS K over the key tiles these queries see)
-  __pipeline_wait_prior(0);
-
-  store_rows<D>(dq, dq_acc, scale, q_start, seq_q, head_dim, ty, tx);
+  // TODO (README, Task 4, step 16: dQ = scale dS K over the key tiles these queries see; write scale dQ)
+  __pipeline_wait_prior(0);  // a skeleton's copies of Q and dO, never waited for above
 }
 
 // ----------------------------------------------------------------------------

@@ -454,7 +454,8 @@ __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS_PER_SM)
   // END SOLUTION
 
   // BEGIN SOLUTION "step 12: where lse is given, write each row's L = log(sum of exp(scaled scores)) (optional)"
-  // m_i and l_i are in log2 units (the scores were scaled by log2(e)): L = ln(2) (m_i + log2(l_i)).
+  // m_i is in log2 units (the scores were scaled by log2(e)) and l_i sums 2^(s - m_i), so the natural
+  // log-sum-exp is L = ln(2) (m_i + log2(l_i)), with l_i summed over the row's lanes first.
   if (lse != nullptr) {  // the same for the whole block: every lane still takes part in the shuffles
 #pragma unroll
     for (int i = 0; i < THREAD_ROWS; ++i) {

@@ -141,6 +141,12 @@ using acc_vec = std::conditional_t<D % (4 * COL_THREADS) == 0, float4,
                                    std::conditional_t<D % (2 * COL_THREADS) == 0, float2, float>>;
 template <int D>
 constexpr int ACC_VECS = D / (sizeof(acc_vec<D>) / sizeof(float) * COL_THREADS);  // vectors per row per thread
+template <int D>
+constexpr bool acc_covers_rows() { return ACC_VECS<D> * (sizeof(acc_vec<D>) / sizeof(float)) * COL_THREADS == D; }
+static_assert(acc_covers_rows<32>() && acc_covers_rows<64>() && acc_covers_rows<80>() && acc_covers_rows<96>() &&
+                  acc_covers_rows<128>(),
+              "a row's COL_THREADS lanes must own whole vectors of every compiled head_dim (32, 64, 80, 96, 128): "
+              "another COL_THREADS (BLOCK_COLS / THREAD_COLS)");
 
 __device__ __forceinline__ float component(const float4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
@@ -285,7 +291,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   // END SOLUTION
 
   for (int g = 0; g < group; ++g) {
-    const size_t head = (size_t)batch * heads + kv_head * group + g;  // query heads read their kv head in place
+    // the query heads kv_head * group .. kv_head * group + group - 1 read this key/value head in place
+    const size_t head = (size_t)batch * heads + kv_head * group + g;
     const float* q_head = q + head * seq_q * head_dim;
     const float* do_head = dout + head * seq_q * head_dim;
     const float* lse_head = lse + head * seq_q;
@@ -405,7 +412,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
 #pragma unroll
     for (int c = 0; c < ACC_VECS<D>; ++c) dq_acc[i][c] = vec{};
 
-  // BEGIN SOLUTION "step 16: dQ = scale dS K over the key tiles these queries see"
+  // BEGIN SOLUTION "step 16: dQ = scale dS K over the key tiles these queries see; write scale dQ"
   int kv_end = seq_k;
   if (causal) kv_end = min(seq_k, min(q_start + BLOCK_ROWS, seq_q) + causal_offset);
   for (int kv_start = 0; kv_start < kv_end; kv_start += BLOCK_COLS) {
@@ -440,10 +447,9 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     tile_accumulate<D>(ds_tile, k_tile, dq_acc, ty, tx);
     __syncthreads();  // everyone is done with K, V and dS before the next tile overwrites them
   }
-  // END SOLUTION
-  __pipeline_wait_prior(0);
-
   store_rows<D>(dq, dq_acc, scale, q_start, seq_q, head_dim, ty, tx);
+  // END SOLUTION
+  __pipeline_wait_prior(0);  // a skeleton's copies of Q and dO, never waited for above
 }
 
 // ----------------------------------------------------------------------------
