@@ -345,6 +345,26 @@ static cudaError_t launch(const float* q, const float* k, const float* v, float*
   return cudaGetLastError();
 }
 
+// Both entry points below: the arguments checked, then the kernel for head_dim's tile width. lse: nullptr or
+// (batch, heads, seq_q); key_start: nullptr or (batch,), never both (the backward part has no padding).
+static cudaError_t forward_with(const float* q, const float* k, const float* v, float* out, float* lse, int batch,
+                                int heads, int kv_heads, const int* key_start, int seq_q, int seq_k, int head_dim,
+                                float scale, bool causal, cudaStream_t stream) {
+  if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || seq_q < 1 || seq_k < 1 ||
+      head_dim < 1 || head_dim > MAX_HEAD_DIM || (causal && seq_q > seq_k) ||
+      (seq_q - 1) / BLOCK_ROWS >= 65535 || (lse != nullptr && key_start != nullptr))
+    return cudaErrorInvalidValue;
+  if (batch == 0) return cudaSuccess;
+  return with_head_dim_tile(head_dim, [&](auto tile) {
+    constexpr int D = decltype(tile)::value;
+    return key_start != nullptr
+               ? launch<D, true>(q, k, v, out, lse, batch, heads, kv_heads, key_start, seq_q, seq_k,
+                                 head_dim, scale, causal, stream)
+               : launch<D, false>(q, k, v, out, lse, batch, heads, kv_heads, key_start, seq_q, seq_k,
+                                  head_dim, scale, causal, stream);
+  });
+}
+
 // q: (batch, heads, seq_q, head_dim); k, v: (batch, kv_heads, seq_k, head_dim), heads a
 // multiple of kv_heads; out: (batch, heads, seq_q, head_dim). key_start: nullptr (no
 // padding) or (batch,) ints on the device, each between 0 and seq_k.
@@ -352,19 +372,8 @@ cudaError_t flash_attention_forward(const float* q, const float* k, const float*
                                     int batch, int heads, int kv_heads, const int* key_start,
                                     int seq_q, int seq_k, int head_dim, float scale, bool causal,
                                     cudaStream_t stream) {
-  if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || seq_q < 1 || seq_k < 1 ||
-      head_dim < 1 || head_dim > MAX_HEAD_DIM || (causal && seq_q > seq_k) ||
-      (seq_q - 1) / BLOCK_ROWS >= 65535)
-    return cudaErrorInvalidValue;
-  if (batch == 0) return cudaSuccess;
-  return with_head_dim_tile(head_dim, [&](auto tile) {
-    constexpr int D = decltype(tile)::value;
-    return key_start != nullptr
-               ? launch<D, true>(q, k, v, out, nullptr, batch, heads, kv_heads, key_start, seq_q, seq_k,
-                                 head_dim, scale, causal, stream)
-               : launch<D, false>(q, k, v, out, nullptr, batch, heads, kv_heads, key_start, seq_q, seq_k,
-                                  head_dim, scale, causal, stream);
-  });
+  return forward_with(q, k, v, out, nullptr, batch, heads, kv_heads, key_start, seq_q, seq_k, head_dim, scale,
+                      causal, stream);
 }
 
 // The same without padding, also writing lse: (batch, heads, seq_q), each row's log-sum-exp of the scaled scores
@@ -372,16 +381,9 @@ cudaError_t flash_attention_forward(const float* q, const float* k, const float*
 cudaError_t flash_attention_forward_lse(const float* q, const float* k, const float* v, float* out, float* lse,
                                         int batch, int heads, int kv_heads, int seq_q, int seq_k, int head_dim,
                                         float scale, bool causal, cudaStream_t stream) {
-  if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || seq_q < 1 || seq_k < 1 ||
-      head_dim < 1 || head_dim > MAX_HEAD_DIM || (causal && seq_q > seq_k) ||
-      (seq_q - 1) / BLOCK_ROWS >= 65535 || lse == nullptr)
-    return cudaErrorInvalidValue;
-  if (batch == 0) return cudaSuccess;
-  return with_head_dim_tile(head_dim, [&](auto tile) {
-    constexpr int D = decltype(tile)::value;
-    return launch<D, false>(q, k, v, out, lse, batch, heads, kv_heads, nullptr, seq_q, seq_k, head_dim, scale,
-                            causal, stream);
-  });
+  if (lse == nullptr) return cudaErrorInvalidValue;
+  return forward_with(q, k, v, out, lse, batch, heads, kv_heads, nullptr, seq_q, seq_k, head_dim, scale, causal,
+                      stream);
 }
 
 // The tile sizes and the largest head_dim, for the binding to report.
