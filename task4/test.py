@@ -300,13 +300,14 @@ def check_training(worker, hidden, write_curves=False):
         return False, f"{said}: SDPA's run did not learn the task, so the curves say nothing (the kit's problem)", metrics
     excess = [abs(a - b) - (TRAINING_ATOL + TRAINING_RTOL * b) for a, b in zip(got, expected)]
     worst = max(range(config.steps), key=lambda i: excess[i])
-    gap = abs(got[worst] - expected[worst])
+    widest = max(range(config.steps), key=lambda i: abs(got[i] - expected[i]))
+    gap = abs(got[widest] - expected[widest])
     metrics["largest_loss_gap"] = gap
     if excess[worst] > 0:
         return False, (f"{said}: at step {worst} the loss is {got[worst]:.4f} with your kernels and "
                        f"{expected[worst]:.4f} with SDPA, more apart than {TRAINING_RTOL:.0%} + {TRAINING_ATOL}: the "
                        "gradients your kernels give drive the model elsewhere (README, Task 4, steps 12-16)"), metrics
-    return True, f"{said}; the curves agree step by step (largest gap {gap:.1e}, at step {worst})", metrics
+    return True, f"{said}; the curves agree step by step (largest gap {gap:.1e}, at step {widest})", metrics
 
 
 def check_backward_errors(worker):
