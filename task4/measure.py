@@ -441,7 +441,6 @@ class BackwardSets:
                 out[b] = torch.softmax(scores, dim=-1) @ v[b]
                 del scores
         self.sets = [tuple(g.tensor for g in self.inputs + self.outputs)]  # q, k, v, out, dout, lse, dq, dk, dv
-        self.count = 1
         self.picked = None
         self.bit_sums: list = []
         self.rng = random.Random()
