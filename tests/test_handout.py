@@ -28,6 +28,7 @@ def test_handout_has_no_solutions_and_blank_results(tmp_path):
     assert "grader/hidden.py" not in files
     assert not [f for f in files if f.startswith("notes/")], "instructor notes leaked into the handout"
     assert {"README.md", "task1/attention.py", "task3/attention.py", "grader/__main__.py", ".ci/run"} <= files
+    assert {"LICENSE", "CITATION.cff", "AGENTS.md", *ASSISTANT_POINTERS} <= files, "the policy or the license left out"
     assert "Not graded yet" in (dest / "Results.md").read_text()
     assert "BEGIN SOLUTION" not in (dest / "task1/attention.py").read_text()
 
@@ -63,3 +64,19 @@ def test_handout_from_a_copy_without_git(tmp_path, monkeypatch):
     written = {p.as_posix() for p in handout.export(tmp_path / "h")}
     assert {"README.md", "task1/attention.py", ".ci/run"} <= written
     assert not [f for f in written if "/solution/" in f or f.startswith(("build/", ".git/", "graded/"))]
+
+
+# The file names assistants that do not read AGENTS.md look for; each only points to AGENTS.md.
+ASSISTANT_POINTERS = ("CLAUDE.md", "GEMINI.md", ".github/copilot-instructions.md")
+
+
+def test_the_assistants_policy_names_every_graded_file_and_every_pointer_leads_to_it():
+    policy = (REPO / "AGENTS.md").read_text()
+    missing = [rel for task in TASKS.values() for rel in task.student_files if f"`{rel}`" not in policy]
+    assert not missing, f"AGENTS.md does not name {missing}: an assistant would not know they are graded"
+    for name in ASSISTANT_POINTERS:
+        text = (REPO / name).read_text()
+        assert "AGENTS.md" in text, name
+    # Claude Code and Gemini CLI inline a file named on its own line after an @ (not inside backticks)
+    for name in ("CLAUDE.md", "GEMINI.md"):
+        assert "@AGENTS.md" in (REPO / name).read_text().splitlines(), f"{name} does not import AGENTS.md"
