@@ -61,7 +61,10 @@ class CopyModel(nn.Module):
         super().__init__()
         seq = 2 * config.prefix + 1
         self.embed = nn.Embedding(config.vocab, config.hidden)
-        self.position = nn.Parameter(torch.randn(seq, config.hidden) * 0.02)
+        # Fixed sinusoidal positions: "the token prefix + 1 places back" is then one linear map of the position at
+        # every position, learned once. With learned positions each place learns it apart, and 300 steps were not
+        # enough (measured on an H200: 2.94 -> 2.61, chance 2.71).
+        self.register_buffer("position", sinusoidal_positions(seq, config.hidden), persistent=False)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
         self.norm = nn.LayerNorm(config.hidden)
         self.head = nn.Linear(config.hidden, config.vocab, bias=False)
@@ -71,6 +74,15 @@ class CopyModel(nn.Module):
         for block in self.blocks:
             x = block(x, attention)
         return self.head(self.norm(x))
+
+
+def sinusoidal_positions(seq: int, hidden: int) -> torch.Tensor:
+    """(seq, hidden): sin and cos of each position at hidden / 2 frequencies (Vaswani et al., 2017)."""
+    position = torch.arange(seq, dtype=torch.float32)[:, None]
+    frequency = torch.exp(torch.arange(0, hidden, 2, dtype=torch.float32) * (-math.log(10000.0) / hidden))
+    table = torch.zeros(seq, hidden)
+    table[:, 0::2], table[:, 1::2] = torch.sin(position * frequency), torch.cos(position * frequency)
+    return table
 
 
 def batch_of(config: Config, step: int, seed: int, device) -> torch.Tensor:
