@@ -254,10 +254,12 @@ def check_backward_case(worker, shape, causal, seed, shift=0.0):
 
 
 # The training check (task4/train.py): the model trained with your kernels and with SDPA, same weights and batches.
-# Two float32 runs whose attention sums in another order drift apart most where the loss falls fastest: measured
-# on the CPU, PyTorch's naive attention against SDPA (300 steps) differed by at most 0.6% of the loss at a step.
-# Each step's losses may differ by TRAINING_RTOL of SDPA's plus TRAINING_ATOL; both must end below LEARNED x the
-# chance loss, or the comparison says nothing.
+# Two float32 runs whose attention sums in another order drift apart most where the loss falls fastest. Measured on
+# an H200 (300 steps, the loss falling 2.9 -> 0.005), the reference kernels against SDPA differed by at most 3.6e-6 at
+# a step; on the CPU, PyTorch's naive attention against SDPA by 4.8e-7. The bound below is far wider, so another
+# correct order of sums never fails it; a wrong gradient is caught by the backward cases, and this check shows the
+# model trains. Each step's losses may differ by TRAINING_RTOL of SDPA's plus TRAINING_ATOL; both must end below
+# LEARNED x the chance loss, or the comparison says nothing.
 TRAINING_RTOL, TRAINING_ATOL = 0.05, 0.01
 LEARNED = 0.5
 TRAINING_CALL_TIMEOUT_S = 120  # the reference takes seconds; a hang costs two minutes of the task's time
