@@ -28,7 +28,7 @@ def test_handout_has_no_solutions_and_blank_results(tmp_path):
     assert "grader/hidden.py" not in files
     assert not [f for f in files if f.startswith("notes/")], "instructor notes leaked into the handout"
     assert {"README.md", "task1/attention.py", "task3/attention.py", "grader/__main__.py", ".ci/run"} <= files
-    assert {"LICENSE", "CITATION.cff", "AGENTS.md", *ASSISTANT_POINTERS} <= files, "the policy or the license left out"
+    assert {"LICENSE", "CITATION.cff", "AGENTS.md", *ASSISTANT_POINTERS, "course.ipynb"} <= files, "left out of the handout"
     assert "Not graded yet" in (dest / "Results.md").read_text()
     assert "BEGIN SOLUTION" not in (dest / "task1/attention.py").read_text()
 
