@@ -115,8 +115,18 @@ def serve(sock: socket.socket, task: int) -> None:
             elif op == "call":
                 fn = getattr(entry, request["name"])
                 args, kwargs = _resolve(request["args"], kept), _resolve(request["kwargs"], kept)
+                measure = request.get("measure_memory")  # python -m harness.compare: the GPU memory the call adds
+                if measure:
+                    import torch
+
+                    torch.cuda.synchronize()
+                    before = torch.cuda.memory_allocated()
+                    torch.cuda.reset_peak_memory_stats()
                 with watching():
                     reply["ok"] = fn(*args, **kwargs)
+                if measure:
+                    torch.cuda.synchronize()
+                    reply["peak_bytes"] = torch.cuda.max_memory_allocated() - before
             else:
                 raise ValueError(f"unknown request {op!r}")
         except BaseException as err:  # noqa: BLE001  a student's exception is an answer, not the worker's end

@@ -74,6 +74,7 @@ class Worker:
         self.sanitizer_log = bytearray()
         self.exit_code: int | None = None
         self.last_ranges: list = []
+        self.last_peak_bytes: int | None = None
         kind = "solution" if solution else "student"
         self.scratch = Path(scratch) if scratch else REPO / "build"
         # One folder per purpose: two workers of a task at once must not share their view. The path stays
@@ -264,6 +265,8 @@ class Worker:
                               str(e.get("traceback", ""))[:wire.MAX_TEXT])
         if "ok" not in reply:
             raise WorkerDied("a malformed reply: no result", Cause.MALFORMED)
+        peak = reply.get("peak_bytes")
+        self.last_peak_bytes = peak if type(peak) is int and peak >= 0 else None
         return reply["ok"]
 
     def take_kernels_built_ahead(self) -> None:
@@ -300,6 +303,15 @@ class Worker:
         """Run entry point `name` in the worker; returns its validated result (CPU tensors, plain values)."""
         self._ensure_running()
         return self._request({"op": "call", "name": name, "args": args, "kwargs": kwargs}, timeout)
+
+    def call_measuring_memory(self, name: str, *args, timeout: float = CALL_TIMEOUT_S):
+        """`call` on the GPU, and the most GPU memory the call allocated beyond what the worker held before it
+        (bytes, as the worker's PyTorch counts it; None if the reply lacks it): (result, peak)."""
+        self._ensure_running()
+        self.last_peak_bytes = None
+        result = self._request({"op": "call", "name": name, "args": args, "kwargs": {}, "measure_memory": True},
+                               timeout)
+        return result, self.last_peak_bytes
 
     def call_on_gpu(self, name: str, *args, timeout: float = CALL_TIMEOUT_S):
         """Run entry point `name` on copies of `args` the worker allocates itself (no shared memory).

@@ -41,11 +41,12 @@ def test_the_notebook_runs_in_a_fresh_handout_without_a_gpu(tmp_path):
     said = "".join(o.get("text", "") for c in notebook.cells if c.cell_type == "code" for o in c.outputs)
     assert f"the kit: {dest}" in said, said[:2000]
     for words in ("not implemented yet: see README, Task 1, step 1", "not implemented yet: see README, Task 3, step 1",
-                  "$ python -m task6.test", "$ python -m grader"):
+                  "$ python -m task6.test", "$ python -m grader", "$ python -m harness.compare"):
         assert words in said, f"{words!r} not in the notebook's output:\n{said[-3000:]}"
     if not torch.cuda.is_available():
         assert "skipped: tasks 2, 4 and 5 need a CUDA GPU" in said
     results = json.loads((dest / "results.json").read_text())  # the grader's cell wrote the student's results
     assert results["score"] == 0, results["score"]
+    assert (dest / "compare.csv").is_file(), "the comparison's cell wrote no table"
     shown = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "display_data"]
     assert any("# Results" in o["data"].get("text/markdown", "") for o in shown), "Results.md was not shown"

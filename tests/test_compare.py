@@ -1,0 +1,65 @@
+"""python -m harness.compare: every implementation written, side by side with PyTorch's, in one table and plot.
+
+On the CPU: tasks 1 and 3 (each in its worker) and PyTorch's naive attention and SDPA; the CUDA tasks are left out
+and said so. Their GPU side runs on the device (tasks 2 and 4 through the same rows)."""
+
+import csv
+import importlib.util
+import subprocess
+import sys
+
+import torch
+
+from tests.conftest import REPO, bad_variant, needs_solution, submission
+
+SMALL = ["--seqs", "16,40", "--heads", "2", "--tokens", "80", "--reps", "2"]
+
+
+def compare(tmp_path, *args):
+    out = tmp_path / "out" / "compare.csv"
+    proc = subprocess.run([sys.executable, "-m", "harness.compare", "--scratch", str(tmp_path / "scratch"),
+                           "--csv", str(out), *args], cwd=REPO, capture_output=True, text=True, timeout=600)
+    rows = list(csv.DictReader(out.open())) if out.exists() else []
+    return proc, rows
+
+
+@needs_solution(1)
+def test_the_reference_and_pytorch_side_by_side_with_every_metric(tmp_path):
+    proc, rows = compare(tmp_path, "--solution", *SMALL)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    labels = {r["implementation"] for r in rows}
+    assert {"task 1: naive (PyTorch)", "task 3: FlashAttention-2 (PyTorch)", "PyTorch naive", "SDPA"} <= labels
+    for label in labels:  # two lengths, full and causal; batch x seq = 80 at each
+        mine = [r for r in rows if r["implementation"] == label]
+        assert sorted((int(r["seq"]), int(r["batch"]), r["causal"]) for r in mine) == [
+            (16, 5, "False"), (16, 5, "True"), (40, 2, "False"), (40, 2, "True")], mine
+    for r in rows:
+        assert r["problem"] == "", r
+        assert float(r["time_ms"]) > 0 and float(r["tflops"]) > 0 and float(r["gbs"]) > 0, r
+        errors = [float(r[k]) for k in ("max_abs_err", "mean_abs_err", "mse", "max_rel_err")]
+        assert 0 <= errors[1] <= errors[0] < 1e-5 and errors[2] <= errors[0] ** 2 and int(r["non_finite"]) == 0, r
+    if not torch.cuda.is_available():
+        for label in ("task 2: separate kernels", "task 4: fused kernel"):
+            assert f"left out: {label}: needs a CUDA GPU" in proc.stdout
+    if importlib.util.find_spec("matplotlib"):
+        assert (tmp_path / "out" / "compare.png").stat().st_size > 10_000
+
+
+@needs_solution(1)
+def test_a_wrong_implementation_is_compared_with_its_errors_and_a_skeleton_is_left_out_by_its_step(tmp_path):
+    files = {"task1/attention.py": bad_variant(1, "attention.py", "/ math.sqrt(q.shape[-1])", ""),  # no scale
+             "task3/attention.py": (REPO / "task3" / "attention.py").read_text()}  # the skeleton
+    proc, rows = compare(tmp_path, "--student-dir", str(submission(tmp_path, files)), "--tasks", "1,3", *SMALL)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    wrong = [r for r in rows if r["implementation"] == "task 1: naive (PyTorch)"]
+    assert len(wrong) == 4 and all(float(r["max_abs_err"]) > 1e-2 for r in wrong), wrong
+    # task 3 is still the skeleton, which names the step to write
+    assert "left out: task 3: FlashAttention-2 (PyTorch): not written yet (see README, Task 3, step 1" in proc.stdout
+    assert not [r for r in rows if r["implementation"].startswith("task 3")]
+
+
+def test_bad_arguments_are_named(tmp_path):
+    for args, words in ((["--seqs", "0,64"], "--seqs"), (["--seqs", "64,x"], "comma-separated"),
+                        (["--heads", "0"], "--heads must be at least 1"), (["--tasks", "5"], "--tasks")):
+        proc, rows = compare(tmp_path, *args)
+        assert proc.returncode == 2 and words in proc.stderr and not rows, (args, proc.stderr)
