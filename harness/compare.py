@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from common.impl import REPO, has_solution
 from harness.checks import exact_float32
 from harness.reference import attention_flops, attention_reference, naive_attention
-from harness.sandbox import Worker, WorkerDied, WorkerError
+from harness import sandbox
+from harness.sandbox import WorkerDied, WorkerError
 
 CHECKED_HEADS = 2  # (batch, head) pairs compared with the float64 reference: its scores are seq x seq in float64
 TASK3_TILES = (64, 64)  # block_rows, block_cols for task 3's flash_attention: its defaults, which its timing uses
@@ -290,7 +291,7 @@ def main(argv=None) -> int:
         worker = None
         try:
             if impl.task is not None:
-                worker = Worker(impl.task, args.student_dir, solution=args.solution, scratch=args.scratch,
+                worker = sandbox.Worker(impl.task, args.student_dir, solution=args.solution, scratch=args.scratch,
                                 cuda=device == "cuda", purpose="compare")
                 worker.start()
                 why = written(impl, worker, device)

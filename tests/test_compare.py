@@ -11,6 +11,7 @@ import sys
 import torch
 
 from tests.conftest import REPO, bad_variant, needs_solution, submission
+from tests.stand_in import CudaOnTheCpu, stand_in  # noqa: F401
 
 SMALL = ["--seqs", "16,40", "--heads", "2", "--tokens", "80", "--reps", "2"]
 
@@ -63,3 +64,28 @@ def test_bad_arguments_are_named(tmp_path):
                         (["--heads", "0"], "--heads must be at least 1"), (["--tasks", "5"], "--tasks")):
         proc, rows = compare(tmp_path, *args)
         assert proc.returncode == 2 and words in proc.stderr and not rows, (args, proc.stderr)
+
+
+@needs_solution(1)
+def test_the_cuda_tasks_rows_with_the_stand_in_kernels(stand_in, tmp_path, monkeypatch, capsys):
+    """The lines a GPU runs (tasks 2 and 4, float32 and bf16, through their workers' entry points), on the CPU with
+    PyTorch playing the kernels (tests/stand_in.py); the stand-in GPU counts no memory."""
+    from harness import compare
+
+    for name, value in (("memory_allocated", lambda device=None: 0), ("max_memory_allocated", lambda device=None: 0),
+                        ("reset_peak_memory_stats", lambda device=None: None)):
+        monkeypatch.setattr(torch.cuda, name, value)
+    out = tmp_path / "compare.csv"
+    with CudaOnTheCpu():
+        assert compare.main(["--solution", "--tasks", "2,4", "--seqs", "16,40", "--heads", "2", "--tokens", "80",
+                             "--reps", "2", "--csv", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    said = capsys.readouterr().out
+    labels = {r["implementation"] for r in rows}
+    assert labels == {"task 2: separate kernels", "task 4: fused kernel", "task 4: fused kernel, bf16",
+                      "PyTorch naive", "SDPA"}, said
+    for r in rows:
+        bf16 = r["dtype"] == "bfloat16"
+        assert r["problem"] == "" and r["device"] == "cuda" and float(r["time_ms"]) > 0, r
+        assert float(r["max_abs_err"]) < (2e-2 if bf16 else 1e-5), r  # bf16 keeps 8 bits of mantissa
+    assert {r["dtype"] for r in rows if r["implementation"].endswith("bf16")} == {"bfloat16"}
