@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from common.impl import REPO, has_solution
 from harness.checks import exact_float32
 from harness.reference import attention_flops, attention_reference, naive_attention
+from harness.skeleton import remaining_todos
 from harness import sandbox
 from harness.sandbox import WorkerDied, WorkerError
 
@@ -43,18 +44,21 @@ CPU_SWEEP = dict(seqs=(64, 128, 256, 512), tokens=512, heads=4, head_dims=(64,))
 class Implementation:
     label: str
     task: int | None  # the task whose worker runs it; None: PyTorch's, run here
+    file: str = ""  # the student's file that holds it
     gpu_only: bool = False
     dtype: torch.dtype = torch.float32
 
 
 IMPLEMENTATIONS = (
-    Implementation("task 1: naive (PyTorch)", 1),
-    Implementation("task 2: separate kernels", 2, gpu_only=True),
-    Implementation("task 3: FlashAttention-2 (PyTorch)", 3),
-    Implementation("task 4: fused kernel", 4, gpu_only=True),
-    Implementation("task 4: fused kernel, bf16", 4, gpu_only=True, dtype=torch.bfloat16),
+    Implementation("task 1: naive (PyTorch)", 1, "task1/attention.py"),
+    Implementation("task 2: separate kernels", 2, "task2/kernels/attention.cu", gpu_only=True),
+    Implementation("task 3: FlashAttention-2 (PyTorch)", 3, "task3/attention.py"),
+    Implementation("task 4: fused kernel", 4, "task4/kernels/attention.cu", gpu_only=True),
+    Implementation("task 4: fused kernel, bf16", 4, "task4/kernels/attention_half.cu", gpu_only=True,
+                   dtype=torch.bfloat16),
     Implementation("PyTorch naive", None),
     Implementation("SDPA", None),
+    Implementation("SDPA, bf16", None, gpu_only=True, dtype=torch.bfloat16),  # the yardstick of the bf16 kernel
 )
 
 
@@ -78,9 +82,7 @@ def one_call(impl: Implementation, worker, q, k, v, causal):
     scale = 1.0 / math.sqrt(q.shape[-1])
     on_gpu = q.is_cuda
     if impl.task is None:
-        fn = {"SDPA": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-              "PyTorch naive": lambda: naive_attention(q, k, v, causal)}[impl.label]
-        return measured_here(fn, on_gpu)
+        return measured_here(lambda: pytorch(impl, q, k, v, causal), on_gpu)
     if impl.task in (1, 3):  # they return their output: its own bytes are not extra
         args = ("attention", q, k, v, causal) if impl.task == 1 else ("flash", q, k, v, causal, *TASK3_TILES, False)
         if not on_gpu:
@@ -93,6 +95,12 @@ def one_call(impl: Implementation, worker, q, k, v, causal):
         name = "attention_forward"
     _, peak = worker.call_measuring_memory(name, q, k, v, out, causal, scale)
     return out, peak
+
+
+def pytorch(impl: Implementation, q, k, v, causal):
+    if impl.label.startswith("SDPA"):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return naive_attention(q, k, v, causal)
 
 
 def measured_here(fn, on_gpu):
@@ -111,20 +119,17 @@ def request(impl: Implementation, worker, q, k, v, causal, count):
     scale = 1.0 / math.sqrt(q.shape[-1])
     sync = torch.cuda.synchronize if q.is_cuda else (lambda: None)
     if impl.task is None:
-        fn = {"SDPA": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-              "PyTorch naive": lambda: naive_attention(q, k, v, causal)}[impl.label]
-
         def here():
             for _ in range(count):
-                fn()
+                pytorch(impl, q, k, v, causal)
             sync()
         return here
     if impl.task in (1, 3):  # handed over once, not with every request
         kept = [worker.keep(f"compare {name}", t) for name, t in zip("qkv", (q, k, v))]
         which = ("flash",) if impl.task == 3 else ()  # task 3's repeat runs flash_attention with its default tiles
         return lambda: worker.call("repeat", count, *which, *kept, causal)
-    sets = [(q, k, v, torch.empty_like(q)) for _ in range(count)]
-    kept = worker.keep("compare sets", sets)
+    outs = [torch.empty_like(q) for _ in range(min(count, 3))]  # a few, so a large shape still fits
+    kept = worker.keep("compare sets", [(q, k, v, outs[i % len(outs)]) for i in range(count)])
     name = "run_batch_half" if impl.dtype != torch.float32 else "run_batch"
     return lambda: worker.call(name, kept, causal, scale)
 
@@ -132,20 +137,21 @@ def request(impl: Implementation, worker, q, k, v, causal, count):
 # -- one shape ------------------------------------------------------------------------------------------------
 
 def errors(out, q, k, v, causal) -> dict:
-    """Max and mean absolute error, MSE and max relative error on CHECKED_HEADS heads, against float64."""
+    """Max and mean absolute error, MSE and max relative error on CHECKED_HEADS heads against float64, and the
+    elements of the whole output that are NaN or Inf (one never written keeps the NaN it started as)."""
     if not isinstance(out, torch.Tensor) or out.shape != q.shape:
-        raise ValueError(f"returned {type(out).__name__} of shape {getattr(out, 'shape', None)}, expected "
-                         f"{tuple(q.shape)}")
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else None
+        raise ValueError(f"returned {type(out).__name__} of shape {shape}, expected {tuple(q.shape)}")
+    non_finite = int((~torch.isfinite(out)).sum())
+    if non_finite:  # no error figure can say it
+        return {"max_abs_err": math.inf, "mean_abs_err": math.inf, "mse": math.inf, "max_rel_err": math.inf,
+                "non_finite": non_finite}
     diffs, expected_all = [], []
     for b, h in heads_checked(q):
         expected = attention_reference(q[b, h].double(), k[b, h].double(), v[b, h].double(), causal)[0]
         diffs.append((out[b, h].double().cpu() - expected.cpu()).flatten())
         expected_all.append(expected.cpu().flatten())
     diff, expected = torch.cat(diffs), torch.cat(expected_all)
-    bad = ~torch.isfinite(diff)
-    if bad.any():  # a NaN or an Inf, or an element left at the poison: no error figure can say it
-        return {"max_abs_err": math.inf, "mean_abs_err": math.inf, "mse": math.inf, "max_rel_err": math.inf,
-                "non_finite": int(bad.sum())}
     scale = expected.abs().max().clamp_min(1e-30)
     return {"max_abs_err": diff.abs().max().item(), "mean_abs_err": diff.abs().mean().item(),
             "mse": diff.square().mean().item(),
@@ -178,8 +184,10 @@ def measure(impl: Implementation, worker, shape: Shape, device, reps: int, seed:
             row |= errors(out, q, k, v, shape.causal)
             row["peak_extra_mib"] = None if peak is None else peak / 2**20
             del out
+            once = request(impl, worker, q, k, v, shape.causal, 1)
+            once()  # warm-up
             start = time.perf_counter()
-            request(impl, worker, q, k, v, shape.causal, 1)()  # warm-up, and how long a call takes
+            once()  # how long a call takes, to size the timed requests
             once_ms = (time.perf_counter() - start) * 1e3
             count = max(1, min(64, int(MIN_REQUEST_MS / max(once_ms, 1e-3))))
             timed = request(impl, worker, q, k, v, shape.causal, count)
@@ -195,15 +203,19 @@ def measure(impl: Implementation, worker, shape: Shape, device, reps: int, seed:
         return row | {"problem": "out of memory"}
     except (WorkerError, ValueError) as err:  # the call raised, or returned something else than an output
         return row | {"problem": first_line(err)}
+    except WorkerDied as err:  # a crash or a hang on this shape: the next shape starts the worker again
+        return row | {"problem": f"the worker ended: {first_line(err)}"}
     finally:
         if worker is not None:
             for name in ("compare sets", "compare q", "compare k", "compare v"):
                 worker.drop(name)
+    if row["non_finite"]:  # timed all the same: a kernel that skips work is fast, and the table says why
+        row["problem"] = f"{row['non_finite']} of {q.numel()} output elements are NaN or Inf"
     ms = sorted(samples)[len(samples) // 2]
     flops = attention_flops(shape.batch, shape.heads, shape.seq, shape.seq, shape.head_dim, shape.causal)
     moved = 4 * q.numel() * q.element_size()
-    return row | {"time_ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "gbs": moved / (ms * 1e-3) / 1e9,
-                  "problem": ""}
+    return {"problem": ""} | row | {"time_ms": ms, "tflops": flops / (ms * 1e-3) / 1e12,
+                                    "gbs": moved / (ms * 1e-3) / 1e9}
 
 
 def first_line(err: Exception) -> str:
@@ -213,17 +225,21 @@ def first_line(err: Exception) -> str:
 
 # -- the command ----------------------------------------------------------------------------------------------
 
-def written(impl: Implementation, worker, device) -> str | None:
-    """Why the implementation is left out (its skeleton, or an import that fails), or None to run it."""
+def written(impl: Implementation, worker, device, student_dir: Path, solution: bool) -> str | None:
+    """Why the implementation is left out (its skeleton, or a call that fails on a small shape), or None."""
     shape = Shape(1, 2, 33, 32, False)
     q, k, v = inputs(shape, impl.dtype, device, 0)
     try:
-        one_call(impl, worker, q, k, v, False)
+        out, _ = one_call(impl, worker, q, k, v, False)
     except WorkerError as err:
         first = err.message.splitlines()[0][:300] if err.message else ""
         if err.kind == "NotImplementedError" or "not implemented yet" in first:
             return f"not written yet ({first})"
         return f"{err.kind}: {first}"  # it does not run on a small shape: no sweep would say more
+    if isinstance(out, torch.Tensor) and out.isnan().all():  # a kernel's skeleton returns, writing nothing
+        todos = [] if solution else remaining_todos(student_dir / impl.file)
+        step = f": see README, Task {impl.task}, {todos[0]}" if todos else ""
+        return f"not written yet (its output stays as it started, every element NaN{step})"
     return None
 
 
@@ -292,18 +308,20 @@ def main(argv=None) -> int:
         try:
             if impl.task is not None:
                 worker = sandbox.Worker(impl.task, args.student_dir, solution=args.solution, scratch=args.scratch,
-                                cuda=device == "cuda", purpose="compare")
+                                        cuda=device == "cuda", purpose="compare", watch_operators=False)
                 worker.start()
-                why = written(impl, worker, device)
+                why = written(impl, worker, device, args.student_dir, args.solution)
                 if why:
                     left_out.append(f"{impl.label}: {why}")
                     continue
             for i, shape in enumerate(shapes):
                 row = measure(impl, worker, shape, device, args.reps, seed=i)
                 rows.append(row)
-                print(f"  {impl.label:36s} {shape}: " + (row["problem"] or
-                      f"{row['time_ms']:.3f} ms, {row['tflops']:.3g} TFLOP/s, max abs err {row['max_abs_err']:.1e}"),
-                      flush=True)
+                timed = f"{row['time_ms']:.3f} ms, {row['tflops']:.3g} TFLOP/s" if "time_ms" in row else ""
+                said = "; ".join(x for x in (timed, row["problem"]) if x) or ""
+                if not row["problem"]:
+                    said += f", max abs err {row['max_abs_err']:.1e}"
+                print(f"  {impl.label:36s} {shape}: {said}", flush=True)
         except (WorkerError, WorkerDied) as err:
             left_out.append(f"{impl.label}: {first_line(err)}")
         finally:

@@ -65,11 +65,15 @@ class Worker:
     def __init__(self, task: int, student_dir: Path, *, solution: bool = False, scratch: Path | None = None,
                  memory_limit: int | None = None, cuda: bool = True, hide: tuple[Path, ...] = (),
                  block_attention: bool = True, purpose: str = "checks", sanitize: list[str] | None = None,
-                 builds: Path | None = None):
+                 builds: Path | None = None, watch_operators: bool = True):
         # memory_limit: bytes of address space the student's code may add to the worker (PyTorch loaded)
         self.task, self.student_dir, self.solution = task, Path(student_dir), solution
         self.memory_limit, self.cuda, self.hide = memory_limit, cuda, list(hide)
         self.block_attention = block_attention
+        # False: no record of the attention operators the student's Python calls (common/tasks.py says what that
+        # costs per operator), where nothing reads it: python -m harness.compare, whose timings it would weigh on.
+        # PyTorch's attention stays blocked.
+        self.watch_operators = watch_operators
         self.sanitize = sanitize  # compute-sanitizer's command line (harness/sanitize.py): the worker runs under it
         self.sanitizer_log = bytearray()
         self.exit_code: int | None = None
@@ -158,7 +162,8 @@ class Worker:
 
     def handshake(self) -> None:
         """Import the task's entry points in the spawned worker (any thread may wait for this)."""
-        self._request({"op": "start", "block_attention": self.block_attention, "memory_budget": self.memory_limit},
+        self._request({"op": "start", "block_attention": self.block_attention, "memory_budget": self.memory_limit,
+                       "watch_operators": self.watch_operators},
                       timeout=START_TIMEOUT_S)
 
     def _sanitized(self, cmd: list[str], env: dict, fds: list[int], writable: list[tuple[Path, Path]]) -> list[str]:

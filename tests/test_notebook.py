@@ -1,5 +1,5 @@
-"""The notebook route (course.ipynb): stored without outputs, and every cell runs in a fresh handout on a CPU, as
-on a hosted runtime without a GPU, so it cannot rot."""
+"""The notebook route (course.ipynb): stored without outputs, and every cell runs on a CPU from outside the kit,
+cloning a fresh handout as a hosted runtime clones the course's repository, so it cannot rot."""
 
 import json
 import subprocess
@@ -28,16 +28,32 @@ def test_the_notebook_is_stored_without_outputs_and_with_empty_settings():
     nbformat.validate(notebook)
     run = [i for i, c in enumerate(notebook.cells) if c.cell_type == "code" and (c.outputs or c.execution_count)]
     assert not run, f"cells {run} of course.ipynb keep outputs: clear them before committing (outputs stay out of the repo)"
-    assert parameters(notebook) == {"KIT_URL": "", "FLAGS": ""}
+    settings = parameters(notebook)
+    assert isinstance(settings["KIT_URL"], str) and settings["FLAGS"] == "", settings  # KIT_URL: the instructor's
+
+
+def with_settings(notebook, **values):
+    """The notebook with its settings cell set as papermill would set it."""
+    cell = notebook.cells[1]
+    cell.source += "".join(f"\n{name} = {value!r}" for name, value in values.items())
+    return notebook
 
 
 @needs_solution(1)
-def test_the_notebook_runs_in_a_fresh_handout_without_a_gpu(tmp_path):
-    dest = tmp_path / "handout"
-    subprocess.run([sys.executable, "-m", "grader.handout", str(dest)], cwd=REPO, check=True, capture_output=True)
-    notebook = nbformat.read(dest / "course.ipynb", as_version=4)
+def test_the_notebook_clones_a_fresh_handout_and_runs_every_cell_without_a_gpu(tmp_path):
+    """As on a hosted runtime: the notebook starts outside the kit and clones it from KIT_URL (here a handout made
+    into a git repository); the kit's packages are installed already, so the pip cell is the one not run."""
+    handout = tmp_path / "handout"
+    subprocess.run([sys.executable, "-m", "grader.handout", str(handout)], cwd=REPO, check=True, capture_output=True)
+    git = ["git", "-c", "user.name=kit", "-c", "user.email=kit@example.org"]
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "handout"]):
+        subprocess.run([*git, *command], cwd=handout, check=True, capture_output=True)
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    notebook = with_settings(nbformat.read(handout / "course.ipynb", as_version=4), KIT_URL=str(handout))
     # Raises CellExecutionError, with the cell and its traceback, if any cell fails.
-    NotebookClient(notebook, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(dest)}}).execute()
+    NotebookClient(notebook, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(runtime)}}).execute()
+    dest = runtime / "kit"
     said = "".join(o.get("text", "") for c in notebook.cells if c.cell_type == "code" for o in c.outputs)
     assert f"the kit: {dest}" in said, said[:2000]
     for words in ("not implemented yet: see README, Task 1, step 1", "not implemented yet: see README, Task 3, step 1",
