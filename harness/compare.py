@@ -30,7 +30,7 @@ from common.impl import REPO, has_solution
 from harness.checks import exact_float32
 from harness.reference import attention_flops, attention_reference, naive_attention
 from harness.skeleton import remaining_todos
-from harness import sandbox
+from harness import bench, sandbox
 from harness.sandbox import WorkerDied, WorkerError
 
 CHECKED_HEADS = 2  # (batch, head) pairs compared with the float64 reference: its scores are seq x seq in float64
@@ -191,13 +191,7 @@ def measure(impl: Implementation, worker, shape: Shape, device, reps: int, seed:
             once_ms = (time.perf_counter() - start) * 1e3
             count = max(1, min(64, int(MIN_REQUEST_MS / max(once_ms, 1e-3))))
             timed = request(impl, worker, q, k, v, shape.causal, count)
-            samples = []
-            for _ in range(reps):
-                if q.is_cuda:
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
-                timed()
-                samples.append((time.perf_counter() - start) * 1e3 / count)
+            timing = bench.host_clock(timed, reps=reps, per_request=count, device=q.device.type)
     except torch.cuda.OutOfMemoryError:
         torch.cuda.empty_cache()
         return row | {"problem": "out of memory"}
@@ -211,7 +205,7 @@ def measure(impl: Implementation, worker, shape: Shape, device, reps: int, seed:
                 worker.drop(name)
     if row["non_finite"]:  # timed all the same: a kernel that skips work is fast, and the table says why
         row["problem"] = f"{row['non_finite']} of {q.numel()} output elements are NaN or Inf"
-    ms = sorted(samples)[len(samples) // 2]
+    ms = timing.median_ms
     flops = attention_flops(shape.batch, shape.heads, shape.seq, shape.seq, shape.head_dim, shape.causal)
     moved = 4 * q.numel() * q.element_size()
     return {"problem": ""} | row | {"time_ms": ms, "tflops": flops / (ms * 1e-3) / 1e12,
