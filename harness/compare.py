@@ -355,9 +355,12 @@ def plot(rows, png: Path):
         return
     panels = (("time_ms", "time (ms)", "log"), ("tflops", "TFLOP/s", "linear"),
               ("peak_extra_mib", "extra GPU memory at peak (MiB)", "symlog"), ("max_abs_err", "max abs error", "log"))
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    from matplotlib.lines import Line2D
+
+    fig, axes = plt.subplots(2, 2, figsize=(14, 8))
     labels = list(dict.fromkeys(r["implementation"] for r in rows))
     head_dims = sorted({r["head_dim"] for r in rows})
+    markers = dict(zip(head_dims, "osD^v"))  # colour: the implementation; line: causal or not; marker: head_dim
     for ax, (key, title, yscale) in zip(axes.flat, panels):
         for color, label in enumerate(labels):
             for causal, style in ((False, "-"), (True, "--")):
@@ -365,22 +368,33 @@ def plot(rows, png: Path):
                     got = [r for r in rows if r["implementation"] == label and r["causal"] == causal
                            and r["head_dim"] == d and r.get(key) is not None and not r["problem"]
                            and math.isfinite(r[key])]
-                    if not got:
-                        continue
-                    tag = f"{label}{' causal' if causal else ''}{f', d{d}' if len(head_dims) > 1 else ''}"
-                    ax.plot([r["seq"] for r in got], [max(r[key], 1e-12) if yscale == "log" else r[key] for r in got],
-                            style, color=f"C{color}", marker="o", label=tag)
+                    if got:
+                        ax.plot([r["seq"] for r in got],
+                                [max(r[key], 1e-12) if yscale == "log" else r[key] for r in got],
+                                style, color=f"C{color}", marker=markers[d], markersize=4)
         if key == "peak_extra_mib" and rows[0]["device"] != "cuda":
             ax.text(0.5, 0.5, "measured on a GPU only", ha="center", va="center", transform=ax.transAxes)
         ax.set_xscale("log", base=2)
-        ax.set_yscale(yscale)
+        if yscale == "symlog":  # memory: 0 MiB (a kernel that allocates nothing) is a value to show, not a gap
+            ax.set_yscale("symlog", linthresh=1)
+            ax.set_ylim(bottom=0)
+        else:
+            ax.set_yscale(yscale)
         ax.set_xlabel("sequence length (batch x seq fixed)")
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
-    axes.flat[0].legend(fontsize=7)
+    # one legend beside the panels (inside one it hid the curves): an entry per implementation, then the line
+    # styles and markers
+    handles = [Line2D([], [], color=f"C{i}", label=label) for i, label in enumerate(labels)]
+    handles += [Line2D([], [], color="black", linestyle="-", label="full"),
+                Line2D([], [], color="black", linestyle="--", label="causal")]
+    if len(head_dims) > 1:
+        handles += [Line2D([], [], color="black", linestyle="", marker=markers[d], label=f"head_dim {d}")
+                    for d in head_dims]
+    fig.legend(handles=handles, loc="center left", bbox_to_anchor=(0.78, 0.5), fontsize=8, frameon=False)
     device = rows[0]["device"]
     fig.suptitle(f"every attention of the course ({torch.cuda.get_device_name() if device == 'cuda' else 'CPU'})")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.78, 1))
     fig.savefig(png, dpi=110)
     plt.close(fig)
     print(f"wrote {png}")

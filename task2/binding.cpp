@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "../common/csrc/checks.h"
+#include "../common/csrc/operators.h"
 
 // The launchers, defined in kernels/attention.cu.
 cudaError_t softmax_forward(const float* in, float* out, int rows, int cols, cudaStream_t stream);
@@ -177,3 +178,30 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("causal"),
         py::arg("scale"));
 }
+
+// The same functions as operators: torch.ops.<this extension's name>.softmax(...) and the others. Each schema marks
+// what the function writes (Tensor(a!)). softmax's operator form needs out apart from x: a schema cannot say "may
+// be x itself", and one that wrote an input it does not mark would mislead torch.compile.
+KIT_OPERATORS(m) {
+  m.def("softmax(Tensor x, Tensor(a!) out) -> ()");
+  m.def("gemm_nt(Tensor a, Tensor b, Tensor(a!) c) -> ()");
+  m.def("gemm_nn(Tensor a, Tensor b, Tensor(a!) c) -> ()");
+  m.def("attention(Tensor q, Tensor k, Tensor v, Tensor(a!) out, bool causal, float scale) -> ()");
+}
+
+void softmax_apart(const torch::Tensor& x, const torch::Tensor& out) {
+  TORCH_CHECK(!overlaps(out, x), "out must not share memory with x in the operator form (the module's softmax "
+              "takes out = x)");
+  softmax_op(x, out);
+}
+void gemm_nt_op(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c) { gemm_op(a, b, c, true); }
+void gemm_nn_op(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c) { gemm_op(a, b, c, false); }
+
+#define KIT_TASK2_IMPLS(m)                \
+  m.impl("softmax", &softmax_apart);     \
+  m.impl("gemm_nt", &gemm_nt_op);        \
+  m.impl("gemm_nn", &gemm_nn_op);        \
+  m.impl("attention", &attention_op)
+
+KIT_OPERATORS_CUDA(m) { KIT_TASK2_IMPLS(m); }
+KIT_OPERATORS_CPU(m) { KIT_TASK2_IMPLS(m); }

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "../common/csrc/checks.h"
+#include "../common/csrc/operators.h"
 
 // Defined in kernels/attention.cu.
 // q: (batch, heads, seq_q, head_dim); k, v: (batch, kv_heads, seq_k, head_dim), heads a multiple of
@@ -266,3 +267,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       [] { return std::make_tuple(flash_attention_block_rows(), flash_attention_block_cols()); },
       "(Br, Bc): query rows per block and key/value rows per tile");
 }
+
+// The same functions as operators: torch.ops.<this extension's name>.forward(...) and the others. Each schema marks
+// what the function writes (Tensor(a!)); they return nothing, as above.
+KIT_OPERATORS(m) {
+  m.def("forward(Tensor q, Tensor k, Tensor v, Tensor(a!) out, bool causal, float scale, Tensor? key_start=None) -> ()");
+  m.def("forward_half(Tensor q, Tensor k, Tensor v, Tensor(a!) out, bool causal, float scale, "
+        "Tensor? key_start=None) -> ()");
+  m.def("forward_lse(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) lse, bool causal, float scale) -> ()");
+  m.def("backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor dout, Tensor lse, Tensor(a!) dq, Tensor(b!) dk, "
+        "Tensor(c!) dv, bool causal, float scale) -> ()");
+}
+
+#define KIT_TASK4_IMPLS(m)                 \
+  m.impl("forward", &forward);            \
+  m.impl("forward_half", &forward_half);  \
+  m.impl("forward_lse", &forward_lse);    \
+  m.impl("backward", &backward)
+
+KIT_OPERATORS_CUDA(m) { KIT_TASK4_IMPLS(m); }
+KIT_OPERATORS_CPU(m) { KIT_TASK4_IMPLS(m); }

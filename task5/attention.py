@@ -16,6 +16,7 @@ import math
 import torch
 
 from common.build import TaskExtension
+from common.operators import function
 from common.layer import AttentionLayer
 
 # The compiled kernel module: extension() is yours, extension(solution=True) the reference.
@@ -30,8 +31,10 @@ def update_cache(k_new, v_new, k_cache, v_cache, pos, solution: bool = False) ->
     nothing). A bfloat16 or float16 cache (and new rows of its type) goes to step 6's kernels
     (kernels/decode_half.cu).
     """
-    ext = extension(solution)
-    (ext.update_cache_half if is_half(k_cache) else ext.update_cache)(k_new, v_new, k_cache, v_cache, pos)
+    name = "update_cache_half" if is_half(k_cache) else "update_cache"
+    # an int pos is the module's alone (an operator takes the tensor form, which a compiled graph can replay)
+    call = function(extension(solution), name) if isinstance(pos, torch.Tensor) else getattr(extension(solution), name)
+    call(k_new, v_new, k_cache, v_cache, pos)
 
 
 def decode(q, k_cache, v_cache, length, scale: float | None = None, out=None, splits: int = 0,
@@ -49,8 +52,9 @@ def decode(q, k_cache, v_cache, length, scale: float | None = None, out=None, sp
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     out = torch.full_like(q, math.nan) if out is None else out  # NaN: an element the kernel never wrote shows
-    ext = extension(solution)
-    (ext.decode_half if is_half(k_cache) else ext.decode)(q, k_cache, v_cache, out, length, scale, splits, key_start)
+    name = "decode_half" if is_half(k_cache) else "decode"
+    call = function(extension(solution), name) if isinstance(length, torch.Tensor) else getattr(extension(solution), name)
+    call(q, k_cache, v_cache, out, length, scale, splits, key_start)
     return out
 
 
@@ -123,7 +127,7 @@ class CudaKernels:
     def linear(self, x, weight, out) -> None:
         """Given, not yours: out = x @ weight^T for a decode step's few rows (common/csrc/linear_rows.cu,
         built into this task's extension); task 6's model runs its products through it."""
-        extension(self.solution).linear(x, weight, out)
+        function(extension(self.solution), "linear")(x, weight, out)
 
     def linear_max_rows(self) -> int:
         return extension(self.solution).linear_max_rows()

@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "../common/csrc/checks.h"
+#include "../common/csrc/operators.h"
 
 // Defined in kernels/decode.cu. The cache is (batch, kv_heads, max_seq, head_dim); q and
 // out are (batch, heads, head_dim), heads a multiple of kv_heads; k_new and v_new (batch *
@@ -522,3 +523,50 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("weight"), py::arg("out"));
   m.def("linear_max_rows", &linear_max_rows, "the most rows linear takes");
 }
+
+// The same functions as operators, in their tensor forms only (positions and lengths on the GPU: an int would be a
+// constant baked into a compiled graph or a CUDA graph): torch.ops.<this extension's name>.decode(...) and the
+// others. Each schema marks what the function writes (Tensor(a!)).
+KIT_OPERATORS(m) {
+  m.def("update_cache(Tensor k_new, Tensor v_new, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor pos) -> ()");
+  m.def("update_cache_half(Tensor k_new, Tensor v_new, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor pos) -> ()");
+  m.def("decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor(a!) out, Tensor length, float scale, int splits=0, "
+        "Tensor? key_start=None) -> ()");
+  m.def("decode_half(Tensor q, Tensor k_cache, Tensor v_cache, Tensor(a!) out, Tensor length, float scale, "
+        "int splits=0, Tensor? key_start=None) -> ()");
+  m.def("update_cache_paged(Tensor k_new, Tensor v_new, Tensor(a!) k_pages, Tensor(b!) v_pages, Tensor block_table, "
+        "Tensor pos) -> ()");
+  m.def("decode_paged(Tensor q, Tensor k_pages, Tensor v_pages, Tensor(a!) out, Tensor block_table, Tensor length, "
+        "float scale, int splits=0, Tensor? key_start=None) -> ()");
+  m.def("linear(Tensor x, Tensor weight, Tensor(a!) out) -> ()");
+}
+
+void update_op(const torch::Tensor& k_new, const torch::Tensor& v_new, torch::Tensor& k_cache, torch::Tensor& v_cache,
+               const torch::Tensor& pos) {
+  update_at(k_new, v_new, k_cache, v_cache, pos);
+}
+void update_half_op(const torch::Tensor& k_new, const torch::Tensor& v_new, torch::Tensor& k_cache,
+                    torch::Tensor& v_cache, const torch::Tensor& pos) {
+  update_at(k_new, v_new, k_cache, v_cache, pos, true);
+}
+void decode_op(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache, torch::Tensor& out,
+               const torch::Tensor& length, double scale, int64_t splits, const std::optional<torch::Tensor>& key_start) {
+  decode_lengths(q, k_cache, v_cache, out, length, scale, splits, key_start);
+}
+void decode_half_op(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                    torch::Tensor& out, const torch::Tensor& length, double scale, int64_t splits,
+                    const std::optional<torch::Tensor>& key_start) {
+  decode_lengths(q, k_cache, v_cache, out, length, scale, splits, key_start, true);
+}
+
+#define KIT_TASK5_IMPLS(m)                          \
+  m.impl("update_cache", &update_op);              \
+  m.impl("update_cache_half", &update_half_op);    \
+  m.impl("decode", &decode_op);                    \
+  m.impl("decode_half", &decode_half_op);          \
+  m.impl("update_cache_paged", &update_paged_at);  \
+  m.impl("decode_paged", &decode_paged);           \
+  m.impl("linear", &linear)
+
+KIT_OPERATORS_CUDA(m) { KIT_TASK5_IMPLS(m); }
+KIT_OPERATORS_CPU(m) { KIT_TASK5_IMPLS(m); }

@@ -1,0 +1,20 @@
+// The bindings' functions as PyTorch operators (torch.ops.<extension name>.<function>), beside the pybind11
+// module: a registered operator has a schema that says which arguments it writes, so torch.compile traces
+// through it without a graph break, and torch.library.opcheck can test it (common/operators.py adds the fake
+// implementations that tracing needs).
+//
+// Each build registers its own namespace, the extension's name (task4_student, task4_solution, ...), so a
+// student's operators and the reference's never meet. TORCH_LIBRARY pastes its namespace argument into names,
+// which keeps a macro given there from being expanded: these macros expand TORCH_EXTENSION_NAME first.
+//
+// The same function is registered for CUDA and for CPU tensors: a CPU tensor then reaches the binding's own
+// check ("q must be a CUDA tensor ...") instead of the dispatcher's "could not run ... on the CPU backend".
+#pragma once
+
+#include <torch/library.h>
+
+#define KIT_LIBRARY_OF(ns, m) TORCH_LIBRARY(ns, m)
+#define KIT_LIBRARY_IMPL_OF(ns, key, m) TORCH_LIBRARY_IMPL(ns, key, m)
+#define KIT_OPERATORS(m) KIT_LIBRARY_OF(TORCH_EXTENSION_NAME, m)
+#define KIT_OPERATORS_CUDA(m) KIT_LIBRARY_IMPL_OF(TORCH_EXTENSION_NAME, CUDA, m)
+#define KIT_OPERATORS_CPU(m) KIT_LIBRARY_IMPL_OF(TORCH_EXTENSION_NAME, CPU, m)

@@ -1,0 +1,139 @@
+"""The CUDA tasks' kernels as registered PyTorch operators (common/csrc/operators.h, common/operators.py).
+
+On a GPU: every operator of the reference builds passes torch.library.opcheck (its schema says what it writes,
+its fake implementation traces, aot_autograd compiles it), gives what the pybind11 function gives, keeps the
+binding's checks (a CPU tensor is told so by the binding, not by the dispatcher), and a function that calls one
+compiles with torch.compile(fullgraph=True), which fails on any graph break. Without a GPU they skip."""
+
+import importlib
+import math
+
+import pytest
+import torch
+
+from common.operators import OPERATORS, operators
+from tests.conftest import needs_nvcc, needs_solution
+
+pytestmark = [needs_nvcc, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def reference(task):
+    return importlib.import_module(f"task{task}.attention").extension(solution=True)
+
+
+def cuda(*shape, dtype=torch.float32):
+    return torch.randn(*shape, device="cuda", dtype=dtype)
+
+
+def samples(task):
+    """(operator name, args) for every operator of the task: small valid calls, partial tiles included."""
+    if task == 2:
+        q, k, v = cuda(2, 3, 33, 40), cuda(2, 3, 50, 40), cuda(2, 3, 50, 40)
+        return [("softmax", (cuda(17, 70), cuda(17, 70))),
+                ("gemm_nt", (cuda(3, 33, 40), cuda(3, 50, 40), cuda(3, 33, 50))),
+                ("gemm_nn", (cuda(3, 33, 50), cuda(3, 50, 40), cuda(3, 33, 40))),
+                ("attention", (q, k, v, torch.empty_like(q), True, 1 / math.sqrt(40)))]
+    if task == 4:
+        q, k, v = cuda(2, 4, 33, 64), cuda(2, 2, 70, 64), cuda(2, 2, 70, 64)
+        half = [t.bfloat16() for t in (q, k, v)]
+        out, lse = torch.empty_like(q), torch.empty(2, 4, 33, device="cuda")
+        reference(4).forward_lse(q, k, v, out, lse, True, 0.125)
+        key_start = torch.tensor([0, 5], device="cuda", dtype=torch.int32)
+        return [("forward", (q, k, v, torch.empty_like(q), True, 0.125, key_start)),
+                ("forward_half", (*half, torch.empty_like(half[0]), False, 0.125, None)),
+                ("forward_lse", (q, k, v, torch.empty_like(q), torch.empty_like(lse), True, 0.125)),
+                ("backward", (q, k, v, out, cuda(2, 4, 33, 64), lse, torch.empty_like(q), torch.empty_like(k),
+                              torch.empty_like(v), True, 0.125))]
+    batch, kv_heads, max_seq, d = 2, 2, 40, 64
+    caches = [cuda(batch, kv_heads, max_seq, d) for _ in range(2)]
+    half_caches = [c.bfloat16() for c in caches]
+    q = cuda(batch, 4, 1, d)
+    pos = torch.tensor([3, 10], device="cuda", dtype=torch.int32)
+    length = pos + 1
+    pages = [cuda(6, kv_heads, 16, d) for _ in range(2)]
+    table = torch.tensor([[0, 1, 2], [3, 4, 5]], device="cuda", dtype=torch.int32)
+    return [("update_cache", (cuda(batch, kv_heads, 1, d), cuda(batch, kv_heads, 1, d), *caches, pos)),
+            ("update_cache_half", (*(cuda(batch, kv_heads, 1, d).bfloat16() for _ in range(2)), *half_caches, pos)),
+            ("decode", (q, *caches, torch.empty_like(q), length, 0.125, 0, None)),
+            ("decode_half", (q.bfloat16(), *half_caches, torch.empty_like(q.bfloat16()), length, 0.125, 2, None)),
+            ("update_cache_paged", (cuda(batch, kv_heads, 1, d), cuda(batch, kv_heads, 1, d), *pages, table, pos)),
+            ("decode_paged", (q, *pages, torch.empty_like(q), table, length, 0.125, 0, None)),
+            ("linear", (cuda(3, 64), cuda(96, 64), torch.empty(3, 96, device="cuda")))]
+
+
+@needs_solution(4)
+@pytest.mark.parametrize("task", sorted(OPERATORS))
+def test_every_operator_passes_opcheck_and_gives_what_the_module_gives(task):
+    ext = reference(task)
+    ops = operators(ext)
+    calls = samples(task)
+    assert sorted(name for name, _ in calls) == sorted(OPERATORS[task]), "a registered operator is not tested"
+    for name, args in calls:
+        torch.library.opcheck(getattr(ops, name).default, args)
+        # the operator and the module's function write the same values (a copy of what each writes)
+        written = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and
+                   getattr(ops, name).default._schema.arguments[i].alias_info is not None]
+        assert written, name
+        by_op = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        by_module = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        getattr(ops, name)(*by_op)
+        getattr(ext, name)(*by_module)
+        torch.cuda.synchronize()
+        for i in written:
+            assert torch.equal(by_op[i], by_module[i]), (name, i)
+
+
+@needs_solution(4)
+def test_the_operators_keep_the_bindings_checks():
+    ops = operators(reference(4))
+    q = torch.randn(1, 2, 8, 64)  # on the CPU: the binding says so, not the dispatcher
+    with pytest.raises(RuntimeError, match="q must be a CUDA tensor"):
+        ops.forward(q, q, q, torch.empty_like(q), False, 0.125)
+    q = cuda(1, 2, 8, 64)
+    with pytest.raises(RuntimeError, match="out must have q's shape"):
+        ops.forward(q, q, q, cuda(1, 2, 7, 64), False, 0.125)
+
+
+@needs_solution(4)
+def test_a_function_that_calls_the_operators_compiles_without_a_graph_break():
+    ops4, ops5 = operators(reference(4)), operators(reference(5))
+
+    def prefill_then_decode(q, k, v, q_new, k_cache, v_cache, length):
+        out = torch.empty_like(q)
+        ops4.forward(q, k, v, out, True, 0.125)
+        step = torch.empty_like(q_new)
+        ops5.decode(q_new, k_cache, v_cache, step, length, 0.125)
+        return out * 2, step + 1  # PyTorch's own operations around them, in the same graph
+
+    q, k, v = cuda(2, 4, 40, 64), cuda(2, 4, 40, 64), cuda(2, 4, 40, 64)
+    q_new, caches = cuda(2, 4, 1, 64), [cuda(2, 4, 64, 64) for _ in range(2)]
+    length = torch.tensor([40, 17], device="cuda", dtype=torch.int32)
+    eager = prefill_then_decode(q, k, v, q_new, *caches, length)
+    torch._dynamo.reset()
+    compiled = torch.compile(prefill_then_decode, fullgraph=True)(q, k, v, q_new, *caches, length)
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)
+
+
+@needs_solution(6)
+def test_task6s_decode_step_on_the_kernels_compiles_without_a_graph_break():
+    """The model of task 6 with the reference's kernels: one decode step under torch.compile(fullgraph=True) gives
+    the eager step's logits. The given wrappers hand the compiler the operators (common/operators.py's function),
+    and eager calls stay the pybind11 functions."""
+    from task5.attention import built_kernels
+    from task6.model import Config, SmallLM
+
+    attention = importlib.import_module("task6.solution.attention").CachedAttention
+    config = Config(vocab=256, hidden=256, heads=4, layers=2, mlp=1024, max_seq=64, kv_heads=2)
+    model = SmallLM(config, attention, built_kernels(solution=True), device="cuda", seed=0)
+    prompt = torch.randint(0, 256, (2, 9), device="cuda")
+    token = torch.randint(0, 256, (2, 1), device="cuda")
+    eager_cache, compiled_cache = model.new_cache(2), model.new_cache(2)
+    torch._dynamo.reset()
+    step = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        for cache in (eager_cache, compiled_cache):
+            model(prompt, cache, last=True)  # the prompt, eager
+        expected = model(token, eager_cache, last=True)
+        got = step(token, compiled_cache, last=True)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
