@@ -26,6 +26,10 @@ What stands in for what:
   (as a worker writes the checks' shared GPU memory), and its replies cross common/wire.py as a
   real worker's do; requests do not (no CUDA IPC handles here: tests/test_grader.py and the GPU
   tests cover the real worker);
+- the operators: each stand-in module is also registered as its build's PyTorch operators
+  (`with_operators`: the schemas read from taskN/binding.cpp's KIT_OPERATORS block, under the namespace
+  taskN_stand_in_student or taskN_stand_in_solution), so TaskExtension registers their fakes as it does
+  a real build's, and a function compiled with torch.compile runs the stand-ins through them;
 - compute-sanitizer: a clean report for each tool (the pass's parsing is tested on real reports
   in tests/test_sanitize.py);
 - sizes: the benchmarks' shapes are small, and the requests are sized for a CPU (the numbers
@@ -40,6 +44,7 @@ import importlib
 import importlib.util
 import inspect
 import math
+import re
 import sys
 import time
 import types
@@ -55,7 +60,7 @@ from torch.utils._pytree import tree_flatten
 from common import build, impl, wire
 
 from harness import bench, calibration, cli, sanitize
-from harness.reference import attention_flops, attention_gradients, causal_mask, expand_kv_heads
+from harness.reference import attention_flops, causal_mask, expand_kv_heads
 from harness.sandbox import WorkerDied, WorkerError
 from common.worker import _resolve
 from task4.train import Config as TrainingConfig
@@ -440,6 +445,26 @@ def _attention(q, k, v, causal, scale, block_rows=128):
     return torch.cat(rows, dim=-2)
 
 
+def _gradients(q, k, v, d_out, causal, scale):
+    """(dq, dk, dv) in float64, written out (not autograd: called as an operator, the stand-in runs where autograd
+    records nothing): dV = P^T dO, dS = P (dO V^T - rowsum(dO O)), dQ = scale dS K, dK = scale dS^T Q; the heads that
+    share a key/value head add up their gradients."""
+    heads, kv_heads = q.shape[1], k.shape[1]
+    q, k, v, d_out = (t.double() for t in (q, k, v, d_out))
+    k_all, v_all = expand_kv_heads(k, heads), expand_kv_heads(v, heads)
+    scores = (q @ k_all.transpose(-2, -1)) * scale
+    if causal:
+        scores = scores.masked_fill(causal_mask(q.shape[-2], k.shape[-2], q.device), -math.inf)
+    p = torch.softmax(scores, dim=-1)
+    out = p @ v_all
+    d_scores = p * (d_out @ v_all.transpose(-2, -1) - (d_out * out).sum(-1, keepdim=True))
+    dq = scale * d_scores @ k_all
+    dk = scale * d_scores.transpose(-2, -1) @ q
+    dv = p.transpose(-2, -1) @ d_out
+    group = lambda t: t.unflatten(1, (kv_heads, heads // kv_heads)).sum(2)  # noqa: E731
+    return dq, group(dk), group(dv)
+
+
 def _attention_seconds(q, k, causal):
     batch, heads, seq_q, head_dim = q.shape
     return attention_flops(batch, heads, seq_q, k.shape[2], head_dim, causal) / FLOPS_PER_S
@@ -537,7 +562,7 @@ class Task4Kernels(StandInKernels):
                     _check_no_overlap(o, o_name, t, name)
         kept = dk.clone() if self.behaviour.backward == "unwritten" else None
         with self.work(2.5 * _attention_seconds(q, expand_kv_heads(k, q.shape[1]), causal)):
-            for got, grad in zip((dq, dk, dv), attention_gradients(q, k, v, dout, causal, scale)):
+            for got, grad in zip((dq, dk, dv), _gradients(q, k, v, dout, causal, scale)):
                 got.copy_(grad)
         if self.behaviour.backward == "wrong":
             dk.mul_(1.01)
@@ -841,6 +866,43 @@ class Task2Kernels(StandInKernels):
 
 
 KERNELS = {2: Task2Kernels, 4: Task4Kernels, 5: Task5Kernels}
+
+
+# -- the kernels as operators ---------------------------------------------------------------
+
+def binding_schemas(task: int) -> dict[str, str]:
+    """The operators taskN/binding.cpp registers, {name: schema}, read from its KIT_OPERATORS block."""
+    source = (REPO / f"task{task}" / "binding.cpp").read_text()
+    block = re.search(r"^KIT_OPERATORS\(m\) \{\n(.*?)^\}", source, re.S | re.M).group(1)
+    schemas = ["".join(re.findall(r'"([^"]*)"', literals))
+               for literals in re.findall(r'm\.def\(((?:\s*"[^"]*")+)\s*\);', block)]
+    return {schema.split("(", 1)[0]: schema for schema in schemas}
+
+
+_LIBRARIES: dict[str, torch.library.Library] = {}  # a namespace is defined once a process, then kept
+_OPERATOR_MODULES: dict[str, StandInKernels] = {}  # the stand-in module each namespace's operators call now
+
+
+def with_operators(module: StandInKernels, task: int, solution: bool) -> StandInKernels:
+    """module, named and registered as a build of taskN/binding.cpp is: its functions are the operators
+    torch.ops.taskN_stand_in_<student|solution>.<name>, with the binding's schemas, for CPU tensors (a real build's
+    namespace is taskN_student or taskN_solution; these keep clear of them where a GPU run loads those)."""
+    name = f"task{task}_stand_in_{'solution' if solution else 'student'}"
+    module.__name__ = name
+    _OPERATOR_MODULES[name] = module
+    if name not in _LIBRARIES:
+        library = torch.library.Library(name, "DEF")
+        for op, schema in binding_schemas(task).items():
+            library.define(schema)
+            library.impl(op, functools.partial(_operator_call, name, op), "CPU")
+        _LIBRARIES[name] = library
+    return module
+
+
+def _operator_call(namespace, op, *args):
+    if op == "softmax" and _overlaps(args[1], args[0]):  # the operator form's own rule (task2/binding.cpp)
+        raise RuntimeError("out must not share memory with x in the operator form (the module's softmax takes out = x)")
+    return getattr(_OPERATOR_MODULES[namespace], op)(*args)
 KERNELS_OF = {5: (5, 4), 6: (5, 4), 7: (5, 4)}  # the kernels a task's worker builds: task 5's layer runs task 4's
 PYTHON_OVER_KERNELS = (6, 7)  # the student writes Python that runs tasks 4 and 5's kernels
 
@@ -986,10 +1048,10 @@ class Harness:
         if kernels and not build.kernel_sources(task, solution, kernels):
             raise build.BuildError(f"task {task}: source files missing: no task{task}/solution/{kernels}/*.cu")
         if solution:
-            return KERNELS[task]()  # the reference, built and run by the trusted side
+            return with_operators(KERNELS[task](), task, solution)  # the reference, built and run by the trusted side
         if self.worker_kernels[task].behaviour.build_error:
             raise build.BuildError(self.worker_kernels[task].behaviour.build_error)
-        return self.worker_kernels[task]
+        return with_operators(self.worker_kernels[task], task, solution)
 
     def run(self, task: int, *args: str) -> dict:
         """`python -m taskN.test ARGS --json PATH`, in this process; the record, validated as the grader does."""

@@ -3,30 +3,44 @@
 On a GPU: every operator of the reference builds passes torch.library.opcheck (its schema says what it writes,
 its fake implementation traces, aot_autograd compiles it), gives what the pybind11 function gives, keeps the
 binding's checks (a CPU tensor is told so by the binding, not by the dispatcher), and a function that calls one
-compiles with torch.compile(fullgraph=True), which fails on any graph break. Without a GPU they skip."""
+compiles with torch.compile(fullgraph=True), which fails on any graph break. Without a GPU those skip.
+
+Everywhere (CI has no GPU): each binding's schemas name its operators and the implementations it registers, and
+the stand-in kernels, registered as operators with those schemas (tests/stand_in.py), pass opcheck and run task 6's
+model under torch.compile(fullgraph=True): the Python side of the traced path (the given wrappers, the fakes
+TaskExtension registers) runs in CI, not first on a grader's GPU."""
 
 import importlib
 import math
+import re
 
 import pytest
 import torch
 
 from common.operators import OPERATORS, operators
-from tests.conftest import needs_nvcc, needs_solution
+from tests.conftest import REPO, needs_nvcc, needs_solution
+from tests.stand_in import KERNELS, binding_schemas, stand_in, with_operators  # noqa: F401 (a fixture)
 
-pytestmark = [needs_nvcc, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def on_a_gpu(test):
+    return needs_nvcc(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")(test))
 
 
 def reference(task):
     return importlib.import_module(f"task{task}.attention").extension(solution=True)
 
 
+DEVICE = "cuda"  # where samples() makes its tensors: the stand-in tests set the CPU
+
+
 def cuda(*shape, dtype=torch.float32):
-    return torch.randn(*shape, device="cuda", dtype=dtype)
+    return torch.randn(*shape, device=DEVICE, dtype=dtype)
 
 
-def samples(task):
-    """(operator name, args) for every operator of the task: small valid calls, partial tiles included."""
+def samples(task, ext=None):
+    """(operator name, args) for every operator of the task: small valid calls, partial tiles included. ext: the
+    module whose forward_lse makes the backward's inputs (the reference's build by default)."""
     if task == 2:
         q, k, v = cuda(2, 3, 33, 40), cuda(2, 3, 50, 40), cuda(2, 3, 50, 40)
         return [("softmax", (cuda(17, 70), cuda(17, 70))),
@@ -36,9 +50,9 @@ def samples(task):
     if task == 4:
         q, k, v = cuda(2, 4, 33, 64), cuda(2, 2, 70, 64), cuda(2, 2, 70, 64)
         half = [t.bfloat16() for t in (q, k, v)]
-        out, lse = torch.empty_like(q), torch.empty(2, 4, 33, device="cuda")
-        reference(4).forward_lse(q, k, v, out, lse, True, 0.125)
-        key_start = torch.tensor([0, 5], device="cuda", dtype=torch.int32)
+        out, lse = torch.empty_like(q), torch.empty(2, 4, 33, device=DEVICE)
+        (ext or reference(4)).forward_lse(q, k, v, out, lse, True, 0.125)
+        key_start = torch.tensor([0, 5], device=DEVICE, dtype=torch.int32)
         return [("forward", (q, k, v, torch.empty_like(q), True, 0.125, key_start)),
                 ("forward_half", (*half, torch.empty_like(half[0]), False, 0.125, None)),
                 ("forward_lse", (q, k, v, torch.empty_like(q), torch.empty_like(lse), True, 0.125)),
@@ -48,25 +62,29 @@ def samples(task):
     caches = [cuda(batch, kv_heads, max_seq, d) for _ in range(2)]
     half_caches = [c.bfloat16() for c in caches]
     q = cuda(batch, 4, 1, d)
-    pos = torch.tensor([3, 10], device="cuda", dtype=torch.int32)
+    pos = torch.tensor([3, 10], device=DEVICE, dtype=torch.int32)
     length = pos + 1
     pages = [cuda(6, kv_heads, 16, d) for _ in range(2)]
-    table = torch.tensor([[0, 1, 2], [3, 4, 5]], device="cuda", dtype=torch.int32)
+    table = torch.tensor([[0, 1, 2], [3, 4, 5]], device=DEVICE, dtype=torch.int32)
     return [("update_cache", (cuda(batch, kv_heads, 1, d), cuda(batch, kv_heads, 1, d), *caches, pos)),
             ("update_cache_half", (*(cuda(batch, kv_heads, 1, d).bfloat16() for _ in range(2)), *half_caches, pos)),
             ("decode", (q, *caches, torch.empty_like(q), length, 0.125, 0, None)),
             ("decode_half", (q.bfloat16(), *half_caches, torch.empty_like(q.bfloat16()), length, 0.125, 2, None)),
             ("update_cache_paged", (cuda(batch, kv_heads, 1, d), cuda(batch, kv_heads, 1, d), *pages, table, pos)),
             ("decode_paged", (q, *pages, torch.empty_like(q), table, length, 0.125, 0, None)),
-            ("linear", (cuda(3, 64), cuda(96, 64), torch.empty(3, 96, device="cuda")))]
+            ("linear", (cuda(3, 64), cuda(96, 64), torch.empty(3, 96, device=DEVICE)))]
 
 
+@on_a_gpu
 @needs_solution(4)
 @pytest.mark.parametrize("task", sorted(OPERATORS))
 def test_every_operator_passes_opcheck_and_gives_what_the_module_gives(task):
     ext = reference(task)
-    ops = operators(ext)
-    calls = samples(task)
+    check_operators(ext, operators(ext), samples(task))
+
+
+def check_operators(ext, ops, calls):
+    task = int(ext.__name__[4])
     assert sorted(name for name, _ in calls) == sorted(OPERATORS[task]), "a registered operator is not tested"
     for name, args in calls:
         torch.library.opcheck(getattr(ops, name).default, args)
@@ -78,11 +96,11 @@ def test_every_operator_passes_opcheck_and_gives_what_the_module_gives(task):
         by_module = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
         getattr(ops, name)(*by_op)
         getattr(ext, name)(*by_module)
-        torch.cuda.synchronize()
         for i in written:
             assert torch.equal(by_op[i], by_module[i]), (name, i)
 
 
+@on_a_gpu
 @needs_solution(4)
 def test_the_operators_keep_the_bindings_checks():
     ops = operators(reference(4))
@@ -94,6 +112,7 @@ def test_the_operators_keep_the_bindings_checks():
         ops.forward(q, q, q, cuda(1, 2, 7, 64), False, 0.125)
 
 
+@on_a_gpu
 @needs_solution(4)
 def test_a_function_that_calls_the_operators_compiles_without_a_graph_break():
     ops4, ops5 = operators(reference(4)), operators(reference(5))
@@ -107,7 +126,7 @@ def test_a_function_that_calls_the_operators_compiles_without_a_graph_break():
 
     q, k, v = cuda(2, 4, 40, 64), cuda(2, 4, 40, 64), cuda(2, 4, 40, 64)
     q_new, caches = cuda(2, 4, 1, 64), [cuda(2, 4, 64, 64) for _ in range(2)]
-    length = torch.tensor([40, 17], device="cuda", dtype=torch.int32)
+    length = torch.tensor([40, 17], device=DEVICE, dtype=torch.int32)
     eager = prefill_then_decode(q, k, v, q_new, *caches, length)
     torch._dynamo.reset()
     compiled = torch.compile(prefill_then_decode, fullgraph=True)(q, k, v, q_new, *caches, length)
@@ -115,25 +134,91 @@ def test_a_function_that_calls_the_operators_compiles_without_a_graph_break():
         assert torch.equal(a, b)
 
 
+@on_a_gpu
 @needs_solution(6)
-def test_task6s_decode_step_on_the_kernels_compiles_without_a_graph_break():
-    """The model of task 6 with the reference's kernels: one decode step under torch.compile(fullgraph=True) gives
-    the eager step's logits. The given wrappers hand the compiler the operators (common/operators.py's function),
-    and eager calls stay the pybind11 functions."""
+def test_task6s_decode_step_on_the_kernels_compiles_without_a_graph_break_and_replays_as_a_cuda_graph():
+    """The model of task 6 with the reference's kernels: decode steps under torch.compile(fullgraph=True) give the
+    eager steps' logits, called directly and captured as a CUDA graph (task6/model.py's DecodeGraph over the
+    compiled model: the positions live on the GPU, so each replay writes and reads the next position). The given
+    wrappers hand the compiler the operators (common/operators.py's function); eager calls stay the pybind11
+    functions."""
     from task5.attention import built_kernels
-    from task6.model import Config, SmallLM
+    from task6.model import Config, DecodeGraph, SmallLM
 
     attention = importlib.import_module("task6.solution.attention").CachedAttention
     config = Config(vocab=256, hidden=256, heads=4, layers=2, mlp=1024, max_seq=64, kv_heads=2)
     model = SmallLM(config, attention, built_kernels(solution=True), device="cuda", seed=0)
     prompt = torch.randint(0, 256, (2, 9), device="cuda")
-    token = torch.randint(0, 256, (2, 1), device="cuda")
-    eager_cache, compiled_cache = model.new_cache(2), model.new_cache(2)
+    tokens = torch.randint(0, 256, (3, 2, 1), device="cuda")
+    eager_cache, compiled_cache, graph_cache = model.new_cache(2), model.new_cache(2), model.new_cache(2)
     torch._dynamo.reset()
     step = torch.compile(model, fullgraph=True)
     with torch.no_grad():
-        for cache in (eager_cache, compiled_cache):
+        for cache in (eager_cache, compiled_cache, graph_cache):
             model(prompt, cache, last=True)  # the prompt, eager
+        graph = DecodeGraph(step, graph_cache)
+        for token in tokens:
+            expected = model(token, eager_cache, last=True)
+            torch.testing.assert_close(step(token, compiled_cache, last=True), expected, rtol=0, atol=1e-5)
+            torch.testing.assert_close(graph(token).clone(), expected, rtol=0, atol=1e-5)
+
+
+# -- everywhere: the schemas, and the stand-in kernels as operators -----------------------------------------------
+
+@pytest.mark.parametrize("task", sorted(OPERATORS))
+def test_each_binding_registers_the_operators_common_operators_lists(task):
+    """The schemas are in the binding's source, the list the wrappers and fakes use in common/operators.py: the
+    two must name the same functions, each a function of the pybind11 module too, each implemented for CUDA and
+    CPU, and each writing (a Tensor(x!) argument) and returning nothing (the fake computes nothing)."""
+    source = (REPO / f"task{task}" / "binding.cpp").read_text()
+    schemas = binding_schemas(task)
+    assert sorted(schemas) == sorted(OPERATORS[task])
+    module_functions = set(re.findall(r'm\.def\(\s*"(\w+)"', source.split("KIT_OPERATORS(m)")[0]))
+    implemented = set(re.findall(r'm\.impl\("(\w+)"', source))
+    for name, schema in schemas.items():
+        assert name in module_functions and name in implemented, name
+        assert re.search(r"Tensor\([a-z]!\)", schema) and schema.endswith("-> ()"), schema
+    assert "KIT_OPERATORS_CUDA(m)" in source and "KIT_OPERATORS_CPU(m)" in source
+
+
+@pytest.mark.parametrize("task", sorted(OPERATORS))
+def test_the_stand_in_kernels_as_operators_pass_opcheck(task, monkeypatch):
+    """The binding's schemas on the stand-in kernels (CPU): opcheck runs the schema's alias annotations against
+    what each function writes, and common/operators.py's fakes through tracing."""
+    monkeypatch.setitem(globals(), "DEVICE", "cpu")
+    ext = with_operators(KERNELS[task](), task, solution=True)
+    check_operators(ext, operators(ext), samples(task, ext))
+
+
+@needs_solution(6)
+def test_task6s_decode_step_on_the_stand_in_kernels_compiles_without_a_graph_break(stand_in, monkeypatch):
+    """Task 6's model, its kernels the stand-ins registered as operators (CPU): one decode step under
+    torch.compile(fullgraph=True) gives the eager step's logits. The given wrappers hand the compiler the operators
+    (common/operators.py's function) and TaskExtension registered their fakes when it loaded them."""
+    from task5.attention import built_kernels
+    from task6.model import Config, SmallLM
+
+    attention = importlib.import_module("task6.solution.attention").CachedAttention
+    config = Config(vocab=64, hidden=64, heads=4, layers=2, mlp=128, max_seq=32, kv_heads=2)
+    model = SmallLM(config, attention, built_kernels(solution=True), device="cpu", seed=0)
+    assert stand_in.loads == [(4, True, None), (5, True, None)]
+    prompt, token = torch.randint(0, 64, (2, 9)), torch.randint(0, 64, (2, 1))
+    eager_cache, compiled_cache = model.new_cache(2), model.new_cache(2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the compiler would save a real GPU's RNG state
+    torch._dynamo.reset()
+    graphs = []
+
+    def keep_the_graph(graph, example_inputs):  # a backend that runs the graph as traced: no C++ compiler needed
+        graphs.append(graph)
+        return graph.forward
+
+    step = torch.compile(model, fullgraph=True, backend=keep_the_graph)
+    with torch.no_grad():
+        for cache in (eager_cache, compiled_cache):
+            model(prompt, cache, last=True)
         expected = model(token, eager_cache, last=True)
         got = step(token, compiled_cache, last=True)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    called = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
+    # the step's kernels are in the one graph, as operators (a pybind11 call would have broken it)
+    assert {"task5_stand_in_solution.update_cache", "task5_stand_in_solution.decode"} <= called, called
