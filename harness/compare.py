@@ -360,7 +360,8 @@ def plot(rows, png: Path):
     fig, axes = plt.subplots(2, 2, figsize=(14, 8))
     labels = list(dict.fromkeys(r["implementation"] for r in rows))
     head_dims = sorted({r["head_dim"] for r in rows})
-    markers = dict(zip(head_dims, "osD^v"))  # colour: the implementation; line: causal or not; marker: head_dim
+    # colour: the implementation; line: causal or not; marker: head_dim
+    markers = {d: "osD^vpP*hX"[i % 10] for i, d in enumerate(head_dims)}
     for ax, (key, title, yscale) in zip(axes.flat, panels):
         for color, label in enumerate(labels):
             for causal, style in ((False, "-"), (True, "--")):

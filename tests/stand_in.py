@@ -546,7 +546,7 @@ class Task4Kernels(StandInKernels):
 
     @launched
     def backward(self, q, k, v, out, dout, lse, dq, dk, dv, causal, scale):
-        """Steps 13-16: the binding's checks, then autograd through the attention in float64 (the gradients do not
+        """Steps 13-16: the binding's checks, then the gradients written out in float64 (`_gradients`; they do not
         depend on out and lse, given that they are the forward's)."""
         self._forward(q, k, v, out.clone(), causal, scale, None, _check_cuda_float32)  # q, k, v, out checked alike
         self._check_lse(lse, q, {})
@@ -876,7 +876,11 @@ def binding_schemas(task: int) -> dict[str, str]:
     block = re.search(r"^KIT_OPERATORS\(m\) \{\n(.*?)^\}", source, re.S | re.M).group(1)
     schemas = ["".join(re.findall(r'"([^"]*)"', literals))
                for literals in re.findall(r'm\.def\(((?:\s*"[^"]*")+)\s*\);', block)]
-    return {schema.split("(", 1)[0]: schema for schema in schemas}
+    found = {schema.split("(", 1)[0]: schema for schema in schemas}
+    if len(found) != block.count("m.def(") or len(found) != len(schemas):  # a def this reader missed, or twice
+        raise ValueError(f"task{task}/binding.cpp: {block.count('m.def(')} m.def calls in KIT_OPERATORS, {len(found)} "
+                         "schemas read (write each as m.def(\"...\" \"...\"); with plain string literals only)")
+    return found
 
 
 _LIBRARIES: dict[str, torch.library.Library] = {}  # a namespace is defined once a process, then kept
