@@ -58,14 +58,9 @@ def registered(ext) -> bool:
 
 def function(ext, name: str):
     """ext's function `name` as the wrappers call it: the pybind11 function, or, while torch.compile traces, the same
-    function as a registered operator, which it records in its graph instead of breaking the graph there. Eager
-    calls (every check and timing of the tests) stay as they were."""
-    if torch.compiler.is_compiling() and name in _faked_of(ext):
+    function as a registered operator (its fake registered by TaskExtension when it loaded the build), which it
+    records in its graph instead of breaking the graph there. Eager calls (every check and timing of the tests)
+    stay as they were."""
+    if torch.compiler.is_compiling() and getattr(ext, "__name__", "") in _faked:
         return getattr(getattr(torch.ops, ext.__name__), name)
     return getattr(ext, name)
-
-
-def _faked_of(ext) -> tuple[str, ...]:
-    """The operators of ext whose fakes are registered (by TaskExtension, when it loaded the build)."""
-    name = getattr(ext, "__name__", "")
-    return OPERATORS[int(name[4])] if name in _faked else ()

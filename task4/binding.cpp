@@ -279,11 +279,11 @@ KIT_OPERATORS(m) {
         "Tensor(c!) dv, bool causal, float scale) -> ()");
 }
 
-#define KIT_TASK4_IMPLS(m)                 \
-  m.impl("forward", &forward);            \
-  m.impl("forward_half", &forward_half);  \
-  m.impl("forward_lse", &forward_lse);    \
-  m.impl("backward", &backward)
+void register_impls(torch::Library& m) {
+  m.impl("forward", &forward);
+  m.impl("forward_half", &forward_half);
+  m.impl("forward_lse", &forward_lse);
+  m.impl("backward", &backward);
+}
 
-KIT_OPERATORS_CUDA(m) { KIT_TASK4_IMPLS(m); }
-KIT_OPERATORS_CPU(m) { KIT_TASK4_IMPLS(m); }
+KIT_OPERATOR_IMPLS(register_impls)

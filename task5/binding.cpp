@@ -559,14 +559,14 @@ void decode_half_op(const torch::Tensor& q, const torch::Tensor& k_cache, const 
   decode_lengths(q, k_cache, v_cache, out, length, scale, splits, key_start, true);
 }
 
-#define KIT_TASK5_IMPLS(m)                          \
-  m.impl("update_cache", &update_op);              \
-  m.impl("update_cache_half", &update_half_op);    \
-  m.impl("decode", &decode_op);                    \
-  m.impl("decode_half", &decode_half_op);          \
-  m.impl("update_cache_paged", &update_paged_at);  \
-  m.impl("decode_paged", &decode_paged);           \
-  m.impl("linear", &linear)
+void register_impls(torch::Library& m) {
+  m.impl("update_cache", &update_op);
+  m.impl("update_cache_half", &update_half_op);
+  m.impl("decode", &decode_op);
+  m.impl("decode_half", &decode_half_op);
+  m.impl("update_cache_paged", &update_paged_at);
+  m.impl("decode_paged", &decode_paged);
+  m.impl("linear", &linear);
+}
 
-KIT_OPERATORS_CUDA(m) { KIT_TASK5_IMPLS(m); }
-KIT_OPERATORS_CPU(m) { KIT_TASK5_IMPLS(m); }
+KIT_OPERATOR_IMPLS(register_impls)

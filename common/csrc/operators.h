@@ -16,5 +16,9 @@
 #define KIT_LIBRARY_OF(ns, m) TORCH_LIBRARY(ns, m)
 #define KIT_LIBRARY_IMPL_OF(ns, key, m) TORCH_LIBRARY_IMPL(ns, key, m)
 #define KIT_OPERATORS(m) KIT_LIBRARY_OF(TORCH_EXTENSION_NAME, m)
-#define KIT_OPERATORS_CUDA(m) KIT_LIBRARY_IMPL_OF(TORCH_EXTENSION_NAME, CUDA, m)
-#define KIT_OPERATORS_CPU(m) KIT_LIBRARY_IMPL_OF(TORCH_EXTENSION_NAME, CPU, m)
+
+// KIT_OPERATOR_IMPLS(register_impls): the binding's `void register_impls(torch::Library& m)` (its m.impl calls)
+// registered for CUDA tensors and for CPU tensors alike.
+#define KIT_OPERATOR_IMPLS(register_impls)                                             \
+  KIT_LIBRARY_IMPL_OF(TORCH_EXTENSION_NAME, CUDA, m) { register_impls(m); }            \
+  KIT_LIBRARY_IMPL_OF(TORCH_EXTENSION_NAME, CPU, m) { register_impls(m); }
