@@ -32,7 +32,8 @@ K)  # one process each, 16 at a time, each verdict written as it comes
   cat -n $L/ids | sed 's/^ *//' | xargs -P 16 -L 1 sh -c \
     'timeout 540 python -m pytest -q -p no:cacheprovider -rA "$1" > '$L'/kb_$0.log 2>&1; echo "$? $1" | tee -a '$OUT'/known_bad.log'
   ;;
-G)
+G)  # a part graded by an earlier call is carried back in as ./graded (gitignored) and kept
+  [ -d graded ] && cp -r graded $OUT/graded
   ( time timeout 590 python -m grader --solution --out $OUT/graded --keep --tasks "${2:-1,2,3,4,5,6,7}" ) > $OUT/grader.log 2>&1
   tail -n 30 $OUT/grader.log ;;
 esac
