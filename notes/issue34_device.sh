@@ -7,10 +7,10 @@ L=/tmp/logs; mkdir -p $L
 export PYTHONUNBUFFERED=1  # a log cut by a timeout still shows how far it got
 case "$1" in
 N)
-  pip install -q --no-index --find-links .dev/wheels nbclient nbformat ipykernel > $OUT/pip.log 2>&1
+  which -a python pip > $OUT/pip.log; python -m pip install -q --no-index --find-links .dev/wheels nbclient nbformat ipykernel >> $OUT/pip.log 2>&1; python -c "import nbformat, nbclient, ipykernel" >> $OUT/pip.log 2>&1
   rm -rf /tmp/handout && python -m grader.handout /tmp/handout > /dev/null
   # no network here: the kit installed as the notebook's set-up cell would, without fetching its build backend
-  pip install -q --no-deps --no-build-isolation -e /tmp/handout >> $OUT/pip.log 2>&1
+  python -m pip install -q --no-deps --no-build-isolation -e /tmp/handout >> $OUT/pip.log 2>&1
   ( time timeout ${NB_LIMIT:-560} python - <<'PY'
 import os, nbformat
 from nbclient import NotebookClient
