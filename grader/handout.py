@@ -28,13 +28,27 @@ INSTRUCTORS = re.compile(r"^<!-- instructors\b.*?^<!-- /instructors -->\n", re.S
 INSTRUCTOR_TEST_HELPERS = {Path("tests/stand_in.py")}
 
 
-def instructor_only(rel: Path) -> bool:
-    """Reference solutions, hidden cases, notes on how the reference was tuned, and tests built on the reference."""
+# `from tests import X`, `from tests.X import ...`, `import tests.X`, at any indentation (inside a test too).
+TESTS_IMPORT = re.compile(r"^\s*(?:from\s+tests\.(\w+)\s+import|from\s+tests\s+import\s+(\w+)|import\s+tests\.(\w+))", re.M)
+
+
+def imported_test_modules(text: str) -> set[str]:
+    """The modules of tests/ that a test file imports."""
+    return {name for match in TESTS_IMPORT.finditer(text) for name in match.groups() if name}
+
+
+def instructor_only(rel: Path, _seen: frozenset[Path] = frozenset()) -> bool:
+    """Reference solutions, hidden cases, notes on how the reference was tuned, and tests built on the reference
+    (or importing one that is: left in, it would fail to import in the students' copy)."""
     if rel in INSTRUCTOR_TEST_HELPERS:
         return True
     if rel.parts[0] == "tests" and rel.suffix == ".py" and rel.name != "conftest.py":
         text = (REPO / rel).read_text()
-        return "needs_solution(" in text or "bad_variant(" in text
+        if "needs_solution(" in text or "bad_variant(" in text:
+            return True
+        imported = (Path("tests") / f"{name}.py" for name in imported_test_modules(text))
+        return any(instructor_only(other, _seen | {rel}) for other in imported
+                   if other not in _seen and other != rel and (REPO / other).is_file())
     return "solution" in rel.parts or rel == Path("grader/hidden.py") or rel.parts[0] == "notes"
 
 

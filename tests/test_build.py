@@ -5,6 +5,7 @@ import torch
 
 from common import build
 from common.build import BuildError
+from grader import runner
 from tests.conftest import REPO, needs_cuda, needs_nvcc, needs_solution
 
 
@@ -230,3 +231,12 @@ def test_an_optional_file_that_does_not_compile_is_left_out_of_a_students_build_
     (kernels / "attention_half.cu").write_text((REPO / "task4/kernels/attention_half.cu").read_text())
     objects = build.compile_with_optional(4, False, sorted(kernels.glob("*.cu")), tmp_path, "90", build.CUDA_FLAGS)
     assert len(objects) == 2 and build.OPTIONAL_LEFT_OUT == {}  # mended: in the build, and nothing said
+
+
+# Here, not in test_prebuild.py: it asks for the reference, which the students' copy does not have.
+@needs_solution(4)
+def test_the_references_built_ahead_are_those_the_tests_load():
+    assert runner.reference_extensions([1, 3], solution=True) == []
+    assert runner.reference_extensions([7], solution=False) == [(4, None), (5, None)]
+    assert (4, "tensor_cores") in runner.reference_extensions([4], solution=True)  # timed beside the reference
+    assert runner.reference_extensions([2], solution=True) == [(2, None)]

@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from harness.skeleton import solution_files
 from common.tasks import TASKS
 from tests.conftest import REPO, needs_solution
@@ -19,10 +21,16 @@ def solution_lines() -> set[str]:
     return lines
 
 
-@needs_solution(1)
-def test_handout_has_no_solutions_and_blank_results(tmp_path):
-    dest = tmp_path / "handout"
+@pytest.fixture(scope="module")
+def handout(tmp_path_factory):
+    dest = tmp_path_factory.mktemp("export") / "handout"
     subprocess.run([sys.executable, "-m", "grader.handout", str(dest)], cwd=REPO, check=True, capture_output=True)
+    return dest
+
+
+@needs_solution(1)
+def test_handout_has_no_solutions_and_blank_results(handout):
+    dest = handout
     files = {p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()}
     assert not [f for f in files if "/solution/" in f], "solutions leaked into the handout"
     assert "grader/hidden.py" not in files
@@ -54,6 +62,19 @@ def test_handout_has_no_solutions_and_blank_results(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "grader", "--tasks", "1,3"], cwd=dest, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "not implemented yet" in (dest / "Results.md").read_text()
+
+
+@needs_solution(1)
+def test_the_students_copy_of_the_kits_tests_passes_from_the_start(handout):
+    """The README says so. A test left in the handout that needs the reference, or imports a test that was left out,
+    fails there and nowhere else."""
+    where = subprocess.run([sys.executable, "-c", "import common; print(common.__file__)"], cwd=handout,
+                           capture_output=True, text=True, check=True).stdout
+    assert where.startswith(str(handout)), f"the handout's tests would import another copy of the kit: {where}"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=handout,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
 
 
 @needs_solution(1)

@@ -165,13 +165,6 @@ def test_the_references_are_built_beside_them_and_a_stuck_one_is_stopped(tmp_pat
     assert line.endswith("the tests build the other references themselves"), line
 
 
-def test_the_references_built_ahead_are_those_the_tests_load():
-    assert runner.reference_extensions([1, 3], solution=True) == []
-    assert runner.reference_extensions([7], solution=False) == [(4, None), (5, None)]
-    assert (4, "tensor_cores") in runner.reference_extensions([4], solution=True)  # timed beside the reference
-    assert runner.reference_extensions([2], solution=True) == [(2, None)]
-
-
 def test_the_binding_is_copied_only_when_it_changed(tmp_path, monkeypatch):
     repo = tmp_path / "repo"
     (repo / "task4").mkdir(parents=True)
