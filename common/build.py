@@ -272,12 +272,28 @@ def _nvcc_version() -> str:
     return f"{os.path.realpath(nvcc)} {said}"
 
 
+# Where this process imported each extension from. Each build registers its operators under its name
+# (common/csrc/operators.h), once a process: a second file of the same name would abort the process as it loads.
+_LOADED_FROM: dict[str, Path] = {}
+
+
+def _check_not_loaded_elsewhere(name: str, path: Path) -> None:
+    earlier = _LOADED_FROM.get(name)
+    if earlier is not None and earlier.resolve() != path.resolve():
+        raise BuildError(f"{name} is already loaded in this process from {_shown(earlier)}; a process can hold "
+                         f"one build of it (its operators are registered under that name): load {_shown(path)} "
+                         "in a new process")
+
+
 def _import_built(name: str, path: Path):
     import importlib.util
+
+    _check_not_loaded_elsewhere(name, path)
 
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    _LOADED_FROM[name] = path
     return module
 
 
@@ -337,6 +353,7 @@ def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda
         if stale.exists():
             stale.unlink()  # no live build holds it, or we would not hold the flock
         objects = compile_with_optional(task, solution, sources[1:], folder, arch, flags, quiet) + given_objects(task, folder, arch, flags)
+        _check_not_loaded_elsewhere(name, folder / f"{name}.so")
         try:
             module = load(
                 name=name,
@@ -354,6 +371,7 @@ def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda
                 f"building task {task} ({what}) failed:\n{_compiler_errors(str(err))}\n"
                 f"(full log: {_shown(log)})"
             ) from None
+        _LOADED_FROM.setdefault(module.__name__, Path(module.__file__))
         if published:  # still under the lock: no other process's build (another arch) relinks it meanwhile
             try:
                 _publish(folder / f"{name}.so", published)

@@ -61,6 +61,6 @@ def function(ext, name: str):
     function as a registered operator (its fake registered by TaskExtension when it loaded the build), which it
     records in its graph instead of breaking the graph there. Eager calls (every check and timing of the tests)
     stay as they were."""
-    if torch.compiler.is_compiling() and getattr(ext, "__name__", "") in _faked:
+    if torch.compiler.is_compiling() and getattr(ext, "__name__", "") in _faked and name in OPERATORS[task_of(ext)]:
         return getattr(getattr(torch.ops, ext.__name__), name)
-    return getattr(ext, name)
+    return getattr(ext, name)  # eager, a build without fakes, or a function that is no operator (has_half, ...)

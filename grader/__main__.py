@@ -108,8 +108,9 @@ def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidd
     if not (REPO / f"task{task}" / "test.py").exists():
         return entry | {"status": Status.UNAVAILABLE, "summary": "this task is not in the kit yet"}
     if rubric.needs_cuda and not has_cuda:
+        here = "" if TASKS[task].cuda else f" (your code's logic is checked here too: python -m task{task}.test)"
         return entry | {"status": Status.NEEDS_CUDA,
-                        "summary": "not graded here: run the grader on a machine with a CUDA GPU"}
+                        "summary": f"not graded here: run the grader on a machine with a CUDA GPU{here}"}
     say(f"\n== Task {task}: {rubric.title}\n")
     run = run_task(task, student_dir, scratch, solution=solution, hidden=hidden,
                    timeout_s=timeout or rubric.timeout_s, outcomes=outcomes,

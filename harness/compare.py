@@ -5,7 +5,8 @@ task 1's naive attention, task 2's separate kernels, task 3's FlashAttention in 
 and, where written, task 4's bf16 kernel. PyTorch's naive attention and SDPA run here. All get the same inputs
 over a sweep of sequence lengths (and head sizes, --head-dims), full and causal. Per implementation and shape:
 
-- time: the median of --reps requests on the host clock after a warm-up, a request being `count` calls;
+- time: the median of --reps requests on the host clock after a warm-up, a request being `count` calls, and
+  its spread (the interquartile range over the median: a noisy row is said so, its comparisons unreliable);
 - TFLOP/s (the attention's two matrix products, halved when causal), and GB/s (q, k, v and out moved once);
 - the GPU memory the call allocated beyond its inputs and output, at its peak (on a GPU);
 - the error against a float64 reference on CHECKED_HEADS heads: max and mean absolute, MSE, max relative.
@@ -36,6 +37,7 @@ from harness.sandbox import WorkerDied, WorkerError
 CHECKED_HEADS = 2  # (batch, head) pairs compared with the float64 reference: its scores are seq x seq in float64
 TASK3_TILES = (64, 64)  # block_rows, block_cols for task 3's flash_attention: its defaults, which its timing uses
 MIN_REQUEST_MS = 20.0  # a request this long makes its own cost (about 0.1 ms) negligible
+NOISY_PCT = 25.0  # requests whose middle half spans more than this % of their median: another program at work
 GPU_SWEEP = dict(seqs=(256, 512, 1024, 2048, 4096, 8192), tokens=16384, heads=32, head_dims=(64,))
 CPU_SWEEP = dict(seqs=(64, 128, 256, 512), tokens=512, heads=4, head_dims=(64,))
 
@@ -206,6 +208,7 @@ def measure(impl: Implementation, worker, shape: Shape, device, reps: int, seed:
     if row["non_finite"]:  # timed all the same: a kernel that skips work is fast, and the table says why
         row["problem"] = f"{row['non_finite']} of {q.numel()} output elements are NaN or Inf"
     ms = timing.median_ms
+    row["time_spread_pct"] = 100 * (timing.p75_ms - timing.p25_ms) / ms if ms > 0 else 0.0
     flops = attention_flops(shape.batch, shape.heads, shape.seq, shape.seq, shape.head_dim, shape.causal)
     moved = 4 * q.numel() * q.element_size()
     return {"problem": ""} | row | {"time_ms": ms, "tflops": flops / (ms * 1e-3) / 1e12,
@@ -223,17 +226,18 @@ def written(impl: Implementation, worker, device, student_dir: Path, solution: b
     """Why the implementation is left out (its skeleton, or a call that fails on a small shape), or None."""
     shape = Shape(1, 2, 33, 32, False)
     q, k, v = inputs(shape, impl.dtype, device, 0)
+    # the first step the file still marks TODO, as the task's test names it (the call may stop at a later one)
+    todos = [] if solution else remaining_todos(student_dir / impl.file)
+    step = f"see README, Task {impl.task}, {todos[0]}" if todos else ""
     try:
         out, _ = one_call(impl, worker, q, k, v, False)
     except WorkerError as err:
         first = err.message.splitlines()[0][:300] if err.message else ""
         if err.kind == "NotImplementedError" or "not implemented yet" in first:
-            return f"not written yet ({first})"
+            return f"not written yet ({step or first})"
         return f"{err.kind}: {first}"  # it does not run on a small shape: no sweep would say more
     if isinstance(out, torch.Tensor) and out.isnan().all():  # a kernel's skeleton returns, writing nothing
-        todos = [] if solution else remaining_todos(student_dir / impl.file)
-        step = f": see README, Task {impl.task}, {todos[0]}" if todos else ""
-        return f"not written yet (its output stays as it started, every element NaN{step})"
+        return f"not written yet (its output stays as it started, every element NaN{f': {step}' if step else ''})"
     return None
 
 
@@ -269,7 +273,8 @@ def parse(argv=None):
     p.add_argument("--tasks", type=ints, metavar="N,N,...",
                    help="only these tasks' implementations, beside PyTorch's (default: every one written)")
     p.add_argument("--reps", type=int, default=5, help="timed requests per measurement (default 5)")
-    p.add_argument("--csv", type=Path, default=Path("compare.csv"), help="where to write the table")
+    p.add_argument("--csv", type=Path, default=Path("compare.csv"),
+                   help="where to write the table (the plot goes beside it: the same name, .png)")
     p.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)  # the workers' folders (default build/)
     args = p.parse_args(argv)
     for name in ("heads", "tokens", "reps"):
@@ -315,6 +320,8 @@ def main(argv=None) -> int:
                 said = "; ".join(x for x in (timed, row["problem"]) if x) or ""
                 if not row["problem"]:
                     said += f", max abs err {row['max_abs_err']:.1e}"
+                if noisy(row):
+                    said += f" (noisy: the requests' middle half spans {row['time_spread_pct']:.0f}% of the median)"
                 print(f"  {impl.label:36s} {shape}: {said}", flush=True)
         except (WorkerError, WorkerDied) as err:
             left_out.append(f"{impl.label}: {first_line(err)}")
@@ -326,12 +333,21 @@ def main(argv=None) -> int:
     if not rows:
         print("nothing to compare")
         return 1
+    if any(noisy(row) for row in rows):
+        print(f"  {sum(map(noisy, rows))} of {len(rows)} timings are noisy (marked above and in the CSV's "
+              "time_spread_pct): another program was using the machine, so their comparisons are unreliable. "
+              "Run again when it is quiet, or with more --reps.")
     write_csv(rows, args.csv)
     plot(rows, args.csv.with_suffix(".png"))
     return 0
 
 
-COLUMNS = ("implementation", "batch", "heads", "seq", "head_dim", "causal", "dtype", "device", "time_ms", "tflops",
+def noisy(row) -> bool:
+    return row.get("time_spread_pct", 0.0) > NOISY_PCT
+
+
+COLUMNS = ("implementation", "batch", "heads", "seq", "head_dim", "causal", "dtype", "device", "time_ms",
+           "time_spread_pct", "tflops",
            "gbs", "peak_extra_mib", "max_abs_err", "mean_abs_err", "mse", "max_rel_err", "non_finite", "problem")
 
 
@@ -353,17 +369,21 @@ def plot(rows, png: Path):
     except ImportError:
         print("matplotlib is not installed: no plot, only the CSV (pip install matplotlib for one)")
         return
-    panels = (("time_ms", "time (ms)", "log"), ("tflops", "TFLOP/s", "linear"),
+    panels = (("time_ms", "time (ms)", "log"), ("tflops", "TFLOP/s (causal: the products of the unmasked half)", "linear"),
               ("peak_extra_mib", "extra GPU memory at peak (MiB)", "symlog"), ("max_abs_err", "max abs error", "log"))
     from matplotlib.lines import Line2D
 
     fig, axes = plt.subplots(2, 2, figsize=(14, 8))
     labels = list(dict.fromkeys(r["implementation"] for r in rows))
+    # an implementation keeps its colour from run to run, whichever others ran; PyTorch's are drawn thinner and on
+    # top, so a student's curve that matches one exactly still shows beneath it
+    colour = {impl.label: f"C{i}" for i, impl in enumerate(IMPLEMENTATIONS)}
+    ours = {impl.label for impl in IMPLEMENTATIONS if impl.task is not None}
     head_dims = sorted({r["head_dim"] for r in rows})
     # colour: the implementation; line: causal or not; marker: head_dim
     markers = {d: "osD^vpP*hX"[i % 10] for i, d in enumerate(head_dims)}
     for ax, (key, title, yscale) in zip(axes.flat, panels):
-        for color, label in enumerate(labels):
+        for label in labels:
             for causal, style in ((False, "-"), (True, "--")):
                 for d in head_dims:
                     got = [r for r in rows if r["implementation"] == label and r["causal"] == causal
@@ -372,10 +392,13 @@ def plot(rows, png: Path):
                     if got:
                         ax.plot([r["seq"] for r in got],
                                 [max(r[key], 1e-12) if yscale == "log" else r[key] for r in got],
-                                style, color=f"C{color}", marker=markers[d], markersize=4)
+                                style, color=colour.get(label, "black"), marker=markers[d],
+                                markersize=6 if label in ours else 3, linewidth=2.5 if label in ours else 1,
+                                zorder=2 if label in ours else 3)
+        ax.set_xscale("log", base=2)
         if key == "peak_extra_mib" and rows[0]["device"] != "cuda":
             ax.text(0.5, 0.5, "measured on a GPU only", ha="center", va="center", transform=ax.transAxes)
-        ax.set_xscale("log", base=2)
+            ax.set_xlim(min(r["seq"] for r in rows) / 1.2, max(r["seq"] for r in rows) * 1.2)  # as the others
         if yscale == "symlog":  # memory: 0 MiB (a kernel that allocates nothing) is a value to show, not a gap
             ax.set_yscale("symlog", linthresh=1)
             ax.set_ylim(bottom=0)
@@ -386,7 +409,8 @@ def plot(rows, png: Path):
         ax.grid(True, alpha=0.3)
     # one legend beside the panels (inside one it hid the curves): an entry per implementation, then the line
     # styles and markers
-    handles = [Line2D([], [], color=f"C{i}", label=label) for i, label in enumerate(labels)]
+    handles = [Line2D([], [], color=colour.get(label, "black"), linewidth=2.5 if label in ours else 1, label=label)
+               for label in labels]
     handles += [Line2D([], [], color="black", linestyle="-", label="full"),
                 Line2D([], [], color="black", linestyle="--", label="causal")]
     if len(head_dims) > 1:

@@ -887,11 +887,15 @@ _LIBRARIES: dict[str, torch.library.Library] = {}  # a namespace is defined once
 _OPERATOR_MODULES: dict[str, StandInKernels] = {}  # the stand-in module each namespace's operators call now
 
 
-def with_operators(module: StandInKernels, task: int, solution: bool) -> StandInKernels:
+OPERATOR_CALLS: dict[str, int] = {}  # "namespace.name": calls that reached a stand-in through its operator
+
+
+def with_operators(module: StandInKernels, task: int, solution: bool, kernels: str | None = None) -> StandInKernels:
     """module, named and registered as a build of taskN/binding.cpp is: its functions are the operators
-    torch.ops.taskN_stand_in_<student|solution>.<name>, with the binding's schemas, for CPU tensors (a real build's
-    namespace is taskN_student or taskN_solution; these keep clear of them where a GPU run loads those)."""
-    name = f"task{task}_stand_in_{'solution' if solution else 'student'}"
+    torch.ops.taskN_stand_in_<student|solution>[_<kernels>].<name>, with the binding's schemas, for CPU tensors (a
+    real build's namespace is taskN_student, taskN_solution or taskN_solution_<kernels>; these keep clear of them
+    where a GPU run loads those)."""
+    name = f"task{task}_stand_in_{'solution' if solution else 'student'}{f'_{kernels}' if kernels else ''}"
     module.__name__ = name
     _OPERATOR_MODULES[name] = module
     if name not in _LIBRARIES:
@@ -906,6 +910,7 @@ def with_operators(module: StandInKernels, task: int, solution: bool) -> StandIn
 def _operator_call(namespace, op, *args):
     if op == "softmax" and _overlaps(args[1], args[0]):  # the operator form's own rule (task2/binding.cpp)
         raise RuntimeError("out must not share memory with x in the operator form (the module's softmax takes out = x)")
+    OPERATOR_CALLS[f"{namespace}.{op}"] = OPERATOR_CALLS.get(f"{namespace}.{op}", 0) + 1
     return getattr(_OPERATOR_MODULES[namespace], op)(*args)
 KERNELS_OF = {5: (5, 4), 6: (5, 4), 7: (5, 4)}  # the kernels a task's worker builds: task 5's layer runs task 4's
 PYTHON_OVER_KERNELS = (6, 7)  # the student writes Python that runs tasks 4 and 5's kernels
@@ -1052,7 +1057,7 @@ class Harness:
         if kernels and not build.kernel_sources(task, solution, kernels):
             raise build.BuildError(f"task {task}: source files missing: no task{task}/solution/{kernels}/*.cu")
         if solution:
-            return with_operators(KERNELS[task](), task, solution)  # the reference, built and run by the trusted side
+            return with_operators(KERNELS[task](), task, solution, kernels)  # the reference, built and run by the trusted side
         if self.worker_kernels[task].behaviour.build_error:
             raise build.BuildError(self.worker_kernels[task].behaviour.build_error)
         return with_operators(self.worker_kernels[task], task, solution)

@@ -240,3 +240,15 @@ def test_the_references_built_ahead_are_those_the_tests_load():
     assert runner.reference_extensions([7], solution=False) == [(4, None), (5, None)]
     assert (4, "tensor_cores") in runner.reference_extensions([4], solution=True)  # timed beside the reference
     assert runner.reference_extensions([2], solution=True) == [(2, None)]
+
+
+def test_a_build_loaded_from_one_file_is_not_loaded_from_another_in_the_same_process(tmp_path, monkeypatch):
+    """Each build registers its operators under its name once a process: a second file of that name would abort
+    the process as it loads, so the loader says why instead."""
+    first, second = tmp_path / "a" / "task4_solution.so", tmp_path / "b" / "task4_solution.so"
+    monkeypatch.setattr(build, "_LOADED_FROM", {"task4_solution": first})
+    build._check_not_loaded_elsewhere("task4_solution", first)  # the same file again: Python gives back its module
+    build._check_not_loaded_elsewhere("task4_student", second)  # another name
+    with pytest.raises(BuildError, match="task4_solution is already loaded in this process from .*a/task4_solution.so"
+                                         ".*in a new process"):
+        build._check_not_loaded_elsewhere("task4_solution", second)

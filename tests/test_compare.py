@@ -38,6 +38,7 @@ def test_the_reference_and_pytorch_side_by_side_with_every_metric(tmp_path):
     for r in rows:
         assert r["problem"] == "", r
         assert float(r["time_ms"]) > 0 and float(r["tflops"]) > 0 and float(r["gbs"]) > 0, r
+        assert float(r["time_spread_pct"]) >= 0, r
         errors = [float(r[k]) for k in ("max_abs_err", "mean_abs_err", "mse", "max_rel_err")]
         most = 2e-2 if r["dtype"] == "bfloat16" else 1e-5  # bf16 keeps 8 bits of mantissa
         assert 0 <= errors[1] <= errors[0] < most and errors[2] <= errors[0] ** 2 and int(r["non_finite"]) == 0, r
@@ -60,6 +61,24 @@ def test_a_wrong_implementation_is_compared_with_its_errors_and_a_skeleton_is_le
     # task 3 is still the skeleton, which names the step to write
     assert "left out: task 3: FlashAttention-2 (PyTorch): not written yet (see README, Task 3, step 1" in proc.stdout
     assert not [r for r in rows if r["implementation"].startswith("task 3")]
+
+
+@needs_solution(1)
+def test_a_noisy_timing_is_marked_on_its_row_and_in_a_summary(tmp_path, monkeypatch, capsys):
+    """Another program on the machine spreads the requests' times: such a row says so, and so does the end."""
+    from harness import compare as command
+    from harness.timing import summarize
+
+    steady, noisy = summarize([1.0, 1.0, 1.01, 1.0, 1.0]), summarize([1.0, 0.4, 2.5, 1.1, 0.5])
+    clocks = iter([steady, noisy] * 8)
+    monkeypatch.setattr(command.bench, "host_clock", lambda *a, **k: next(clocks))
+    out = tmp_path / "compare.csv"
+    assert command.main(["--solution", "--tasks", "1", *SMALL, "--csv", str(out), "--scratch", str(tmp_path)]) == 0
+    said = capsys.readouterr().out
+    rows = list(csv.DictReader(out.open()))
+    marked = [r for r in rows if float(r["time_spread_pct"]) > command.NOISY_PCT]
+    assert len(marked) == len(rows) // 2 and said.count("(noisy: the requests' middle half spans") == len(marked)
+    assert f"{len(marked)} of {len(rows)} timings are noisy" in said
 
 
 def test_bad_arguments_are_named(tmp_path):

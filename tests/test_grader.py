@@ -516,6 +516,10 @@ def test_cuda_tasks_without_a_gpu_are_not_failed(tmp_path):
     md, js = grader.write_results([entry], tmp_path, "test", {"device": "CPU", "python": "3", "torch": "t",
                                                               "cuda": None, "commit": None})
     assert "needs a CUDA GPU" in md.read_text() and "– / 3" in md.read_text()
+    assert "python -m task2.test" not in entry["summary"]  # task 2's test needs the GPU too
+    # task 6 is Python around the kernels: its test checks the logic on this machine, and the summary says so
+    entry = grader.grade_task(6, tmp_path, tmp_path, solution=False, hidden=False, timeout=10, has_cuda=False)
+    assert entry["status"] == "needs_cuda" and "checked here too: python -m task6.test" in entry["summary"]
 
 
 def test_tasks_not_yet_built_are_marked_unavailable(tmp_path, monkeypatch):

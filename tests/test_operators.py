@@ -19,7 +19,7 @@ import torch
 
 from common.operators import OPERATORS, operators
 from tests.conftest import REPO, needs_nvcc, needs_solution
-from tests.stand_in import KERNELS, binding_schemas, stand_in, with_operators  # noqa: F401 (a fixture)
+from tests.stand_in import OPERATOR_CALLS, KERNELS, binding_schemas, stand_in, with_operators  # noqa: F401 (a fixture)
 
 
 
@@ -84,6 +84,9 @@ def test_every_operator_passes_opcheck_and_gives_what_the_module_gives(task):
 
 
 def check_operators(ext, ops, calls):
+    """opcheck on each call, and the operator writes what the module's function writes. On the CPU the stand-in's
+    operator calls that very function, so there the second part shows only that the call gets through; on a GPU
+    the two are the binding's two registrations of one C++ function."""
     task = int(ext.__name__[4])
     assert sorted(name for name, _ in calls) == sorted(OPERATORS[task]), "a registered operator is not tested"
     for name, args in calls:
@@ -217,12 +220,31 @@ def test_task6s_decode_step_on_the_stand_in_kernels_compiles_without_a_graph_bre
         return graph.forward
 
     step = torch.compile(model, fullgraph=True, backend=keep_the_graph)
+    OPERATOR_CALLS.clear()
     with torch.no_grad():
         for cache in (eager_cache, compiled_cache):
             model(prompt, cache, last=True)
         expected = model(token, eager_cache, last=True)
+        assert not OPERATOR_CALLS, f"eager calls went through the operators: {OPERATOR_CALLS}"
         got = step(token, compiled_cache, last=True)
+    assert OPERATOR_CALLS.get("task5_stand_in_solution.decode"), OPERATOR_CALLS  # the compiled step's graph ran them
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
     called = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
     # the step's kernels are in the one graph, as operators (a pybind11 call would have broken it)
     assert {"task5_stand_in_solution.update_cache", "task5_stand_in_solution.decode"} <= called, called
+
+
+def test_the_wrappers_call_an_operator_only_while_compiling_and_only_an_operator(monkeypatch):
+    """common.operators.function: eager calls (every check and timing of the tests) stay the module's functions;
+    while torch.compile traces, a registered operator of a build whose fakes are registered; a function that is no
+    operator (splits_for), or a build without fakes, stays the module's."""
+    from common import operators as ops_module
+
+    ext = with_operators(KERNELS[5](), 5, solution=True)
+    operators(ext)  # as TaskExtension does on loading a build: the fakes
+    assert ops_module.function(ext, "decode") == ext.decode
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert ops_module.function(ext, "decode") is torch.ops.task5_stand_in_solution.decode
+    assert ops_module.function(ext, "splits_for") == ext.splits_for
+    monkeypatch.setattr(ops_module, "_faked", set())  # a build loaded without its fakes
+    assert ops_module.function(ext, "decode") == ext.decode
