@@ -69,4 +69,4 @@ def check_own_work(task: int, solution: bool, student_dir: Path, attention_ops=(
     if found:
         return False, "uses PyTorch's own attention or the reference solution, which this task asks you to " \
                       "write yourself: " + "; ".join(found[:10]), {}
-    return True, "no PyTorch attention and no reference solution used", {}
+    return True, "none found in your code", {}
