@@ -11,18 +11,26 @@ N)
   rm -rf /tmp/handout && python -m grader.handout /tmp/handout > /dev/null
   # no network here: the kit installed as the notebook's set-up cell would, without fetching its build backend
   python -m pip install -q --no-deps --no-build-isolation -e /tmp/handout >> $OUT/pip.log 2>&1
-  ( time timeout ${NB_LIMIT:-560} python - <<'PY'
-import os, nbformat
+  ( time timeout -s INT ${NB_LIMIT:-560} python - <<'PY'
+import os, time, nbformat
 from nbclient import NotebookClient
 nb = nbformat.read("/tmp/handout/course.ipynb", 4)
-NotebookClient(nb, timeout=int(os.environ.get("NB_CELL_LIMIT", 540)), kernel_name="python3", resources={"metadata": {"path": "/tmp/handout"}}).execute()
-nbformat.write(nb, "/tmp/course-executed.ipynb")
-for c in nb.cells:
-    for o in c.get("outputs", []):
-        print(o.get("text", "") or o.get("data", {}).get("text/plain", ""), end="")
+started = {}
+def start(cell, cell_index, **_): started[cell_index] = time.time()
+def done(cell, cell_index, **_):  # each cell's time as it ends, in a log a timeout cannot lose
+    with open(os.environ["OUT"] + "/cells.log", "a") as log:
+        print(f"cell {cell_index}: {time.time() - started[cell_index]:.0f} s: {cell.source.splitlines()[0][:60]}", file=log)
+try:
+    NotebookClient(nb, timeout=int(os.environ.get("NB_CELL_LIMIT", 540)), kernel_name="python3", on_cell_start=start,
+                   on_cell_executed=done, resources={"metadata": {"path": "/tmp/handout"}}).execute()
+finally:  # what ran, even when a cell failed or the time ran out
+    nbformat.write(nb, "/tmp/course-executed.ipynb")
+    for c in nb.cells:
+        for o in c.get("outputs", []):
+            print(o.get("text", "") or o.get("data", {}).get("text/plain", ""), end="")
 PY
   ) > $OUT/notebook.log 2>&1
-  cp /tmp/course-executed.ipynb $OUT/ 2>/dev/null; tail -n 40 $OUT/notebook.log ;;
+  cp /tmp/course-executed.ipynb $OUT/ 2>/dev/null; tail -n 40 $OUT/notebook.log; cat $OUT/cells.log ;;
 C)
   ( time timeout 560 python -m harness.compare --solution --head-dims 64,128 --csv $OUT/compare.csv ) > $OUT/compare.log 2>&1
   tail -n 30 $OUT/compare.log ;;
