@@ -383,7 +383,7 @@ def test_task4s_half_precision_part_is_checked_in_both_types_and_scores_nothing(
     from task4.test import BACKWARD_PASS_NAME, HALF_CASES, HALF_PASS_NAME, HALF_TYPES
     from grader.hidden import CASES as HIDDEN_CASES
 
-    record = stand_in.run(4, "--solution", "--attention", "--half", *HIDDEN)  # the float32 part, then this one
+    record = stand_in.run(4, "--solution", *SCORED[4], "--half", *HIDDEN)  # the float32 part, then this one
     checks = half_checks(record)
     shapes = HALF_CASES + HIDDEN_CASES[4]["half"]
     causal = sum(1 for s in shapes if s[3] <= s[4])
@@ -399,7 +399,7 @@ def test_task4s_half_precision_part_is_checked_in_both_types_and_scores_nothing(
                and "flash backend" in c["message"] and "reference kernel" in c["message"]
                and bench.VS_REFERENCE not in c["metrics"] for c in timed), timed
     assert score(4, record)[0] == RUBRIC[4].points
-    graded = stand_in.run(4, "--solution", "--attention", "--half", "--grading")
+    graded = stand_in.run(4, "--solution", *SCORED[4], "--half", "--grading")
     assert half_checks(graded) and not [c for c in graded["cases"] if " attention batch " in c["name"]
                                         and c["name"].split()[0] in HALF_TYPES]
     assert any("the bf16/fp16 kernel against SDPA's flash backend" in n for n in graded["notes"]), graded["notes"]
@@ -408,7 +408,7 @@ def test_task4s_half_precision_part_is_checked_in_both_types_and_scores_nothing(
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text((REPO / rel.replace("kernels/", "solution/kernels/")).read_text())
     stand_in.student[4] = Behaviour(half="wrong")
-    record = stand_in.run(4, "--student-dir", str(tmp_path), "--attention", "--half")
+    record = stand_in.run(4, "--student-dir", str(tmp_path), *SCORED[4], "--half")
     points, why = score(4, record)
     assert record["status"] == "passed" and points == RUBRIC[4].points, why
     wrong = [c for c in half_checks(record) if not c["passed"]]
@@ -417,7 +417,7 @@ def test_task4s_half_precision_part_is_checked_in_both_types_and_scores_nothing(
     assert HALF_PASS_NAME not in {c["name"] for c in record["cases"]}  # the part failed: no pass of its own
 
     stand_in.student[4] = Behaviour(half="unwritten")
-    record = stand_in.run(4, "--attention", "--half")  # the handout's skeletons: every step TODO, float32's right
+    record = stand_in.run(4, *SCORED[4], "--half")  # the handout's skeletons: every step TODO, float32's right
     assert record["status"] == "passed", failed(record)
     said = [c["message"] for c in record["cases"] if c["kind"] == "optional" and not c["passed"]]
     assert len(said) == 1 and "not implemented yet: see README, Task 4, step 8" in said[0], said
@@ -589,7 +589,7 @@ def test_task4s_backward_part_is_checked_timed_and_scores_nothing(stand_in, tmp_
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text((REPO / rel.replace("kernels/", "solution/kernels/")).read_text())
     stand_in.student[4] = Behaviour(backward="wrong")
-    record = stand_in.run(4, "--student-dir", str(tmp_path), "--attention", "--backward")
+    record = stand_in.run(4, "--student-dir", str(tmp_path), *SCORED[4], "--backward")
     points, why = score(4, record)
     assert record["status"] == "passed" and points == RUBRIC[4].points, why
     wrong = [c for c in backward_checks(record) if not c["passed"]]
