@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import threading
+import time
 import weakref
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -51,6 +52,7 @@ class Case:
     message: str
     metrics: dict = field(default_factory=dict)
     cause: str | None = None  # harness.outcome.Cause, where a failure is more than a wrong answer
+    seconds: float | None = None  # since the case before it was recorded (its builds and workers included)
 
 
 def environment() -> dict:
@@ -116,6 +118,7 @@ class Report:
         self.passed_steps: set[int] = set()  # steps of parts that passed: a TODO line left on them is not the cause
         self.hint_said = False  # TODO_HINT, said with the first step found missing
         self.said = 0  # cases before this one have been printed (_say_checks)
+        self.last_added = time.perf_counter()  # when the last case was recorded (Case.seconds)
         print(f"Task {task}: {title} — {label(solution)}")
         # Checks are printed when their part ends: a run stopped before that (Ctrl-C, the grader's time
         # limit, which sends SIGTERM first) still prints the ones it finished
@@ -128,7 +131,9 @@ class Report:
     def add(self, name: str, passed: bool, message: str, metrics: dict | None = None, kind: str = Kind.CHECK,
             cause: str | None = None):
         assert kind in Kind.ALL and cause in (None, *Cause.ALL), (kind, cause)
-        self.cases.append(Case(name, kind, passed, message, metrics or {}, cause))
+        now = time.perf_counter()  # where a grading's time goes, for the instructor (notes/grading-time.md)
+        self.cases.append(Case(name, kind, passed, message, metrics or {}, cause, round(now - self.last_added, 2)))
+        self.last_added = now
         if kind in (Kind.CHECK, Kind.OPTIONAL):
             return  # said with the others of its part, once they are done (_say_checks)
         self._say_checks()
