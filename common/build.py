@@ -57,6 +57,21 @@ class KernelRuleError(BuildError):
     """A kernel file breaks common/kernel_rules.py: a rule of the task, not a build problem."""
 
 
+
+def cpp_extension():
+    """torch.utils.cpp_extension, imported without the warning a CUDA build of PyTorch logs on a machine without a
+    GPU ("No CUDA runtime is found"): the kit says what is missing in its own words, where it matters."""
+    import logging
+
+    log = logging.getLogger("torch.utils.cpp_extension")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        import torch.utils.cpp_extension as module
+    finally:
+        log.setLevel(level)
+    return module
+
 def build_dir(task: int, solution: bool, kernels: str | None = None) -> Path:
     return BUILD_ROOT / f"task{task}-{'solution' if solution else 'student'}{f'-{kernels}' if kernels else ''}"
 
@@ -74,7 +89,7 @@ def kernel_sources(task: int, solution: bool, kernels: str | None = None) -> lis
 
 def find_cuda_tool(name: str) -> str | None:
     """A CUDA toolkit program (nvcc, compute-sanitizer, ncu): CUDA_HOME/bin first, else PATH."""
-    from torch.utils.cpp_extension import CUDA_HOME
+    CUDA_HOME = cpp_extension().CUDA_HOME
 
     if CUDA_HOME and (Path(CUDA_HOME) / "bin" / name).exists():
         return str(Path(CUDA_HOME) / "bin" / name)
@@ -87,7 +102,7 @@ def find_nvcc() -> str | None:
 
 def check_toolchain() -> None:
     """Raise BuildError naming the first missing piece: GPU, CUDA build of torch, nvcc, ninja."""
-    from torch.utils.cpp_extension import is_ninja_available
+    is_ninja_available = cpp_extension().is_ninja_available
 
     if torch.version.cuda is None:
         raise BuildError(
@@ -320,7 +335,7 @@ def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda
     """Build (if needed) and import the task's extension; raises BuildError with a clear message.
     verbose: also print each kernel's registers, spills and shared memory. kernels: a folder of the
     reference's other kernel files with the same launcher (taskN/solution/<kernels>), built with the same binding."""
-    from torch.utils.cpp_extension import load
+    load = cpp_extension().load
 
     sources = [REPO / f"task{task}" / "binding.cpp", *kernel_sources(task, solution, kernels)]
     missing = [str(s.relative_to(REPO)) for s in sources if not s.exists()]

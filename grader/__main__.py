@@ -36,6 +36,7 @@ from harness.view import building_lock, copy_regular_file, remove_tree, sandbox_
 from common.tasks import TASKS
 from grader.fingerprints import checkout_fingerprint
 from grader.rubric import RUBRIC, TOTAL_POINTS, estimated, parse_tasks, score
+from grader import machine
 from grader.runner import STOPPING, build_kernels_ahead, run_task, valid_record, worker_builds
 from grader.schedule import cpu_priority, cpu_threads, grade_at_once, loads_code_of, outcome_file, share_file
 
@@ -51,6 +52,7 @@ STATUS_TEXT = {
     Status.NEEDS_CUDA: "needs a CUDA GPU",
     Status.UNAVAILABLE: "not yet available",
     Status.CRASHED: "crashed",
+    Status.NOT_GRADED: "could not grade",
 }
 
 
@@ -115,12 +117,14 @@ def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidd
     run = run_task(task, student_dir, scratch, solution=solution, hidden=hidden,
                    timeout_s=timeout or rubric.timeout_s, outcomes=outcomes,
                    echo=lambda line: say(f"  | {line}"), gpu_share=gpu_share, nice=nice, threads=threads)
-    say(f"  ({run.seconds:.0f} s, of which {run.waited_s:.0f} s waiting for other tasks)\n")
+    alone = f", {run.alone_s:.0f} s timing with the GPU to itself" if run.alone_s else ""
+    say(f"  ({run.seconds:.0f} s, of which {run.waited_s:.0f} s waiting for other tasks{alone})\n")
     if run.record is None:
         return entry | {"status": Status.CRASHED, "summary": run.reason, "cause": run.cause, "seconds": run.seconds}
     points, why = score(task, run.record)
     return entry | {"status": run.record["status"], "points": points, "summary": why,
-                    "estimated": estimated(task, run.record), "record": run.record, "seconds": run.seconds}
+                    "estimated": estimated(task, run.record), "record": run.record, "seconds": run.seconds,
+                    "waited_s": run.waited_s, "alone_s": run.alone_s}
 
 
 # -- results kept between runs ------------------------------------------------------
@@ -144,7 +148,8 @@ def kept_entries(out_dir: Path, key: dict, graded_now: list[int]) -> list[dict]:
             continue
         try:
             saved = json.loads(path.read_text())
-            if saved["key"] != key or saved["entry"]["task"] != task or saved["entry"]["status"] not in STATUS_TEXT:
+            if (saved["key"] != key or saved["entry"]["task"] != task or saved["entry"]["status"] not in STATUS_TEXT
+                    or saved["entry"]["status"] == Status.NOT_GRADED):  # the machine's: graded again, not kept
                 continue
             entry = saved["entry"]
             if entry.get("record") is not None:  # status, points and summary all follow from the record
@@ -210,9 +215,12 @@ def write_new_file(path: Path, text: str) -> None:
 def score_text(entries: list[dict], bold: str = "") -> str:
     """"5 / 20 (5 of the 20 points graded: tasks 2, 4, 5, 6, 7 need a GPU)": what this run could not grade, and why."""
     earned = sum(e["points"] for e in entries)
-    graded = sum(e["max_points"] for e in entries if e["status"] not in (Status.UNAVAILABLE, Status.NEEDS_CUDA))
+    graded = sum(e["max_points"] for e in entries
+                 if e["status"] not in (Status.UNAVAILABLE, Status.NEEDS_CUDA, Status.NOT_GRADED))
     why = [f"task {tasks[0]} {one}" if len(tasks) == 1 else f"tasks {', '.join(map(str, tasks))} {many}"
            for tasks, one, many in (
+               ([e["task"] for e in entries if e["status"] == Status.NOT_GRADED],  # the machine's: first
+                "could not be graded on this machine (regrade)", "could not be graded on this machine (regrade)"),
                ([e["task"] for e in entries if e["status"] == Status.NEEDS_CUDA], "needs a GPU", "need a GPU"),
                ([t for t in RUBRIC if t not in {e["task"] for e in entries}], "not asked for", "not asked for"),
                ([e["task"] for e in entries if e["status"] == Status.UNAVAILABLE], "is not in the kit yet",
@@ -359,6 +367,17 @@ def main(argv=None) -> int:
         build = (lambda: build_kernels_ahead(tasks, student_dir, scratch, solution=args.solution)) if has_cuda else None
         graded_now = grade_at_once(tasks, grade, build=build, share=share,
                                    building=building_lock(worker_builds(scratch)))
+        for task in [t for t in tasks if not STOPPING.is_set() and machine.to_look_at(graded_now[t], has_cuda)]:
+            # every other task has ended: nothing of this grading holds GPU memory beside this one now
+            print(f"\ntask {task} ran out of memory or could not start CUDA: graded again, alone on the GPU "
+                  "(grader/machine.py)")
+            held = [machine.gpu_memory_in_use()]
+            again = grade(task, lambda text: print(text, end="", flush=True))
+            graded_now[task], said = machine.verdict(graded_now[task], again, held + [machine.gpu_memory_in_use()],
+                                                     has_cuda)
+            save_entry(out_dir, graded_now[task], key)
+            notes = notes + [said]
+            print(f"note: {said}")
         entries = [graded_now[t] for t in tasks]
         if args.keep:
             kept = kept_entries(out_dir, key, tasks)

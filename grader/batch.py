@@ -129,7 +129,8 @@ def main(argv=None) -> int:
           + ("" if only else f" ({len(students) - len(todo)} graded already, for tasks {klass['tasks']})"))
     for state, words in (("changed", "files changed since their grade"), ("tasks", "graded on other tasks before"),
                          ("sandbox", "graded without the sandbox (--no-sandbox) before"),
-                         ("regrade", "not yet graded again by the --regrade")):
+                         ("regrade", "not yet graded again by the --regrade"),
+                         ("machine", "a task the machine could not grade (GPU memory held by other processes)")):
         who = [sid for sid, _ in students if states[sid] == state and (not only or sid in only)]
         if who:
             print(f"  {words}: {', '.join(who[:20])}{' ...' if len(who) > 20 else ''}")

@@ -102,7 +102,8 @@ def current_job() -> str:
 
 def grade_state(out: Path, sid: str, source: Path, klass: dict) -> str:
     """"graded", or why this student is graded (again): "missing", "tasks", "changed", "sandbox" (graded
-    with --no-sandbox, and the class is now graded in the sandbox) or "regrade"."""
+    with --no-sandbox, and the class is now graded in the sandbox), "regrade", or "machine" (a task the
+    machine could not grade: grader/machine.py)."""
     folder = out / "students" / sid
     about = json_or_none(folder / "grading.json")
     if not (folder / "results.json").exists() or not isinstance(about, dict):
@@ -122,6 +123,8 @@ def grade_state(out: Path, sid: str, source: Path, klass: dict) -> str:
         return "sandbox"
     if now["regrade"] and about.get("regrade") != now["regrade"]:
         return "regrade"
+    if about.get("machine"):  # a task the machine took (grader/machine.py): no grade yet, so grade it again
+        return "machine"
     return "graded"
 
 

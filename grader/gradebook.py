@@ -28,7 +28,7 @@ from grader import class_state
 from grader.fingerprints import hidden_fingerprint, kit_fingerprint
 from grader.rubric import RUBRIC, parse_tasks
 
-FLAGS = ("not_built", "timed_out", "sanitizer", "own_work", "tampering")
+FLAGS = ("not_built", "timed_out", "sanitizer", "own_work", "tampering", "machine")
 SPEEDUPS = (4, 5)  # the tasks with performance points: their speed against the reference, per student
 COLUMNS = ("student", *(f"task{t}" for t in RUBRIC), "total", *FLAGS, "problem",
            *(f"task{t}_speedup" for t in SPEEDUPS), "seconds")
@@ -52,14 +52,14 @@ def _entries(folder: Path) -> dict[int, dict]:
 
 
 # the flag a cause of failure raises (harness/outcome.py)
-CAUSE_FLAGS = {Cause.TIMED_OUT: "timed_out", Cause.MALFORMED: "tampering"}
+CAUSE_FLAGS = {Cause.TIMED_OUT: "timed_out", Cause.MALFORMED: "tampering", Cause.INFRASTRUCTURE: "machine"}
 
 
 def task_flags(task: int, entry: dict) -> set[str]:
     record = entry.get("record") or {}
     failed = [c for c in record.get("cases", []) if isinstance(c, dict) and not c.get("passed")]
     flags = set()
-    if entry.get("status") == Status.CRASHED and cause_of(entry):
+    if entry.get("status") in (Status.CRASHED, Status.NOT_GRADED) and cause_of(entry):
         flags.add(CAUSE_FLAGS[cause_of(entry)])
     for case in failed:
         cause = cause_of(case)
@@ -128,6 +128,9 @@ def student_row(out: Path, sid: str) -> dict:
             flags["timed_out"].add("all")
     elif not row["total"]:
         row["problem"] = "not graded yet"
+    elif flags["machine"]:
+        row["problem"] = (f"task {', '.join(sorted(flags['machine']))} could not be graded on the machine (GPU memory "
+                          "held by other processes): run grader.batch again to grade it")
     if isinstance(about, dict) and about.get("missing") and not row["problem"]:
         row["problem"] = f"missing from the submission: {', '.join(map(str, about['missing']))}"
     for flag, where in flags.items():

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from common.impl import REPO
-from harness.outcome import Cause
+from harness.outcome import Cause, Status
 from harness.processes import with_parent
 from harness.view import remove_tree
 from common.tasks import TASKS
@@ -114,7 +114,20 @@ def _grade(folder: Path, klass: dict, sid: str, source: Path, out: Path, temp: P
         return _failed(folder, f"the grader exited with code {code} (see grade.log)")
     record = json.loads(results.read_text())
     record["seconds"] = about["seconds"]
+    about["machine"] = not_graded(folder)  # graded again by the next run (class_state.grade_state)
+    write_json(folder / "grading.json", about)
     return record
+
+
+def not_graded(folder: Path) -> list[int]:
+    """The tasks of a grading in `folder` that the machine could not grade (grader/machine.py)."""
+    tasks = []
+    for path in sorted((folder / "graded").glob("task*.json")):
+        saved = json_or_none(path)
+        if isinstance(saved, dict) and isinstance(saved.get("entry"), dict) \
+                and saved["entry"].get("status") == Status.NOT_GRADED:
+            tasks.append(saved["entry"].get("task"))
+    return tasks
 
 
 def _stop(proc: subprocess.Popen) -> None:

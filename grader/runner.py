@@ -21,7 +21,7 @@ from pathlib import Path
 
 from common.impl import REPO
 from harness.outcome import Cause, Kind, Status
-from harness.gpu_share import ENV as GPU_SHARE_ENV, waiting_file
+from harness.gpu_share import ENV as GPU_SHARE_ENV, alone_file, waiting_file
 from harness.processes import with_parent
 from harness.sandbox import Worker, signal_words
 from harness.view import built_ahead, copy_tree
@@ -45,6 +45,7 @@ class TaskRun:
     log: str
     cause: str | None = None  # harness.outcome.Cause of having no record, where known
     waited_s: float = 0.0  # of `seconds`, those it waited for other tasks (their builds, timed parts, outcome)
+    alone_s: float = 0.0  # of `seconds`, those its timed parts held the GPU to themselves
 
 
 def crash_reason(returncode: int, output: str) -> str:
@@ -56,6 +57,14 @@ def crash_reason(returncode: int, output: str) -> str:
     if hint:
         return hint
     return f"exited with code {returncode} without writing results: " + " | ".join(tail[-3:])
+
+
+def held_alone(gpu_share: Path, pid: int) -> float:
+    """The seconds test `pid` held the GPU to itself (harness/gpu_share.py's alone_file); 0 if it never did."""
+    try:
+        return sum(float(line) for line in alone_file(gpu_share, pid).read_text().split())
+    except (OSError, ValueError):
+        return 0.0
 
 
 def worker_builds(scratch: Path) -> Path:
@@ -122,20 +131,21 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
             RUNNING.discard(proc)
     reader.join(timeout=10)
     seconds = time.perf_counter() - started
+    alone_s = held_alone(gpu_share, proc.pid) if gpu_share else 0.0
     log = "".join(lines)
     (scratch / f"task{task}.log").write_text(log)
 
     if not ended:
         return TaskRun(task, None, f"timed out after {timeout_s} s (a hang or an endless loop?)", seconds, log,
-                       Cause.TIMED_OUT, waited_s)
+                       Cause.TIMED_OUT, waited_s, alone_s)
     if not results.exists():
-        return TaskRun(task, None, crash_reason(proc.returncode, log), seconds, log, waited_s=waited_s)
+        return TaskRun(task, None, crash_reason(proc.returncode, log), seconds, log, None, waited_s, alone_s)
     try:
         record = valid_record(json.loads(results.read_text()), task)
     except (ValueError, TypeError, KeyError) as err:
         return TaskRun(task, None, f"its record is malformed ({err}), so it could not be scored", seconds, log,
-                       Cause.MALFORMED, waited_s)
-    return TaskRun(task, record, None, seconds, log, waited_s=waited_s)
+                       Cause.MALFORMED, waited_s, alone_s)
+    return TaskRun(task, record, None, seconds, log, waited_s=waited_s, alone_s=alone_s)
 
 
 RUNNING: set[subprocess.Popen] = set()  # the tests running now, in any thread

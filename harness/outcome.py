@@ -16,6 +16,7 @@ class Status:
     RECORDED = (PASSED, FAILED, NOT_IMPLEMENTED, NEEDS_CUDA)  # what a test's record may say
     # the grader's own, for a task without a record
     CRASHED = "crashed"  # the test gave no usable record (cause: why, where known)
+    NOT_GRADED = "not_graded"  # the machine took the grade (cause: infrastructure): no points either way, regrade
     UNAVAILABLE = "unavailable"  # the task is not in this kit
 
 
@@ -35,7 +36,8 @@ class Cause:
 
     TIMED_OUT = "timed_out"  # the student's code did not answer within its limit (an endless loop, a hang)
     MALFORMED = "malformed"  # a reply or record the harness refused
-    ALL = (TIMED_OUT, MALFORMED)
+    INFRASTRUCTURE = "infrastructure"  # the machine, not the submission (grader/machine.py): graded again later
+    ALL = (TIMED_OUT, MALFORMED, INFRASTRUCTURE)
 
 
 # The cases that load the student's code: failing one (not by a hang) is "not built".

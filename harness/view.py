@@ -189,10 +189,10 @@ def _python_paths() -> list[Path]:
     paths = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent.parent}
     paths |= {Path(p) for p in sys.path if p and Path(p).is_dir()}
     paths |= {Path(p) for p in site.getsitepackages() if Path(p).is_dir()}
-    from torch.utils.cpp_extension import CUDA_HOME
+    from common.build import cpp_extension
 
-    if CUDA_HOME:
-        paths.add(Path(CUDA_HOME))
+    if cpp_extension().CUDA_HOME:
+        paths.add(Path(cpp_extension().CUDA_HOME))
     for tool in ("nvcc", "ninja", "c++", "gcc"):
         found = shutil.which(tool)
         if found:

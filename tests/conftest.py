@@ -48,3 +48,38 @@ def submission(tmp_path, files: dict) -> Path:
         path.write_bytes(content if isinstance(content, bytes) else content.encode())
     sub.mkdir(exist_ok=True)
     return sub
+
+
+# -- the suite's time --------------------------------------------------------------------------------------
+# CI stops a run at 90 minutes, and a run past it does not land; the suite runs on 2 cores (pytest-xdist, see
+# pyproject.toml). A file whose tests together take longer than this fails the run by name, before the suite
+# as a whole nears CI's limit: make its tests cheaper (notes/ci-time.md says where the time went) rather than
+# raise the budget.
+FILE_BUDGET_S = 900
+_file_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::")[0]
+    _file_seconds[path] = _file_seconds.get(path, 0.0) + report.duration
+
+
+def over_budget(seconds: dict[str, float]) -> list[str]:
+    return [f"{path}: {s:.0f} s" for path, s in sorted(seconds.items(), key=lambda kv: -kv[1]) if s > FILE_BUDGET_S]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if hasattr(config, "workerinput") or not _file_seconds:  # an xdist worker: the controller sums every report
+        return
+    slowest = sorted(_file_seconds.items(), key=lambda kv: -kv[1])[:8]
+    terminalreporter.write_line("slowest test files (seconds of their tests, setup and teardown included): "
+                                + ", ".join(f"{path} {s:.0f}" for path, s in slowest))
+    over = over_budget(_file_seconds)
+    if over:
+        terminalreporter.write_line(f"FAILED: over the {FILE_BUDGET_S} s budget of one test file "
+                                    f"(tests/conftest.py): {'; '.join(over)}", red=True)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not hasattr(session.config, "workerinput") and over_budget(_file_seconds) and exitstatus == 0:
+        session.exitstatus = 1

@@ -164,6 +164,9 @@ class StandInStream:
     def synchronize(self):
         pass
 
+    def is_capturing(self):  # asked by torch.optim's step where a GPU is available (PyTorch 2.14)
+        return CAPTURE.graph is not None
+
 
 @contextlib.contextmanager
 def stand_in_stream(stream):
@@ -1094,6 +1097,8 @@ def stand_in(monkeypatch, tmp_path):
                         ("current_stream", lambda device=None: StandInStream()), ("CUDAGraph", StandInGraph),
                         ("graph", stand_in_graph)):
         monkeypatch.setattr(torch.cuda, name, value)
+    if hasattr(torch, "accelerator"):  # a CUDA build of PyTorch reaches the GPU's stream through it (an optimizer's step)
+        monkeypatch.setattr(torch.accelerator, "current_stream", lambda device=None: StandInStream())
     monkeypatch.setattr(torch, "Generator", StandInGenerator)
     monkeypatch.setattr(build, "load_extension", harness.load_extension)
     clock = StandInClock()
