@@ -2,6 +2,10 @@
 # Issue 55's device calls, from the repository root on the GPU machine; bubblewrap's .deb carried in .dev/.
 # G [TASKS]: the grader on the reference, each output line time-stamped, the records (with each case's seconds)
 # packed as graded.tgz. A part graded by an earlier call is carried back in as ./graded and kept.
+# C: a class of one student who hands in the reference's files, through grader.batch (its prebuild, then the
+# grading): the cost of a grading in a class. O: GPU memory held by another process (all but 1 GiB), then task 3
+# graded: it must end "could not grade" (grader/machine.py), not 0.
+# The commands run in a clean checkout of HEAD (/tmp/c): the working tree may hold a colleague's work in progress.
 export PYTHONUNBUFFERED=1
 dpkg -x .dev/bubblewrap_*.deb / 2>/dev/null
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > $OUT/gpu.txt
@@ -10,9 +14,36 @@ import sys, time
 t0 = time.time()
 for line in sys.stdin:
     print(f"{time.time() - t0:7.1f} {line}", end="", flush=True)'; }
+if [ -z "$IN_CLEAN" ]; then
+  rm -rf /tmp/c && git worktree add -f --detach /tmp/c HEAD > /dev/null 2>&1 || { mkdir -p /tmp/c && git archive HEAD | tar -x -C /tmp/c; }
+  cp -r .dev /tmp/c/ && cd /tmp/c && IN_CLEAN=1 exec bash notes/issue55_device.sh "$@"
+fi
 case "$1" in
 G)
   [ -d graded ] && cp -r graded /tmp/graded
   ( time timeout ${LIMIT:-570} python -m grader --solution --out /tmp/graded --keep --tasks "${2:-1,2,3,4,5,6,7}" ) 2>&1 | stamp > $OUT/grader.log
   tar czf $OUT/graded.tgz -C /tmp graded; tail -n 25 $OUT/grader.log ;;
+C)
+  python3 - <<'PY'
+from pathlib import Path
+from common.tasks import TASKS
+for rel in (r for t in TASKS.values() for r in t.student_files):
+    dest = Path("/tmp/class/reference-files") / rel
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(Path(rel.replace("/", "/solution/", 1)).read_text())
+PY
+  ( time timeout ${LIMIT:-400} python -m grader.batch /tmp/class --out /tmp/classout ) 2>&1 | stamp > $OUT/class.log
+  cp /tmp/classout/students/reference-files/grade.log $OUT/class-grade.log 2>/dev/null
+  tar czf $OUT/class.tgz -C /tmp/classout students/reference-files/graded students/reference-files/grading.json 2>/dev/null
+  tail -n 15 $OUT/class.log; grep -E "^\s+[0-9.]+ +\(|of which" $OUT/class-grade.log ;;
+O)
+  python3 -c "
+import time, torch
+free, total = torch.cuda.mem_get_info()
+held = torch.empty(free - (1 << 30), dtype=torch.uint8, device='cuda')
+open('/tmp/holding', 'w').write(str(held.numel()))
+time.sleep(900)" &
+  holder=$!; while [ ! -f /tmp/holding ]; do sleep 1; done; nvidia-smi --query-gpu=memory.used,memory.total --format=csv >> $OUT/gpu.txt
+  ( time timeout ${LIMIT:-300} python -m grader --solution --tasks 3 --out /tmp/oom ) 2>&1 | stamp > $OUT/oom.log
+  kill $holder; cp /tmp/oom/Results.md $OUT/oom-Results.md; tail -n 12 $OUT/oom.log ;;
 esac
