@@ -14,7 +14,7 @@ import sys, time
 t0 = time.time()
 for line in sys.stdin:
     print(f"{time.time() - t0:7.1f} {line}", end="", flush=True)'; }
-if [ -z "$IN_CLEAN" ]; then
+if [ -z "$IN_CLEAN" ] && git rev-parse -q HEAD > /dev/null 2>&1; then
   rm -rf /tmp/c && git worktree add -f --detach /tmp/c HEAD > /dev/null 2>&1 || { mkdir -p /tmp/c && git archive HEAD | tar -x -C /tmp/c; }
   cp -r .dev /tmp/c/ && cd /tmp/c && IN_CLEAN=1 exec bash notes/issue55_device.sh "$@"
 fi
