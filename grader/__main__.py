@@ -122,9 +122,11 @@ def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidd
     if run.record is None:
         return entry | {"status": Status.CRASHED, "summary": run.reason, "cause": run.cause, "seconds": run.seconds}
     points, why = score(task, run.record)
+    # a worker that died of it says so only in the output ("the worker stopped answering" in its case)
+    out_of_memory = run.record["status"] != Status.PASSED and machine.says_out_of_memory(run.log)
     return entry | {"status": run.record["status"], "points": points, "summary": why,
                     "estimated": estimated(task, run.record), "record": run.record, "seconds": run.seconds,
-                    "waited_s": run.waited_s, "alone_s": run.alone_s}
+                    "waited_s": run.waited_s, "alone_s": run.alone_s, "out_of_memory": out_of_memory}
 
 
 # -- results kept between runs ------------------------------------------------------

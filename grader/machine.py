@@ -25,10 +25,17 @@ OTHERS_SHARE = 0.10  # of the GPU's memory held by other processes: then an out-
 OOM_WORDS = ("out of memory", "outofmemoryerror")
 
 
+def says_out_of_memory(text: str) -> bool:
+    return any(w in text.lower() for w in OOM_WORDS)
+
+
 def ran_out_of_gpu_memory(entry: dict) -> bool:
-    """Whether a task's grading ended in, or had a case fail with, an out-of-memory error."""
+    """Whether a task's grading ended in, or had a case fail with, an out-of-memory error (in a case's message, or
+    in the test's output where a worker died of it: the grader's `out_of_memory`)."""
+    if entry.get("out_of_memory"):
+        return True
     if entry.get("status") == Status.CRASHED:
-        return any(w in str(entry.get("summary", "")).lower() for w in OOM_WORDS)
+        return says_out_of_memory(str(entry.get("summary", "")))
     cases = (entry.get("record") or {}).get("cases", [])
     return any(not c.get("passed") and any(w in str(c.get("message", "")).lower() for w in OOM_WORDS) for c in cases)
 

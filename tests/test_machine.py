@@ -26,6 +26,11 @@ def test_what_counts_as_running_out_of_gpu_memory():
     assert machine.ran_out_of_gpu_memory({"task": 4, "status": Status.CRASHED, "summary": "ran out of memory"})
     assert not machine.ran_out_of_gpu_memory(_entry(passed=False, message="max abs err 3.1"))
     assert not machine.ran_out_of_gpu_memory(_entry(passed=True, message="out of memory check passed"))
+    # a worker that died of it: "the worker stopped answering" in its case, the error in the test's output
+    died = _entry(passed=False, message="the worker stopped answering")
+    assert not machine.ran_out_of_gpu_memory(died)
+    assert machine.ran_out_of_gpu_memory(died | {"out_of_memory": machine.says_out_of_memory(
+        "torch.AcceleratorError: CUDA error: out of memory\nSearch for `cudaErrorMemoryAllocation'")})
 
 
 def test_a_test_that_could_not_start_cuda_beside_a_gpu_is_the_machines():
