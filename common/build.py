@@ -57,7 +57,6 @@ class KernelRuleError(BuildError):
     """A kernel file breaks common/kernel_rules.py: a rule of the task, not a build problem."""
 
 
-
 def cpp_extension():
     """torch.utils.cpp_extension, imported without the warning a CUDA build of PyTorch logs on a machine without a
     GPU ("No CUDA runtime is found"): the kit says what is missing in its own words, where it matters."""
@@ -71,6 +70,7 @@ def cpp_extension():
     finally:
         log.setLevel(level)
     return module
+
 
 def build_dir(task: int, solution: bool, kernels: str | None = None) -> Path:
     return BUILD_ROOT / f"task{task}-{'solution' if solution else 'student'}{f'-{kernels}' if kernels else ''}"
