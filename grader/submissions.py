@@ -31,6 +31,7 @@ SKIPPED = {".venv", "venv", "env", ".git", "__pycache__", "__MACOSX", "node_modu
            ".ipynb_checkpoints", ".pytest_cache", ".mypy_cache", ".idea", ".vscode", "grader-work", "graded"}
 STUDENT_FILES = sorted(set(all_student_files()))
 MAX_DEPTH = 8  # folders down to the student's checkout inside a submission
+MAX_NESTING = 8  # archives inside archives (a zip of the upload, zipped again by the LMS, ...)
 
 
 class NotGradable(Exception):
@@ -96,6 +97,12 @@ def _entries_by_id(folder: str, mtime_ns: int) -> dict[str, tuple[str, ...]]:
     return {sid: tuple(names) for sid, names in groups.items()}
 
 
+def entry_name(name: str) -> str:
+    """An archive entry's name with "/" between folders: some Windows zip tools write "\\" (task1\\attention.py),
+    which is read as a folder too, so "..\\" or "\\x" can no more leave the folder than "../" or "/x"."""
+    return name.replace("\\", "/")
+
+
 def _safe_target(dest: Path, name: str) -> Path:
     parts = PurePosixPath(name).parts
     if not parts or PurePosixPath(name).is_absolute() or ".." in parts:
@@ -111,12 +118,12 @@ def _members(archive: Path):
                 mode = stat.S_IFMT(info.external_attr >> 16)  # 0 when the archiver did not record it
                 kind = ("other" if mode not in (0, stat.S_IFREG, stat.S_IFDIR) else
                         "folder" if info.is_dir() else "file")
-                yield info.filename, kind, info.file_size, lambda info=info: zf.open(info)
+                yield entry_name(info.filename), kind, info.file_size, lambda info=info: zf.open(info)
     else:
         with tarfile.open(archive, "r:*") as tf:  # plain, gzip, bzip2 or xz
             for member in tf:
                 kind = "folder" if member.isdir() else "file" if member.isfile() else "other"
-                yield member.name, kind, member.size, lambda member=member: tf.extractfile(member)
+                yield entry_name(member.name), kind, member.size, lambda member=member: tf.extractfile(member)
 
 
 def graded_file(parts: tuple[str, ...]) -> str | None:
@@ -137,13 +144,23 @@ def graded_place(parts: tuple[str, ...]) -> str:
     return ""
 
 
-def unpack(archive: Path, dest: Path) -> list[str]:
+class Taken:
+    """What has been taken out of one submission's archives so far: the limits hold for them all together, so
+    archives nested in archives are no way around them."""
+
+    def __init__(self):
+        self.files = self.size = 0
+
+
+def unpack(archive: Path, dest: Path, taken: Taken | None = None) -> list[str]:
     """Take out of `archive`, into `dest` (created), what can be graded: the files students write, and archives
     that may hold them, outside SKIPPED folders. The rest is only listed, so a repository zipped with its
     .venv is fine; a link or device where a graded file goes is refused as tampering. Returns the files
-    students write that it left in SKIPPED folders (a few), to say why a submission holding only those is 0."""
+    students write that it left in SKIPPED folders (a few), to say why a submission holding only those is 0.
+    taken: what earlier archives of the same submission gave (MAX_FILES and MAX_BYTES count them too)."""
     dest.mkdir(parents=True)
-    entries, files, size, listed = 0, 0, 0, 0
+    taken = taken or Taken()
+    entries, listed = 0, 0
     skipped = []
     try:
         for name, kind, nbytes, read in _members(archive):
@@ -168,14 +185,14 @@ def unpack(archive: Path, dest: Path) -> list[str]:
                 continue
             if kind == "folder" or not (place == "file" or archive_suffix(parts[-1])):
                 continue
-            files += 1
-            if files > MAX_FILES:
+            taken.files += 1
+            if taken.files > MAX_FILES:
                 raise BadArchive(f"more than {MAX_FILES} files to take out of the archive")
-            if size + nbytes > MAX_BYTES:
+            if taken.size + nbytes > MAX_BYTES:
                 raise BadArchive(f"more than {MAX_BYTES // 1024 // 1024} MiB unpacked")
             target.parent.mkdir(parents=True, exist_ok=True)
             with read() as src, open(target, "wb") as out:
-                size = _copy_within(src, out, size)
+                taken.size = _copy_within(src, out, taken.size)
     except NotGradable:
         raise
     except Exception as err:  # noqa: BLE001  bad archives raise many kinds (zlib.error, NotImplementedError, ...)
@@ -221,27 +238,30 @@ def locate(source: Path, unpacked: Path) -> Path:
         raise NotGradable(f"{len(others) + 1} submissions with this id ({names}): which one counts? Remove or "
                           "rename the others, then run grader.batch again (it grades this student then)")
     skipped: list[str] = []  # files students write found only inside SKIPPED folders
+    taken, opened = Taken(), []  # what the archives gave, and the archives opened, outermost first
     if source.is_dir():
         folder = source
     elif source.is_file() and archive_suffix(source.name):
-        skipped += unpack(source, unpacked / "outer")
-        folder = unpacked / "outer"
+        skipped += unpack(source, unpacked / "outer", taken)
+        folder, opened = unpacked / "outer", [source.name]
     elif source.is_file():
         raise NotGradable(f"{source.name}: a file the kit cannot read as a submission (a folder or an archive: "
                           f"{', '.join(ARCHIVES)})")
     else:
         raise NotGradable(f"{source.name}: neither a folder nor a file")
-    for inner in (False, True):
+    for level in range(MAX_NESTING + 1):
         found, archives = checkouts(folder)
         if len(found) == 1:
             return next(iter(found))
         if found:
             places = "; ".join(f"{_shown(place, folder)} ({', '.join(files)})" for place, files in found.items())
             raise NotGradable(f"the files students write are in {len(found)} places: {places}; which one counts?")
-        if inner or len(archives) != 1:
+        if level == MAX_NESTING or len(archives) != 1:
             break
-        skipped += unpack(archives[0], unpacked / "inner")  # the upload inside the student's folder or archive
-        folder = unpacked / "inner"
+        # the upload inside the student's folder or archive, itself perhaps zipped again (any depth up to MAX_NESTING)
+        skipped += unpack(archives[0], unpacked / f"inner{level + 1}", taken)
+        folder = unpacked / f"inner{level + 1}"
+        opened.append(archives[0].name)
     skipped += in_skipped_folders(folder)
     if skipped:
         never = sorted({f"{part}/" for path in skipped for part in PurePosixPath(path).parts[:-1] if part in SKIPPED})
@@ -249,8 +269,11 @@ def locate(source: Path, unpacked: Path) -> Path:
                           f"({', '.join(skipped[:3])}{', ...' if len(skipped) > 3 else ''}; {', '.join(never)} "
                           f"{'is' if len(never) == 1 else 'are'} never graded): move the checkout out of it")
     also = f"; it holds {len(archives)} archives ({', '.join(a.name for a in archives[:5])})" if archives else ""
+    if len(archives) == 1:
+        also += f", nested deeper than the {MAX_NESTING} archives the kit opens"
+    inside = f" (in {' > '.join(opened)})" if opened else ""
     raise NotGradable(f"none of the files students write ({', '.join(STUDENT_FILES[:3])}, ...) is in it at its "
-                      f"place{also}: an empty or unrelated submission")
+                      f"place{inside}{also}: an empty or unrelated submission")
 
 
 def in_skipped_folders(folder: Path, limit: int = 100_000) -> list[str]:
