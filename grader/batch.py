@@ -122,7 +122,8 @@ def main(argv=None) -> int:
         parser.error(f"--only: no submission for {', '.join(unknown)} in {args.submissions}")
     args.out.mkdir(parents=True, exist_ok=True)
     regrade = uuid.uuid4().hex[:12] if args.regrade and not only else before.get("regrade")
-    klass = class_state.write_class(args.out, students, tasks_text, args.timeout, args.no_sandbox, regrade)
+    klass = class_state.write_class(args.out, students, tasks_text, args.timeout, args.no_sandbox, regrade,
+                                    submissions.superseded(args.submissions))
     states = {sid: class_state.grade_state(args.out, sid, source, klass) for sid, source in students}
     todo = [n for n, (sid, _) in enumerate(students) if sid in only or not only and states[sid] != "graded"]
     print(f"{len(students)} submissions, {len(todo)} to grade"

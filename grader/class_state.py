@@ -15,14 +15,17 @@ TRIES = 2  # a grading stopped from outside (Slurm's time limit, a node failure,
 
 
 def write_class(out: Path, students: list[tuple[str, Path]], tasks: str, timeout_s: int, no_sandbox: bool,
-                regrade: str | None = None) -> dict:
+                regrade: str | None = None, superseded: dict[str, list[str]] | None = None) -> dict:
     """What every element and gather reads: the students in array order and how they are graded.
 
     `round` names this submission of the class: an attempt counts against TRIES only in its own round.
     `regrade` names the last --regrade: a grade from before it is not done until it is graded again.
     A source is kept as the entry's own path, never resolved: a link stays a link (locate refuses it).
+    `superseded`: a student's earlier uploads that the LMS export shows the latest replaced (not graded).
     """
-    klass = {"students": [{"id": sid, "source": str(path.absolute())} for sid, path in students],
+    klass = {"students": [{"id": sid, "source": str(path.absolute())} | ({"superseded": superseded[sid]}
+                                                                         if superseded and sid in superseded else {})
+                          for sid, path in students],
              "tasks": tasks, "timeout_s": timeout_s, "no_sandbox": no_sandbox, "round": uuid.uuid4().hex[:12],
              "regrade": regrade}
     write_json(out / "class.json", klass)

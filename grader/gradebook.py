@@ -30,7 +30,7 @@ from grader.rubric import RUBRIC, parse_tasks
 
 FLAGS = ("not_built", "timed_out", "sanitizer", "own_work", "tampering", "machine")
 SPEEDUPS = (4, 5)  # the tasks with performance points: their speed against the reference, per student
-COLUMNS = ("student", *(f"task{t}" for t in RUBRIC), "total", *FLAGS, "problem",
+COLUMNS = ("student", *(f"task{t}" for t in RUBRIC), "total", *FLAGS, "problem", "superseded",
            *(f"task{t}_speedup" for t in SPEEDUPS), "seconds")
 
 
@@ -139,7 +139,8 @@ def student_row(out: Path, sid: str) -> dict:
 
 
 def rows(out: Path, klass: dict) -> list[dict]:
-    return [student_row(out, s["id"]) for s in klass["students"]]
+    """A row per student; `superseded` names the earlier uploads of the LMS export that the graded one replaced."""
+    return [student_row(out, s["id"]) | {"superseded": "; ".join(s.get("superseded", []))} for s in klass["students"]]
 
 
 def write(out: Path, klass: dict) -> Path:

@@ -1,6 +1,9 @@
 """What a student handed in: the entries of a submissions folder, unpacked safely, and the checkout in them.
 
-A learning-management system exports one folder or archive per student, named by the student's id.
+A learning-management system exports one folder or archive per student, named by the student's id. The
+exports of Canvas, Moodle, Blackboard and Gradescope are read as they name things (`lms_entry`): one student
+per user, the latest of several uploads graded and the earlier ones named as superseded, and the export's own
+files (Gradescope's submission_metadata.yml, Blackboard's receipts) never taken for a student.
 The checkout is the folder that holds the files students write at their places, at any depth, or
 inside the one archive a student's folder holds; only what can be graded is taken out of an
 archive (never what lies in SKIPPED folders), within bounds that refuse a bomb. Anything that
@@ -12,9 +15,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import re
 import stat
 import tarfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from common.tasks import all_student_files
@@ -65,36 +70,124 @@ def student_id(path: Path) -> str:
     return name
 
 
+# -- the exports of learning-management systems ------------------------------------------------------------------
+# Canvas: "smith_john_12345_67890_upload.zip", a late one "smith_john_LATE_12345_67891_upload-1.zip": the user id is
+# the first number, the submission id (later uploads have larger ones) the second.
+CANVAS = re.compile(r"^(?P<who>[a-z][a-z0-9]*(?:_[a-z0-9]+)*?)_(?:LATE_)?(?P<user>\d+)_(?P<upload>\d+)_(?P<file>.+)$")
+# Moodle: "Jane Doe_123456_assignsubmission_file_" (a folder of the student's files, or each file flattened into its
+# name); its online text and feedback folders hold nothing to grade.
+MOODLE = re.compile(r"^(?P<who>.+?_\d+)_assign(?P<plugin>submission_file|submission_\w+?|feedback_\w+?)_(?P<file>.*)$")
+# Blackboard: "Assignment_jdoe_attempt_2026-11-30-10-15-02_upload.zip", and the attempt's receipt
+# "Assignment_jdoe_attempt_2026-11-30-10-15-02.txt".
+BLACKBOARD = re.compile(r"^(?P<assignment>.+)_(?P<who>[^_]+)_attempt_(?P<when>\d{4}(?:-\d\d){5})(?:_(?P<file>.+))?$")
+GRADESCOPE_METADATA = "submission_metadata.yml"  # Gradescope's export: who handed in each submission_<id>/
+
+
+@dataclass(frozen=True)
+class LmsEntry:
+    sid: str  # the student: one row in the gradebook
+    order: tuple | None  # which of a student's uploads is later (None: the export does not say)
+    export: bool = False  # a file of the export itself (metadata, a receipt, feedback): no student
+
+
+def lms_entry(path: Path, who: dict[str, tuple[str, str]] | None = None) -> LmsEntry:
+    """Who an entry of the submissions folder belongs to, as the LMS that exported it names it. who: Gradescope's
+    {folder: (student, submitted at)} from its metadata (gradescope_submitters)."""
+    name = path.name
+    if name == GRADESCOPE_METADATA:
+        return LmsEntry(name, None, export=True)
+    if who and name in who:
+        sid, when = who[name]
+        return LmsEntry(sid, (when, name))
+    if m := BLACKBOARD.match(student_id(path)):
+        receipt = not m["file"] and name.lower().endswith(".txt")
+        return LmsEntry(m["who"], (m["when"],), export=receipt)
+    if m := MOODLE.match(name):
+        return LmsEntry(m["who"], None, export=m["plugin"] != "submission_file")
+    if m := CANVAS.match(name):
+        resubmitted = re.search(r"-(\d+)(?:\.[^.]+)*$", m["file"])  # Canvas's "-1", "-2" on a file sent again
+        return LmsEntry(f"{m['who']}_{m['user']}", (int(m["upload"]), int(resubmitted[1]) if resubmitted else 0))
+    return LmsEntry(student_id(path), None)
+
+
+def gradescope_submitters(submissions: Path) -> dict[str, tuple[str, str]]:
+    """Gradescope's {submission folder: (student, submitted at)}, from its submission_metadata.yml: the student is
+    the submitters' student ids (their emails, else names, where none is set), joined by "+" for a group."""
+    path = submissions / GRADESCOPE_METADATA
+    if not path.is_file() or path.is_symlink():
+        return {}
+    try:
+        import yaml  # PyYAML: installed with transformers
+
+        meta = yaml.safe_load(path.read_text(errors="replace"))
+    except Exception:  # noqa: BLE001  unreadable: the folders keep their own names
+        return {}
+    found = {}
+    for folder, about in (meta or {}).items() if isinstance(meta, dict) else ():
+        about = {str(k).lstrip(":"): v for k, v in about.items()} if isinstance(about, dict) else {}
+        people = [{str(k).lstrip(":"): v for k, v in p.items()} for p in about.get("submitters") or []
+                  if isinstance(p, dict)]
+        names = [str(p.get("sid") or p.get("email") or p.get("name") or "") for p in people]
+        if any(names):
+            sid = re.sub(r"[^\w.@+-]+", "_", "+".join(n for n in names if n))
+            found[str(folder)] = (sid, str(about.get("created_at", "")))
+    return found
+
+
 def discover(submissions: Path) -> list[tuple[str, Path]]:
-    """(student id, entry) for every student of the submissions folder (dot files left out), sorted by id.
+    """(student id, entry) for every student of the submissions folder (dot files and the export's own files left
+    out), sorted by id.
 
     Every entry is a student, also one that is not a folder or archive the kit can read: its grading then
-    says why (NotGradable), so nobody disappears from the gradebook. Two entries with one id (alice.zip and
-    alice/) are one student, whose grading names both (namesakes()) until one is removed.
+    says why (NotGradable), so nobody disappears from the gradebook. Where the LMS says which upload of a student
+    is the latest, that one is graded (superseded() names the others); two entries with one id and no order
+    (alice.zip and alice/) are one student, whose grading names both (namesakes()) until one is removed.
     """
-    found: dict[str, Path] = {}
-    for path in sorted(submissions.iterdir()):
-        if not path.name.startswith("."):
-            found.setdefault(student_id(path), path)
-    return sorted(found.items())
+    groups = _entries_by_id(str(submissions), _stamp(submissions))
+    return sorted((sid, submissions / names[0]) for sid, (names, _) in groups.items())
+
+
+def superseded(submissions: Path) -> dict[str, list[str]]:
+    """{student: the earlier uploads the latest replaced}, for the students the LMS shows more than one of."""
+    return {sid: list(names[1:]) for sid, (names, ordered) in _entries_by_id(str(submissions),
+                                                                              _stamp(submissions)).items()
+            if len(names) > 1 and ordered}
 
 
 def namesakes(source: Path) -> list[Path]:
-    """The other entries of the submissions folder with the id of `source`."""
+    """The other entries of the submissions folder with the id of `source`, where the export does not say which
+    one is the latest."""
     folder = source.parent
-    same = _entries_by_id(str(folder), folder.stat().st_mtime_ns).get(student_id(source), ())
-    return [folder / name for name in same if name != source.name]
+    names, ordered = next((group for group in _entries_by_id(str(folder), _stamp(folder)).values()
+                           if source.name in group[0]), ((), True))
+    return [] if ordered else [folder / name for name in names if name != source.name]
+
+
+def _stamp(folder: Path) -> tuple[int, int]:
+    """The folder's state: an entry added or removed changes its time, Gradescope's metadata its own."""
+    meta = folder / GRADESCOPE_METADATA
+    return folder.stat().st_mtime_ns, meta.stat().st_mtime_ns if meta.is_file() else 0
 
 
 @functools.lru_cache(maxsize=4)
-def _entries_by_id(folder: str, mtime_ns: int) -> dict[str, tuple[str, ...]]:
-    """The folder's entries by id, read once per state of the folder (an entry added or removed changes
-    its time): asked once per student, a listing each time would read a class's folder n times over."""
-    groups: dict[str, list[str]] = {}
+def _entries_by_id(folder: str, stamp: tuple[int, int]) -> dict[str, tuple[tuple[str, ...], bool]]:
+    """{student: (their entries, whether the export orders them)}, the latest first where it does; read once per
+    state of the folder: asked once per student, a listing each time would read a class's folder n times over."""
+    who = gradescope_submitters(Path(folder))
+    groups: dict[str, list[tuple[tuple | None, str]]] = {}
     for path in sorted(Path(folder).iterdir()):
-        if not path.name.startswith("."):
-            groups.setdefault(student_id(path), []).append(path.name)
-    return {sid: tuple(names) for sid, names in groups.items()}
+        if path.name.startswith("."):
+            continue
+        entry = lms_entry(path, who)
+        if not entry.export:
+            groups.setdefault(entry.sid, []).append((entry.order, path.name))
+    found = {}
+    for sid, items in groups.items():
+        ordered = all(order is not None for order, _ in items)
+        if ordered:
+            items = sorted(items, key=lambda item: item[0], reverse=True)
+        found[sid] = (tuple(name for _, name in items), ordered)
+    return found
 
 
 def entry_name(name: str) -> str:

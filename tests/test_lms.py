@@ -58,3 +58,69 @@ def test_the_limits_hold_for_nested_archives_together(tmp_path, monkeypatch):
     assert submissions.locate(inner, tmp_path / "alone")  # within the limit alone
     with pytest.raises(submissions.BadArchive, match="MiB unpacked"):
         submissions.locate(outer, tmp_path / "out")
+
+
+def _entries(folder, names):
+    folder.mkdir()
+    for name in names:
+        if name.endswith("/"):
+            (folder / name / "task1").mkdir(parents=True)
+            (folder / name / "task1/attention.py").write_text(CODE)
+        elif name.endswith(".zip"):
+            _zip(folder / name, {"task1/attention.py": CODE})
+        else:
+            (folder / name).write_text("receipt\n")
+    return folder
+
+
+def test_canvas_resubmissions_are_one_student_the_latest_graded(tmp_path):
+    folder = _entries(tmp_path / "canvas", ["smith_john_12345_67890_submission.zip",
+                                            "smith_john_LATE_12345_67891_submission-1.zip",
+                                            "doe_jane_23456_67000_hw.zip"])
+    found = submissions.discover(folder)
+    assert [sid for sid, _ in found] == ["doe_jane_23456", "smith_john_12345"]
+    assert dict(found)["smith_john_12345"].name == "smith_john_LATE_12345_67891_submission-1.zip"
+    assert submissions.superseded(folder) == {"smith_john_12345": ["smith_john_12345_67890_submission.zip"]}
+    latest = dict(found)["smith_john_12345"]
+    assert submissions.namesakes(latest) == []  # the export orders them: no question to ask
+    assert submissions.locate(latest, tmp_path / "out")
+
+
+def test_moodle_folders_and_blackboard_attempts(tmp_path):
+    moodle = _entries(tmp_path / "moodle", ["Jane Doe_123456_assignsubmission_file_/",
+                                            "Jane Doe_123456_assignsubmission_onlinetext_/",
+                                            "John Roe_123457_assignsubmission_file_/"])
+    assert [sid for sid, _ in submissions.discover(moodle)] == ["Jane Doe_123456", "John Roe_123457"]
+    board = _entries(tmp_path / "board", ["HW1_jdoe_attempt_2026-11-30-10-15-02_upload.zip",
+                                          "HW1_jdoe_attempt_2026-11-30-10-15-02.txt",
+                                          "HW1_jdoe_attempt_2026-12-01-09-00-00_upload.zip",
+                                          "HW1_jdoe_attempt_2026-12-01-09-00-00.txt"])
+    assert [(sid, p.name) for sid, p in submissions.discover(board)] == [
+        ("jdoe", "HW1_jdoe_attempt_2026-12-01-09-00-00_upload.zip")]
+    assert submissions.superseded(board) == {"jdoe": ["HW1_jdoe_attempt_2026-11-30-10-15-02_upload.zip"]}
+
+
+def test_gradescopes_metadata_names_the_students_and_is_no_student(tmp_path):
+    folder = _entries(tmp_path / "gradescope", ["submission_111/", "submission_222/"])
+    (folder / "submission_metadata.yml").write_text(
+        "submission_111:\n"
+        "  :submitters:\n"
+        "  - :name: Ann Lee\n"
+        "    :sid: '900123'\n"
+        "    :email: ann@uni.edu\n"
+        "  :created_at: 2026-11-30 10:00:00.000000000 -08:00\n"
+        "submission_222:\n"
+        "  :submitters:\n"
+        "  - :name: Bo Park\n"
+        "    :email: bo@uni.edu\n"
+        "  - :name: Cy Diaz\n"
+        "    :sid: '900456'\n"
+        "  :created_at: 2026-11-30 11:00:00.000000000 -08:00\n")
+    found = submissions.discover(folder)
+    assert [(sid, p.name) for sid, p in found] == [("900123", "submission_111"),
+                                                  ("bo@uni.edu+900456", "submission_222")]
+
+
+def test_an_unknown_layout_keeps_one_row_per_entry(tmp_path):
+    folder = _entries(tmp_path / "plain", ["alice/", "bob.zip", "alice_2024_final.zip"])
+    assert [sid for sid, _ in submissions.discover(folder)] == ["alice", "alice_2024_final", "bob"]
