@@ -64,15 +64,18 @@ def skeleton_text(rel: str) -> bytes:
     return generated[rel].encode() if rel in generated else (REPO / rel).read_bytes()
 
 
-def prepare_submission(submission: Path, into: Path) -> list[str]:
+def prepare_submission(submission: Path, into: Path, graded: list[int] | None = None) -> list[str]:
     """Copy the files students write from `submission` into `into`: regular files only, size-capped.
 
-    Returns notes on the files not taken (missing, a link, too large); those are graded as the skeleton.
+    Returns notes on the files not taken (missing, a link, too large); those are graded as the skeleton. Only the
+    files of the `graded` tasks (and of the tasks they run: task 6 runs task 4's kernels) are noted: another
+    task's file that is missing changes nothing here.
     """
     if not submission.is_dir():
         raise SystemExit(f"--submission: {submission} is not a directory")
+    noted = set(TASKS) if graded is None else {u for t in graded for u in (t, *TASKS[t].uses)}
     notes = []
-    for task in TASKS.values():
+    for number, task in TASKS.items():
         for rel in task.student_files:
             parts = Path(rel).parts
             linked = any(submission.joinpath(*parts[:n]).is_symlink() for n in range(1, len(parts)))
@@ -80,6 +83,8 @@ def prepare_submission(submission: Path, into: Path) -> list[str]:
             if why:
                 (into / rel).parent.mkdir(parents=True, exist_ok=True)
                 (into / rel).write_bytes(skeleton_text(rel))
+                if number not in noted:
+                    continue
                 if why == "missing" and rel in task.optional_files:  # an optional part left out: nothing lost
                     notes.append(f"{rel}: not in the submission (an optional part, not scored), so its skeleton "
                                  "was used")
@@ -215,7 +220,8 @@ def write_new_file(path: Path, text: str) -> None:
 
 
 def score_text(entries: list[dict], bold: str = "") -> str:
-    """"5 / 20 (5 of the 20 points graded: tasks 2, 4, 5, 6, 7 need a GPU)": what this run could not grade, and why."""
+    """"5 / 20 (5 of the 20 points graded: tasks 2, 4, 5, 6, 7 need a GPU)": what this run could not grade, and why.
+    A grading of some tasks (--tasks 1,3) counts out of those: "5 / 5 of the tasks graded (5 of the 20 ...)"."""
     earned = sum(e["points"] for e in entries)
     graded = sum(e["max_points"] for e in entries
                  if e["status"] not in (Status.UNAVAILABLE, Status.NEEDS_CUDA, Status.NOT_GRADED))
@@ -231,7 +237,9 @@ def score_text(entries: list[dict], bold: str = "") -> str:
                 "has its performance points estimated (grader/calibration.json)",
                 "have their performance points estimated (grader/calibration.json)"))
            if tasks]
-    return (f"{bold}{earned:g} / {TOTAL_POINTS:g}{bold} "
+    partial = any(t not in {e["task"] for e in entries} for t in RUBRIC)
+    out_of = f"{graded:g}{bold} of the tasks graded" if partial else f"{TOTAL_POINTS:g}{bold}"
+    return (f"{bold}{earned:g} / {out_of} "
             f"({graded:g} of the {TOTAL_POINTS:g} points graded" + (f": {'; '.join(why)})" if why else ")"))
 
 
@@ -315,8 +323,9 @@ def main(argv=None) -> int:
                         help="also list the tasks graded earlier into --out with the same files, kit and device "
                              "(grade the tasks in several runs, then one Results.md)")
     parser.add_argument("--no-sandbox", action="store_true",
-                        help="grade a submission even though bubblewrap is not installed (its code can then read "
-                             "this machine's files, the hidden cases included)")
+                        help="run the student's code in plain processes, without bubblewrap even where it is "
+                             "installed (needed to grade a submission where it is not: its code can then read this "
+                             "machine's files, the hidden cases included)")
     args = parser.parse_args(argv)
     try:
         tasks = parse_tasks(args.tasks)
@@ -329,6 +338,8 @@ def main(argv=None) -> int:
                      "hidden cases included: install it (Debian/Ubuntu: apt install bubblewrap), or pass "
                      "--no-sandbox to grade anyway")
 
+    if args.no_sandbox:  # every test and worker this grading starts reads it (harness/view.py's sandbox_status)
+        os.environ["KIT_NO_SANDBOX"] = "1"
     out_dir = default_out(args)
     if out_dir.is_symlink():
         parser.error(f"--out: {out_dir} is a link; give a real folder")
@@ -340,7 +351,7 @@ def main(argv=None) -> int:
         student_dir, graded, notes = REPO, f"{label(args.solution)} in this checkout", []
         if args.submission:
             student_dir = scratch / "submission"
-            notes = prepare_submission(args.submission, student_dir)
+            notes = prepare_submission(args.submission, student_dir, tasks)
             graded = f"submission {args.name or args.submission.resolve().name}"
             for note in notes:
                 print(f"note: {note}")

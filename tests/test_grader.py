@@ -168,7 +168,8 @@ def submission_text(name):
 
 
 def grade(tmp_path, name, timeout=120, tasks="1", files=None, plain=False):
-    """Grade a task 1 submission (plain: without bubblewrap, as on a machine that lacks it)."""
+    """Grade a task 1 submission (plain: with --no-sandbox, which runs the code without bubblewrap even where it
+    is installed: Results.md then says so)."""
     sub = tmp_path / name
     sub.mkdir()
     for rel, text in (files if files is not None else {"task1/attention.py": submission_text(name)}).items():
@@ -179,13 +180,16 @@ def grade(tmp_path, name, timeout=120, tasks="1", files=None, plain=False):
     proc = subprocess.run([sys.executable, "-m", "grader", "--submission", str(sub), "--tasks", tasks,
                            "--timeout", str(timeout), *(["--no-sandbox"] if plain else [])], cwd=REPO,
                           capture_output=True, text=True, timeout=900,
-                          env=dict(os.environ, TMPDIR=str(temp), KIT_NO_SANDBOX="1" if plain else "0"))
+                          env=dict(os.environ, TMPDIR=str(temp), KIT_NO_SANDBOX="0"))  # the flag alone decides
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert not list(temp.iterdir()), "a scratch copy was left behind"
     out = tmp_path / "grading" / name
     assert not (sub / "results.json").exists(), "results must not be written into the submission"
     results = json.loads((out / "results.json").read_text())
-    return results, (out / "Results.md").read_text()
+    md = (out / "Results.md").read_text()
+    if plain or shutil.which("bwrap") is None:
+        assert "Student code ran in: a plain worker process" in md, md  # --no-sandbox is honest
+    return results, md
 
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (apt install bubblewrap)")
@@ -589,7 +593,8 @@ def test_the_score_line_says_what_was_not_graded_and_why():
 
     entries = [{"task": 1, "points": 2, "max_points": 2, "status": "passed"},
                {"task": 2, "points": 0, "max_points": 3, "status": "needs_cuda"}]
-    assert score_text(entries) == "2 / 20 (2 of the 20 points graded: task 2 needs a GPU; tasks 3, 4, 5, 6, 7 not asked for)"
+    assert score_text(entries) == ("2 / 2 of the tasks graded (2 of the 20 points graded: task 2 needs a GPU; "
+                                   "tasks 3, 4, 5, 6, 7 not asked for)")
     every = [{"task": t, "points": r.points, "max_points": r.points, "status": "passed"} for t, r in RUBRIC.items()]
     assert score_text(every, bold="**") == "**20 / 20** (20 of the 20 points graded)"
 
@@ -609,3 +614,6 @@ def test_a_submission_without_an_optional_file_gets_its_skeleton_and_a_plain_not
     assert (tmp_path / "graded/task4/kernels/attention_half.cu").read_text() == \
         (REPO / "task4/kernels/attention_half.cu").read_text()
     assert any(n.startswith("task1/attention.py: missing") for n in notes)  # a required file: said as before
+    # graded alone, task 4 says nothing of the other tasks' files (it runs none of them)
+    assert [n.split(":")[0] for n in prepare_submission(submission, tmp_path / "graded4", [4])] == [
+        "task4/kernels/attention_half.cu", "task4/kernels/attention_backward.cu"]

@@ -95,6 +95,8 @@ def test_the_grader_grades_a_task_again_and_says_could_not_grade_when_others_hol
     results = (tmp_path / "out" / "Results.md").read_text()
     assert "| could not grade | 0 / 2 | could not grade: the GPU ran out of memory while other processes held 100 " \
            "of its 141 GiB" in results, results
-    assert "(0 of the 20 points graded: task 1 could not be graded on this machine (regrade)" in results, results
+    assert "**0 / 0** of the tasks graded (0 of the 20 points graded: task 1 could not be graded on this machine " \
+           "(regrade)" in results, results
+    assert "missing, so the skeleton" not in results  # only task 1 was asked for: the other tasks' files are no news
     saved = json.loads((tmp_path / "out" / "graded" / "task1.json").read_text())["entry"]
     assert (saved["status"], saved["cause"]) == (Status.NOT_GRADED, Cause.INFRASTRUCTURE)
