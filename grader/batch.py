@@ -137,9 +137,15 @@ def main(argv=None) -> int:
             print(f"  {words}: {', '.join(who[:20])}{' ...' if len(who) > 20 else ''}")
     if args.slurm:
         return slurm.submit(args, args.out, todo)
-    if todo:
-        grading.prebuild(args.out)
-    grading.grade_locally(args.out, klass, todo)
+    try:
+        if todo:
+            grading.prebuild(args.out)
+        grading.grade_locally(args.out, klass, todo)
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; what was graded is kept
+        gradebook.write_books(args.out)
+        print(f"\nstopped (Ctrl-C). The students graded so far are kept in {args.out}/gradebook.csv; run the same "
+              "command again to grade the rest.", file=sys.stderr)
+        return 130
     gradebook.write_books(args.out)
     return 0
 

@@ -3,6 +3,7 @@ the local loop over a class, a Slurm array element, and the prebuild of the refe
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +28,9 @@ from grader.rubric import parse_tasks
 from grader.submissions import NotGradable, linked_files, locate, source_fingerprint
 
 PREBUILD_TIMEOUT_S = 900  # one reference extension: nvcc and the binding against PyTorch's headers
+# a grading's output kept in grade.log: its first and last halves, the cut said between them (a submission that
+# prints 50 MB left a 105 MB log; what matters is the start, each task's summary and the end)
+MAX_LOG_BYTES = 4 << 20
 
 
 def grade_one(out: Path, klass: dict, sid: str, source: Path) -> dict:
@@ -51,6 +56,10 @@ def grade_one(out: Path, klass: dict, sid: str, source: Path) -> dict:
     previous = signal.signal(signal.SIGTERM, stopped)
     try:
         record = _grade(out / "work" / sid, klass, sid, source, out, temp)
+    except KeyboardInterrupt:  # the instructor's Ctrl-C: this student is not graded, and the next run grades them
+        attempt.update(ended=timestamp(), outcome="stopped by Ctrl-C (the grading was stopped)")
+        save_attempts(out, sid, tried + [attempt])
+        raise
     except Exception as err:  # noqa: BLE001  a fault of this kit: that student's error, not the class's end
         record = _failed(out / "work" / sid, f"internal error of the grading: {type(err).__name__}: {err}")
     finally:
@@ -94,15 +103,18 @@ def _grade(folder: Path, klass: dict, sid: str, source: Path, out: Path, temp: P
     timeout_s = klass["timeout_s"]
     started = time.perf_counter()
     try:
-        with open(folder / "grade.log", "w") as log:
-            proc = subprocess.Popen(with_parent(cmd), stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                                    start_new_session=True, env=dict(os.environ, TMPDIR=str(temp)))
-            try:
-                code = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                code = None
-            finally:
-                _stop(proc)
+        proc = subprocess.Popen(with_parent(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO,
+                                start_new_session=True, env=dict(os.environ, TMPDIR=str(temp)))
+        logger = threading.Thread(target=keep_capped, args=(proc.stdout, folder / "grade.log"), daemon=True)
+        logger.start()
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            _stop(proc)
+            logger.join(timeout=60)  # its pipe ends with the grader's process group
+            proc.stdout.close()
     finally:
         remove_tree(temp)
     about |= {"ended": timestamp(), "seconds": round(time.perf_counter() - started, 1)}
@@ -128,6 +140,28 @@ def not_graded(folder: Path) -> list[int]:
                 and saved["entry"].get("status") == Status.NOT_GRADED:
             tasks.append(saved["entry"].get("task"))
     return tasks
+
+
+def keep_capped(stream, path: Path, limit: int = MAX_LOG_BYTES) -> None:
+    """Copy a child's output from `stream` into `path`, keeping at most `limit` bytes: the first half as it comes,
+    and the last half, with the number of bytes cut between them said."""
+    head_room, tail, tail_bytes, cut = limit // 2, collections.deque(), 0, 0
+    with open(path, "wb") as log:
+        for chunk in iter(lambda: stream.read(1 << 16), b""):
+            if head_room:
+                log.write(chunk[:head_room])
+                chunk, head_room = chunk[head_room:], max(0, head_room - len(chunk))
+            if chunk:
+                tail.append(chunk)
+                tail_bytes += len(chunk)
+                while tail_bytes - len(tail[0]) >= limit - limit // 2:
+                    cut, tail_bytes = cut + len(tail[0]), tail_bytes - len(tail[0])
+                    tail.popleft()
+        if cut:
+            log.write(f"\n[... {cut} bytes of output cut here: grade.log keeps the first and the last "
+                      f"{limit // 2 >> 20} MiB ...]\n".encode())
+        for chunk in tail:
+            log.write(chunk)
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -526,15 +526,42 @@ def test_a_rerun_regrades_what_changed_resumes_a_regrade_and_keeps_the_class_tas
         return real(*args)
 
     monkeypatch.setattr(grading, "grade_one", stopped_after_one)
-    with pytest.raises(KeyboardInterrupt):
-        run("--regrade")
+    assert run("--regrade") == 130  # a clean stop, not a traceback
+    said = capsys.readouterr().err
+    assert "stopped (Ctrl-C)" in said and "run the same command again" in said and "Traceback" not in said
     monkeypatch.setattr(grading, "grade_one", real)
-    capsys.readouterr()
     run()  # goes on with the regrade: bob, whom it had not reached
     said = capsys.readouterr().out
     assert graded_now == ["alice"] and "1 to grade" in said and "not yet graded again by the --regrade: bob" in said
     run()
     assert "0 to grade" in capsys.readouterr().out
+
+
+def test_a_grading_stopped_by_ctrl_c_is_written_down_as_stopped(tmp_path, monkeypatch):
+    (tmp_path / "subs" / "ann").mkdir(parents=True)
+    klass = class_state.write_class(tmp_path, [("ann", tmp_path / "subs" / "ann")], "1", 60, True)
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(grading, "_grade", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        grading.grade_one(tmp_path, klass, "ann", tmp_path / "subs" / "ann")
+    (attempt,) = class_state.attempts(tmp_path, "ann")
+    assert attempt["outcome"].startswith("stopped by Ctrl-C") and "ended" in attempt
+    assert class_state.grade_state(tmp_path, "ann", tmp_path / "subs" / "ann", klass) == "missing"  # graded next run
+
+
+def test_a_gradings_log_keeps_its_first_and_last_part_and_says_the_cut(tmp_path):
+    text = b"".join(f"line {i}\n".encode() for i in range(200_000))  # about 2 MB
+    grading.keep_capped(io.BytesIO(text), tmp_path / "small.log", limit=len(text) + 1)
+    assert (tmp_path / "small.log").read_bytes() == text  # within the limit: all of it, as it came
+    grading.keep_capped(io.BytesIO(text), tmp_path / "big.log", limit=100_000)
+    kept = (tmp_path / "big.log").read_bytes()
+    assert len(kept) < 100_000 + (1 << 16) + 200  # the tail is kept in the pipe's reads: up to one more
+    assert kept.startswith(text[:50_000]) and kept.endswith(text[-49_000:])
+    head, said = kept[:50_000], kept[50_000:].split(b"...]\n", 1)
+    cut = int(said[0].split(b"[... ")[1].split(b" bytes")[0])
+    assert len(head) + cut + len(said[1]) == len(text)  # every byte is kept or counted as cut
 
 
 def test_only_takes_an_id_that_holds_a_comma(tmp_path, capsys, monkeypatch):
