@@ -1,10 +1,12 @@
 """Submissions as learning-management systems and archivers really export them (grader/submissions.py)."""
 
+import csv
 import zipfile
 
 import pytest
 
-from grader import submissions
+from grader import batch, submissions
+from tests.conftest import REPO, needs_solution
 
 CODE = "x = 1\n"
 
@@ -124,3 +126,29 @@ def test_gradescopes_metadata_names_the_students_and_is_no_student(tmp_path):
 def test_an_unknown_layout_keeps_one_row_per_entry(tmp_path):
     folder = _entries(tmp_path / "plain", ["alice/", "bob.zip", "alice_2024_final.zip"])
     assert [sid for sid, _ in submissions.discover(folder)] == ["alice", "alice_2024_final", "bob"]
+
+
+@needs_solution(1)
+def test_a_class_of_such_exports_grades_correct_work_full_one_row_each(tmp_path):
+    """Through grader.batch: a Windows zip, a zip nested three deep, a Canvas resubmission and Gradescope's
+    metadata in one folder; each student's correct task 1 gets full points, one row each, the metadata none."""
+    good = (REPO / "task1/solution/attention.py").read_text()
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    _zip(subs / "win_ann_111_201_hw.zip", {"hw\\task1\\attention.py": good})
+    nested = _nested_holding(tmp_path, good)
+    (subs / "deep_bo_112_202_hw.zip").write_bytes(nested.read_bytes())
+    _zip(subs / "late_cy_113_203_hw.zip", {"task1/attention.py": "broken("})
+    _zip(subs / "late_cy_LATE_113_204_hw-1.zip", {"task1/attention.py": good})
+    (subs / "submission_metadata.yml").write_text("{}\n")
+    out = tmp_path / "out"
+    assert batch.main([str(subs), "--out", str(out), "--tasks", "1", "--no-sandbox"]) == 0
+    rows = {r["student"]: r for r in csv.DictReader(open(out / "gradebook.csv"))}
+    assert {sid: r["total"] for sid, r in rows.items()} == {"deep_bo_112": "2", "late_cy_113": "2", "win_ann_111": "2"}
+    assert rows["late_cy_113"]["superseded"] == "late_cy_113_203_hw.zip"
+
+
+def _nested_holding(tmp_path, code):
+    inner = _zip(tmp_path / "level3.zip", {"task1/attention.py": code})
+    middle = _zip(tmp_path / "level2.zip", {"level3.zip": inner.read_bytes()})
+    return _zip(tmp_path / "level1.zip", {"level2.zip": middle.read_bytes()})
