@@ -18,6 +18,7 @@ import os
 import resource
 import socket
 import sys
+import warnings
 from pathlib import Path
 
 from common import watch, wire
@@ -149,12 +150,15 @@ def serve(sock: socket.socket, task: int) -> None:
 def main() -> None:
     # Run as __main__; the entry points import common.worker: let them find this module, not a second copy.
     sys.modules["common.worker"] = sys.modules[__name__]
+    # A worker that runs no GPU code (task 1, task 3's CPU cases) may still make PyTorch ask for a GPU (autograd
+    # does); where CUDA cannot start, PyTorch's warning would read as a fault of the student's code.
+    warnings.filterwarnings("ignore", message="CUDA initialization", category=UserWarning)
     fd, task = int(sys.argv[1]), int(sys.argv[2])
     sock = socket.socket(fileno=fd)
     try:
         serve(sock, task)
-    except EOFError:
-        pass  # the checks are done, or gone: nothing left to do
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the checks are done, or gone (a sanitizer pass ends its worker so): nothing left to do
     finally:
         sock.close()
 
