@@ -58,7 +58,12 @@ def _free_port() -> int:
 
 
 def write_config(folder: Path, host: str) -> Path:
-    """slurm.conf and gres.conf for one node that is its own controller (a GPU declared on /dev/null)."""
+    """slurm.conf and gres.conf for one node that is its own controller (a GPU declared on /dev/null).
+
+    KillWait: the seconds between SIGTERM and SIGKILL when a job reaches its time limit or is cancelled. A
+    stopped grading removes its scratch copy before it exits (grader/grading.py gives its grader 15 s to end),
+    which on a busy machine took more than the 5 s this was; a job whose processes have exited ends at once.
+    """
     for sub in ("state", "spool", "log"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
     conf = folder / "slurm.conf"
@@ -84,7 +89,7 @@ JobCompType=jobcomp/filetxt
 JobCompLoc={folder}/log/jobcomp.txt
 ReturnToService=2
 MinJobAge=600
-KillWait=5
+KillWait=30
 InactiveLimit=0
 JobRequeue=1
 {_node_line(host)}

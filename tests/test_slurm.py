@@ -1,16 +1,22 @@
 """grader.batch --slurm through a real one-node Slurm (tests/slurm_cluster.py), against the local backend.
 
 A small class of task 1 submissions: correct ones (a folder, a zip), PyTorch's own attention, a
-link in place of the student's file, a broken archive, one that hangs past Slurm's one-minute
-time limit, and one that is cancelled while it runs. Slurm grades the class as an array job, a
-gather job sends the stopped ones once more, and the gradebook must equal the one the local
-backend writes for the same class (the problem column's wording and the times aside). Then two
-students are sent again and that array is cancelled while it waits: the gather records that they
-never started, keeps their earlier grades, and sends nothing again.
+link in place of the student's file, a broken archive, one that hangs past Slurm's time limit, and
+one that is cancelled while it runs. Slurm grades the class as an array job, a gather job sends the
+stopped ones once more, and the gradebook must equal the one the local backend writes for the same
+class (the problem column's wording and the times aside). Then two students are sent again and that
+array is cancelled while it waits: the gather records that they never started, keeps their earlier
+grades, and sends nothing again.
+
+Time: the local backend grades the class while Slurm does (they share nothing but TMPDIR), in two
+runs side by side, so that the hang's --timeout is not added to the other gradings' time; and once the
+hang's Slurm grading has hung, its limit is cut from --time's minutes (Slurm counts no less than a
+minute) to 0, so that slurmctld's next time-limit check (every 30 s) stops it.
 """
 
 import contextlib
 import csv
+import datetime
 import json
 import os
 import shutil
@@ -26,8 +32,15 @@ from tests import slurm_cluster
 from tests.conftest import REPO, needs_solution
 from tests.test_grader import submission_text
 
-SLOW_S = 20  # the cancelled submission sleeps this long at import: long enough to be cancelled mid-run
+SLOW_S = 8  # the cancelled submission sleeps this long at import: it is cancelled 3-4 s into its grading
 WAIT_S = 900  # the whole Slurm class, bounded
+LOCAL_TIMEOUT_S = 60  # the local backend's --timeout in the run with the hang
+# the hang's Slurm limit is cut once its grading has run this long: by then it sleeps in the student's code (it
+# gets there 8-22 s after it starts on this busy 2-core machine), and Slurm stops it 0-30 s after the cut
+HANG_S = 20
+# Several gradings share the machine's cores here: one PyTorch thread each, so that none spins waiting on a
+# thread that has no core (grader/schedule.py's cpu_threads does the same for the tasks of one grading)
+THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def make_class(folder):
@@ -59,6 +72,24 @@ def _wait(what, done, limit_s, env):
     raise AssertionError(f"{what} within {limit_s} s; squeue:\n{queue}")
 
 
+def _cut_time_limit(job, env):
+    """Stop a running element at slurmctld's next time-limit check (every 30 s) rather than minutes on: Slurm's
+    time limits are whole minutes, and TimeLimit=0 ends the element as --time would (JobState TIMEOUT, SIGTERM to
+    the grading). The class asks for 2 minutes, so that no other grading of this busy machine nears its limit."""
+    shown = subprocess.run(["scontrol", "-o", "show", "job", job], env=env, capture_output=True, text=True).stdout
+    assert "TimeLimit=00:02:00 " in shown, shown  # the kit's --time 2 is the element's limit
+    subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=0"], env=env, check=True, timeout=30)
+
+
+def _local(subs, out, temp, *options):
+    """The local backend on the class, started now; its output goes to OUT.log."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{out}.log", "w") as log:
+        return subprocess.Popen([sys.executable, "-m", "grader.batch", str(subs), "--out", str(out), "--tasks", "1",
+                                 *options], cwd=REPO, env=dict(os.environ, TMPDIR=str(temp), **THREADS), stdout=log,
+                                stderr=subprocess.STDOUT)
+
+
 @needs_solution(1)
 def test_a_class_on_slurm_gets_the_local_backends_gradebook(tmp_path):
     subs = make_class(tmp_path / "subs")
@@ -70,27 +101,51 @@ def test_a_class_on_slurm_gets_the_local_backends_gradebook(tmp_path):
             pytest.skip(f"no one-node Slurm here: {err}")
         temp = tmp_path / "node-tmp"  # the node's /tmp for the gradings: a stopped one must leave nothing in it
         temp.mkdir()
-        env["TMPDIR"] = str(temp)
+        env |= {"TMPDIR": str(temp), **THREADS}
         out = tmp_path / "slurm"
-        refused = subprocess.run(  # more CPUs than the node has: it would pend forever (PartitionConfig)
+        submitted = subprocess.run(  # first, on its own: the array starts the sooner
             [sys.executable, "-m", "grader.batch", str(subs), "--out", str(out), "--tasks", "1", "--slurm",
-             "--cpus", "999", *sandbox], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-        assert refused.returncode == 2 and "--cpus 999: the nodes of the default partition have at most" in (
-            refused.stderr), refused.stdout + refused.stderr
-        submitted = subprocess.run(
-            [sys.executable, "-m", "grader.batch", str(subs), "--out", str(out), "--tasks", "1", "--slurm",
-             "--time", "1", "--timeout", "600", "--cpus", "1", *sandbox],
+             "--time", "2", "--timeout", "600", "--cpus", "1", *sandbox],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         assert "submitted array job" in submitted.stdout
+        # more CPUs than the node has: it would pend forever (PartitionConfig); refused before anything is written
+        refused = subprocess.Popen(
+            [sys.executable, "-m", "grader.batch", str(subs), "--out", str(out), "--tasks", "1", "--slurm",
+             "--cpus", "999", *sandbox], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # the local backend on the same class meanwhile, in two runs: the hang, stopped at its --timeout, and one
+        # more after it (the class goes on); the others beside them, with a --timeout that no grading nears
+        local, local_hang = tmp_path / "local", tmp_path / "local-hang"
+        runs = [_local(subs, local, temp, "--timeout", "600", *sandbox, "--only", "good,zipped,own_work,slow,broken"),
+                _local(subs, local_hang, temp, "--timeout", str(LOCAL_TIMEOUT_S), *sandbox, "--only", "hang,linked")]
+        for run in runs:  # stopped if the test fails before they end
+            stack.callback(lambda run=run: run.poll() is None and run.kill())
 
-        def running_slow():
-            tried = class_state.attempts(out, "slow")
-            return tried and "ended" not in tried[-1] and tried[-1]["job"]
+        def running_for(sid, seconds, tries=1):  # the student's Slurm element once its tries-th grading ran so long
+            tried = class_state.attempts(out, sid)
+            if len(tried) != tries or "ended" in tried[-1]:
+                return None
+            started = datetime.datetime.fromisoformat(tried[-1]["started"]).timestamp()
+            return tried[-1]["job"] if time.time() >= started + seconds else None
 
-        _wait("the slow submission's grading did not start", running_slow, 300, env)
-        time.sleep(3)
-        subprocess.run(["scancel", running_slow()], env=env, check=True, timeout=30)
+        # the first round, whichever starts first: the hang's limit cut once it has hung, and the slow submission
+        # cancelled 3 s into its grading
+        acts = {"hang": (HANG_S, lambda job: _cut_time_limit(job, env)),
+                "slow": (3, lambda job: subprocess.run(["scancel", job], env=env, check=True, timeout=30))}
+
+        def first_round():
+            for sid, (seconds, act) in list(acts.items()):
+                if job := running_for(sid, seconds):
+                    act(job)
+                    del acts[sid]
+            return not acts
+
+        _wait("the hang's or the slow submission's grading did not start", first_round, 300, env)
+        said = refused.communicate(timeout=120)
+        assert refused.returncode == 2 and "--cpus 999: the nodes of the default partition have at most" in (
+            said[1]), said
+        _wait("the hang was not sent again", lambda: running_for("hang", HANG_S, tries=2), 300, env)
+        _cut_time_limit(running_for("hang", HANG_S, tries=2), env)
         _wait("the class was not graded",
               lambda: not subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True).stdout.strip(),
               WAIT_S, env)
@@ -114,14 +169,11 @@ def test_a_class_on_slurm_gets_the_local_backends_gradebook(tmp_path):
               lambda: not subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True).stdout.strip(),
               300, env)
         after_cancel = book(out)
+        for run, folder in zip(runs, (local, local_hang)):
+            assert run.wait(timeout=900) == 0, open(f"{folder}.log").read()
 
-    local = tmp_path / "local"
-    ran = subprocess.run([sys.executable, "-m", "grader.batch", str(subs), "--out", str(local), "--tasks", "1",
-                          "--timeout", "60", *sandbox], cwd=REPO, env=dict(os.environ, TMPDIR=str(temp)),
-                         capture_output=True, text=True, timeout=900)
-    assert ran.returncode == 0, ran.stdout + ran.stderr
     assert not list(temp.iterdir()), "a stopped grading left its scratch copy"
-    here = book(local)
+    here = book(local) | {sid: book(local_hang)[sid] for sid in ("hang", "linked")}
 
     assert on_slurm.keys() == here.keys() == {"good", "zipped", "own_work", "hang", "slow", "linked", "broken"}
     for sid in here:
