@@ -131,7 +131,7 @@ class Report:
     def add(self, name: str, passed: bool, message: str, metrics: dict | None = None, kind: str = Kind.CHECK,
             cause: str | None = None):
         assert kind in Kind.ALL and cause in (None, *Cause.ALL), (kind, cause)
-        now = time.perf_counter()  # where a grading's time goes, for the instructor (notes/grading-time.md)
+        now = time.perf_counter()  # where a grading's time goes, for the instructor (Case.seconds)
         self.cases.append(Case(name, kind, passed, message, metrics or {}, cause, round(now - self.last_added, 2)))
         self.last_added = now
         if kind in (Kind.CHECK, Kind.OPTIONAL):
