@@ -384,10 +384,9 @@ def main(argv=None) -> int:
             # every other task has ended: nothing of this grading holds GPU memory beside this one now
             print(f"\ntask {task} ran out of memory or could not start CUDA: graded again, alone on the GPU "
                   "(grader/machine.py)")
-            held = [machine.gpu_memory_in_use()]
+            held = machine.gpu_memory_in_use()
             again = grade(task, lambda text: print(text, end="", flush=True))
-            graded_now[task], said = machine.verdict(graded_now[task], again, held + [machine.gpu_memory_in_use()],
-                                                     has_cuda)
+            graded_now[task], said = machine.verdict(graded_now[task], again, held, has_cuda)
             save_entry(out_dir, graded_now[task], key)
             notes = notes + [said]
             print(f"note: {said}")

@@ -126,8 +126,8 @@ def grade_state(out: Path, sid: str, source: Path, klass: dict) -> str:
         return "sandbox"
     if now["regrade"] and about.get("regrade") != now["regrade"]:
         return "regrade"
-    if about.get("machine"):  # a task the machine took (grader/machine.py): no grade yet, so grade it again
-        return "machine"
+    if about.get("machine") and about.get("machine_tries", 1) < TRIES:  # a task the machine took
+        return "machine"  # (grader/machine.py): no grade yet, so grade it again, TRIES times in all at most
     return "graded"
 
 

@@ -100,6 +100,8 @@ def student_row(out: Path, sid: str) -> dict:
         for task, entry in entries.items():
             for flag in task_flags(task, entry):
                 flags[flag].add(str(task))
+            if entry.get("status") == Status.NOT_GRADED:  # no grade either way: not a 0 (grader/machine.py)
+                row[f"task{task}"] = "not graded"
         for task in SPEEDUPS:
             ratio = _speedup(entries.get(task))
             row[f"task{task}_speedup"] = f"{ratio:.3f}" if ratio is not None else ""
@@ -122,6 +124,8 @@ def student_row(out: Path, sid: str) -> dict:
             row["problem"] = f"a regrade was {last}; this is the earlier grade"
         elif len(stopped) >= class_state.TRIES:
             row["total"], row["problem"] = "0", f"{last}, {len(stopped)} times; not graded"
+        elif mine[-1].get("job") == "local":
+            row["problem"] = f"{last}; not graded yet (run grader.batch again to grade it)"
         else:
             row["problem"] = f"{last}; not graded yet (the gather job sends it once more)"
         if any(a.get("state") == "TIMEOUT" for a in stopped):
@@ -129,8 +133,11 @@ def student_row(out: Path, sid: str) -> dict:
     elif not row["total"]:
         row["problem"] = "not graded yet"
     elif flags["machine"]:
+        again = isinstance(about, dict) and about.get("machine_tries", 1) < class_state.TRIES
         row["problem"] = (f"task {', '.join(sorted(flags['machine']))} could not be graded on the machine (GPU memory "
-                          "held by other processes): run grader.batch again to grade it")
+                          "held by other processes): " + ("run grader.batch again to grade it" if again else
+                                                           f"{class_state.TRIES} gradings in a row; grade it on a "
+                                                           "free GPU (grader.batch --only)"))
     if isinstance(about, dict) and about.get("missing") and not row["problem"]:
         row["problem"] = f"missing from the submission: {', '.join(map(str, about['missing']))}"
     for flag, where in flags.items():

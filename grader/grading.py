@@ -4,6 +4,7 @@ the local loop over a class, a Slurm array element, and the prebuild of the refe
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import shutil
@@ -127,6 +128,10 @@ def _grade(folder: Path, klass: dict, sid: str, source: Path, out: Path, temp: P
     record = json.loads(results.read_text())
     record["seconds"] = about["seconds"]
     about["machine"] = not_graded(folder)  # graded again by the next run (class_state.grade_state)
+    if about["machine"]:  # how many gradings in a row the machine took: a cap on grading it again
+        before = json_or_none(out / "students" / sid / "grading.json")
+        about["machine_tries"] = 1 + (before.get("machine_tries", 1) if isinstance(before, dict)
+                                      and before.get("machine") else 0)
     write_json(folder / "grading.json", about)
     return record
 
@@ -144,7 +149,17 @@ def not_graded(folder: Path) -> list[int]:
 
 def keep_capped(stream, path: Path, limit: int = MAX_LOG_BYTES) -> None:
     """Copy a child's output from `stream` into `path`, keeping at most `limit` bytes: the first half as it comes,
-    and the last half, with the number of bytes cut between them said."""
+    and the last half, with the number of bytes cut between them said. The pipe is read to its end whatever
+    happens to the log (a full disk): a grader whose output nobody reads would block, and time out."""
+    try:
+        _copy_capped(stream, path, limit)
+    except OSError:
+        with contextlib.suppress(OSError, ValueError):
+            for _ in iter(lambda: stream.read1(1 << 16), b""):
+                pass
+
+
+def _copy_capped(stream, path: Path, limit: int) -> None:
     head_room, tail, tail_bytes, cut = limit // 2, collections.deque(), 0, 0
     with open(path, "wb", buffering=0) as log:  # written as it comes: an instructor may watch a grading's log
         for chunk in iter(lambda: stream.read1(1 << 16), b""):

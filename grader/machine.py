@@ -7,10 +7,12 @@ the fact, in two steps:
    not start CUDA on the GPU the grader sees (PyTorch then runs it as on a machine without one), is graded once more
    when every other task of this grading has ended, so nothing of this grading holds GPU memory beside it.
    If that passes the error's place, the second grade counts (and says it was graded again).
-2. If it runs out of memory again, the memory other processes held just before and just after that second
-   grading decides: OTHERS_SHARE of the GPU's memory or more, and the machine took the grade. The task is
+2. If it runs out of memory again, the memory other processes held just before that second grading (when no
+   process of this grading is alive) decides: OTHERS_SHARE of the GPU's memory or more, and the machine took the
+   grade. The task is
    "not graded" (Status.NOT_GRADED, Cause.INFRASTRUCTURE): it scores no points either way, the gradebook flags
-   it, and the next grader.batch run grades it again. Less than that, and the memory was the submission's own.
+   it, and the next grader.batch runs grade it again (class_state.TRIES times at most: then the 0 stands, flagged).
+   Less than that, and the memory was the submission's own.
    A test that again could not start CUDA is always the machine's: no student code runs before CUDA starts.
 """
 
@@ -22,7 +24,10 @@ import sys
 from harness.outcome import Cause, Status
 
 OTHERS_SHARE = 0.10  # of the GPU's memory held by other processes: then an out-of-memory error is the machine's
-OOM_WORDS = ("out of memory", "outofmemoryerror")
+PROBE_CONTEXT_GIB = 0.6  # what the probe's own CUDA context takes: not another process's
+# CUDA's and PyTorch's words for it; never the kit's own ("naive out of memory" for a baseline that does not fit,
+# "killed, perhaps out of memory" for a worker the kernel's OOM killer or the student's code ended)
+OOM_WORDS = ("cuda out of memory", "cuda error: out of memory", "outofmemoryerror")
 
 
 def says_out_of_memory(text: str) -> bool:
@@ -32,12 +37,14 @@ def says_out_of_memory(text: str) -> bool:
 def ran_out_of_gpu_memory(entry: dict) -> bool:
     """Whether a task's grading ended in, or had a case fail with, an out-of-memory error (in a case's message, or
     in the test's output where a worker died of it: the grader's `out_of_memory`)."""
+    if entry.get("status") == Status.PASSED:  # an optional part's failure never costs a passed task its grade
+        return False
     if entry.get("out_of_memory"):
         return True
-    if entry.get("status") == Status.CRASHED:
-        return says_out_of_memory(str(entry.get("summary", "")))
+    if entry.get("status") == Status.CRASHED:  # the test itself died: the runner's hint, from its last lines
+        return "out of memory" in str(entry.get("summary", "")).lower()
     cases = (entry.get("record") or {}).get("cases", [])
-    return any(not c.get("passed") and any(w in str(c.get("message", "")).lower() for w in OOM_WORDS) for c in cases)
+    return any(not c.get("passed") and says_out_of_memory(str(c.get("message", ""))) for c in cases)
 
 
 def lost_the_gpu(entry: dict, has_cuda: bool) -> bool:
@@ -62,17 +69,15 @@ def gpu_memory_in_use() -> tuple[float, float] | None:
         free, total = (int(x) for x in out[-2:])
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
-    return (total - free) / 2**30, total / 2**30
+    return max(0.0, (total - free) / 2**30 - PROBE_CONTEXT_GIB), total / 2**30
 
 
-def verdict(first: dict, again: dict, held: list[tuple[float, float] | None],
-            has_cuda: bool = True) -> tuple[dict, str]:
+def verdict(first: dict, again: dict, held: tuple[float, float] | None, has_cuda: bool = True) -> tuple[dict, str]:
     """The entry that counts after `again`, the second grading of a task whose `first` ran out of GPU memory or
-    ran without the GPU, with what other processes held around it (`held`: gpu_memory_in_use before and after);
-    and a note."""
+    ran without the GPU, with what other processes held just before it (`held`: gpu_memory_in_use, read while no
+    process of this grading was alive); and a note."""
     task = first["task"]
-    readings = [h for h in held if h is not None]
-    used, total = max(readings) if readings else (0.0, 0.0)
+    used, total = held or (0.0, 0.0)
     if lost_the_gpu(again, has_cuda):
         return not_graded(again, "could not grade: its test could not start CUDA on the GPU, also when graded again "
                                  f"alone ({used:.0f} of the GPU's {total:.0f} GiB held by other processes); regrade")

@@ -73,13 +73,14 @@ def student_id(path: Path) -> str:
 # -- the exports of learning-management systems ------------------------------------------------------------------
 # Canvas: "smith_john_12345_67890_upload.zip", a late one "smith_john_LATE_12345_67891_upload-1.zip": the user id is
 # the first number, the submission id (later uploads have larger ones) the second.
-CANVAS = re.compile(r"^(?P<who>[a-z][a-z0-9]*(?:_[a-z0-9]+)*?)_(?:LATE_)?(?P<user>\d+)_(?P<upload>\d+)_(?P<file>.+)$")
+CANVAS = re.compile(r"^(?P<who>[a-z]+(?:_[a-z]+)*?)_(?:LATE_)?(?P<user>\d{3,})_(?P<upload>\d{3,})_(?P<file>.+)$")
 # Moodle: "Jane Doe_123456_assignsubmission_file_" (a folder of the student's files, or each file flattened into its
 # name); its online text and feedback folders hold nothing to grade.
 MOODLE = re.compile(r"^(?P<who>.+?_\d+)_assign(?P<plugin>submission_file|submission_\w+?|feedback_\w+?)_(?P<file>.*)$")
 # Blackboard: "Assignment_jdoe_attempt_2026-11-30-10-15-02_upload.zip", and the attempt's receipt
-# "Assignment_jdoe_attempt_2026-11-30-10-15-02.txt".
-BLACKBOARD = re.compile(r"^(?P<assignment>.+)_(?P<who>[^_]+)_attempt_(?P<when>\d{4}(?:-\d\d){5})(?:_(?P<file>.+))?$")
+# "Assignment_jdoe_attempt_2026-11-30-10-15-02.txt". The student is what comes before "_attempt_": a user name may
+# hold "_" as the assignment's name may, so the two are not split.
+BLACKBOARD = re.compile(r"^(?P<who>.+)_attempt_(?P<when>\d{4}(?:-\d\d){5})(?:_(?P<file>.+))?$")
 GRADESCOPE_METADATA = "submission_metadata.yml"  # Gradescope's export: who handed in each submission_<id>/
 
 
@@ -96,17 +97,20 @@ def lms_entry(path: Path, who: dict[str, tuple[str, str]] | None = None) -> LmsE
     name = path.name
     if name == GRADESCOPE_METADATA:
         return LmsEntry(name, None, export=True)
+    # Of one student's entries of one upload, a folder or an archive goes before a write-up beside it (a PDF).
+    gradable = path.is_dir() or archive_suffix(name) is not None
     if who and name in who:
         sid, when = who[name]
-        return LmsEntry(sid, (when, name))
+        return LmsEntry(sid, (gradable, when, name))
     if m := BLACKBOARD.match(student_id(path)):
         receipt = not m["file"] and name.lower().endswith(".txt")
-        return LmsEntry(m["who"], (m["when"],), export=receipt)
+        return LmsEntry(m["who"], (gradable, m["when"]), export=receipt)
     if m := MOODLE.match(name):
         return LmsEntry(m["who"], None, export=m["plugin"] != "submission_file")
     if m := CANVAS.match(name):
         resubmitted = re.search(r"-(\d+)(?:\.[^.]+)*$", m["file"])  # Canvas's "-1", "-2" on a file sent again
-        return LmsEntry(f"{m['who']}_{m['user']}", (int(m["upload"]), int(resubmitted[1]) if resubmitted else 0))
+        return LmsEntry(f"{m['who']}_{m['user']}",
+                        (gradable, int(m["upload"]), int(resubmitted[1]) if resubmitted else 0))
     return LmsEntry(student_id(path), None)
 
 
@@ -128,8 +132,9 @@ def gradescope_submitters(submissions: Path) -> dict[str, tuple[str, str]]:
         people = [{str(k).lstrip(":"): v for k, v in p.items()} for p in about.get("submitters") or []
                   if isinstance(p, dict)]
         names = [str(p.get("sid") or p.get("email") or p.get("name") or "") for p in people]
-        if any(names):
-            sid = re.sub(r"[^\w.@+-]+", "_", "+".join(n for n in names if n))
+        # a folder's name under the class's folders: no "/", no leading "." (".." would be the folder above)
+        sid = re.sub(r"[^\w.@+-]+", "_", "+".join(n for n in names if n)).lstrip(".")
+        if sid:
             found[str(folder)] = (sid, str(about.get("created_at", "")))
     return found
 
@@ -175,12 +180,14 @@ def _entries_by_id(folder: str, stamp: tuple[int, int]) -> dict[str, tuple[tuple
     state of the folder: asked once per student, a listing each time would read a class's folder n times over."""
     who = gradescope_submitters(Path(folder))
     groups: dict[str, list[tuple[tuple | None, str]]] = {}
+    only_export: dict[str, list[tuple[tuple | None, str]]] = {}  # a student who sent text alone keeps a row
     for path in sorted(Path(folder).iterdir()):
-        if path.name.startswith("."):
+        if path.name.startswith(".") or path.name == GRADESCOPE_METADATA:
             continue
         entry = lms_entry(path, who)
-        if not entry.export:
-            groups.setdefault(entry.sid, []).append((entry.order, path.name))
+        (only_export if entry.export else groups).setdefault(entry.sid, []).append((entry.order, path.name))
+    for sid, items in only_export.items():
+        groups.setdefault(sid, items)
     found = {}
     for sid, items in groups.items():
         ordered = all(order is not None for order, _ in items)

@@ -562,6 +562,9 @@ def test_a_gradings_log_keeps_its_first_and_last_part_and_says_the_cut(tmp_path)
     head, said = kept[:50_000], kept[50_000:].split(b"...]\n", 1)
     cut = int(said[0].split(b"[... ")[1].split(b" bytes")[0])
     assert len(head) + cut + len(said[1]) == len(text)  # every byte is kept or counted as cut
+    stream = io.BytesIO(text)
+    grading.keep_capped(stream, tmp_path / "no-such-folder" / "grade.log")  # the log cannot be written
+    assert stream.read() == b""  # the pipe was read to its end all the same
 
 
 def test_only_takes_an_id_that_holds_a_comma(tmp_path, capsys, monkeypatch):

@@ -70,6 +70,9 @@ def _entries(folder, names):
             (folder / name / "task1/attention.py").write_text(CODE)
         elif name.endswith(".zip"):
             _zip(folder / name, {"task1/attention.py": CODE})
+        elif name.endswith("_"):  # a Moodle folder of online text
+            (folder / name).mkdir()
+            (folder / name / "onlinetext.html").write_text("<p>text</p>\n")
         else:
             (folder / name).write_text("receipt\n")
     return folder
@@ -98,8 +101,21 @@ def test_moodle_folders_and_blackboard_attempts(tmp_path):
                                           "HW1_jdoe_attempt_2026-12-01-09-00-00_upload.zip",
                                           "HW1_jdoe_attempt_2026-12-01-09-00-00.txt"])
     assert [(sid, p.name) for sid, p in submissions.discover(board)] == [
-        ("jdoe", "HW1_jdoe_attempt_2026-12-01-09-00-00_upload.zip")]
-    assert submissions.superseded(board) == {"jdoe": ["HW1_jdoe_attempt_2026-11-30-10-15-02_upload.zip"]}
+        ("HW1_jdoe", "HW1_jdoe_attempt_2026-12-01-09-00-00_upload.zip")]
+    assert submissions.superseded(board) == {"HW1_jdoe": ["HW1_jdoe_attempt_2026-11-30-10-15-02_upload.zip"]}
+    # user names with "_" stay apart; a student who sent text alone keeps a row (its grading says why it is 0)
+    names = _entries(tmp_path / "names", ["HW_1_john_smith_attempt_2026-11-30-10-15-02_a.zip",
+                                          "HW_1_jane_smith_attempt_2026-11-30-11-00-00_a.zip",
+                                          "HW_1_kim_attempt_2026-11-30-12-00-00.txt",
+                                          "Lee Park_123458_assignsubmission_onlinetext_"])
+    assert [sid for sid, _ in submissions.discover(names)] == ["HW_1_jane_smith", "HW_1_john_smith", "HW_1_kim",
+                                                               "Lee Park_123458"]
+
+
+def test_an_archive_goes_before_a_write_up_sent_with_it(tmp_path):
+    folder = _entries(tmp_path / "canvas", ["ann_lee_12345_67890_code.zip", "ann_lee_12345_67891_report.pdf"])
+    assert [(sid, p.name) for sid, p in submissions.discover(folder)] == [("ann_lee_12345",
+                                                                          "ann_lee_12345_67890_code.zip")]
 
 
 def test_gradescopes_metadata_names_the_students_and_is_no_student(tmp_path):
@@ -121,11 +137,14 @@ def test_gradescopes_metadata_names_the_students_and_is_no_student(tmp_path):
     found = submissions.discover(folder)
     assert [(sid, p.name) for sid, p in found] == [("900123", "submission_111"),
                                                   ("bo@uni.edu+900456", "submission_222")]
+    # an id that would name a folder above the class's, or a hidden one: not taken
+    (folder / "submission_metadata.yml").write_text("submission_111:\n  :submitters:\n  - :sid: '..'\n")
+    assert [sid for sid, _ in submissions.discover(folder)] == ["submission_111", "submission_222"]
 
 
 def test_an_unknown_layout_keeps_one_row_per_entry(tmp_path):
-    folder = _entries(tmp_path / "plain", ["alice/", "bob.zip", "alice_2024_final.zip"])
-    assert [sid for sid, _ in submissions.discover(folder)] == ["alice", "alice_2024_final", "bob"]
+    folder = _entries(tmp_path / "plain", ["alice/", "bob.zip", "alice_2024_final.zip", "lab_3_1_final.zip"])
+    assert [sid for sid, _ in submissions.discover(folder)] == ["alice", "alice_2024_final", "bob", "lab_3_1_final"]
 
 
 @needs_solution(1)

@@ -26,6 +26,12 @@ def test_what_counts_as_running_out_of_gpu_memory():
     assert machine.ran_out_of_gpu_memory({"task": 4, "status": Status.CRASHED, "summary": "ran out of memory"})
     assert not machine.ran_out_of_gpu_memory(_entry(passed=False, message="max abs err 3.1"))
     assert not machine.ran_out_of_gpu_memory(_entry(passed=True, message="out of memory check passed"))
+    # the kit's own words for other things: a baseline that did not fit, a worker the OOM killer (or the student) ended
+    assert not machine.ran_out_of_gpu_memory(_entry(passed=False, message="naive out of memory; the worker was "
+                                                                          "killed, perhaps out of memory"))
+    # a passed task whose optional part ran out is not graded again
+    passed = _entry(passed=True) | {"out_of_memory": True}
+    assert not machine.ran_out_of_gpu_memory(passed)
     # a worker that died of it: "the worker stopped answering" in its case, the error in the test's output
     died = _entry(passed=False, message="the worker stopped answering")
     assert not machine.ran_out_of_gpu_memory(died)
@@ -36,30 +42,30 @@ def test_what_counts_as_running_out_of_gpu_memory():
 def test_a_test_that_could_not_start_cuda_beside_a_gpu_is_the_machines():
     on_cpu = _entry() | {"record": {"cases": [], "environment": {"device": "CPU (x86_64)"}}}
     assert machine.to_look_at(on_cpu, has_cuda=True) and not machine.to_look_at(on_cpu, has_cuda=False)
-    entry, said = machine.verdict(on_cpu, on_cpu, [(120.0, 141.0)])
+    entry, said = machine.verdict(on_cpu, on_cpu, (120.0, 141.0))
     assert (entry["status"], entry["cause"]) == (Status.NOT_GRADED, Cause.INFRASTRUCTURE)
     assert "could not start CUDA" in entry["summary"]
 
 
 def test_the_second_grading_decides_and_the_memory_others_held_names_whose_it_was():
     first = _entry(passed=False, message=OOM)
-    again, said = machine.verdict(first, _entry(), [(90.0, 141.0), None])
+    again, said = machine.verdict(first, _entry(), (90.0, 141.0))
     assert again["status"] == Status.PASSED and "graded again alone; that grade counts" in said
     # out of memory again, with 90 of 141 GiB held by other processes: the machine's
-    entry, said = machine.verdict(first, _entry(passed=False, message=OOM), [(90.0, 141.0), (20.0, 141.0)])
+    entry, said = machine.verdict(first, _entry(passed=False, message=OOM), (90.0, 141.0))
     assert (entry["status"], entry["cause"], entry["points"]) == (Status.NOT_GRADED, Cause.INFRASTRUCTURE, 0.0)
     assert entry["summary"].startswith("could not grade: ") and "90 of its 141 GiB" in entry["summary"]
     # out of memory again on a free GPU: the submission's own, and its grade stands
-    entry, said = machine.verdict(first, _entry(passed=False, message=OOM), [(0.5, 141.0), (0.6, 141.0)])
+    entry, said = machine.verdict(first, _entry(passed=False, message=OOM), (0.6, 141.0))
     assert entry["status"] == Status.FAILED and "the memory was your code's" in said
-    entry, said = machine.verdict(first, _entry(passed=False, message=OOM), [None, None])  # no GPU to read
+    entry, said = machine.verdict(first, _entry(passed=False, message=OOM), None)  # no GPU to read
     assert entry["status"] == Status.FAILED
 
 
 def test_a_task_the_machine_took_is_flagged_and_graded_again_by_the_next_batch_run(tmp_path):
     folder = tmp_path / "students" / "ann"
     (folder / "graded").mkdir(parents=True)
-    entry, _ = machine.verdict(_entry(passed=False, message=OOM), _entry(passed=False, message=OOM), [(90.0, 141.0)])
+    entry, _ = machine.verdict(_entry(passed=False, message=OOM), _entry(passed=False, message=OOM), (90.0, 141.0))
     (folder / "graded" / "task4.json").write_text(json.dumps({"key": {}, "entry": entry}))
     (folder / "results.json").write_text(json.dumps({"score": 16, "tests": []}))
     source = tmp_path / "ann.zip"
@@ -72,6 +78,11 @@ def test_a_task_the_machine_took_is_flagged_and_graded_again_by_the_next_batch_r
     assert class_state.grade_state(tmp_path, "ann", source, klass) == "machine"
     row = gradebook.student_row(tmp_path, "ann")
     assert row["machine"] == "4" and "could not be graded on the machine" in row["problem"]
+    assert row["task4"] == "not graded" and "run grader.batch again" in row["problem"]
+    # the machine took it TRIES times in a row: the class goes on without it, and says how to grade it
+    (folder / "grading.json").write_text(json.dumps(about | {"machine_tries": class_state.TRIES}))
+    assert class_state.grade_state(tmp_path, "ann", source, klass) == "graded"
+    assert "grade it on a free GPU" in gradebook.student_row(tmp_path, "ann")["problem"]
 
 
 def test_the_grader_grades_a_task_again_and_says_could_not_grade_when_others_hold_the_gpu(tmp_path):
