@@ -41,7 +41,7 @@ def _json(path: Path):
         return None
 
 
-def _entries(folder: Path) -> dict[int, dict]:
+def task_entries(folder: Path) -> dict[int, dict]:
     """Each graded task's entry (the grader's graded/taskN.json): status, summary and the test's record."""
     found = {}
     for task in RUBRIC:
@@ -96,7 +96,7 @@ def student_row(out: Path, sid: str) -> dict:
             if task in RUBRIC:
                 row[f"task{task}"] = f"{test['score']:g}"
         row["total"] = f"{results.get('score', 0):g}"
-        entries = _entries(folder)
+        entries = task_entries(folder)
         for task, entry in entries.items():
             for flag in task_flags(task, entry):
                 flags[flag].add(str(task))

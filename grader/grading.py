@@ -24,6 +24,7 @@ from harness.view import remove_tree
 from common.tasks import TASKS
 from grader.class_state import (TRIES, close_open_attempts, current_job, json_or_none, load_class,
                                 save_attempts, timestamp, tries_left, write_json)
+from grader import gradebook
 from grader.fingerprints import hidden_fingerprint, kit_fingerprint
 from grader.rubric import parse_tasks
 from grader.submissions import NotGradable, linked_files, locate, source_fingerprint
@@ -127,7 +128,7 @@ def _grade(folder: Path, klass: dict, sid: str, source: Path, out: Path, temp: P
         return _failed(folder, f"the grader exited with code {code} (see grade.log)")
     record = json.loads(results.read_text())
     record["seconds"] = about["seconds"]
-    about["machine"] = not_graded(folder)  # graded again by the next run (class_state.grade_state)
+    about["machine"] = tasks_the_machine_took(folder)  # graded again by the next run (class_state.grade_state)
     if about["machine"]:  # how many gradings in a row the machine took: a cap on grading it again
         before = json_or_none(out / "students" / sid / "grading.json")
         about["machine_tries"] = 1 + (before.get("machine_tries", 1) if isinstance(before, dict)
@@ -136,15 +137,9 @@ def _grade(folder: Path, klass: dict, sid: str, source: Path, out: Path, temp: P
     return record
 
 
-def not_graded(folder: Path) -> list[int]:
+def tasks_the_machine_took(folder: Path) -> list[int]:
     """The tasks of a grading in `folder` that the machine could not grade (grader/machine.py)."""
-    tasks = []
-    for path in sorted((folder / "graded").glob("task*.json")):
-        saved = json_or_none(path)
-        if isinstance(saved, dict) and isinstance(saved.get("entry"), dict) \
-                and saved["entry"].get("status") == Status.NOT_GRADED:
-            tasks.append(saved["entry"].get("task"))
-    return tasks
+    return [task for task, entry in gradebook.task_entries(folder).items() if entry.get("status") == Status.NOT_GRADED]
 
 
 def keep_capped(stream, path: Path, limit: int = MAX_LOG_BYTES) -> None:

@@ -9,10 +9,9 @@ the fact, in two steps:
    If that passes the error's place, the second grade counts (and says it was graded again).
 2. If it runs out of memory again, the memory other processes held just before that second grading (when no
    process of this grading is alive) decides: OTHERS_SHARE of the GPU's memory or more, and the machine took the
-   grade. The task is
-   "not graded" (Status.NOT_GRADED, Cause.INFRASTRUCTURE): it scores no points either way, the gradebook flags
-   it, and the next grader.batch runs grade it again (class_state.TRIES times at most: then the 0 stands, flagged).
-   Less than that, and the memory was the submission's own.
+   grade. The task is "not graded" (Status.NOT_GRADED, Cause.INFRASTRUCTURE): it scores no points either way,
+   the gradebook flags it, and the next grader.batch runs grade it again (class_state.TRIES gradings in a row at
+   most; then the gradebook says to grade it on a free GPU). Less than that, and the memory was the submission's.
    A test that again could not start CUDA is always the machine's: no student code runs before CUDA starts.
 """
 
@@ -24,7 +23,9 @@ import sys
 from harness.outcome import Cause, Status
 
 OTHERS_SHARE = 0.10  # of the GPU's memory held by other processes: then an out-of-memory error is the machine's
-PROBE_CONTEXT_GIB = 0.6  # what the probe's own CUDA context takes: not another process's
+# what the probe's own CUDA context takes, not another process's: an allowance (a CUDA context is a few hundred MiB;
+# not measured here), small beside OTHERS_SHARE of any GPU the course runs on
+PROBE_CONTEXT_GIB = 0.6
 # CUDA's and PyTorch's words for it; never the kit's own ("naive out of memory" for a baseline that does not fit,
 # "killed, perhaps out of memory" for a worker the kernel's OOM killer or the student's code ended)
 OOM_WORDS = ("cuda out of memory", "cuda error: out of memory", "outofmemoryerror")

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
+from common.impl import REPO
+
 # PyTorch warns when it cannot start CUDA (no driver, or the GPU's memory taken by another process) the first time
 # it is asked whether a GPU is there; the tests answer that themselves ("needs a CUDA GPU", or the grader's
 # machine verdict: grader/machine.py), so the warning would only read like a fault of the student's code.
 warnings.filterwarnings("ignore", message="CUDA initialization", category=UserWarning)
-
-from common.impl import REPO
 
 
 def parser(task: int, description: str) -> argparse.ArgumentParser:

@@ -191,8 +191,9 @@ def _python_paths() -> list[Path]:
     paths |= {Path(p) for p in site.getsitepackages() if Path(p).is_dir()}
     from common.build import cpp_extension
 
-    if cpp_extension().CUDA_HOME:
-        paths.add(Path(cpp_extension().CUDA_HOME))
+    cuda_home = cpp_extension().CUDA_HOME
+    if cuda_home:
+        paths.add(Path(cuda_home))
     for tool in ("nvcc", "ninja", "c++", "gcc"):
         found = shutil.which(tool)
         if found:

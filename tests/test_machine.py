@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from grader import class_state, gradebook, machine
-from grader.grading import not_graded
+from grader.grading import tasks_the_machine_took
 from grader.submissions import source_fingerprint
 from harness.outcome import Cause, Status
 from tests.conftest import REPO
@@ -72,7 +72,7 @@ def test_a_task_the_machine_took_is_flagged_and_graded_again_by_the_next_batch_r
     source.write_bytes(b"zip")
     klass = {"tasks": "4", "no_sandbox": False, "regrade": None, "students": [{"id": "ann"}]}
     about = {"tasks": "4", "no_sandbox": False, "regrade": None, "source_sha256": source_fingerprint(source),
-             "machine": not_graded(folder)}
+             "machine": tasks_the_machine_took(folder)}
     assert about["machine"] == [4]
     (folder / "grading.json").write_text(json.dumps(about))
     assert class_state.grade_state(tmp_path, "ann", source, klass) == "machine"
