@@ -169,41 +169,65 @@ def cuda_arch(without_gpu: str | None = None) -> str:
 def compile_kernels(sources: list[Path], folder: Path, arch: str, flags: list[str]) -> list[Path]:
     """`nvcc -c` each kernel file into `folder`, checked against common/kernel_rules.py; returns the objects.
 
-    An object is named by a hash of everything in the kernels folder, the flags and the
+    An object is named by a hash of everything in its kernels folder, the flags and the
     arch, so an unchanged file is not rebuilt and a changed one gets a new name (which makes
     the loader relink). What ptxas says of each kernel's resources is kept beside its object
-    (`.ptxas`), for `kernel_resources`.
+    (`.ptxas`), for `kernel_resources`. The files compile at once (each nvcc is one thread); the
+    first that fails, in the order given, raises.
     """
-    nvcc = find_nvcc()
-    if nvcc is None:
-        raise BuildError("nvcc was not found: load your CUDA toolkit (for example `module load cuda`) or set CUDA_HOME.")
-    own = sources[0].parent
+    built = compile_each(sources, folder, arch, flags)
+    for result in built.values():
+        if isinstance(result, BuildError):
+            raise result
+    return [built[src] for src in sources]
+
+
+def _folder_key(own: Path, nvcc: str, arch: str, flags: list[str]) -> str:
     digest = hashlib.sha256(f"{nvcc}|{arch}|{flags}".encode())
     for path in sorted(own.iterdir()):
         if path.is_file():
             digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    key = digest.hexdigest()[:16]
-    objects = []
+    return digest.hexdigest()[:16]
+
+
+def compile_each(sources: list[Path], folder: Path, arch: str, flags: list[str]) -> dict:
+    """compile_kernels's work for each file on its own, all at once: {source: its object, or the BuildError
+    that says why it has none} (a KernelRuleError when it compiled but breaks a kernel rule)."""
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise BuildError("nvcc was not found: load your CUDA toolkit (for example `module load cuda`) or set CUDA_HOME.")
+    keys = {own: _folder_key(own, nvcc, arch, flags) for own in {src.parent for src in sources}}
+    running = {}
     for src in sources:
+        key = keys[src.parent]
         obj, deps = folder / f"{src.stem}-{key}.o", folder / f"{src.stem}-{key}.d"
+        if obj.exists() and deps.exists():
+            running[src] = (obj, deps, None, None)
+            continue
+        cmd = [nvcc, "-c", str(src), "-o", str(obj) + ".part", "-MD", "-MF", str(deps), "-std=c++17",
+               "-Xcompiler", "-fPIC", "-gencode", f"arch=compute_{arch},code=sm_{arch}", *flags]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=folder)
+        running[src] = (obj, deps, cmd, proc)
+    results = {}
+    for src, (obj, deps, cmd, proc) in running.items():
         shown = str(src.relative_to(REPO)) if src.is_relative_to(REPO) else src.name
-        if not (obj.exists() and deps.exists()):
-            cmd = [nvcc, "-c", str(src), "-o", str(obj) + ".part", "-MD", "-MF", str(deps), "-std=c++17",
-                   "-Xcompiler", "-fPIC", "-gencode", f"arch=compute_{arch},code=sm_{arch}", *flags]
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=folder)
+        if proc is not None:
+            out, err = proc.communicate()
             if proc.returncode != 0:
-                log = folder / "build.log"
-                log.write_text(" ".join(cmd) + "\n" + proc.stdout + proc.stderr)
-                errors = _compiler_errors(proc.stdout + proc.stderr).replace(f"{REPO}/", "")  # paths as in the checkout
-                raise BuildError(f"compiling {shown} failed:\n{errors}\n(full log: {_shown(log)})")
-            obj.with_suffix(".ptxas").write_text(proc.stderr)
+                log = folder / f"build-{src.stem}.log"
+                log.write_text(" ".join(cmd) + "\n" + out + err)
+                errors = _compiler_errors(out + err).replace(f"{REPO}/", "")  # paths as in the checkout
+                results[src] = BuildError(f"compiling {shown} failed:\n{errors}\n(full log: {_shown(log)})")
+                continue
+            obj.with_suffix(".ptxas").write_text(err)
             os.replace(str(obj) + ".part", obj)
         try:
             kernel_rules.check_object(obj, deps, shown, nvcc)
-        except kernel_rules.RuleBroken as err:
-            raise KernelRuleError(str(err)) from None
-        objects.append(obj)
-    return objects
+        except kernel_rules.RuleBroken as broken:
+            results[src] = KernelRuleError(str(broken))
+            continue
+        results[src] = obj
+    return results
 
 
 # Optional kernel files (common/tasks.py's optional_files) left out of a student's build in this process: their
@@ -215,21 +239,28 @@ def compile_with_optional(task: int, solution: bool, sources: list[Path], folder
                           flags: list[str], quiet: bool = False) -> list[Path]:
     """compile_kernels, except that a student's optional file (an optional part's) that fails to compile or breaks
     a kernel rule is left out of the build and recorded in OPTIONAL_LEFT_OUT: the task's own files still build,
-    and the binding's weak symbol says the optional kernel is absent. The reference builds every file."""
+    and the binding's weak symbol says the optional kernel is absent. The reference builds every file. The task's
+    given kernels (GIVEN_KERNELS) compile at the same time, and their objects come last."""
     from common.tasks import TASKS
 
     optional = set() if solution or task not in TASKS else {Path(rel).name for rel in TASKS[task].optional_files}
-    required = [s for s in sources if s.name not in optional]
-    objects = compile_kernels(required, folder, arch, flags) if required else []
+    given = [REPO / rel for rel in GIVEN_KERNELS.get(task, [])]
+    built = compile_each([*sources, *given], folder, arch, flags)
+    objects = []
+    for src in [*[s for s in sources if s.name not in optional], *given]:
+        if isinstance(built[src], BuildError):
+            raise built[src]
+        objects.append(built[src])
     for src in [s for s in sources if s.name in optional]:
         rel = f"task{task}/kernels/{src.name}"
-        try:
-            objects += compile_kernels([src], folder, arch, flags)
-            OPTIONAL_LEFT_OUT.pop(rel, None)
-        except BuildError as err:
-            OPTIONAL_LEFT_OUT[rel] = str(err)
+        if isinstance(built[src], BuildError):
+            OPTIONAL_LEFT_OUT[rel] = str(built[src])
             if not quiet:
-                print(f"task {task}: {rel} (an optional part) is left out of the build: {str(err).splitlines()[0]}")
+                print(f"task {task}: {rel} (an optional part) is left out of the build: "
+                      f"{str(built[src]).splitlines()[0]}")
+        else:
+            objects.append(built[src])
+            OPTIONAL_LEFT_OUT.pop(rel, None)
     return objects
 
 
@@ -367,7 +398,7 @@ def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda
         stale = folder / "lock"
         if stale.exists():
             stale.unlink()  # no live build holds it, or we would not hold the flock
-        objects = compile_with_optional(task, solution, sources[1:], folder, arch, flags, quiet) + given_objects(task, folder, arch, flags)
+        objects = compile_with_optional(task, solution, sources[1:], folder, arch, flags, quiet)
         _check_not_loaded_elsewhere(name, folder / f"{name}.so")
         try:
             module = load(
@@ -403,12 +434,6 @@ def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda
 # Kernels given with a task's binding, compiled into its extension beside the student's files: task 5's
 # product of the few rows of a decode step with a weight matrix, which task 6's model calls.
 GIVEN_KERNELS = {5: [Path("common/csrc/linear_rows.cu")]}
-
-
-def given_objects(task: int, folder: Path, arch: str, flags: list[str]) -> list[Path]:
-    """The task's given kernels, compiled as a student's are (named by the text of common/csrc, so a
-    student's edit never rebuilds them) and held to the same kernel rules."""
-    return [obj for rel in GIVEN_KERNELS.get(task, []) for obj in compile_kernels([REPO / rel], folder, arch, flags)]
 
 
 def binding_files(task: int) -> list[Path]:

@@ -131,7 +131,8 @@ def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidd
     out_of_memory = run.record["status"] != Status.PASSED and machine.says_out_of_memory(run.log)
     return entry | {"status": run.record["status"], "points": points, "summary": why,
                     "estimated": estimated(task, run.record), "record": run.record, "seconds": run.seconds,
-                    "waited_s": run.waited_s, "alone_s": run.alone_s, "out_of_memory": out_of_memory}
+                    "waited_s": run.waited_s, "alone_s": run.alone_s, "started_at": run.started_at,
+                    "timed_parts": [list(part) for part in run.timed_parts], "out_of_memory": out_of_memory}
 
 
 # -- results kept between runs ------------------------------------------------------

@@ -46,6 +46,8 @@ class TaskRun:
     cause: str | None = None  # harness.outcome.Cause of having no record, where known
     waited_s: float = 0.0  # of `seconds`, those it waited for other tasks (their builds, timed parts, outcome)
     alone_s: float = 0.0  # of `seconds`, those its timed parts held the GPU to themselves
+    started_at: float = 0.0  # when it started (epoch seconds): with timed_parts, the grading's timeline
+    timed_parts: tuple = ()  # (when it began, seconds) of each timed part
 
 
 def crash_reason(returncode: int, output: str) -> str:
@@ -59,12 +61,14 @@ def crash_reason(returncode: int, output: str) -> str:
     return f"exited with code {returncode} without writing results: " + " | ".join(tail[-3:])
 
 
-def held_alone(gpu_share: Path, pid: int) -> float:
-    """The seconds test `pid` held the GPU to itself (harness/gpu_share.py's alone_file); 0 if it never did."""
+def held_alone(gpu_share: Path, pid: int) -> list[tuple[float, float]]:
+    """(when it began, epoch seconds; seconds) of each part in which test `pid` held the GPU to itself
+    (harness/gpu_share.py's alone_file); none if it never did."""
     try:
-        return sum(float(line) for line in alone_file(gpu_share, pid).read_text().split())
+        return [(float(began), float(seconds)) for seconds, began in
+                (line.split() for line in alone_file(gpu_share, pid).read_text().splitlines())]
     except (OSError, ValueError):
-        return 0.0
+        return []
 
 
 def worker_builds(scratch: Path) -> Path:
@@ -105,7 +109,7 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
         env[GPU_SHARE_ENV] = str(gpu_share)
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if threads else ():
         env.setdefault(name, str(threads))  # the user's own setting wins
-    started = time.perf_counter()
+    started, started_at = time.perf_counter(), time.time()
     with _LOCK:
         if STOPPING.is_set():  # the grader is being stopped: no new test
             raise RuntimeError("the grading was stopped")
@@ -131,21 +135,23 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
             RUNNING.discard(proc)
     reader.join(timeout=10)
     seconds = time.perf_counter() - started
-    alone_s = held_alone(gpu_share, proc.pid) if gpu_share else 0.0
+    parts = held_alone(gpu_share, proc.pid) if gpu_share else []
+    timing = {"waited_s": waited_s, "alone_s": sum(s for _, s in parts), "started_at": started_at,
+              "timed_parts": tuple(parts)}
     log = "".join(lines)
     (scratch / f"task{task}.log").write_text(log)
 
     if not ended:
         return TaskRun(task, None, f"timed out after {timeout_s} s (a hang or an endless loop?)", seconds, log,
-                       Cause.TIMED_OUT, waited_s, alone_s)
+                       Cause.TIMED_OUT, **timing)
     if not results.exists():
-        return TaskRun(task, None, crash_reason(proc.returncode, log), seconds, log, None, waited_s, alone_s)
+        return TaskRun(task, None, crash_reason(proc.returncode, log), seconds, log, None, **timing)
     try:
         record = valid_record(json.loads(results.read_text()), task)
     except (ValueError, TypeError, KeyError) as err:
         return TaskRun(task, None, f"its record is malformed ({err}), so it could not be scored", seconds, log,
-                       Cause.MALFORMED, waited_s, alone_s)
-    return TaskRun(task, record, None, seconds, log, waited_s=waited_s, alone_s=alone_s)
+                       Cause.MALFORMED, **timing)
+    return TaskRun(task, record, None, seconds, log, **timing)
 
 
 RUNNING: set[subprocess.Popen] = set()  # the tests running now, in any thread
@@ -244,7 +250,8 @@ def build_kernels_ahead(tasks, student_dir: Path, scratch: Path, *, solution: bo
     ever writes in it. Nothing is judged here: a build that fails or hangs fails again in its task,
     which says why, and building ahead that cannot even start is skipped. Returns a line for the log, or None.
     """
-    needed, references = shared_kernel_tasks(tasks), reference_extensions(tasks, solution)
+    # the reference's other kernels are timed in its own test runs, not in a grading (task4/test.py)
+    needed, references = shared_kernel_tasks(tasks), reference_extensions(tasks, solution=False)
     if not needed and not references:
         return None
     started, workers, compilers, built = time.perf_counter(), [], [], []

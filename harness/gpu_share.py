@@ -39,7 +39,8 @@ def waiting_file(lock: Path, pid: int) -> Path:
 
 
 def alone_file(lock: Path, pid: int) -> Path:
-    """The seconds process `pid` held the GPU to itself, one line per timed part (the grader's cost table)."""
+    """The seconds process `pid` held the GPU to itself and when it began (epoch seconds), one line per timed part
+    (the grader's cost table and timeline)."""
     return lock.with_name(f"{pid}.alone")
 
 
@@ -115,7 +116,7 @@ def alone(*workers):
         return
     python = _let_go(workers)
     _take(fcntl.LOCK_EX)
-    started = time.perf_counter()
+    started, began = time.perf_counter(), time.time()
     try:
         yield
     finally:
@@ -123,7 +124,7 @@ def alone(*workers):
             _settle()
         finally:
             with alone_file(Path(os.environ[ENV]), os.getpid()).open("a") as log:
-                log.write(f"{time.perf_counter() - started:.2f}\n")
+                log.write(f"{time.perf_counter() - started:.2f} {began:.2f}\n")
             for worker in python:  # stopped again: going back to shared need not keep others out meanwhile
                 worker.stop_until_next_call()
             fcntl.flock(_held["fd"], fcntl.LOCK_SH)

@@ -255,6 +255,12 @@ class Report:
         self.parts += not optional
         print(f" {name}{' (optional)' if optional else ''}:")
 
+    def heading(self, name: str) -> None:
+        """A heading for what follows that is no part: the timings, which run last (each test's timed parts
+        come after all its checks, so a grading's tests do their untimed work side by side, harness/gpu_share.py)."""
+        self._say_checks()
+        print(f" {name}:")
+
     def end_part(self, name: str) -> bool:
         """A part with a step still missing becomes one failed check, and the next part still runs.
         Returns whether every case of the part passed."""

@@ -170,7 +170,7 @@ class Worker:
         """Run the worker under compute-sanitizer, its report written to a pipe only the checks read."""
         import threading
 
-        tmp = (self.private_builds or self.builds).parent / f"sanitizer-tmp-task{self.task}"
+        tmp = (self.private_builds or self.builds).parent / f"sanitizer-tmp-{self.view.name}"  # one per tool
         tmp.mkdir(parents=True, exist_ok=True)
         writable.append((tmp, tmp))
         env |= {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "TMPDIR": str(tmp)}  # every tensor its own allocation
@@ -303,6 +303,16 @@ class Worker:
         self.restarts += 1
         self.stop()
         self.start()
+
+    def ready(self) -> None:
+        """Start the worker now if it was stopped on purpose (before a timed part, so its start is not in it). A
+        start that fails is undone: the next call starts it again and meets the failure inside its case."""
+        if not self.resume or (self.proc is not None and self.proc.poll() is None):
+            return
+        try:
+            self._ensure_running()
+        except (WorkerError, WorkerDied):
+            self.stop_until_next_call()
 
     def call(self, name: str, *args, timeout: float = CALL_TIMEOUT_S, **kwargs):
         """Run entry point `name` in the worker; returns its validated result (CPU tensors, plain values)."""

@@ -273,11 +273,20 @@ def time_against_task1(report, worker, device, solution):
                metrics, kind="benchmark")
 
 
+LONG_RUN_S = 0.05  # a run this long is a request of its own: the request's own cost (about 0.1 ms) is lost in it
+
+
 def time_requests(worker, which, q, k, v, causal, reps=5, per_request=3):
-    """Host clock around requests that each run the function `per_request` times and wait for the GPU."""
+    """Host clock around requests that each run the function `per_request` times (once, when one run takes
+    LONG_RUN_S or more) and wait for the GPU."""
     worker.call("repeat", 1, which, q, k, v, causal)  # warm-up
-    samples = []
-    for _ in range(reps):
+    start = time.perf_counter()
+    worker.call("repeat", 1, which, q, k, v, causal)
+    once = time.perf_counter() - start
+    samples = [once * 1e3] if once >= LONG_RUN_S else []  # the first sample, when runs are long
+    if samples:
+        per_request = 1
+    for _ in range(reps - len(samples)):
         start = time.perf_counter()
         worker.call("repeat", per_request, which, q, k, v, causal)
         samples.append((time.perf_counter() - start) * 1e3 / per_request)
@@ -340,18 +349,25 @@ def main(argv=None) -> int:
             run_backward(report, worker, args)
         elif args.backward:
             report.note("the backward pass is checked once the forward pass's checks pass")
+        if not args.backward:  # last: the grading's other tests do their checks meanwhile (harness/gpu_share.py)
+            run_timing(report, worker, args)
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(3, args.solution, args.student_dir, report.attention_ops), kind="rule")
     return report.finish(args.json)
 
 
 def run_forward_rest(report, worker, args) -> None:
-    """After the values: the causal skip, the rule's memory case, and the timing beside task 1."""
+    """After the values: the causal skip and the rule's memory case."""
     report.run("causal skips the tiles after the diagonal",
                lambda: check_causal_skips_tiles(worker, cli.seed(998, args.hidden)))
     if not report.stopped:
         check_no_full_matrix(report, args, cli.seed(999, args.hidden))
-    if not report.stopped and all(c.passed for c in report.cases):
+
+
+def run_timing(report, worker, args) -> None:
+    """The timing beside task 1, once every check of the forward pass passes."""
+    if not report.stopped and all(c.passed for c in report.cases if c.kind != Kind.OPTIONAL):
+        report.heading("timing")
         if cli.used_code_hung(args, 1, worker):  # it would hang here again, for a whole call's time limit
             report.note("timing against task 1 skipped: task 1's code did not finish importing when task 1 "
                         "was graded")

@@ -18,7 +18,8 @@ PyTorch are timed after your worker has ended, so nothing of yours runs beside t
 benchmarks need the first). --sweep replaces those benchmarks (once the checks pass) by a sweep of the kernel, naive
 PyTorch and SDPA over seq 128..8192 into task4-sweep.csv (and a plot when matplotlib
 is installed). With --solution (the reference tested) the benchmarks add head_dim 64 and 80,
-and the reference's tensor-core kernels (task4/solution/tensor_cores) are timed beside SDPA.
+and the reference's tensor-core kernels (task4/solution/tensor_cores) are timed beside SDPA (not in a
+grading: the grader times the reference as it times a student's kernel).
 """
 
 from __future__ import annotations
@@ -531,32 +532,41 @@ def backward_part(report, worker, hidden_cases) -> bool:
     return report.end_part("backward")
 
 
-def optional_backward(report, worker, args) -> None:
-    """Steps 12-16 (optional): the checks, the sanitizer pass and bad input, then the timing against SDPA's
-    backward pass; every case optional, so nothing here moves a point."""
-    if backward_part(report, worker, args.hidden):
-        sanitize.add_to_report(report, 4, args, backward_sanitizer_calls(args.hidden), step_of, BACKWARD_PASS_NAME,
-                               kind="optional")
-        report.run("bad input to the backward part raises clear errors (the given binding)",
-                   lambda: check_backward_errors(worker), kind="optional")
-        report.run("a model trained through your kernels learns as with SDPA",
-                   lambda: check_training(worker, args.hidden, write_curves=args.backward), kind="optional")
-        if not args.grading and not report.stopped:
-            with gpu_share.alone(worker):
-                measure.run_backward_benchmarks(report, worker, measure.backward_cases())
+def optional_backward(report, worker, args) -> bool:
+    """Steps 12-16 (optional): the checks, the sanitizer pass and bad input, then the training check (timed);
+    every case optional, so nothing here moves a point. Whether every case passed (its benchmarks follow)."""
+    if not backward_part(report, worker, args.hidden):
+        return False
+    before = len(report.cases)
+    sanitize.add_to_report(report, 4, args, backward_sanitizer_calls(args.hidden), step_of, BACKWARD_PASS_NAME,
+                           kind="optional")
+    report.run("bad input to the backward part raises clear errors (the given binding)",
+               lambda: check_backward_errors(worker), kind="optional")
+    report.run("a model trained through your kernels learns as with SDPA",
+               lambda: check_training(worker, args.hidden, write_curves=args.backward), kind="optional")
+    return not report.stopped and all(c.passed for c in report.cases[before:])
 
 
 def float_part(report, worker, args) -> None:
-    """Steps 1-7: the float32 kernel's checks, its sanitizer pass, the binding's errors, and the benchmarks."""
+    """Steps 1-7: the float32 kernel's checks, its sanitizer pass and the binding's errors (its benchmarks come
+    last: float_benchmarks)."""
     constants = kernel_constants("task4/kernels/attention.cu", args.student_dir, args.solution)
     attention_part(report, worker, args.hidden, constants)
     if any(c.passed and c.kind == "check" for c in report.cases):
         sanitize.add_to_report(report, 4, args, sanitizer_calls(args.hidden), step_of)
     report.run("bad input raises clear errors (the given binding)", lambda: check_errors(worker), kind="given")
 
+
+def float_benchmarks(report, worker, args) -> None:
+    """Steps 1-7's benchmarks, once every required check passes: in a fresh process of the float32 kernel (an
+    optional part before may have crashed its own), started before the GPU is ours alone."""
+    report.heading("benchmarks")
     if report.stopped or not all(c.passed for c in report.cases if c.kind != "optional"):
         report.note("benchmarks skipped until every check passes")
-    elif args.sweep:
+        return
+    worker.stop_until_next_call()
+    worker.ready()
+    if args.sweep:
         from task4.sweep import sweep
 
         with gpu_share.alone(worker):
@@ -569,29 +579,43 @@ def float_part(report, worker, args) -> None:
                                                                   "kernel against SDPA's flash backend, and the "
                                                                   "backward kernels against SDPA's backward"))
         with gpu_share.alone(worker):
-            measure.run_benchmarks(report, worker, measure.benchmark_cases(args.solution),
-                                   measure.layer_cases(args.grading), with_tensor_cores=args.solution)
+            # the reference's extra timings (other head sizes, its tensor-core kernels) are for a look at the
+            # reference; the grader times the reference as it times a student's kernel
+            extras = args.solution and not args.grading
+            measure.run_benchmarks(report, worker, measure.benchmark_cases(extras), measure.layer_cases(args.grading),
+                                   with_tensor_cores=extras)
         said = None if args.solution or args.grading else points.estimate_note(4, report.cases)
         if said:
             report.note(said)
 
 
-def optional_half(report, worker, args) -> None:
-    """Steps 8-11 (optional): the bf16/fp16 kernel's checks, its own sanitizer pass and bad input, then its
-    benchmarks; every case optional, so nothing here moves a point."""
+def optional_half(report, worker, args) -> bool:
+    """Steps 8-11 (optional): the bf16/fp16 kernel's checks, its own sanitizer pass and bad input; every case
+    optional, so nothing here moves a point. Whether every case passed (its benchmarks follow)."""
     major, minor = torch.cuda.get_device_capability()
     if major < 8:
         report.note(f"the bf16/fp16 part (steps 8-11) needs compute capability 8.0 (Ampere) or newer, for "
                     f"mma.sync.m16n8k16 and cp.async: not run on this GPU ({major}.{minor})")
-        return
-    if half_part(report, worker, args.hidden):
-        sanitize.add_to_report(report, 4, args, half_sanitizer_calls(args.hidden), step_of, HALF_PASS_NAME,
-                               kind="optional")
-        report.run("bad input to the bf16/fp16 kernel raises clear errors (the given binding)",
-                   lambda: check_half_errors(worker), kind="optional")
-        if not args.grading and not report.stopped:
-            with gpu_share.alone(worker):
-                measure.run_half_benchmarks(report, worker, measure.half_cases())
+        return False
+    if not half_part(report, worker, args.hidden):
+        return False
+    before = len(report.cases)
+    sanitize.add_to_report(report, 4, args, half_sanitizer_calls(args.hidden), step_of, HALF_PASS_NAME,
+                           kind="optional")
+    report.run("bad input to the bf16/fp16 kernel raises clear errors (the given binding)",
+               lambda: check_half_errors(worker), kind="optional")
+    return not report.stopped and all(c.passed for c in report.cases[before:])
+
+
+def optional_benchmarks(report, worker, timed: list[tuple[str, object]]) -> None:
+    """The optional parts' benchmarks (a student's own run: the grader leaves them out), each part's in a fresh
+    process of its own, after the float32 benchmarks."""
+    for name, run in timed:
+        report.heading(f"{name} benchmarks (optional)")
+        worker.stop_until_next_call()
+        worker.ready()
+        with gpu_share.alone(worker):
+            run()
 
 
 def main(argv=None) -> int:
@@ -617,16 +641,25 @@ def main(argv=None) -> int:
                 sanitize.add_to_report(report, 4, args, backward_sanitizer_calls(args.hidden), step_of,
                                        BACKWARD_PASS_NAME, kind="optional")
             return report.finish(args.json)
+        # Every check first, the timings last: in a grading, the other tasks' tests check side by side with this
+        # one, and a timed part waits until none of them is in the middle of its checks (harness/gpu_share.py).
         if "attention" in chosen:
             float_part(report, worker, args)
+        timed = []  # the optional parts' benchmarks, for a student's own run
         if "half" in chosen and not report.stopped:
-            # Last, in a process of its own (the next call starts one): a crash or a hang in the optional kernel
-            # costs its own part, never the float32 checks, the sanitizer pass or the benchmarks before it.
+            # In a process of its own (the next call starts one): a crash or a hang in the optional kernel costs
+            # its own part, never the float32 checks or the sanitizer pass before it, or the benchmarks after it.
             worker.stop_until_next_call()
-            optional_half(report, worker, args)
+            if optional_half(report, worker, args) and not args.grading:
+                timed.append(("bf16/fp16", lambda: measure.run_half_benchmarks(report, worker, measure.half_cases())))
         if "backward" in chosen and not report.stopped:
             worker.stop_until_next_call()  # the same: a process of its own
-            optional_backward(report, worker, args)
+            if optional_backward(report, worker, args) and not args.grading:
+                timed.append(("backward", lambda: measure.run_backward_benchmarks(report, worker,
+                                                                                  measure.backward_cases())))
+        if "attention" in chosen:
+            float_benchmarks(report, worker, args)
+        optional_benchmarks(report, worker, timed)
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(4, args.solution, args.student_dir, report.attention_ops), kind="rule")
     if "attention" not in chosen:  # the status below counts required checks only, and this run has none

@@ -185,10 +185,10 @@ def needs_gpu():
     raise NeedsCuda("no CUDA GPU is visible: the model with your kernels runs on the GPU")
 
 
-def run_half(report, worker, args, types: dict, float32_run: dict | None) -> None:
-    """The optional 16-bit part: the model in each of `types`, teacher-forced on the GPU; then, if every case
-    passed, the generation run in the first type (the float32 run's TBTs beside it, when there was one). Last, in
-    a process of its own (the next call starts one): a crash in a 16-bit kernel costs this part only."""
+def check_half(report, worker, args, types: dict) -> bool:
+    """The optional 16-bit part: the model in each of `types`, teacher-forced on the GPU; whether every case passed
+    (then its generation runs, last). In a process of its own (the next call starts one): a crash in a 16-bit
+    kernel costs this part only."""
     worker.stop_until_next_call()
     report.begin_part("the model in bf16 and fp16, your kernels' 16-bit versions", (1, 2, 3, 4), optional=True)
     before = len(report.cases)
@@ -197,15 +197,20 @@ def run_half(report, worker, args, types: dict, float32_run: dict | None) -> Non
             report.run(f"{name}: {case.name}", lambda: check_teacher_forced(worker, case, GPU_VOCAB, dtype=dtype))
             if report.process_died_since(before, "the bf16/fp16 part"):
                 report.end_part("half")
-                return
+                return False
     passed = report.end_part("half")
     if not passed:
         report.note("the generation run in 16 bits is skipped until its model's checks pass")
-        return
+    return passed
+
+
+def generate_half(report, worker, args, dtype, float32_run: dict | None) -> None:
+    """The optional part's generation run in `dtype`, the float32 run's TBTs beside it when there was one."""
     size = choose_size(args.size)
+    worker.stop_until_next_call()  # the float32 run ended its process: the next call starts one
     with gpu_share.alone(worker):
         run_generation(report, worker, size, SIZES[size], HANDOUT, cli.seed(60, args.hidden), baselines=False,
-                       dtype=next(iter(types.values())), float32_run=float32_run)
+                       dtype=dtype, float32_run=float32_run)
 
 
 def main(argv=None) -> int:
@@ -246,22 +251,32 @@ def main(argv=None) -> int:
             report.run("a full cache and bad input raise clear errors (the given model)", lambda: check_errors(worker),
                        kind="given")
         all_passed = all(c.passed for c in report.cases if c.kind != "optional")
+        half_passed = False
+        if torch.cuda.is_available() and half_types:
+            if all_passed:
+                half_passed = check_half(report, worker, args, half_types)
+            else:
+                report.note("the optional bf16/fp16 model runs once every check passes")
+        # The generation runs last: in a grading, the other tasks' tests check side by side with this one, and a
+        # timed part waits until none of them is in the middle of its checks (harness/gpu_share.py).
         if not all_passed:
             report.note("the generation run is skipped until every check passes")
         elif torch.cuda.is_available() and float32_parts:
             size = choose_size(args.size)
+            report.heading("generation")
             if args.grading:
                 report.note(cli.GRADING_LEAVES_OUT.format(task=6, what="SDPA and the reference kernels over the "
                                                                       "same cache in the generation run"))
             with gpu_share.alone(worker):  # it also gives back the checks' own reference models' memory
                 run_generation(report, worker, size, SIZES[size], HANDOUT, cli.seed(60, args.hidden),
                                baselines=not args.grading)
-        if torch.cuda.is_available() and half_types:
-            if all_passed:
-                float32_run = next((c.metrics for c in report.cases if "tbt_ms" in c.metrics), None)
-                run_half(report, worker, args, half_types, float32_run)
-            else:
-                report.note("the optional bf16/fp16 model runs once every check passes")
+        if half_passed and args.grading:  # as tasks 4 and 5 leave their optional parts' timings to the student
+            report.note(cli.GRADING_LEAVES_OUT.format(task=6, what="the optional part's generation run in 16 bits"))
+        elif half_passed:
+            if not float32_parts:
+                report.heading("generation")
+            float32_run = next((c.metrics for c in report.cases if "tbt_ms" in c.metrics), None)
+            generate_half(report, worker, args, next(iter(half_types.values())), float32_run)
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(6, args.solution, args.student_dir, report.attention_ops), kind="rule")
     return report.finish(args.json)

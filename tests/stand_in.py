@@ -952,6 +952,14 @@ class InProcessWorker:
             raise WorkerError(type(err).__name__, str(err), "") from None
         self.entry = entry
 
+    def ready(self):
+        if self.entry is None and self.resume:
+            self.resume = False
+            try:
+                self.start()
+            except WorkerError:
+                self.stop_until_next_call()  # as the real worker: the next call meets it
+
     def call(self, name, *args, timeout=None, **kwargs):
         if self.entry is None and self.resume:
             self.resume = False

@@ -51,6 +51,15 @@ def test_every_cuda_task_loads_its_reference_through_one_interface(stand_in):
     assert bench.load_reference(report, 5, "tensor_cores") is None and report.notes == []
 
 
+def timed_last(record) -> bool:
+    """Every timed case after every check (harness/gpu_share.py: a grading's tests check side by side, and a timed
+    part waits until none of them is in the middle of its checks, so a check after a timing holds up the others)."""
+    kinds = [c["kind"] for c in record["cases"]]
+    timed_optional = [c["kind"] == "optional" and "kernel_ms" in c["metrics"] for c in record["cases"]]  # benchmarks
+    checks = [i for i, kind in enumerate(kinds) if kind in ("check", "optional", "given") and not timed_optional[i]]
+    return "benchmark" in kinds and kinds.index("benchmark") > max(checks)
+
+
 @pytest.mark.parametrize("task", [2, 4, 5])
 def test_the_reference_earns_every_point_through_the_whole_flow(stand_in, task):
     record = stand_in.run(task, "--solution", *HIDDEN)
@@ -60,6 +69,7 @@ def test_the_reference_earns_every_point_through_the_whole_flow(stand_in, task):
     kinds = {c["kind"] for c in record["cases"]}
     assert {"check", "benchmark", "rule", "given"} <= kinds
     assert any(c["name"].startswith("memory-safe") and c["passed"] for c in record["cases"])
+    assert timed_last(record), [(c["kind"], c["name"]) for c in record["cases"]]
     if RUBRIC[task].performance_points:
         ratios = scored_ratios(record)
         assert ratios and "100% of the performance points" in why
@@ -86,30 +96,51 @@ def test_the_models_earn_their_points_on_the_gpu_path(stand_in, monkeypatch, tas
     assert len(gpu) >= 6 and any("padded" in c["name"] or "prompts of" in c["name"] for c in gpu)
     timed = [c for c in record["cases"] if c["kind"] == "benchmark"]
     assert timed and all(c["passed"] for c in timed)
+    assert timed_last(record), [(c["kind"], c["name"]) for c in record["cases"]]
     if task == 7:  # GPT-2's size and the Llama-family model, each against its own attention
         assert [("ms_per_token" in c["metrics"]) for c in timed] == [True, True]
-        from task7.test import HALF_CASES  # then the optional part: the models in bf16 and fp16, last
+        from task7.test import HALF_CASES  # the optional part, the models in bf16 and fp16, before the timing
         half = [c for c in record["cases"] if c["name"].split()[0] in HALF_TYPES]
         assert len(half) == len(HALF_TYPES) * len(HALF_CASES), [c["name"] for c in half]
         assert all(c["kind"] == "optional" and c["passed"] and "x the largest logit error of the same model in"
                    in c["message"] for c in half), half
-        assert record["cases"].index(half[0]) > record["cases"].index(timed[-1])
+        assert record["cases"].index(half[-1]) < record["cases"].index(timed[0])
     if task == 6:  # the decode step as a CUDA graph: its checks (optional) pass, and it is timed with its floor
         graph = [c for c in record["cases"] if c["name"].startswith("graph:")]
         assert len(graph) >= 2 and all(c["passed"] and c["kind"] == "optional" for c in graph), graph
         generation, half_generation = timed
         assert {"tbt_graph_ms", "ttft_floor_ms"} <= set(generation["metrics"]), generation["message"]
-        # then the optional part: the model in bf16 and fp16, last, and the generation run in bf16 with its floor
+        # the optional part: the model in bf16 and fp16 (before the timings), and the generation run in bf16 with its
+        # floor, last
         half = [c for c in record["cases"] if c["name"].split(":")[0] in HALF_TYPES]
         assert len(half) >= len(HALF_TYPES) * len(task6_test.HALF_CASES), [c["name"] for c in half]
         assert all(c["kind"] == "optional" and c["passed"] and "x the largest logit error of the same model in"
                    in c["message"] for c in half), half
-        assert record["cases"].index(half[0]) > record["cases"].index(generation)
+        assert record["cases"].index(half[-1]) < record["cases"].index(generation)
         assert "in bfloat16" in half_generation["name"], half_generation["name"]
         ratio = half_generation["metrics"]["tbt_floor_ms"] / generation["metrics"]["tbt_floor_ms"]
         assert ratio == pytest.approx(0.5), half_generation["message"]  # 2 bytes a value: half float32's floor
         assert "against the float32 model's TBT" in half_generation["message"], half_generation["message"]
         assert {"tbt_over_float32", "tbt_graph_over_float32"} <= set(half_generation["metrics"])
+
+
+@needs_solution(6)
+def test_the_grader_leaves_out_task6s_generation_in_16_bits(stand_in, monkeypatch):
+    """The optional part's generation run is timed in a student's own run, as tasks 4 and 5 time their optional
+    parts: the grader runs its checks, and leaves the timing out with a note."""
+    from task6 import measure, test as task6_test
+    from task6.model import SIZES
+
+    monkeypatch.setattr(task6_test, "HANDOUT", measure.Run(batch=2, prompt=10, steps=6))
+    monkeypatch.setitem(SIZES, "small", SIZES["tiny"])
+    monkeypatch.setattr(bench, "copy_bandwidth_gbs", lambda *args, **kwargs: 1e3)
+    record = stand_in.run(6, "--solution", *HIDDEN, "--size", "small", "--grading")
+    assert record["status"] == "passed", failed(record)
+    (generation,) = [c for c in record["cases"] if c["kind"] == "benchmark"]
+    assert "in bfloat16" not in generation["name"] and generation["passed"]
+    half = [c for c in record["cases"] if c["name"].split(":")[0] in HALF_TYPES]
+    assert half and all(c["passed"] for c in half)
+    assert any("the optional part's generation run in 16 bits" in note for note in record["notes"]), record["notes"]
 
 
 @needs_solution(6)
