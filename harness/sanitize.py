@@ -21,8 +21,9 @@ from __future__ import annotations
 import math
 import os
 import re
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -271,8 +272,7 @@ def run_pass(start_worker, calls: list[Call], sources: dict[str, list[str]], ste
             return parse(text), worker.exit_code, tensors_by_call, failed_calls, died, time.perf_counter() - started
 
     # The tools run at once, each in its own worker: a pass takes the time of its slowest tool, not their sum.
-    with ThreadPoolExecutor(len(TOOLS)) as pool:
-        runs = list(pool.map(under, TOOLS))
+    runs = [run.result() for run in [in_daemon(under, tool) for tool in TOOLS]]
     problems, metrics, seen, died_of = [], {}, set(), None
     for tool, (report, exit_code, tensors_by_call, failed_calls, died, seconds) in zip(TOOLS, runs):
         died_of = died_of or died
@@ -306,20 +306,52 @@ PASS_NAME = "memory-safe and race-free (compute-sanitizer)"
 
 
 def add_to_report(report, task: int, args, calls: list[Call], step_of, name: str = PASS_NAME,
-                  kind: str = "rule") -> None:
+                  kind: str = "rule", part: str = "") -> None:
     """Run the pass as a rule of the task: a finding costs the task's points (kind="optional": the pass of an
-    optional part, reported under `name`, costing nothing).
+    optional part, reported under `name`, costing nothing; `part` names it, so its workers have views of their own).
 
     Without compute-sanitizer a student's own run says so and goes on; the grader (which
     passes --hidden) cannot certify the task and scores it 0.
     """
+    finish(report, start(report, task, args, calls, step_of, name, kind, part))
+
+
+def in_daemon(fn, *args) -> Future:
+    """fn(*args) in a daemon thread; its result, or the exception it raised, in the Future. A daemon: a test stopped
+    meanwhile (Ctrl-C, the grader's time limit) does not wait for it, and the workers it started end with it (they
+    die with the thread that started them, harness/sandbox.py's Worker.spawn)."""
+    result = Future()
+
+    def run():
+        try:
+            result.set_result(fn(*args))
+        except BaseException as err:  # noqa: BLE001  raised again where the result is read
+            result.set_exception(err)
+
+    threading.Thread(target=run, daemon=True).start()
+    return result
+
+
+@dataclass
+class Pending:
+    """A pass running beside the checks that follow it (`start`); `finish` waits for it and reports it."""
+
+    name: str
+    kind: str
+    result: Future
+
+
+def start(report, task: int, args, calls: list[Call], step_of, name: str = PASS_NAME, kind: str = "rule",
+          part: str = "") -> Pending | None:
+    """add_to_report's pass, started in a thread of its own: the test goes on with its next checks meanwhile (the
+    pass's workers are processes of their own). None when there is no pass to run (then a note says why)."""
     from common.impl import source_of
     from harness.sandbox import Worker
     from common.tasks import TASKS
 
     if find_sanitizer() is None and not args.hidden:
         report.note(f"sanitizer pass skipped: {MISSING}. The grader runs it, and a finding there costs the task")
-        return
+        return None
     spec = TASKS[task]
     files = {}
     for rel in spec.student_files:
@@ -327,12 +359,19 @@ def add_to_report(report, task: int, args, calls: list[Call], step_of, name: str
         files[Path(rel).name] = _read_lines(path)
 
     def start_worker(cmd):
+        tool = cmd[cmd.index("--tool") + 1]  # each pass's and each tool's workers have their own view: they run at once
         worker = Worker(task, args.student_dir, solution=args.solution, scratch=args.scratch, sanitize=cmd,
-                        purpose=f"sanitizer-{cmd[cmd.index('--tool') + 1]}")  # the tools' workers run at once
+                        purpose=f"sanitizer{f'-{part}' if part else ''}-{tool}")
         worker.start()
         return worker
 
-    report.run(name, lambda: run_pass(start_worker, calls, files, step_of), kind=kind)
+    return Pending(name, kind, in_daemon(run_pass, start_worker, calls, files, step_of))
+
+
+def finish(report, pending: Pending | None) -> None:
+    """Wait for a pass `start` began and add its case (its errors are the case's, as if run in place)."""
+    if pending is not None:
+        report.run(pending.name, pending.result.result, kind=pending.kind)
 
 
 def _read_lines(path: Path) -> list[str]:

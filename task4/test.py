@@ -532,28 +532,26 @@ def backward_part(report, worker, hidden_cases) -> bool:
     return report.end_part("backward")
 
 
-def optional_backward(report, worker, args) -> bool:
-    """Steps 12-16 (optional): the checks, the sanitizer pass and bad input, then the training check (timed);
-    every case optional, so nothing here moves a point. Whether every case passed (its benchmarks follow)."""
+def optional_backward(report, worker, args, passes: list) -> bool:
+    """Steps 12-16 (optional): the checks, then bad input while its sanitizer pass runs (added to `passes`); every
+    case optional, so nothing here moves a point. Whether the checks passed (its training check and benchmarks
+    follow the sanitizer passes)."""
     if not backward_part(report, worker, args.hidden):
         return False
-    before = len(report.cases)
-    sanitize.add_to_report(report, 4, args, backward_sanitizer_calls(args.hidden), step_of, BACKWARD_PASS_NAME,
-                           kind="optional")
+    passes.append(sanitize.start(report, 4, args, backward_sanitizer_calls(args.hidden), step_of,
+                                 BACKWARD_PASS_NAME, kind="optional", part="backward"))
     report.run("bad input to the backward part raises clear errors (the given binding)",
                lambda: check_backward_errors(worker), kind="optional")
-    report.run("a model trained through your kernels learns as with SDPA",
-               lambda: check_training(worker, args.hidden, write_curves=args.backward), kind="optional")
-    return not report.stopped and all(c.passed for c in report.cases[before:])
+    return True
 
 
-def float_part(report, worker, args) -> None:
-    """Steps 1-7: the float32 kernel's checks, its sanitizer pass and the binding's errors (its benchmarks come
-    last: float_benchmarks)."""
+def float_part(report, worker, args, passes: list) -> None:
+    """Steps 1-7: the float32 kernel's checks, then the binding's errors while its sanitizer pass runs (added to
+    `passes`; its benchmarks come last: float_benchmarks)."""
     constants = kernel_constants("task4/kernels/attention.cu", args.student_dir, args.solution)
     attention_part(report, worker, args.hidden, constants)
     if any(c.passed and c.kind == "check" for c in report.cases):
-        sanitize.add_to_report(report, 4, args, sanitizer_calls(args.hidden), step_of)
+        passes.append(sanitize.start(report, 4, args, sanitizer_calls(args.hidden), step_of))
     report.run("bad input raises clear errors (the given binding)", lambda: check_errors(worker), kind="given")
 
 
@@ -589,9 +587,9 @@ def float_benchmarks(report, worker, args) -> None:
             report.note(said)
 
 
-def optional_half(report, worker, args) -> bool:
-    """Steps 8-11 (optional): the bf16/fp16 kernel's checks, its own sanitizer pass and bad input; every case
-    optional, so nothing here moves a point. Whether every case passed (its benchmarks follow)."""
+def optional_half(report, worker, args, passes: list) -> bool:
+    """Steps 8-11 (optional): the bf16/fp16 kernel's checks, then bad input while its own sanitizer pass runs (added
+    to `passes`); every case optional, so nothing here moves a point. Whether the checks passed."""
     major, minor = torch.cuda.get_device_capability()
     if major < 8:
         report.note(f"the bf16/fp16 part (steps 8-11) needs compute capability 8.0 (Ampere) or newer, for "
@@ -599,12 +597,16 @@ def optional_half(report, worker, args) -> bool:
         return False
     if not half_part(report, worker, args.hidden):
         return False
-    before = len(report.cases)
-    sanitize.add_to_report(report, 4, args, half_sanitizer_calls(args.hidden), step_of, HALF_PASS_NAME,
-                           kind="optional")
+    passes.append(sanitize.start(report, 4, args, half_sanitizer_calls(args.hidden), step_of, HALF_PASS_NAME,
+                                 kind="optional", part="half"))
     report.run("bad input to the bf16/fp16 kernel raises clear errors (the given binding)",
                lambda: check_half_errors(worker), kind="optional")
-    return not report.stopped and all(c.passed for c in report.cases[before:])
+    return True
+
+
+def all_passed(report, names: tuple[str, ...]) -> bool:
+    """Whether every case of these names that ran passed (an optional part's sanitizer pass and bad input)."""
+    return not report.stopped and all(c.passed for c in report.cases if c.name in names)
 
 
 def optional_benchmarks(report, worker, timed: list[tuple[str, object]]) -> None:
@@ -642,23 +644,38 @@ def main(argv=None) -> int:
                                        BACKWARD_PASS_NAME, kind="optional")
             return report.finish(args.json)
         # Every check first, the timings last: in a grading, the other tasks' tests check side by side with this
-        # one, and a timed part waits until none of them is in the middle of its checks (harness/gpu_share.py).
+        # one, and a timed part waits until none of them is in the middle of its checks (harness/gpu_share.py). Each
+        # part's sanitizer pass runs beside the checks that follow it, in processes of its own.
+        passes = []
         if "attention" in chosen:
-            float_part(report, worker, args)
-        timed = []  # the optional parts' benchmarks, for a student's own run
+            float_part(report, worker, args, passes)
+        half_passed = backward_passed = False
         if "half" in chosen and not report.stopped:
             # In a process of its own (the next call starts one): a crash or a hang in the optional kernel costs
             # its own part, never the float32 checks or the sanitizer pass before it, or the benchmarks after it.
             worker.stop_until_next_call()
-            if optional_half(report, worker, args) and not args.grading:
-                timed.append(("bf16/fp16", lambda: measure.run_half_benchmarks(report, worker, measure.half_cases())))
+            half_passed = optional_half(report, worker, args, passes)
         if "backward" in chosen and not report.stopped:
             worker.stop_until_next_call()  # the same: a process of its own
-            if optional_backward(report, worker, args) and not args.grading:
-                timed.append(("backward", lambda: measure.run_backward_benchmarks(report, worker,
-                                                                                  measure.backward_cases())))
+            backward_passed = optional_backward(report, worker, args, passes)
+        if any(passes):
+            report.heading("compute-sanitizer")
+        for started in passes:
+            sanitize.finish(report, started)
+        if backward_passed:
+            report.run("a model trained through your kernels learns as with SDPA",
+                       lambda: check_training(worker, args.hidden, write_curves=args.backward), kind="optional")
         if "attention" in chosen:
             float_benchmarks(report, worker, args)
+        timed = []  # the optional parts' benchmarks, for a student's own run
+        half_errors = "bad input to the bf16/fp16 kernel raises clear errors (the given binding)"
+        if half_passed and not args.grading and all_passed(report, (HALF_PASS_NAME, half_errors)):
+            timed.append(("bf16/fp16", lambda: measure.run_half_benchmarks(report, worker, measure.half_cases())))
+        backward_case = ("bad input to the backward part raises clear errors (the given binding)",
+                         "a model trained through your kernels learns as with SDPA")
+        if backward_passed and not args.grading and all_passed(report, (BACKWARD_PASS_NAME, *backward_case)):
+            timed.append(("backward", lambda: measure.run_backward_benchmarks(report, worker,
+                                                                              measure.backward_cases())))
         optional_benchmarks(report, worker, timed)
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(4, args.solution, args.student_dir, report.attention_ops), kind="rule")

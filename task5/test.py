@@ -801,17 +801,20 @@ def half_part(report, worker, hidden_cases) -> bool:
     return report.end_part("half")
 
 
-def optional_half(report, worker, args) -> bool:
-    """Step 6 (optional): the 16-bit cache's checks, its own sanitizer pass and bad input; every case optional, so
-    nothing here moves a point. Whether every case passed (its benchmarks come last)."""
+HALF_ERRORS_NAME = "bad input to the bf16/fp16 cache raises clear errors (the given binding)"
+HALF_TIMED_AFTER = (HALF_PASS_NAME, HALF_ERRORS_NAME)  # the optional part's benchmarks run once these pass
+
+
+def optional_half(report, worker, args, passes: list) -> bool:
+    """Step 6 (optional): the 16-bit cache's checks, then bad input while its own sanitizer pass runs (added to
+    `passes`); every case optional, so nothing here moves a point. Whether the checks passed (its benchmarks come
+    last, once the rest passes too)."""
     if not half_part(report, worker, args.hidden):
         return False
-    before = len(report.cases)
-    sanitize.add_to_report(report, 5, args, half_sanitizer_calls(args.hidden), HALF_KERNEL_STEPS.get,
-                           HALF_PASS_NAME, kind="optional")
-    report.run("bad input to the bf16/fp16 cache raises clear errors (the given binding)",
-               lambda: check_half_errors(worker), kind="optional")
-    return not report.stopped and all(c.passed for c in report.cases[before:])
+    passes.append(sanitize.start(report, 5, args, half_sanitizer_calls(args.hidden), HALF_KERNEL_STEPS.get,
+                                 HALF_PASS_NAME, kind="optional", part="half"))
+    report.run(HALF_ERRORS_NAME, lambda: check_half_errors(worker), kind="optional")
+    return not report.stopped
 
 
 def timed_alone(worker, run) -> None:
@@ -883,12 +886,14 @@ def main(argv=None) -> int:
                 split_passed = len(report.cases) > first and all(c.passed for c in report.cases[first:])
             if part == "paged":
                 paged_passed = len(report.cases) > first and all(c.passed for c in report.cases[first:])
+        passes = []  # each sanitizer pass runs beside the checks that follow it, in processes of its own
         if (args.sanitize and chosen != ["half"]) or any(c.passed and c.kind == "check" for c in report.cases):
             with_splits = split_passed or (args.sanitize and "split" in chosen)
             with_pages = paged_passed or (args.sanitize and "paged" in chosen)
-            sanitize.add_to_report(report, 5, args, sanitizer_calls(args.hidden, with_splits, with_pages),
-                                   KERNEL_STEPS.get)
+            passes.append(sanitize.start(report, 5, args, sanitizer_calls(args.hidden, with_splits, with_pages),
+                                         KERNEL_STEPS.get))
         if args.sanitize:
+            sanitize.finish(report, passes.pop() if passes else None)
             if "half" in chosen:
                 sanitize.add_to_report(report, 5, args, half_sanitizer_calls(args.hidden), HALF_KERNEL_STEPS.get,
                                        HALF_PASS_NAME, kind="optional")
@@ -905,7 +910,12 @@ def main(argv=None) -> int:
             # In a process of its own (the next call starts one): a crash or a hang in the optional kernels costs
             # their own part, never the float32 checks or the sanitizer pass before it, or the benchmarks after it.
             worker.stop_until_next_call()
-            half_timed = optional_half(report, worker, args) and not args.grading
+            half_timed = optional_half(report, worker, args, passes) and not args.grading
+        if any(passes):
+            report.heading("compute-sanitizer")
+        for started in passes:
+            sanitize.finish(report, started)
+        half_timed = half_timed and all(c.passed for c in report.cases if c.name in HALF_TIMED_AFTER)
         # The timings last: in a grading, the other tasks' tests check side by side with this one, and a timed
         # part waits until none of them is in the middle of its checks (harness/gpu_share.py).
         required = [c for c in report.cases if c.kind != "optional"]

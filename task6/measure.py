@@ -97,6 +97,7 @@ class Run:
     prompt: int = 1024
     steps: int = 100
     device: str = "cuda"
+    reps: int = REPS  # timed generations, each way (launched from Python, replayed as a CUDA graph)
 
     def sync(self):
         if self.device == "cuda":
@@ -169,7 +170,7 @@ def time_student(worker, config: Config, run: Run, seed: int, graph: bool = Fals
     worker.call("prefill", warm.prompt, warm.logits, graph)
     worker.call("steps", warm.tokens[:, :2], warm.logits[:, :3])
     ttft, tbt, generations = [], [], []
-    for rep in range(REPS):
+    for rep in range(run.reps):
         gen, replies = Generation(run, config.vocab, seed + 1 + rep), []
         ttft.append(bench.host_clock(lambda: replies.append(worker.call("prefill", gen.prompt, gen.logits, graph)),
                                      reps=1, per_request=1, device=run.device))
@@ -187,7 +188,7 @@ def median(timings):
 
 def time_here(model: SmallLM, reference: SmallLM, run: Run, seed: int, graph: bool = False):
     """TTFT and TBT of a model with a cache in this process, timed as the worker's run is (a warm-up of a
-    prefill and two steps, then REPS generations of the same length), the last generation checked."""
+    prefill and two steps, then run.reps generations of the same length), the last generation checked."""
     decoder = Decoder(model, graph)
 
     def prefill(gen):
@@ -206,7 +207,7 @@ def time_here(model: SmallLM, reference: SmallLM, run: Run, seed: int, graph: bo
         warm = Generation(run, model.config.vocab, seed)
         prefill(warm)
         steps(warm, 2)
-        for rep in range(REPS):
+        for rep in range(run.reps):
             gen = Generation(run, model.config.vocab, seed + 1 + rep)
             ttft.append(bench.host_clock(partial(prefill, gen), reps=1, per_request=1, device=run.device))
             tbt.append(bench.host_clock(partial(steps, gen, run.steps), reps=1, per_request=run.steps,
