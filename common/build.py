@@ -197,29 +197,46 @@ def compile_each(sources: list[Path], folder: Path, arch: str, flags: list[str])
     if nvcc is None:
         raise BuildError("nvcc was not found: load your CUDA toolkit (for example `module load cuda`) or set CUDA_HOME.")
     keys = {own: _folder_key(own, nvcc, arch, flags) for own in {src.parent for src in sources}}
-    running = {}
-    for src in sources:
-        key = keys[src.parent]
-        obj, deps = folder / f"{src.stem}-{key}.o", folder / f"{src.stem}-{key}.d"
-        if obj.exists() and deps.exists():
-            running[src] = (obj, deps, None, None)
-            continue
-        cmd = [nvcc, "-c", str(src), "-o", str(obj) + ".part", "-MD", "-MF", str(deps), "-std=c++17",
-               "-Xcompiler", "-fPIC", "-gencode", f"arch=compute_{arch},code=sm_{arch}", *flags]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=folder)
-        running[src] = (obj, deps, cmd, proc)
+    at_once = max(1, int(os.environ.get("MAX_JOBS") or 4))  # each nvcc takes a core and up to a few GB
+    running, started = {}, []
+    try:
+        for src in sources:
+            key = keys[src.parent]
+            obj, deps = folder / f"{src.stem}-{key}.o", folder / f"{src.stem}-{key}.d"
+            if obj.exists() and deps.exists():
+                running[src] = (obj, deps, None, None)
+                continue
+            cmd = [nvcc, "-c", str(src), "-o", str(obj) + ".part", "-MD", "-MF", str(deps), "-std=c++17",
+                   "-Xcompiler", "-fPIC", "-gencode", f"arch=compute_{arch},code=sm_{arch}", *flags]
+            while sum(proc.poll() is None for proc in started) >= at_once:
+                time.sleep(0.05)
+            with open(obj.with_suffix(".out"), "w") as said:  # a file, not a pipe: nothing waits on a full pipe
+                started.append(subprocess.Popen(cmd, stdout=said, stderr=subprocess.STDOUT, cwd=folder))
+            running[src] = (obj, deps, cmd, started[-1])
+        return _compiled(running, folder, nvcc)
+    finally:  # an error (or Ctrl-C) here leaves no compiler running
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _compiled(running: dict, folder: Path, nvcc: str) -> dict:
+    """compile_each's results, once each compiler it started has ended."""
     results = {}
     for src, (obj, deps, cmd, proc) in running.items():
         shown = str(src.relative_to(REPO)) if src.is_relative_to(REPO) else src.name
         if proc is not None:
-            out, err = proc.communicate()
+            proc.wait()
+            said = obj.with_suffix(".out").read_text(errors="replace")
+            obj.with_suffix(".out").unlink()
             if proc.returncode != 0:
                 log = folder / f"build-{src.stem}.log"
-                log.write_text(" ".join(cmd) + "\n" + out + err)
-                errors = _compiler_errors(out + err).replace(f"{REPO}/", "")  # paths as in the checkout
+                log.write_text(" ".join(cmd) + "\n" + said)
+                errors = _compiler_errors(said).replace(f"{REPO}/", "")  # paths as in the checkout
                 results[src] = BuildError(f"compiling {shown} failed:\n{errors}\n(full log: {_shown(log)})")
                 continue
-            obj.with_suffix(".ptxas").write_text(err)
+            obj.with_suffix(".ptxas").write_text(said)
             os.replace(str(obj) + ".part", obj)
         try:
             kernel_rules.check_object(obj, deps, shown, nvcc)
@@ -240,7 +257,7 @@ def compile_with_optional(task: int, solution: bool, sources: list[Path], folder
     """compile_kernels, except that a student's optional file (an optional part's) that fails to compile or breaks
     a kernel rule is left out of the build and recorded in OPTIONAL_LEFT_OUT: the task's own files still build,
     and the binding's weak symbol says the optional kernel is absent. The reference builds every file. The task's
-    given kernels (GIVEN_KERNELS) compile at the same time, and their objects come last."""
+    given kernels (GIVEN_KERNELS) compile at the same time (the linker takes the objects in any order)."""
     from common.tasks import TASKS
 
     optional = set() if solution or task not in TASKS else {Path(rel).name for rel in TASKS[task].optional_files}

@@ -122,7 +122,7 @@ def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidd
     run = run_task(task, student_dir, scratch, solution=solution, hidden=hidden,
                    timeout_s=timeout or rubric.timeout_s, outcomes=outcomes,
                    echo=lambda line: say(f"  | {line}"), gpu_share=gpu_share, nice=nice, threads=threads)
-    alone = f", {run.alone_s:.0f} s timing with the GPU to itself" if run.alone_s else ""
+    alone = f", {run.alone_s:.0f} s timing alone" if run.alone_s else ""  # the grading's other tests waiting
     say(f"  ({run.seconds:.0f} s, of which {run.waited_s:.0f} s waiting for other tasks{alone})\n")
     if run.record is None:
         return entry | {"status": Status.CRASHED, "summary": run.reason, "cause": run.cause, "seconds": run.seconds}

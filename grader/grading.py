@@ -253,7 +253,7 @@ def reference_builds(tasks: str) -> list[int]:
     """The tasks whose reference extension the gradings of `tasks` load (tasks 6 and 7 run tasks 4's and 5's)."""
     from grader.runner import reference_extensions
 
-    return [task for task, _ in reference_extensions(parse_tasks(tasks), solution=False)]
+    return [task for task, _ in reference_extensions(parse_tasks(tasks))]
 
 
 def prebuild(out: Path) -> int:

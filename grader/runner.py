@@ -217,20 +217,14 @@ def shared_kernel_tasks(tasks) -> list[int]:
     return sorted(n for n in wanted if f"task{n}/binding.cpp" in TASKS[n].given_files)
 
 
-def reference_extensions(tasks, solution: bool) -> list[tuple[int, str | None]]:
-    """(task, kernels folder) of each reference extension the given tasks' tests load: the reference kernels of
-    every CUDA task among them and the tasks they use; with the reference graded, its other kernels folders
-    too (taskN/solution/<name>/, timed beside it)."""
-    from common.build import kernel_sources
+def reference_extensions(tasks) -> list[tuple[int, str | None]]:
+    """(task, kernels folder) of each reference extension the given tasks' tests load in a grading: the reference
+    kernels of every CUDA task among them and the tasks they use (its other kernels folders, taskN/solution/<name>/,
+    are timed in the reference's own test runs, never in a grading: task4/test.py)."""
     from common.impl import has_solution
 
     wanted = sorted({n for t in tasks for n in (t, *TASKS[t].uses) if TASKS[n].cuda and has_solution(n)})
-    found = [(n, None) for n in wanted]
-    for n in wanted if solution else ():
-        for folder in sorted((REPO / f"task{n}" / "solution").iterdir()):
-            if folder.is_dir() and folder.name != "kernels" and kernel_sources(n, True, folder.name):
-                found.append((n, folder.name))
-    return found
+    return [(n, None) for n in wanted]
 
 
 def _reference_build(task: int, kernels: str | None) -> subprocess.Popen:
@@ -250,8 +244,7 @@ def build_kernels_ahead(tasks, student_dir: Path, scratch: Path, *, solution: bo
     ever writes in it. Nothing is judged here: a build that fails or hangs fails again in its task,
     which says why, and building ahead that cannot even start is skipped. Returns a line for the log, or None.
     """
-    # the reference's other kernels are timed in its own test runs, not in a grading (task4/test.py)
-    needed, references = shared_kernel_tasks(tasks), reference_extensions(tasks, solution=False)
+    needed, references = shared_kernel_tasks(tasks), reference_extensions(tasks)
     if not needed and not references:
         return None
     started, workers, compilers, built = time.perf_counter(), [], [], []

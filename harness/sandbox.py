@@ -311,7 +311,7 @@ class Worker:
             return
         try:
             self._ensure_running()
-        except (WorkerError, WorkerDied):
+        except Exception:  # noqa: BLE001  the next call starts it again and reports it inside its case
             self.stop_until_next_call()
 
     def call(self, name: str, *args, timeout: float = CALL_TIMEOUT_S, **kwargs):

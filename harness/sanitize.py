@@ -23,7 +23,7 @@ import os
 import re
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -271,8 +271,11 @@ def run_pass(start_worker, calls: list[Call], sources: dict[str, list[str]], ste
                 Path(keep, f"{tool}.log").write_text(text)
             return parse(text), worker.exit_code, tensors_by_call, failed_calls, died, time.perf_counter() - started
 
-    # The tools run at once, each in its own worker: a pass takes the time of its slowest tool, not their sum.
-    runs = [run.result() for run in [in_daemon(under, tool) for tool in TOOLS]]
+    # The tools run at once, each in its own worker: a pass takes the time of its slowest tool, not their sum. Both
+    # end before the pass does, also when one fails: no worker of the pass outlives it (a timed part may follow).
+    running = [in_daemon(under, tool) for tool in TOOLS]
+    wait(running)
+    runs = [run.result() for run in running]
     problems, metrics, seen, died_of = [], {}, set(), None
     for tool, (report, exit_code, tensors_by_call, failed_calls, died, seconds) in zip(TOOLS, runs):
         died_of = died_of or died
@@ -316,6 +319,9 @@ def add_to_report(report, task: int, args, calls: list[Call], step_of, name: str
     finish(report, start(report, task, args, calls, step_of, name, kind, part))
 
 
+DAEMON_NAME = "sanitizer pass"
+
+
 def in_daemon(fn, *args) -> Future:
     """fn(*args) in a daemon thread; its result, or the exception it raised, in the Future. A daemon: a test stopped
     meanwhile (Ctrl-C, the grader's time limit) does not wait for it, and the workers it started end with it (they
@@ -328,7 +334,7 @@ def in_daemon(fn, *args) -> Future:
         except BaseException as err:  # noqa: BLE001  raised again where the result is read
             result.set_exception(err)
 
-    threading.Thread(target=run, daemon=True).start()
+    threading.Thread(target=run, name=DAEMON_NAME, daemon=True).start()
     return result
 
 
@@ -371,6 +377,7 @@ def start(report, task: int, args, calls: list[Call], step_of, name: str = PASS_
 def finish(report, pending: Pending | None) -> None:
     """Wait for a pass `start` began and add its case (its errors are the case's, as if run in place)."""
     if pending is not None:
+        wait([pending.result])  # also when the report takes no more cases: no worker of the pass outlives the test
         report.run(pending.name, pending.result.result, kind=pending.kind)
 
 

@@ -273,20 +273,11 @@ def time_against_task1(report, worker, device, solution):
                metrics, kind="benchmark")
 
 
-LONG_RUN_S = 0.05  # a run this long is a request of its own: the request's own cost (about 0.1 ms) is lost in it
-
-
 def time_requests(worker, which, q, k, v, causal, reps=5, per_request=3):
-    """Host clock around requests that each run the function `per_request` times (once, when one run takes
-    LONG_RUN_S or more) and wait for the GPU."""
+    """Host clock around requests that each run the function `per_request` times and wait for the GPU."""
     worker.call("repeat", 1, which, q, k, v, causal)  # warm-up
-    start = time.perf_counter()
-    worker.call("repeat", 1, which, q, k, v, causal)
-    once = time.perf_counter() - start
-    samples = [once * 1e3] if once >= LONG_RUN_S else []  # the first sample, when runs are long
-    if samples:
-        per_request = 1
-    for _ in range(reps - len(samples)):
+    samples = []
+    for _ in range(reps):
         start = time.perf_counter()
         worker.call("repeat", per_request, which, q, k, v, causal)
         samples.append((time.perf_counter() - start) * 1e3 / per_request)

@@ -13,10 +13,10 @@ also give each sequence the tokens it gets generated alone.
 - on the GPU, your Task 4 and Task 5 kernels: the same, 4 prompts of 5 to 40 tokens padded, a
   Llama with Llama 3.2 1B's attention (32 query heads over 8 key/value heads), and GPT-2 itself
   (124M parameters) with its real weights when they are in the Hugging Face cache (tests never
-  download), else random ones; then the time per generated token against the model's own
-  attention, and the generated text; last (optional, reported), three of the models in bf16 and
-  fp16, through your kernels' optional 16-bit parts, each within twice the logit error of the same
-  model in that type with PyTorch's attention.
+  download), else random ones; then (optional, reported) three of the models in bf16 and fp16,
+  through your kernels' optional 16-bit parts, each within twice the logit error of the same model in
+  that type with PyTorch's attention; last, the time per generated token against the model's own
+  attention, and the generated text.
 Your code runs in a worker process (task7/entry.py).
 """
 

@@ -46,6 +46,7 @@ import inspect
 import math
 import re
 import sys
+import threading
 import time
 import types
 from dataclasses import dataclass
@@ -1083,6 +1084,12 @@ class Harness:
         test = importlib.import_module(f"task{task}.test")
         with CudaOnTheCpu():
             test.main([*args, "--json", str(path)])
+        # every sanitizer pass a test starts ends with it: none may run on into the next test (or, graded, into a
+        # timed part)
+        passes = [t for t in threading.enumerate() if t.name == sanitize.DAEMON_NAME]
+        for thread in passes:
+            thread.join(timeout=30)  # a finished pass's thread may take a moment more to end
+        assert not any(t.is_alive() for t in passes), f"a sanitizer pass of task {task} outlived its test"
         return valid_record(json.loads(path.read_text()), task)
 
     def as_handout(self, calibration_file: Path):

@@ -124,7 +124,7 @@ class StandIn:
 def test_the_builds_run_together_and_are_all_stopped(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "Worker", StandIn)
     monkeypatch.setattr(runner, "PREBUILD_S", 0.5)
-    monkeypatch.setattr(runner, "reference_extensions", lambda tasks, solution: [])
+    monkeypatch.setattr(runner, "reference_extensions", lambda tasks: [])
     StandIn.spawned, StandIn.handshakes, StandIn.stopped, StandIn.fail, StandIn.hang = [], [], [], set(), set()
     assert runner.build_kernels_ahead([1, 3], tmp_path, tmp_path, solution=False) is None
     assert StandIn.spawned == []
@@ -149,7 +149,7 @@ def test_the_references_are_built_beside_them_and_a_stuck_one_is_stopped(tmp_pat
     monkeypatch.setattr(runner, "Worker", StandIn)
     monkeypatch.setattr(runner, "PREBUILD_S", 2.0)
     StandIn.spawned, StandIn.handshakes, StandIn.stopped, StandIn.fail, StandIn.hang = [], [], [], set(), set()
-    outcome = {(4, None): "pass", (4, "tensor_cores"): "time.sleep(60)", (5, None): "sys.exit(1)"}
+    outcome = {(2, None): "time.sleep(60)", (4, None): "pass", (5, None): "sys.exit(1)"}
     started = []
 
     def compiler(task, kernels):
@@ -158,7 +158,7 @@ def test_the_references_are_built_beside_them_and_a_stuck_one_is_stopped(tmp_pat
                                 start_new_session=True)
 
     monkeypatch.setattr(runner, "_reference_build", compiler)
-    monkeypatch.setattr(runner, "reference_extensions", lambda tasks, solution: list(outcome))
+    monkeypatch.setattr(runner, "reference_extensions", lambda tasks: list(outcome))
     line = runner.build_kernels_ahead([5], tmp_path, tmp_path, solution=True)
     assert started == list(outcome)
     assert line.startswith("built the kernels of tasks 4, 5 and the reference's of task 4 at once ("), line
