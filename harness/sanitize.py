@@ -301,8 +301,8 @@ def run_pass(start_worker, calls: list[Call], sources: dict[str, list[str]], ste
     if problems:
         shown = problems[:6] + ([f"... and {len(problems) - 6} more"] if len(problems) > 6 else [])
         return False, "\n".join(shown), metrics, died_of
-    return True, (f"memcheck and racecheck clean on {len(calls)} small cases "
-                  f"({metrics['memcheck_s']:.0f} s and {metrics['racecheck_s']:.0f} s, side by side; {BLIND_SPOTS})"), metrics
+    return True, (f"memcheck and racecheck clean on {len(calls)} small cases ({metrics['memcheck_s']:.0f} s and "
+                  f"{metrics['racecheck_s']:.0f} s, side by side; {BLIND_SPOTS})"), metrics
 
 
 PASS_NAME = "memory-safe and race-free (compute-sanitizer)"
