@@ -128,3 +128,13 @@ def alone(*workers):
             for worker in python:  # stopped again: going back to shared need not keep others out meanwhile
                 worker.stop_until_next_call()
             fcntl.flock(_held["fd"], fcntl.LOCK_SH)
+
+
+@contextmanager
+def alone_in_a_fresh_process(worker):
+    """`alone(worker)`, the worker's process started anew first, before the GPU is ours alone (so its start is not
+    timed, and an optional part's crash before it costs nothing here)."""
+    worker.stop_until_next_call()
+    worker.ready()
+    with alone(worker):
+        yield

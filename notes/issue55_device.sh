@@ -4,8 +4,7 @@
 # packed as graded.tgz. A part graded by an earlier call is carried back in as ./graded and kept.
 # C: a class of one student who hands in the reference's files, through grader.batch (its prebuild, then the
 # grading): the cost of a grading in a class. O: GPU memory held by another process (all but 1 GiB), then task 3
-# graded: it must end "could not grade" (grader/machine.py), not 0. PROFILE=1: each test process under cProfile
-# (notes/kitprof.py), the profiles in $OUT/prof.
+# graded: it must end "could not grade" (grader/machine.py), not 0.
 # The commands run in a clean checkout of HEAD (/tmp/c): the working tree may hold a colleague's work in progress.
 export PYTHONUNBUFFERED=1
 dpkg -x .dev/bubblewrap_*.deb / 2>/dev/null
@@ -18,11 +17,6 @@ for line in sys.stdin:
 if [ -z "$IN_CLEAN" ] && git rev-parse -q HEAD > /dev/null 2>&1; then
   rm -rf /tmp/c && git worktree add -f --detach /tmp/c HEAD > /dev/null 2>&1 || { mkdir -p /tmp/c && git archive HEAD | tar -x -C /tmp/c; }
   cp -r .dev /tmp/c/ && cd /tmp/c && IN_CLEAN=1 exec bash notes/issue55_device.sh "$@"
-fi
-if [ -n "$PROFILE" ]; then  # every test process under cProfile (notes/kitprof.py), its profile left in $OUT/prof
-  mkdir -p $OUT/prof && cp notes/kitprof.py "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
-  echo "import kitprof; kitprof.install()" > "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kitprof.pth"
-  export KITPROF_DIR=$OUT/prof
 fi
 case "$1" in
 G)

@@ -562,12 +562,10 @@ def float_benchmarks(report, worker, args) -> None:
     if report.stopped or not all(c.passed for c in report.cases if c.kind != "optional"):
         report.note("benchmarks skipped until every check passes")
         return
-    worker.stop_until_next_call()
-    worker.ready()
     if args.sweep:
         from task4.sweep import sweep
 
-        with gpu_share.alone(worker):
+        with gpu_share.alone_in_a_fresh_process(worker):
             sweep(report, worker, with_tensor_cores=args.solution)
     else:
         if args.grading:
@@ -576,7 +574,7 @@ def float_benchmarks(report, worker, args) -> None:
                                                                   "against nn.MultiheadAttention, the bf16/fp16 "
                                                                   "kernel against SDPA's flash backend, and the "
                                                                   "backward kernels against SDPA's backward"))
-        with gpu_share.alone(worker):
+        with gpu_share.alone_in_a_fresh_process(worker):
             # the reference's extra timings (other head sizes, its tensor-core kernels) are for a look at the
             # reference; the grader times the reference as it times a student's kernel
             extras = args.solution and not args.grading
@@ -609,9 +607,7 @@ def optional_benchmarks(report, worker, timed: list[tuple[str, object]]) -> None
     process of its own, after the float32 benchmarks."""
     for name, run in timed:
         report.heading(f"{name} benchmarks (optional)")
-        worker.stop_until_next_call()
-        worker.ready()
-        with gpu_share.alone(worker):
+        with gpu_share.alone_in_a_fresh_process(worker):
             run()
 
 

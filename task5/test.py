@@ -814,15 +814,6 @@ def optional_half(report, worker, args, passes: list) -> bool:
     return not report.stopped
 
 
-def timed_alone(worker, run) -> None:
-    """`run` with the GPU to this test alone, in a fresh worker started before (an optional part before it may
-    have crashed its own process)."""
-    worker.stop_until_next_call()
-    worker.ready()
-    with gpu_share.alone(worker):
-        run()
-
-
 def main(argv=None) -> int:
     parser = cli.parser(5, __doc__.splitlines()[2])
     for part, (steps, optional) in PARTS.items():
@@ -923,15 +914,16 @@ def main(argv=None) -> int:
             report.note("benchmarks skipped until every check passes")
         else:
             report.heading("benchmarks")
-            timed_alone(worker, lambda: measure.run_benchmarks(
-                report, worker, split_passed, prefill["by"], paged_passed,
-                measure.SHAPE_BENCHMARKS + cli.extra_cases(5, "shapes", args.hidden)))
+            with gpu_share.alone_in_a_fresh_process(worker):
+                measure.run_benchmarks(report, worker, split_passed, prefill["by"], paged_passed,
+                                       measure.SHAPE_BENCHMARKS + cli.extra_cases(5, "shapes", args.hidden))
             said = None if args.solution or args.grading else points.estimate_note(5, report.cases)
             if said:
                 report.note(said)
         if half_timed:
             report.heading("bf16/fp16 benchmarks (optional)")
-            timed_alone(worker, lambda: measure.run_half_benchmarks(report, worker))
+            with gpu_share.alone_in_a_fresh_process(worker):
+                measure.run_half_benchmarks(report, worker)
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(5, args.solution, args.student_dir, report.attention_ops), kind="rule")
     if chosen == ["half"]:  # the status below counts required checks only, and this run has none
