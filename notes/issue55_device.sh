@@ -4,7 +4,8 @@
 # packed as graded.tgz. A part graded by an earlier call is carried back in as ./graded and kept.
 # C: a class of one student who hands in the reference's files, through grader.batch (its prebuild, then the
 # grading): the cost of a grading in a class. O: GPU memory held by another process (all but 1 GiB), then task 3
-# graded: it must end "could not grade" (grader/machine.py), not 0.
+# graded: it must end "could not grade" (grader/machine.py), not 0. PROFILE=1: notes/wallprof.py samples the
+# grading's processes (prof.tgz; `python notes/wallprof.py prof START END` reads a window).
 # The commands run in a clean checkout of HEAD (/tmp/c): the working tree may hold a colleague's work in progress.
 export PYTHONUNBUFFERED=1
 dpkg -x .dev/bubblewrap_*.deb / 2>/dev/null
@@ -18,11 +19,17 @@ if [ -z "$IN_CLEAN" ] && git rev-parse -q HEAD > /dev/null 2>&1; then
   rm -rf /tmp/c && git worktree add -f --detach /tmp/c HEAD > /dev/null 2>&1 || { mkdir -p /tmp/c && git archive HEAD | tar -x -C /tmp/c; }
   cp -r .dev /tmp/c/ && cd /tmp/c && IN_CLEAN=1 exec bash notes/issue55_device.sh "$@"
 fi
+if [ -n "$PROFILE" ]; then  # notes/wallprof.py in every Python process of the grading (workers left out)
+  site=$(python3 -c "import site; print(site.getsitepackages()[0])")
+  cp notes/wallprof.py "$site/kit_wallprof.py" && echo "import kit_wallprof" > "$site/kit_wallprof.pth"
+  export KIT_WALLPROF=/tmp/prof KIT_WALLPROF_ROOT=$PWD
+fi
 case "$1" in
 G)
   [ -d graded ] && cp -r graded /tmp/graded
   ( time timeout ${LIMIT:-570} python -m grader --solution --out /tmp/graded --keep --tasks "${2:-1,2,3,4,5,6,7}" ) 2>&1 | stamp > $OUT/grader.log
-  tar czf $OUT/graded.tgz -C /tmp graded; tail -n 25 $OUT/grader.log ;;
+  tar czf $OUT/graded.tgz -C /tmp graded; tail -n 25 $OUT/grader.log
+  [ -d /tmp/prof ] && tar czf $OUT/prof.tgz -C /tmp prof ;;
 C)
   python3 - <<'PY'
 from pathlib import Path

@@ -595,7 +595,8 @@ def backward_checks(record):
 def test_task4s_backward_part_is_checked_timed_and_scores_nothing(stand_in, tmp_path, monkeypatch):
     """The optional backward part (steps 12-16): every public and hidden case passes for the reference (lse, out,
     then dq, dk, dv), then its sanitizer pass, its bad input, the copy model trained through it against SDPA (its
-    curves written with --backward) and its timings against SDPA's backward, all optional; a student's dk 1% off
+    curves written with --backward) and its timings against SDPA's backward, all optional (a grading checks the
+    training untimed and times nothing of the part); a student's dk 1% off
     fails those cases only, with the step named, and keeps every point; with the steps still TODO the part says
     which step."""
     from task4 import measure
@@ -624,6 +625,15 @@ def test_task4s_backward_part_is_checked_timed_and_scores_nothing(stand_in, tmp_
     assert all(c["kind"] == "optional" and c["passed"] and c["message"].endswith("not scored")
                and "SDPA's backward" in c["message"] and "reference kernels" in c["message"] for c in timed), timed
     assert any("--backward tests the optional part alone" in n for n in record["notes"]), record["notes"]
+
+    # a grading runs the training check untimed, as a check beside the sanitizer passes, and times nothing optional
+    record = stand_in.run(4, "--solution", "--backward", "--grading", *HIDDEN)
+    names = [c["name"] for c in record["cases"]]
+    training = [c for c in record["cases"] if c["name"].startswith("a model trained through your kernels")]
+    assert len(training) == 1 and training[0]["passed"], training
+    assert "not timed in a grading" in training[0]["message"] and "kernel_step_ms" not in training[0]["metrics"]
+    assert names.index(training[0]["name"]) < names.index(BACKWARD_PASS_NAME)
+    assert not any(name.startswith("backward pass time: ") for name in names)
 
     for rel in ("task4/kernels/attention.cu", "task4/kernels/attention_backward.cu"):  # a finished student's files
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
