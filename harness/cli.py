@@ -52,6 +52,14 @@ GRADING_LEAVES_OUT = ("the grader leaves out the slowest timings that are not sc
                       "python -m task{task}.test shows them")
 
 
+def grading_leaves_out(report, args, task: int, what: str) -> bool:
+    """Whether this run is a grading, which leaves a timing no point depends on to the student's own run (every
+    grading of a class pays for each timed part with the GPU to itself); if so, a note says what was left out."""
+    if args.grading:
+        report.note(GRADING_LEAVES_OUT.format(task=task, what=what))
+    return args.grading
+
+
 OUTCOME_WAIT_S = 1500  # longer than any task's time limit (grader/rubric.py): past it, the task is taken as hung
 
 

@@ -356,9 +356,12 @@ def run_forward_rest(report, worker, args) -> None:
 
 
 def run_timing(report, worker, args) -> None:
-    """The timing beside task 1, once every check of the forward pass passes."""
+    """The timing beside task 1, once every check of the forward pass passes (a student's own run: no point depends
+    on it, so a grading leaves it out)."""
     if not report.stopped and all(c.passed for c in report.cases if c.kind != Kind.OPTIONAL):
         report.heading("timing")
+        if cli.grading_leaves_out(report, args, 3, "the CPU and CUDA time against task 1"):
+            return
         if cli.used_code_hung(args, 1, worker):  # it would hang here again, for a whole call's time limit
             report.note("timing against task 1 skipped: task 1's code did not finish importing when task 1 "
                         "was graded")

@@ -1,7 +1,8 @@
 """Task 6's measuring: the handout's generation run, timed (imported by task6/test.py).
 
 Your model generates in the worker (TTFT and TBT on the host clock around each request, REPS
-generations after a warm-up; the grader's run, task6/test.py's GRADING_REPS), with its decode steps launched from Python and again replayed
+generations after a warm-up; a grading leaves the run out: no point depends on it), with its decode steps launched
+from Python and again replayed
 from one step captured as a CUDA graph; then, with the worker ended, every timed generation is
 checked against the model with PyTorch's attention, the TBT is set against its floor (the bytes
 one decode step must read at the copy bandwidth measured in the same run) and the TTFT against

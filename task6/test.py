@@ -25,7 +25,6 @@ The generation run is measured in task6/measure.py. Your code runs in a worker p
 
 from __future__ import annotations
 
-import dataclasses
 
 import torch
 
@@ -39,10 +38,6 @@ from task6.measure import (BUILD_TIMEOUT_S, HANDOUT, HINTS, FullAttention, choos
 from task6.model import SIZES, Config, SmallLM
 
 CPU_VOCAB, GPU_VOCAB = 97, 1000
-# The grader's generation run: one timed generation each way (each a hundred decode steps, timed as one), where a
-# student's own run times HANDOUT.reps; no point depends on it, and each generation costs a few seconds of the
-# GPU to itself at the handout's size, for every student of a class.
-GRADING_REPS = 1
 # (hidden, heads, layers, batch, max_seq, prompt_len, steps[, kv_heads[, padding]]); MLP 4 x hidden. kv_heads
 # below heads: grouped-query; padding: each sequence's padding tokens before its prompt (a batch padded on the
 # left; a sequence may be all padding). Some end with the cache full.
@@ -268,20 +263,15 @@ def main(argv=None) -> int:
         if not all_passed:
             report.note("the generation run is skipped until every check passes")
         elif torch.cuda.is_available() and float32_parts:
-            size = choose_size(args.size)
             report.heading("generation")
-            run = HANDOUT
-            if args.grading:  # no point depends on the generation run: the grader times what its report needs
-                run = dataclasses.replace(HANDOUT, reps=GRADING_REPS)
-                report.note(cli.GRADING_LEAVES_OUT.format(
-                    task=6, what=f"SDPA and the reference kernels over the same cache in the generation run, and "
-                                 f"{HANDOUT.reps - run.reps} of its {HANDOUT.reps} timed generations each way"))
-            with gpu_share.alone(worker):  # it also gives back the checks' own reference models' memory
-                run_generation(report, worker, size, SIZES[size], run, cli.seed(60, args.hidden),
-                               baselines=not args.grading)
-        if half_passed and args.grading:  # as tasks 4 and 5 leave their optional parts' timings to the student
-            report.note(cli.GRADING_LEAVES_OUT.format(task=6, what="the optional part's generation run in 16 bits"))
-        elif half_passed:
+            # no point depends on the generation run (its time to first token and between tokens, the CUDA graph's
+            # gain): a grading leaves it out, in float32 and in 16 bits, as tasks 4 and 5 their optional timings
+            if not cli.grading_leaves_out(report, args, 6, "the generation run, in float32" +
+                                          (" and in 16 bits" if half_passed else "")):
+                size = choose_size(args.size)
+                with gpu_share.alone(worker):  # it also gives back the checks' own reference models' memory
+                    run_generation(report, worker, size, SIZES[size], HANDOUT, cli.seed(60, args.hidden))
+        if half_passed and not args.grading:
             if not float32_parts:
                 report.heading("generation")
             float32_run = next((c.metrics for c in report.cases if "tbt_ms" in c.metrics), None)

@@ -283,6 +283,9 @@ def run_on_gpu(report, worker, args):
         # The timing last: in a grading, the other tasks' tests check side by side with this one, and a timed
         # part waits until none of them is in the middle of its checks (harness/gpu_share.py).
         report.heading("timing")
+        if cli.grading_leaves_out(report, args, 7, "the generation's time per token against the models' own "
+                                                   "attention, and its text"):  # no point depends on it
+            return
         runs = [("generation: time per token, and the text", model, tokenizer, what, prompt),
                 ("generation with grouped-query attention: time per token, and the text", llama, llama_tokenizer,
                  llama_what, llama_prompt)]

@@ -11,7 +11,7 @@ record as the grader does.
 import pytest
 import torch
 
-from harness import bench, calibration
+from harness import bench, calibration, gpu_share
 from harness.checks import HALF_TYPES
 from harness.records import Report
 from grader.calibrate import ratios_of
@@ -125,10 +125,10 @@ def test_the_models_earn_their_points_on_the_gpu_path(stand_in, monkeypatch, tas
 
 
 @needs_solution(6)
-def test_the_grader_leaves_out_task6s_generation_in_16_bits(stand_in, monkeypatch):
-    """The optional part's generation run is timed in a student's own run, as tasks 4 and 5 time their optional
-    parts: the grader runs its checks, and leaves the timing out with a note; the float32 run times one generation
-    each way (no point depends on it)."""
+def test_the_grader_leaves_out_the_timings_no_point_depends_on(stand_in, monkeypatch):
+    """Tasks 3, 6 and 7 have no performance points: a grading runs every check of theirs (task 6's 16-bit model's
+    too) and leaves their timings to the student's own run, each with a note that says so; no timed part of theirs
+    holds the GPU."""
     from task6 import measure, test as task6_test
     from task6.model import SIZES
 
@@ -137,14 +137,24 @@ def test_the_grader_leaves_out_task6s_generation_in_16_bits(stand_in, monkeypatc
     monkeypatch.setattr(bench, "copy_bandwidth_gbs", lambda *args, **kwargs: 1e3)
     record = stand_in.run(6, "--solution", *HIDDEN, "--size", "small", "--grading")
     assert record["status"] == "passed", failed(record)
-    (generation,) = [c for c in record["cases"] if c["kind"] == "benchmark"]
-    assert "in bfloat16" not in generation["name"] and generation["passed"]
+    assert not [c for c in record["cases"] if c["kind"] == "benchmark"]
     half = [c for c in record["cases"] if c["name"].split(":")[0] in HALF_TYPES]
     assert half and all(c["passed"] for c in half)
-    assert any("the optional part's generation run in 16 bits" in note for note in record["notes"]), record["notes"]
-    assert any(f"{task6_test.HANDOUT.reps - task6_test.GRADING_REPS} of its {task6_test.HANDOUT.reps} timed "
-               "generations each way" in note for note in record["notes"]), record["notes"]
+    assert any("the generation run, in float32 and in 16 bits" in note for note in record["notes"]), record["notes"]
+    # task 7: test_task7s_16_bit_models_fail_on_a_wrong_16_bit_kernel_and_cost_no_point, graded there
 
+
+def test_the_grader_leaves_out_task3s_timing(monkeypatch):
+    """Task 3's timing against task 1 (no point depends on it) is left out of a grading with a note, before
+    anything would start a worker or hold the GPU."""
+    import argparse
+
+    from task3.test import run_timing
+
+    report = Report(3, True, "FlashAttention-2")
+    monkeypatch.setattr(gpu_share, "alone", None)  # a timed part would call it
+    run_timing(report, None, argparse.Namespace(grading=True))
+    assert not report.cases and any("the CPU and CUDA time against task 1" in n for n in report.notes)
 
 @needs_solution(6)
 def test_task6_a_step_that_passes_the_python_length_is_told_so_by_the_graph(stand_in, monkeypatch, tmp_path):
@@ -549,16 +559,19 @@ def check_16_bit_cache(attention):
 @needs_solution(7)
 def test_task7s_16_bit_models_fail_on_a_wrong_16_bit_kernel_and_cost_no_point(stand_in, monkeypatch, tmp_path):
     """Task 4's bf16/fp16 kernel 1% off: task 7's float32 models (and every point) are untouched, and its optional
-    16-bit models say what is off, within what the type allows, and where to look."""
+    16-bit models say what is off, within what the type allows, and where to look. Graded: the generation's timing
+    (no point depends on it) is left out with a note."""
     from task7.test import HALF_TYPES
 
     (tmp_path / "task7").mkdir()
     (tmp_path / "task7/attention.py").write_text((REPO / "task7/solution/attention.py").read_text())
     stand_in.student[4] = Behaviour(half="wrong")
     monkeypatch.setattr(bench, "copy_bandwidth_gbs", lambda *args, **kwargs: 1e3)
-    record = stand_in.run(7, "--student-dir", str(tmp_path), *HIDDEN)
+    record = stand_in.run(7, "--student-dir", str(tmp_path), *HIDDEN, "--grading")
     points, why = score(7, record)
     assert record["status"] == "passed" and points == RUBRIC[7].points, why
+    assert not [c for c in record["cases"] if c["kind"] == "benchmark"]
+    assert any("the generation's time per token" in note for note in record["notes"]), record["notes"]
     half = [c for c in record["cases"] if c["name"].split()[0] in HALF_TYPES]
     wrong = [c["message"] for c in half if not c["passed"]]
     assert wrong and all("allowed" in m and "--half" in m for m in wrong), wrong
