@@ -25,7 +25,6 @@ The generation run is measured in task6/measure.py. Your code runs in a worker p
 
 from __future__ import annotations
 
-
 import torch
 
 from common import impl
