@@ -1,12 +1,8 @@
 """The kernels of tasks 4 and 5 as their bindings define them, in plain PyTorch: what runs on the CPU.
 
-Given code (not graded). Tasks 6 and 7 call three kernels through one small interface:
-`attention(q, k, v, causal, key_start=None)` (task 4), `update_cache(k_new, v_new, k_cache,
-v_cache, pos)` and `decode(q, k_cache, v_cache, length, key_start=None)` (task 5), all with the
-scale 1/sqrt(head_dim); k, v and the caches may have fewer heads than q (grouped-query
-attention), and key_start marks each sequence's left padding. `pos` and `length` are an int
-(every sequence) or an int32 tensor of one value per sequence (the form a CUDA graph replays).
-On a GPU that is task5/attention.py's `CudaKernels`; on the CPU this class plays them.
+Given code (not graded). Tasks 6 and 7 call three kernels through one small interface, the kernel
+set of common/kernel_set.py. On a GPU that is task5/attention.py's `CudaKernels`; on the CPU this
+class plays them.
 """
 
 from __future__ import annotations
@@ -14,6 +10,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from common.kernel_set import hidden_keys
 
 
 class PyTorchKernels:
@@ -33,20 +31,16 @@ class PyTorchKernels:
         k, v = (t.repeat_interleave(heads // kv_heads, dim=1) for t in (k, v))
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
         seq_q, seq_k = q.shape[-2], k.shape[-2]
-        hidden = torch.zeros(seq_q, seq_k, dtype=torch.bool, device=q.device)
-        if causal:
-            hidden = torch.ones(seq_q, seq_k, dtype=torch.bool, device=q.device).triu(seq_k - seq_q + 1)
-        if key_start is None:
-            return torch.softmax(scores.masked_fill(hidden, -math.inf), dim=-1) @ v
-        if seq_q > seq_k:
+        if key_start is not None and seq_q > seq_k:
             raise ValueError(f"key_start needs seq_q <= seq_k (the queries are the last seq_q positions of the keys), "
                              f"got seq_q = {seq_q} and seq_k = {seq_k}")
         # Left padding: keys before key_start[b] are hidden, and so are the queries at those positions,
         # whose rows are zeros (they see no key).
-        first = self._key_start(key_start, q.shape[0], seq_k, "seq_k")[:, None, None, None]
-        padded_key = torch.arange(seq_k, device=q.device) < first
-        padded_query = (torch.arange(seq_q, device=q.device) + seq_k - seq_q)[:, None] < first
-        scores = scores.masked_fill(hidden | padded_key | padded_query, -math.inf)
+        first = None if key_start is None else self._key_start(key_start, q.shape[0], seq_k, "seq_k")
+        hidden, padded_query = hidden_keys(seq_q, seq_k, causal, first, q.device)
+        scores = scores.masked_fill(hidden, -math.inf)
+        if padded_query is None:
+            return torch.softmax(scores, dim=-1) @ v
         scores = scores.masked_fill(padded_query, 0.0)  # a finite row, replaced by zeros below
         return (torch.softmax(scores, dim=-1) @ v).masked_fill(padded_query, 0.0)
 

@@ -16,6 +16,7 @@ import math
 import torch
 
 from common.build import TaskExtension
+from common.kernel_set import KernelSet
 from common.operators import function
 from common.layer import AttentionLayer
 
@@ -156,7 +157,7 @@ class CachedMultiHeadAttention(AttentionLayer):
     in one contiguous, coalesced sweep.
     """
 
-    def __init__(self, hidden_size: int, num_heads: int, max_seq: int, device=None, kernels=None):
+    def __init__(self, hidden_size: int, num_heads: int, max_seq: int, device=None, kernels: KernelSet | None = None):
         super().__init__(hidden_size, num_heads, device=device)
         if not isinstance(max_seq, int) or max_seq < 1:
             raise ValueError(f"max_seq must be a positive int (the positions the cache holds), got {max_seq!r}")

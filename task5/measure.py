@@ -17,6 +17,7 @@ from torch import nn
 
 from harness import bench, points
 from harness.checks import GUARD_BITS, GUARD_BITS_16, bit_sum, compare, exact_float32
+from common.kernel_set import hidden_keys
 from common.layer import mha_weights
 from harness.reference import attention_reference, causal_mask
 from harness.sandbox import WorkerError
@@ -232,17 +233,35 @@ def naive_decode(q, k, v, scale):
 
 
 class SdpaKernels:
-    """PyTorch's SDPA in the same cached layer (the trusted side's baseline): the cache updated in place."""
+    """PyTorch's SDPA as the kernel set (common/kernel_set.py) of the same cached layer: the trusted side's
+    baseline, the cache updated in place. It checks nothing of its inputs (the checks make them)."""
 
-    def attention(self, q, k, v, causal):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    def attention(self, q, k, v, causal, key_start=None):
+        gqa = k.shape[1] != q.shape[1]
+        if key_start is None and not (causal and q.shape[2] != k.shape[2]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+        # SDPA's is_causal aligns the queries with the first keys; here they are the last ones, so the mask is ours
+        hidden, padded = hidden_keys(q.shape[2], k.shape[2], causal, None if key_start is None else key_start.long(),
+                                     q.device)
+        if padded is not None:
+            hidden = hidden & ~padded  # a padding query sees every key (a finite row), then its row is zeros
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=~hidden, enable_gqa=gqa)
+        return out if padded is None else out.masked_fill(padded, 0.0)
 
     def update_cache(self, k_new, v_new, k_cache, v_cache, pos):
-        k_cache[:, :, pos:pos + k_new.shape[2]] = k_new
-        v_cache[:, :, pos:pos + v_new.shape[2]] = v_new
+        n = k_new.shape[2]
+        if not isinstance(pos, torch.Tensor):
+            k_cache[:, :, pos:pos + n], v_cache[:, :, pos:pos + n] = k_new, v_new
+            return
+        for b, p in enumerate(pos.tolist()):
+            k_cache[b, :, p:p + n], v_cache[b, :, p:p + n] = k_new[b], v_new[b]
 
-    def decode(self, q, k_cache, v_cache, length):
-        return F.scaled_dot_product_attention(q, k_cache[:, :, :length], v_cache[:, :, :length])
+    def decode(self, q, k_cache, v_cache, length, key_start=None):
+        if not isinstance(length, torch.Tensor):
+            return self.attention(q, k_cache[:, :, :length], v_cache[:, :, :length], False, key_start)
+        return torch.cat([self.attention(q[b:b + 1], k_cache[b:b + 1, :, :end], v_cache[b:b + 1, :, :end], False,
+                                         None if key_start is None else key_start[b:b + 1])
+                          for b, end in enumerate(length.tolist())])
 
 
 def generation_inputs(rng_seed):

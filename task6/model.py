@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.kernel_set import KernelSet
 from common.validate import check_hidden
 
 
@@ -169,7 +170,7 @@ class Attention(nn.Module):
     (batch, n, hidden); task6/attention.py writes it.
     """
 
-    def __init__(self, config: Config, rope: Rope, kernels=None, device=None, dtype=None):
+    def __init__(self, config: Config, rope: Rope, kernels: KernelSet | None = None, device=None, dtype=None):
         super().__init__()
         self.heads, self.head_dim = config.heads, check_hidden(config.hidden, config.heads)
         self.kv_heads = config.key_value_heads
@@ -228,8 +229,8 @@ class SmallLM(nn.Module):
     any process); `device="meta"` makes a model without memory, to `share_weights` into.
     """
 
-    def __init__(self, config: Config, attention: type, kernels=None, device=None, dtype=torch.float32,
-                 seed: int | None = 0):
+    def __init__(self, config: Config, attention: type, kernels: KernelSet | None = None, device=None,
+                 dtype=torch.float32, seed: int | None = 0):
         super().__init__()
         check_hidden(config.hidden, config.heads)
         self.config = config
@@ -266,7 +267,7 @@ class SmallLM(nn.Module):
             block.attention.rope = other.rope
         return self
 
-    def set_kernels(self, kernels) -> SmallLM:
+    def set_kernels(self, kernels: KernelSet) -> SmallLM:
         for block in self.blocks:
             block.attention.kernels = kernels
         return self
