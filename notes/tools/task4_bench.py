@@ -1,4 +1,4 @@
-"""Instructors' bench: python3 notes/task4_bench.py [--cases quick|all] [--ncu] KERNEL.cu ...
+"""Instructors' bench: python3 notes/tools/task4_bench.py [--cases quick|all] [--ncu] KERNEL.cu ...
 
 Builds each kernel file (a variant of task 4's, with its launcher) with the task's binding, in
 parallel, checks it against float64 on odd shapes (outputs poisoned with NaN), then times every
@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402

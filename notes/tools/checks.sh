@@ -1,12 +1,13 @@
 #!/bin/bash
-# Issue 34's device calls (run from the repository root on the GPU machine, bubblewrap's .deb unpacked first; the
-# notebook's packages carried as wheels in .dev/wheels; logs under $OUT). N: the notebook in a fresh handout;
-# C: the comparison of every reference implementation; O: the operators' tests; K: known-bad submissions left
-# over (a pytest -k filter); G: the grader.
+# Device calls that check the kit, from the repository root on the GPU machine (bubblewrap's .deb unpacked first;
+# the notebook's packages carried as wheels in .dev/wheels; logs under $OUT): bash notes/tools/checks.sh MODE.
+# notebook: the notebook in a fresh handout; compare: every reference implementation side by side; operators: the
+# registered operators' tests; known-bad [FILTER]: tests/test_cuda_submissions.py, one process each, 16 at a time,
+# each verdict in known_bad.log as it comes (a pytest -k filter; KB_LIMIT seconds each); grade: the grader.
 L=/tmp/logs; mkdir -p $L
 export PYTHONUNBUFFERED=1  # a log cut by a timeout still shows how far it got
 case "$1" in
-N)
+notebook)
   which -a python pip > $OUT/pip.log; python -m pip install -q --no-index --find-links .dev/wheels nbclient nbformat ipykernel >> $OUT/pip.log 2>&1; python -c "import nbformat, nbclient, ipykernel" >> $OUT/pip.log 2>&1
   rm -rf /tmp/handout && python -m grader.handout /tmp/handout > /dev/null
   # no network here: the kit installed as the notebook's set-up cell would, without fetching its build backend
@@ -31,18 +32,18 @@ finally:  # what ran, even when a cell failed or the time ran out
 PY
   ) > $OUT/notebook.log 2>&1
   cp /tmp/course-executed.ipynb $OUT/ 2>/dev/null; tail -n 40 $OUT/notebook.log; cat $OUT/cells.log ;;
-C)
+compare)
   ( time timeout 560 python -m harness.compare --solution --head-dims 64,128 --csv $OUT/compare.csv ) > $OUT/compare.log 2>&1
   tail -n 30 $OUT/compare.log ;;
-O)
+operators)
   ( timeout 560 python -m pytest -q -p no:cacheprovider -rA tests/test_operators.py ) > $OUT/operators.log 2>&1
   tail -n 30 $OUT/operators.log ;;
-K)  # one process each, 16 at a time, each verdict written as it comes
+known-bad)  # one process each, 16 at a time, each verdict written as it comes
   python -m pytest --collect-only -q -p no:cacheprovider tests/test_cuda_submissions.py ${2:+-k "$2"} | grep "::" > $L/ids
   cat -n $L/ids | sed 's/^ *//' | xargs -P 16 -L 1 sh -c \
     'timeout ${KB_LIMIT:-540} python -m pytest -q -p no:cacheprovider -rA "$1" > '$L'/kb_$0.log 2>&1; echo "$? $1" | tee -a '$OUT'/known_bad.log'
   ;;
-G)  # a part graded by an earlier call is carried back in as ./graded (gitignored) and kept
+grade)  # a part graded by an earlier call is carried back in as ./graded (gitignored) and kept
   [ -d graded ] && cp -r graded $OUT/graded
   ( time timeout 590 python -m grader --solution --out $OUT/graded --keep --tasks "${2:-1,2,3,4,5,6,7}" ) > $OUT/grader.log 2>&1
   tail -n 30 $OUT/grader.log ;;

@@ -1,6 +1,6 @@
-"""Where a decode step of task 6's handout model goes: python notes/task6_profile.py (a GPU with 40 GB).
+"""Where a decode step of task 6's handout model goes: python notes/tools/task6_profile.py (a GPU with 40 GB).
 
-python notes/task6_profile.py --cublas: the products by F.linear (cuBLAS), as before the given kernel.
+python notes/tools/task6_profile.py --cublas: the products by F.linear (cuBLAS), as before the given kernel.
 Prints the copy and read bandwidth, cuBLAS's matrix-vector products alone at the model's shapes,
 TBT over 100 steps, the host time to launch one step, and a kernel profile of 10 steps
 (the reference attention with the reference kernels). notes/task6-performance.md has the results.

@@ -1,9 +1,9 @@
-"""python notes/timeline.py [grader options]: `python -m grader`, each test's lines also time-stamped as they come.
+"""python notes/tools/timeline.py [grader options]: `python -m grader`, each test's lines also time-stamped as they come.
 
 The grader shows the tasks' output in task order; this writes every line when its test printed it,
 with the seconds since the start and the task, to timeline.log in $OUT (or /tmp), so the phases of
 a grading (builds, untimed parts side by side, timed parts one at a time) can be read off
-(notes/grading-time.md). Run it from the checkout: PYTHONPATH=. python notes/timeline.py --solution
+(notes/grading-time.md). Run it from the checkout: PYTHONPATH=. python notes/tools/timeline.py --solution
 """
 
 import os

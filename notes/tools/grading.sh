@@ -1,12 +1,19 @@
 #!/bin/bash
-# Issue 55's device calls, from the repository root on the GPU machine; bubblewrap's .deb carried in .dev/.
-# G [TASKS]: the grader on the reference, each output line time-stamped, the records (with each case's seconds)
-# packed as graded.tgz. A part graded by an earlier call is carried back in as ./graded and kept.
-# C: a class of one student who hands in the reference's files, through grader.batch (its prebuild, then the
-# grading): the cost of a grading in a class. O: GPU memory held by another process (all but 1 GiB), then task 3
-# graded: it must end "could not grade" (grader/machine.py), not 0. PROFILE=1: notes/wallprof.py samples the
-# grading's processes (prof.tgz; `python notes/wallprof.py prof START END` reads a window).
-# The commands run in a clean checkout of HEAD (/tmp/c): the working tree may hold a colleague's work in progress.
+# Device calls that measure a grading, from the repository root on the GPU machine (the `device` tool's `run`, with
+# bubblewrap's .deb carried in .dev/): bash notes/tools/grading.sh MODE. Logs and records come back under $OUT.
+# grade [TASKS]: `python -m grader --solution`, each output line time-stamped, the records (with each case's
+#   seconds, when each test started and when each timed part began) packed as graded.tgz. Empty build/ first for a
+#   first run's cost; a part graded by an earlier call is carried back in as ./graded and kept.
+# class: a class of one student who hands in the reference's files, through grader.batch (its prebuild, then the
+#   grading): the cost of a grading in a class. Run it after `grade` in the same machine's session, so the prebuild
+#   finds the references `grade` published in build/ (else it builds them one after another first).
+# oom: GPU memory held by another process (all but 1 GiB), then task 3 graded: it must end "could not grade"
+#   (grader/machine.py), not 0.
+# PROFILE=1: notes/tools/wallprof.py samples the grading's processes (prof.tgz; `python notes/tools/wallprof.py prof
+#   START END` sums a window).
+# It grades the working tree as sent. The device's copy of .git stays at the commit the session started from, so
+# Results.md says "<that commit> with changes not committed"; the tree graded is the one of the call (commit first,
+# and name that commit).
 export PYTHONUNBUFFERED=1
 dpkg -x .dev/bubblewrap_*.deb / 2>/dev/null
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > $OUT/gpu.txt
@@ -15,22 +22,19 @@ import sys, time
 t0 = time.time()
 for line in sys.stdin:
     print(f"{time.time() - t0:7.1f} {line}", end="", flush=True)'; }
-if [ -z "$IN_CLEAN" ] && git rev-parse -q HEAD > /dev/null 2>&1; then
-  rm -rf /tmp/c && git worktree add -f --detach /tmp/c HEAD > /dev/null 2>&1 || { mkdir -p /tmp/c && git archive HEAD | tar -x -C /tmp/c; }
-  cp -r .dev /tmp/c/ && cd /tmp/c && IN_CLEAN=1 exec bash notes/issue55_device.sh "$@"
-fi
-if [ -n "$PROFILE" ]; then  # notes/wallprof.py in every Python process of the grading (workers left out)
+git status --short > $OUT/tree.txt 2>/dev/null
+if [ -n "$PROFILE" ]; then  # notes/tools/wallprof.py in every Python process of the grading (workers left out)
   site=$(python3 -c "import site; print(site.getsitepackages()[0])")
-  cp notes/wallprof.py "$site/kit_wallprof.py" && echo "import kit_wallprof" > "$site/kit_wallprof.pth"
+  cp notes/tools/wallprof.py "$site/kit_wallprof.py" && echo "import kit_wallprof" > "$site/kit_wallprof.pth"
   export KIT_WALLPROF=/tmp/prof KIT_WALLPROF_ROOT=$PWD
 fi
 case "$1" in
-G)
+grade)
   [ -d graded ] && cp -r graded /tmp/graded
   ( time timeout ${LIMIT:-570} python -m grader --solution --out /tmp/graded --keep --tasks "${2:-1,2,3,4,5,6,7}" ) 2>&1 | stamp > $OUT/grader.log
   tar czf $OUT/graded.tgz -C /tmp graded; tail -n 25 $OUT/grader.log
   [ -d /tmp/prof ] && tar czf $OUT/prof.tgz -C /tmp prof ;;
-C)
+class)
   python3 - <<'PY'
 from pathlib import Path
 from common.tasks import TASKS
@@ -43,7 +47,7 @@ PY
   cp /tmp/classout/students/reference-files/grade.log $OUT/class-grade.log 2>/dev/null
   tar czf $OUT/class.tgz -C /tmp/classout students/reference-files/graded students/reference-files/grading.json 2>/dev/null
   tail -n 15 $OUT/class.log; grep -E "^\s+[0-9.]+ +\(|of which" $OUT/class-grade.log ;;
-O)
+oom)
   python3 -c "
 import time, torch
 free, total = torch.cuda.mem_get_info()

@@ -1,10 +1,10 @@
 """A wall-clock sampler for a grading's test processes (a device aid, not part of the kit).
 
-Installed as a module beside a .pth file that imports it (notes/issue55_device.sh P), it does nothing unless
+Installed as a module beside a .pth file that imports it (notes/tools/grading.sh, PROFILE=1), it does nothing unless
 KIT_WALLPROF names a folder. Then every Python process of the grading samples its main thread's stack every
 SAMPLE_S and appends the samples to KIT_WALLPROF/<pid>.jsonl: one line per sample, (epoch, [frame, ...]), the frames
 inside the checkout only, outermost first, and for a worker call the entry point's name. Sampling counts waits too
-(a worker call, a lock), which a profiler of CPU time misses; `python notes/wallprof.py FOLDER START END` sums each
+(a worker call, a lock), which a profiler of CPU time misses; `python notes/tools/wallprof.py FOLDER START END` sums each
 frame's inclusive seconds over the samples between two epochs (a timed part's window, from a record's timed_parts).
 """
 

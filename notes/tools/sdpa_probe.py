@@ -1,11 +1,11 @@
-"""python3 notes/sdpa_probe.py [--one]: what SDPA's float32 attention runs on (notes/task4-performance.md).
+"""python3 notes/tools/sdpa_probe.py [--one]: what SDPA's float32 attention runs on (notes/task4-performance.md).
 
 Accuracy against float64 of SDPA, naive fp32 (and one TF32 pass) and the task 4 reference; with
 --one, a single SDPA launch for ncu to look at (it lived in .dev/ when the notes were measured).
 """
 import math, sys
 from pathlib import Path
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch, torch.nn.functional as F
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False

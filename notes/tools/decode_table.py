@@ -1,4 +1,4 @@
-"""The reference decode kernel's bandwidth over many shapes: python notes/decode_table.py (issue 31, item 4).
+"""The reference decode kernel's bandwidth over many shapes: python notes/tools/decode_table.py (issue 31, item 4).
 
 Each shape is timed as task 5's benchmarks time it (task5/measure.py's TimedDecode: rotating caches so L2
 holds none of them, a fresh query and output per call, every output checked, host clock over many calls,
@@ -8,7 +8,7 @@ around a replay, the median of 20, per call; and the floor of a call at that bat
 over a cache of one position. "bound" says which limits the shape: memory where the bytes at the copy
 bandwidth take longer than that floor, launch where they do not.
 
-python notes/decode_table.py --kernels NAME times task5/solution/NAME/decode.cu (a variant of the reference's
+python notes/tools/decode_table.py --kernels NAME times task5/solution/NAME/decode.cu (a variant of the reference's
 kernels) as a graph only, each shape's outputs checked.
 """
 import math
