@@ -48,12 +48,13 @@ TASKS = {
 }
 
 # What the worker sees of the kit is the whole common/ folder (the given code students build on and the
-# worker's side of the protocol) and each task's given files. The trusted side (harness/: the checks,
-# the reference implementations, records, timing, the sandbox) and the grader are never in its view.
+# worker's side of the protocol) and each task's given files. The trusted side (harness/: the reference
+# implementations, records, timing, the sandbox; checks/taskN/: each task's checks and measurements) and the
+# grader are never in its view.
 WORKER_FOLDER = "common"
 # The kit's code, folder by folder: the trusted side, the grader and the tasks beside the worker's. The kit's
 # fingerprint (grader/fingerprints.py) covers them all, and the suite's scans of the code read them.
-KIT_FOLDERS = (WORKER_FOLDER, "harness", "grader", *(f"task{n}" for n in TASKS))
+KIT_FOLDERS = (WORKER_FOLDER, "harness", "checks", "grader", *(f"task{n}" for n in TASKS))
 
 
 def runs_student_python(task: int) -> bool:

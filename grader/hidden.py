@@ -2,7 +2,7 @@
 
 `SECRET_SEED` is mixed into every public seed when the grader passes --hidden, and
 `CASES[task][part]` adds shapes to that part of the task's public list (the same tuple
-layout as the part's list in taskN/test.py). Change the seed each term.
+layout as the part's list in checks/taskN/test.py). Change the seed each term.
 """
 
 SECRET_SEED = 0x5EED_2026
@@ -46,7 +46,8 @@ CASES = {
         "half update": [(5, 3, 33, (32, 0, 30, 33, 7), 2, 24), (1, 4, 130, 1, 128, 40)],
         "half decode": [(3, 10, 5, 200, 190, 96, None, 1), (2, 24, 3, 80, 71, 40, (70, 3), 1),
                         (3, 10, 5, 1500, (1500, 700, 2), 72, (3, 0, 1), 0), (1, 2, 2, 5000, 4999, 24, None, 9)],
-        # timed, reported only (task5/measure.py's SHAPE_BENCHMARKS): (batch, heads, kv_heads, cached tokens, head_dim)
+        # timed, reported only (checks/task5/measure.py's SHAPE_BENCHMARKS):
+        # (batch, heads, kv_heads, cached tokens, head_dim)
         "shapes": [(2, 12, 12, 16384, 64), (32, 16, 16, 512, 96), (1, 1, 1, 100000, 128), (7, 6, 2, 5000, 40)],
     },
     6: {  # (hidden, heads, layers, batch, max_seq, prompt_len, steps[, kv_heads[, padding]])

@@ -220,7 +220,7 @@ def shared_kernel_tasks(tasks) -> list[int]:
 def reference_extensions(tasks) -> list[tuple[int, str | None]]:
     """(task, kernels folder) of each reference extension the given tasks' tests load in a grading: the reference
     kernels of every CUDA task among them and the tasks they use (its other kernels folders, taskN/solution/<name>/,
-    are timed in the reference's own test runs, never in a grading: task4/test.py)."""
+    are timed in the reference's own test runs, never in a grading: checks/task4/test.py)."""
     from common.impl import has_solution
 
     wanted = sorted({n for t in tasks for n in (t, *TASKS[t].uses) if TASKS[n].cuda and has_solution(n)})

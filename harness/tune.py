@@ -140,7 +140,7 @@ class Row:
 
 @dataclass
 class Plan:
-    """A task's tuning: where its kernel lives, which kernel is timed, and how (see task4/tune.py)."""
+    """A task's tuning: where its kernel lives, which kernel is timed, and how (see checks/task4/tune.py)."""
 
     task: int
     kernel_file: str  # the student's file, e.g. task4/kernels/attention.cu

@@ -1,7 +1,7 @@
 """Task 1's entry points: how the checks call your code (task1/attention.py).
 
 Given: not graded; edits here are not submitted. This runs in the worker process, beside
-your code; the checks (task1/test.py) run in another process and only see what these
+your code; the checks (checks/task1/test.py) run in another process and only see what these
 functions return.
 """
 

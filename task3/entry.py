@@ -1,7 +1,7 @@
 """Task 3's entry points: how the checks call your code (task3/attention.py, and task 1's for timing).
 
 Given: not graded; edits here are not submitted. This runs in the worker process, beside
-your code; the checks (task3/test.py) run in another process and only see what these
+your code; the checks (checks/task3/test.py) run in another process and only see what these
 functions return.
 """
 

@@ -11,7 +11,7 @@ kernels/attention_backward.cu (steps 12-16), out and L from your forward_lse, sa
 import sys
 
 from harness import profile
-from task4.measure import PERF_CASE
+from checks.task4.measure import PERF_CASE
 
 if __name__ == "__main__":
     sys.exit(profile.main(

@@ -98,7 +98,7 @@ def per_sequence(value, name: str, least: int, most: int, block_table):
     return torch.full((block_table.shape[0],), value, dtype=torch.int32, device=block_table.device)
 
 
-# What the layer's prefill raises when Task 4's kernel does not build: task5/test.py and measure.py read it
+# What the layer's prefill raises when Task 4's kernel does not build: checks/task5/test.py and measure.py read it
 TASK4_DID_NOT_BUILD = "the prefill runs your Task 4 kernel, which did not build"
 
 

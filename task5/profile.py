@@ -10,7 +10,7 @@ waited. README, Task 5, step 4.
 import sys
 
 from harness import profile
-from task5.measure import DECODE_BENCHMARKS
+from checks.task5.measure import DECODE_BENCHMARKS
 
 BATCH, HEADS, _, LENGTH, HEAD_DIM = DECODE_BENCHMARKS[0]  # as many key/value heads as query heads
 SHAPE = (BATCH, HEADS, LENGTH, HEAD_DIM)

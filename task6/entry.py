@@ -3,7 +3,7 @@
 Given: not graded; edits here are not submitted. This runs in the worker process: it makes
 the model of task6/model.py with your CachedAttention in every layer, on the CPU with
 PyTorchKernels in place of the kernels, or on the GPU with your Task 4 and Task 5 kernels,
-and answers the checks (task6/test.py) with logits and tokens.
+and answers the checks (checks/task6/test.py) with logits and tokens.
 """
 
 import torch

@@ -3,7 +3,7 @@
 For the kit's own tests only. CI has no GPU, so a CUDA task's test stops at "needs a CUDA GPU"
 and everything after its checks (the benchmarks, loading the reference, the estimate from the
 calibration, the record's speed fields) would run for the first time on a grader's GPU. Here
-that flow runs in the pytest process: `taskN.test.main([...])` as the grader calls it, then the
+that flow runs in the pytest process: `checks.taskN.test.main([...])` as the grader calls it, then the
 record validated and scored as the grader does. Every stand-in is a monkeypatch made by
 `stand_in()`, undone when the test ends: no flag, file or environment variable of a student's or
 a grader's run leads here, and nothing the real run checks is changed.
@@ -1028,14 +1028,14 @@ def _tensors(value):
 # -- the harness ----------------------------------------------------------------------------
 
 SMALL = {  # module: {name: the small value the stand-in uses}
-    "task2.measure": {"TIMING_SHAPE": (2, 3, 96, 32)},
-    "task4.measure": {"PERF_CASE": (1, 2, 1024, 24), "HEAD_DIM_CASES": [(1, 2, 256, 64), (1, 2, 200, 80)],
+    "checks.task2.measure": {"TIMING_SHAPE": (2, 3, 96, 32)},
+    "checks.task4.measure": {"PERF_CASE": (1, 2, 1024, 24), "HEAD_DIM_CASES": [(1, 2, 256, 64), (1, 2, 200, 80)],
                    "HANDOUT_CASES": [(2, 64)], "HANDOUT_LAYER": (64, 4), "ESTIMATE_TFLOPS": FLOPS_PER_S / 1e12,
                    "ESTIMATE_HALF_TFLOPS": FLOPS_PER_S / 1e12, "HALF_BENCHMARKS": [(1, 2, 256, 32)],
                    "BACKWARD_BENCHMARKS": [(1, 2, 256, 32)]},
     # the copy model small enough to train twice on a CPU in seconds, and still learn in its steps
     "task4.train": {"TRAINING": TrainingConfig(layers=2, hidden=32, heads=2, prefix=9, batch=16, steps=150, lr=3e-3)},
-    "task5.measure": {"DECODE_BENCHMARKS": [(1, 2, 2, 2048, 48), (1, 1, 1, 4096, 48), (1, 4, 2, 2048, 48)], "LONG_CACHE_NEEDS_SPLITS_BELOW": 2,
+    "checks.task5.measure": {"DECODE_BENCHMARKS": [(1, 2, 2, 2048, 48), (1, 1, 1, 4096, 48), (1, 4, 2, 2048, 48)], "LONG_CACHE_NEEDS_SPLITS_BELOW": 2,
                    "PAGED_BENCHMARK": (2, 2, 2, 256, 16), "SHAPE_BENCHMARKS": [(1, 3, 3, 700, 40), (2, 4, 2, 300, 48)],
                    "HANDOUT": dict(batch=2, prompt=40, max_seq=64, hidden=64, heads=4, steps=8),
                    "HALF_BENCHMARKS": [(1, 2, 2, 2048, 48, torch.bfloat16), (1, 4, 2, 2048, 48, torch.float16)]},
@@ -1081,7 +1081,7 @@ class Harness:
         from grader.runner import valid_record
 
         path = self.tmp_path / f"task{task}-{len(list(self.tmp_path.glob('*.json')))}.json"
-        test = importlib.import_module(f"task{task}.test")
+        test = importlib.import_module(f"checks.task{task}.test")
         with CudaOnTheCpu():
             test.main([*args, "--json", str(path)])
         # every sanitizer pass a test starts ends with it: none may run on into the next test (or, graded, into a

@@ -158,7 +158,7 @@ def test_a_missing_kernels_folder_of_the_reference_is_not_timed_and_not_an_error
 
 
 def test_the_tensor_core_timing_says_what_failed_instead_of_failing_the_case():
-    from task4.measure import time_tensor_cores
+    from checks.task4.measure import time_tensor_cores
 
     class Broken:
         def forward(self, *args):
@@ -181,7 +181,7 @@ def test_the_skipped_work_bound_lets_float32_on_the_tensor_cores_pass(monkeypatc
 
 
 def test_only_the_perf_case_is_scored_and_the_other_head_sizes_only_time_the_reference():
-    from task4.measure import PERF_CASE, benchmark_cases
+    from checks.task4.measure import PERF_CASE, benchmark_cases
 
     scored = [c.name for c in benchmark_cases(True) if c.scored]
     assert scored == ["attention batch {} heads {} seq {} head_dim {}".format(*PERF_CASE),

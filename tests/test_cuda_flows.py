@@ -82,7 +82,7 @@ def test_the_reference_earns_every_point_through_the_whole_flow(stand_in, task):
 def test_the_models_earn_their_points_on_the_gpu_path(stand_in, monkeypatch, task):
     """Tasks 6 and 7's GPU part (the checks with your kernels inside the model, the timings), every line of it,
     with the stand-in kernels; task 6's handout generation at the tiny size."""
-    from task6 import measure, test as task6_test
+    from checks.task6 import measure, test as task6_test
     from task6.model import SIZES
 
     monkeypatch.setattr(task6_test, "HANDOUT", measure.Run(batch=2, prompt=10, steps=6))
@@ -99,7 +99,7 @@ def test_the_models_earn_their_points_on_the_gpu_path(stand_in, monkeypatch, tas
     assert timed_last(record), [(c["kind"], c["name"]) for c in record["cases"]]
     if task == 7:  # GPT-2's size and the Llama-family model, each against its own attention
         assert [("ms_per_token" in c["metrics"]) for c in timed] == [True, True]
-        from task7.test import HALF_CASES  # the optional part, the models in bf16 and fp16, before the timing
+        from checks.task7.test import HALF_CASES  # the optional part, the models in bf16 and fp16, before the timing
         half = [c for c in record["cases"] if c["name"].split()[0] in HALF_TYPES]
         assert len(half) == len(HALF_TYPES) * len(HALF_CASES), [c["name"] for c in half]
         assert all(c["kind"] == "optional" and c["passed"] and "x the largest logit error of the same model in"
@@ -129,7 +129,7 @@ def test_the_grader_leaves_out_the_timings_no_point_depends_on(stand_in, monkeyp
     """Tasks 3, 6 and 7 have no performance points: a grading runs every check of theirs (task 6's 16-bit model's
     too) and leaves their timings to the student's own run, each with a note that says so; no timed part of theirs
     holds the GPU."""
-    from task6 import measure, test as task6_test
+    from checks.task6 import measure, test as task6_test
     from task6.model import SIZES
 
     monkeypatch.setattr(task6_test, "HANDOUT", measure.Run(batch=2, prompt=10, steps=6))
@@ -149,7 +149,7 @@ def test_the_grader_leaves_out_task3s_timing(monkeypatch):
     anything would start a worker or hold the GPU."""
     import argparse
 
-    from task3.test import run_timing
+    from checks.task3.test import run_timing
 
     report = Report(3, True, "FlashAttention-2")
     monkeypatch.setattr(gpu_share, "alone", None)  # a timed part would call it
@@ -161,7 +161,7 @@ def test_task6_a_step_that_passes_the_python_length_is_told_so_by_the_graph(stan
     """cache.length (a Python int) where the kernels need cache.lengths: right launched from Python; replayed from
     a CUDA graph, wrong (kept at the captured step's value) or not capturable (the int form reads key_start back).
     Step 5 is optional: its checks fail with the reason, and the score holds."""
-    from task6 import measure, test as task6_test
+    from checks.task6 import measure, test as task6_test
     from task6.model import SIZES
     from tests.conftest import bad_variant, submission
 
@@ -185,7 +185,7 @@ def test_task6_a_step_that_passes_the_python_length_is_told_so_by_the_graph(stan
 def test_task4s_sweep_writes_a_row_per_timed_case(stand_in, tmp_path, monkeypatch):
     import csv
 
-    from task4 import sweep
+    from checks.task4 import sweep
 
     for name, small in (("SEQS", (64, 128)), ("TOKENS", 256), ("HEADS", 2), ("HEAD_DIM", 24)):
         monkeypatch.setattr(sweep, name, small)
@@ -292,7 +292,7 @@ def test_task5_times_shapes_nobody_tuned_for_says_their_bound_and_scores_none(st
     """The public shapes, and with --hidden the hidden ones too (at the stand-in's sizes), each timed against a
     call over one cached position; reported, never scored: the points are those of the run without them."""
     from harness.points import NOT_SCORED
-    from task5 import measure
+    from checks.task5 import measure
     from tests.stand_in import SMALL_HIDDEN
 
     def shapes(record):
@@ -369,7 +369,7 @@ def test_no_real_run_can_reach_the_stand_ins():
 def test_the_grader_leaves_out_only_the_largest_layer_timing(stand_in, monkeypatch):
     """No point depends on the handout layer at its largest batch (a second a request): the grader's run leaves it
     out and says so; the scored case and the checks of the timed outputs stay."""
-    from task4 import measure
+    from checks.task4 import measure
 
     monkeypatch.setattr(measure, "HANDOUT_CASES", [(2, 64), (3, 64)])
     assert measure.layer_cases(grading=True) == [(2, 64, False), (2, 64, True)]
@@ -429,8 +429,8 @@ def test_task4s_half_precision_part_is_checked_in_both_types_and_scores_nothing(
     reference, then its own sanitizer pass, its bad input and its timings, all optional; a student's kernel 1% off
     fails those cases only, with the allowance said, and keeps every point; with the steps still TODO the part
     says which step, and the float32 part is untouched by those TODOs."""
-    from task4 import measure
-    from task4.test import BACKWARD_PASS_NAME, HALF_CASES, HALF_PASS_NAME, HALF_TYPES
+    from checks.task4 import measure
+    from checks.task4.test import BACKWARD_PASS_NAME, HALF_CASES, HALF_PASS_NAME, HALF_TYPES
     from grader.hidden import CASES as HIDDEN_CASES
 
     record = stand_in.run(4, "--solution", *SCORED[4], "--half", *HIDDEN)  # the float32 part, then this one
@@ -483,9 +483,9 @@ def test_task5s_half_precision_cache_is_checked_in_both_types_and_scores_nothing
     """The optional bf16/fp16 cache (step 6): every public and hidden update and decode case in both types passes for
     the reference, then its own sanitizer pass, its bad input and its timings, all optional; a decode 1% off fails
     those cases only and keeps every point; the skeleton's step 6 says so, the float32 parts untouched by it."""
-    from task4.measure import HALF_TYPES
-    from task5 import measure
-    from task5.test import HALF_DECODE_CASES, HALF_PASS_NAME, HALF_UPDATE_CASES
+    from checks.task4.measure import HALF_TYPES
+    from checks.task5 import measure
+    from checks.task5.test import HALF_DECODE_CASES, HALF_PASS_NAME, HALF_UPDATE_CASES
     from grader.hidden import CASES as HIDDEN_CASES
 
     record = stand_in.run(5, "--solution", "--half", *HIDDEN)
@@ -561,7 +561,7 @@ def test_task7s_16_bit_models_fail_on_a_wrong_16_bit_kernel_and_cost_no_point(st
     """Task 4's bf16/fp16 kernel 1% off: task 7's float32 models (and every point) are untouched, and its optional
     16-bit models say what is off, within what the type allows, and where to look. Graded: the generation's timing
     (no point depends on it) is left out with a note."""
-    from task7.test import HALF_TYPES
+    from checks.task7.test import HALF_TYPES
 
     (tmp_path / "task7").mkdir()
     (tmp_path / "task7/attention.py").write_text((REPO / "task7/solution/attention.py").read_text())
@@ -581,7 +581,7 @@ def test_task7s_16_bit_models_fail_on_a_wrong_16_bit_kernel_and_cost_no_point(st
 def test_task6s_16_bit_model_fails_on_a_wrong_16_bit_kernel_and_costs_no_point(stand_in, monkeypatch, tmp_path):
     """Task 5's bf16/fp16 decode 1% off: task 6's float32 model (and every point) is untouched, and its optional
     16-bit model says what is off, within what the type allows, and where to look; its generation run waits."""
-    from task6 import measure, test as task6_test
+    from checks.task6 import measure, test as task6_test
     from task6.model import SIZES
 
     monkeypatch.setattr(task6_test, "HANDOUT", measure.Run(batch=2, prompt=10, steps=6))
@@ -612,8 +612,8 @@ def test_task4s_backward_part_is_checked_timed_and_scores_nothing(stand_in, tmp_
     training untimed and times nothing of the part); a student's dk 1% off
     fails those cases only, with the step named, and keeps every point; with the steps still TODO the part says
     which step."""
-    from task4 import measure
-    from task4.test import BACKWARD_CASES, BACKWARD_PASS_NAME
+    from checks.task4 import measure
+    from checks.task4.test import BACKWARD_CASES, BACKWARD_PASS_NAME
     from grader.hidden import CASES as HIDDEN_CASES
 
     (tmp_path / "cwd").mkdir()

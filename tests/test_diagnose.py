@@ -88,7 +88,7 @@ TASK1_STEPS = [  # (old, new, check, what the message says, step)
 @pytest.mark.parametrize("old, new, check, says, step", TASK1_STEPS)
 def test_task1_steps_are_checked_one_by_one_and_their_mistakes_named(tmp_path, old, new, check, says, step):
     from harness.cli import Case
-    from task1 import test as task1_test
+    from checks.task1 import test as task1_test
 
     case = Case("steps", task1_test.STEP_CASES[1], check == "check_mask", 7, "cpu", "cpu cross")  # 5 queries, 12 keys
     right = getattr(task1_test, check)(Direct(importlib.import_module("task1.solution.attention")), case, [])

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from task1 import test as task1_test
+from checks.task1 import test as task1_test
 from tests.conftest import bad_variant, needs_solution, run_test, submission
 
 pytestmark = needs_solution(1)

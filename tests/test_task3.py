@@ -2,7 +2,7 @@
 
 import pytest
 
-from task3 import test as task3_test
+from checks.task3 import test as task3_test
 from tests.conftest import REPO, bad_variant, needs_solution, run_test, submission
 
 REPO_SOLUTION = REPO / "task3/solution"

@@ -13,8 +13,8 @@ import torch
 
 from harness.checks import compare_logits
 from common.torch_kernels import PyTorchKernels
-from task6 import measure as task6_measure
-from task6 import test as task6_test
+from checks.task6 import measure as task6_measure
+from checks.task6 import test as task6_test
 from task6.model import SIZES, Rope, SmallLM
 from tests.conftest import bad_variant, needs_solution, run_test, submission
 

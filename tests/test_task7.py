@@ -15,7 +15,7 @@ import torch
 from harness.checks import compare_logits
 from common.torch_kernels import PyTorchKernels
 from task7 import gpt2
-from task7 import test as task7_test
+from checks.task7 import test as task7_test
 from tests.conftest import bad_variant, needs_solution, run_test, submission
 
 pytestmark = needs_solution(7)

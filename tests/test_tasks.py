@@ -25,6 +25,28 @@ def test_the_worker_never_gets_the_checks_or_the_references():
     assert not [p for p in (REPO / WORKER_FOLDER).rglob("*") if p.name in ("reference.py", "checks.py", "sandbox.py")]
 
 
+# What a task folder holds besides the worker's view and solution/: the commands students type. test.py and tune.py
+# are thin entry points into the trusted side (checks/taskN/), which the worker never sees.
+COMMANDS = {"test.py", "tune.py", "compile.py", "profile.py", "inference.py", "inference_ref.py"}
+
+
+def test_a_task_folder_holds_the_workers_view_its_solution_and_its_commands():
+    for n, task in TASKS.items():
+        in_view = {*task.student_files, *task.given_files}
+        for path in sorted((REPO / f"task{n}").rglob("*")):
+            rel = path.relative_to(REPO).as_posix()
+            if path.is_dir() or {"solution", "__pycache__"} & set(path.parts) or rel in in_view:
+                continue
+            assert path.name in COMMANDS, f"{rel} is neither the worker's view, solution/ nor a command: trusted " \
+                                          f"code belongs in checks/task{n}/"
+        for name in ("test.py", "tune.py"):
+            thin = REPO / f"task{n}" / name
+            if thin.exists():
+                text = thin.read_text()
+                assert len(text.splitlines()) <= 12 and f"from checks.task{n}.{thin.stem} import main" in text, f"task{n}/{name}"
+    assert not [rel for t in TASKS.values() for rel in t.given_files if rel.startswith("checks/")]
+
+
 def _imports(path):
     import ast
 
@@ -49,7 +71,7 @@ def test_the_workers_code_imports_only_what_its_view_holds():
             continue
         for name in _imports(path):
             top = name.split(".")[0]
-            assert top not in ("harness", "grader"), f"{rel} imports {name}, which the worker's view does not hold"
+            assert top not in ("harness", "checks", "grader"), f"{rel} imports {name}, which the worker's view does not hold"
             if top == WORKER_FOLDER:
                 module = REPO / (name.replace(".", "/") + ".py")
                 assert module.is_file() or (REPO / name.replace(".", "/")).is_dir(), f"{rel} imports {name}"

@@ -111,7 +111,7 @@ def test_the_host_stub_of_a_kernel_in_an_anonymous_namespace_is_found():
 
 
 def test_the_half_kernels_knobs_are_constants_of_its_file_and_skeleton():
-    from task4.tune import HALF_PLAN
+    from checks.task4.tune import HALF_PLAN
 
     for path in (REPO / "task4/kernels/attention_half.cu", REPO / "task4/solution/kernels/attention_half.cu"):
         text = path.read_text()
@@ -123,7 +123,7 @@ def test_the_half_kernels_knobs_are_constants_of_its_file_and_skeleton():
 @needs_nvcc
 def test_the_half_kernel_timed_is_one_the_build_reports(tmp_path):
     """Its name comes from the constants (the launcher picks the instance): the figures shown must be its own."""
-    from task4.tune import HALF_PLAN
+    from checks.task4.tune import HALF_PLAN
 
     source = REPO / "task4/solution/kernels/attention_half.cu"
     configs = [{}, {"BLOCK_COLS": 32, "BLOCK_WARPS_LARGE_D": 4}]

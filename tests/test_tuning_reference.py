@@ -17,8 +17,8 @@ def test_the_tunable_sizes_start_untuned_in_the_skeletons():
 @needs_solution(4)
 @needs_solution(5)
 def test_every_default_configuration_passes_the_kernels_static_asserts(tmp_path):
-    from task4.tune import PLAN as TASK4
-    from task5.tune import PLAN as TASK5
+    from checks.task4.tune import PLAN as TASK4
+    from checks.task5.tune import PLAN as TASK5
 
     for plan in (TASK4, TASK5):
         source = REPO / plan.kernel_file.replace("/", "/solution/", 1)

@@ -1,4 +1,4 @@
-"""Task 2's measuring: your chained attention against naive PyTorch and SDPA (imported by task2/test.py).
+"""Task 2's measuring: your chained attention against naive PyTorch and SDPA (imported by checks/task2/test.py).
 
 Reported, not scored: the same distinct input sets for each, after a warm-up, the median of five
 requests on the host clock (one request runs every set, so the clock's cost is spread over them).

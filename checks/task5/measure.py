@@ -23,7 +23,7 @@ from harness.reference import attention_reference, causal_mask
 from harness.sandbox import WorkerError
 from task5.attention import TASK4_DID_NOT_BUILD
 
-ATOL, RTOL = 2e-5, 1e-4  # what every output is held to, checked (task5/test.py) or timed (here)
+ATOL, RTOL = 2e-5, 1e-4  # what every output is held to, checked (checks/task5/test.py) or timed (here)
 # (batch, heads, kv_heads, cached tokens, head_dim). The last has grouped-query attention: 4 query heads per
 # key/value head (Llama 3's 32 and 8), each cached byte read once for its group; reported, not scored.
 DECODE_BENCHMARKS = [(16, 32, 32, 4096, 128), (1, 32, 32, 32768, 128), (16, 32, 8, 4096, 128)]
@@ -91,8 +91,8 @@ class TimedDecode:
             kv = h // (q.shape[1] // self.kv_heads)  # the key/value head query head h reads
             expected = attention_reference(q_bh.to(k.device), k[b, kv], v[b, kv], False, scale)[0]
             atol, rtol = ATOL, RTOL
-            if self.dtype != torch.float32:  # what the type allows (task4/measure.py): from SDPA's error here
-                from task4.measure import half_allowance
+            if self.dtype != torch.float32:  # what the type allows (checks/task4/measure.py): from SDPA's error here
+                from checks.task4.measure import half_allowance
 
                 atol, rtol = half_allowance(q_bh[None, None].to(k.device), k[b, kv][None, None],
                                             v[b, kv][None, None], False, scale, None, expected[None, None])[0], 0.0

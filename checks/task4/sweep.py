@@ -12,7 +12,7 @@ import csv
 import torch
 
 from harness.reference import attention_flops
-from task4.measure import TimedCase, run_benchmarks
+from checks.task4.measure import TimedCase, run_benchmarks
 
 SEQS = (128, 256, 512, 1024, 2048, 4096, 8192)
 TOKENS, HEADS, HEAD_DIM = 16384, 32, 128  # batch x seq is TOKENS at every length

@@ -1,4 +1,4 @@
-"""Task 6's measuring: the handout's generation run, timed (imported by task6/test.py).
+"""Task 6's measuring: the handout's generation run, timed (imported by checks/task6/test.py).
 
 Your model generates in the worker (TTFT and TBT on the host clock around each request, REPS
 generations after a warm-up; a grading leaves the run out: no point depends on it), with its decode steps launched

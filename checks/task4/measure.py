@@ -25,7 +25,7 @@ from harness.reference import (attention_flops, attention_gradients, attention_r
                               fp32_peak_tflops, fp32_tensor_core_bound_tflops, half_tensor_core_bound_tflops,
                               naive_attention, padded_queries, padding_mask)
 
-ATOL, RTOL = 2e-5, 1e-4  # what every output is held to, checked (task4/test.py) or timed (here)
+ATOL, RTOL = 2e-5, 1e-4  # what every output is held to, checked (checks/task4/test.py) or timed (here)
 HANDOUT_CASES = [(4, 128), (64, 4096)]  # (batch, seq) of the handout's layer
 HANDOUT_LAYER = (4096, 32)  # (hidden, heads)
 PERF_CASE = (8, 32, 4096, 128)  # (batch, heads, seq, head_dim)
@@ -37,7 +37,7 @@ REPS = 5  # timed requests per benchmark
 # The optional bf16/fp16 kernel (steps 8-11). How far a 16-bit output may be from float64 on the same 16-bit
 # inputs: this many times SDPA's own largest error there (PyTorch's attention in the same type), and at least half
 # a unit in the last place of the largest |expected|. Measured on an H100: the reference's largest error equals
-# SDPA's on every case of task4/test.py's HALF_CASES, in both types (the output's rounding to 16 bits dominates).
+# SDPA's on every case of checks/task4/test.py's HALF_CASES, in both types (the output's rounding to 16 bits dominates).
 HALF_ERROR_FACTOR = 2.0
 HALF_EPS = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}  # half a unit in the last place, relative
 HALF_BENCHMARKS = [(8, 32, 4096, 64), (8, 32, 4096, 128)]  # (batch, heads, seq, head_dim): causal and not, each type

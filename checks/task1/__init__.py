@@ -1,0 +1,1 @@
+"""Task 1's checks (the trusted side): `python -m task1.test` runs test.py."""

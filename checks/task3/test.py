@@ -1,0 +1,375 @@
+"""python -m task3.test [--solution] [--json PATH]
+
+Checks Task 3's FlashAttention-2 (PyTorch) on the CPU (and on CUDA when present):
+- output and log-sum-exp against a float64 reference, for several tile sizes,
+  sequence lengths that are not multiples of the tiles, seq_q != seq_k, causal and not;
+- that the full (seq_q x seq_k) score matrix is never built: a case whose full matrix is
+  larger than the memory your code may use (a rule: the task scores 0 without it);
+- that causal runs skip the tiles after the diagonal (they take about half the CPU time);
+then times it next to Task 1's naive attention on the same inputs.
+Optional (steps 6-8, reported, not scored unless the rubric says so): the backward pass, dq, dk and dv
+through flash_attention_trainable against float64 autograd, what its forward pass saves, the full
+matrix never built and the causal tiles skipped there too.
+Your code runs in a worker process (task3/entry.py); this file only checks what it returns.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from common import impl
+
+from harness import cli, gpu_share
+from harness.checks import compare, random_tensor
+from harness.diagnose import diagnose
+from harness.outcome import Kind
+from harness.records import Report
+from harness.reference import attention_gradients, attention_reference
+from harness.sandbox import Worker, WorkerDied, WorkerError
+from harness.timing import summarize
+
+# (batch, heads, seq_q, seq_k, head_dim, block_rows, block_cols)
+CASES = [
+    (1, 1, 1, 1, 16, 64, 64),
+    (2, 3, 127, 127, 32, 16, 16),
+    (2, 3, 127, 127, 32, 32, 64),
+    (2, 2, 129, 129, 64, 64, 32),
+    (1, 2, 100, 300, 64, 64, 64),
+    (1, 2, 1, 257, 64, 64, 64),
+    (1, 2, 200, 200, 80, 128, 128),
+    (1, 1, 70, 70, 8, 1, 7),
+]
+ATOL, RTOL = 2e-5, 1e-4
+FORWARD_STEPS, BACKWARD_STEPS = (1, 2, 3, 4, 5), (6, 7, 8)
+# The optional backward pass (steps 6-8), same layout. Its gradients are held to the forward's tolerance: the reference's
+# worst error on these cases is 3e-6 (dv, seq 129 causal, |dv| up to 6), PyTorch's own float32 autograd through naive
+# attention 2.5e-6 on the same inputs: a wrong step is off by far more.
+BACKWARD_CALL_TIMEOUT_S = 60  # a call of the backward part: small cases, so a hang costs a minute, not five
+BACKWARD_CASES = [
+    (1, 1, 1, 1, 16, 64, 64),
+    (2, 3, 127, 127, 32, 16, 16),
+    (2, 2, 129, 129, 64, 64, 32),
+    (1, 2, 100, 300, 64, 64, 64),
+    (1, 2, 1, 257, 64, 64, 64),
+    (1, 1, 70, 70, 8, 1, 7),
+]
+TIMING_SHAPES = {"cpu": (2, 8, 512, 64), "cuda": (4, 32, 1024, 128)}  # (batch, heads, seq, head_dim)
+
+
+# The rule case: one query tile against half a million keys. Tile by tile it needs a few
+# tiles of memory; the full score matrix (float64) needs 2 GiB, more than the worker may use.
+FULL_MATRIX_CASE = (1, 1, 512, 1 << 19, 4, 512, 4096)  # (batch, heads, seq_q, seq_k, head_dim, Br, Bc)
+MEMORY_LIMIT = 1 << 30  # address space your code may add to the worker's (PyTorch loaded): 1 GiB
+
+
+def shape_text(shape) -> str:
+    return "batch {} heads {} seq {}x{} head_dim {} tiles {}x{}".format(*shape)
+
+
+def inputs(shape, seed, dtype=torch.float32):
+    batch, heads, seq_q, seq_k, d = shape[:5]
+    return (random_tensor((batch, heads, seq_q, d), seed, dtype=dtype),
+            random_tensor((batch, heads, seq_k, d), seed + 1, dtype=dtype),
+            random_tensor((batch, heads, seq_k, d), seed + 2, dtype=dtype))
+
+
+def check_values(worker, case):
+    q, k, v = inputs(case.shape, case.seed)
+    tiles = case.shape[5:]
+    on = lambda t: t.to(case.device)  # noqa: E731
+    result = worker.call("flash", on(q), on(k), on(v), case.causal, *tiles, True)
+    plain = worker.call("flash", on(q), on(k), on(v), case.causal, *tiles, False)
+    if not (isinstance(result, tuple) and len(result) == 2):
+        return False, "with return_lse=True, flash_attention must return (out, lse)", {}
+    if not isinstance(plain, torch.Tensor):
+        return False, f"without return_lse, flash_attention must return the output tensor, got {type(plain).__name__}", {}
+    out, lse = result
+    ref_out, ref_lse = attention_reference(q, k, v, case.causal)
+    checked = compare(out, ref_out, atol=ATOL, rtol=RTOL, name="out", device=case.device)
+    if not checked.passed:
+        return diagnose(3, checked, out, q, k, v, case.causal, atol=ATOL, rtol=RTOL, tiles=tiles)
+    checked_lse = compare(lse, ref_lse, atol=ATOL, rtol=RTOL, name="lse (the log-sum-exp m_i + log(l_i))",
+                          device=case.device)
+    if not checked_lse.passed:
+        return diagnose(3, checked_lse, lse, q, k, v, case.causal, atol=ATOL, rtol=RTOL, tiles=tiles, of="lse")
+    checked.message = f"out {checked.message}; lse {checked_lse.message}"
+    return checked
+
+
+def check_backward(worker, case):
+    """dq, dk, dv of flash_attention_trainable against float64 autograd; what its forward pass kept for the backward."""
+    q, k, v = inputs(case.shape, case.seed)
+    d_out = random_tensor(q.shape, case.seed + 3)
+    on = lambda t: t.to(case.device)  # noqa: E731
+    said = saved_wrong(worker.call("flash_saved", on(q), on(k), on(v), case.causal, *case.shape[5:],
+                                   timeout=BACKWARD_CALL_TIMEOUT_S), q.shape, k.shape)
+    if said:  # asked first, from the forward pass alone: a backward pass that reads what it should not have may fail
+        return False, said + " (README, Task 3, step 6)", {}
+    result = worker.call("flash_backward", on(q), on(k), on(v), on(d_out), case.causal, *case.shape[5:],
+                         timeout=BACKWARD_CALL_TIMEOUT_S)
+    if not (isinstance(result, tuple) and len(result) == 4):
+        return False, "the backward check's call returned something else than (out, dq, dk, dv)", {}
+    out, *grads = result
+    checked = compare(out, attention_reference(q, k, v, case.causal)[0], atol=ATOL, rtol=RTOL, name="out",
+                      device=case.device)
+    if not checked.passed:
+        return checked.passed, f"{checked.message} (flash_attention_trainable's forward pass: README, Task 3, step 6)", {}
+    messages = []
+    for name, got, expected in zip(("dq", "dk", "dv"), grads, attention_gradients(q, k, v, d_out, case.causal)):
+        checked = compare(got, expected, atol=ATOL, rtol=RTOL, name=name, device=case.device)
+        if not checked.passed:
+            return False, f"{checked.message} (README, Task 3, steps 7-8)", {}
+        messages.append(f"{name} {checked.message}")
+    return True, "; ".join(messages) + "; saved q, k, v, out and the log-sum-exp", {}
+
+
+def saved_wrong(saved, q_shape, k_shape) -> str | None:
+    """What is wrong with what the forward pass saved (the worker's description of ctx), or None.
+
+    Exactly q, k, v, the output and one (batch, heads, seq_q) tensor, the log-sum-exp, with
+    ctx.save_for_backward; no other tensor on ctx (P, or the scores, kept aside).
+    """
+    if not (isinstance(saved, tuple) and len(saved) == 2 and all(isinstance(x, list) for x in saved)):
+        return "the forward pass's saved tensors could not be read"
+    tensors, others = saved
+    if others:
+        kept = ", ".join(f"ctx.{name} {tuple(shape)}" for name, shape in others[:3])
+        return (f"the forward pass keeps tensors on ctx besides ctx.save_for_backward: {kept}; save q, k, v, the "
+                f"output and the log-sum-exp with ctx.save_for_backward, nothing else")
+    expected = sorted([tuple(q_shape), tuple(k_shape), tuple(k_shape), tuple(q_shape), tuple(q_shape[:3])])
+    if sorted(tuple(s) for s in tensors) != expected:
+        return (f"the forward pass saved tensors of shapes {[tuple(s) for s in tensors]}; expected q, k, v, the output "
+                f"and the log-sum-exp: {expected} in any order (never P: the backward pass computes it again)")
+    return None
+
+
+def check_backward_causal_skips_tiles(worker, seed):
+    """The backward pass skips the query tiles a causal key tile never reaches (step 7): the worker's CPU time."""
+    q, k, v = inputs((1, 2, 2048, 2048, 32), seed)
+
+    def cpu_seconds(causal):
+        worker.call("flash_backward_prepare", q, k, v, causal, 128, 128, timeout=BACKWARD_CALL_TIMEOUT_S)
+        before = worker.cpu_seconds()
+        worker.call("flash_backward_one_thread", SKIP_CHECK_RUNS, timeout=BACKWARD_CALL_TIMEOUT_S)
+        return worker.cpu_seconds() - before
+
+    ratio, causal, full = causal_cpu_ratio(cpu_seconds)
+    message = (f"causal backward passes took {ratio:.0%} of the CPU time of full ones ({causal:.2f} s vs {full:.2f} s "
+               f"for {SKIP_CHECK_RUNS}; 136 of 256 tiles is 53%)")
+    if ratio > 0.8:
+        return False, message + ": the query tiles before a key tile's diagonal are computed, not skipped " \
+                                "(README, Task 3, step 7)", {}
+    return True, message, {"backward_causal_cpu_fraction": ratio}
+
+
+OUT_OF_MEMORY = ("can't allocate memory", "bad_alloc", "MemoryError", "out of memory", "not enough memory")
+
+
+def check_no_full_matrix(report, args, seed, backward=False):
+    """In a worker of its own whose memory the operating system limits: the worker cannot lift it.
+
+    Running out of memory there breaks the rule (the task scores 0); any other error is a
+    failed check, since the rule could not be judged. backward: the same for the optional backward
+    pass (forward and backward through flash_attention_trainable), a check of the optional part.
+    """
+    name = "backward: never builds the full score matrix" if backward else "never builds the full score matrix"
+    kind, judged = (Kind.OPTIONAL, Kind.OPTIONAL) if backward else (Kind.RULE, Kind.CHECK)  # the rule's; "could not judge"
+    b, h, sq, sk, d, br, bc = FULL_MATRIX_CASE
+    q, k, v = inputs(FULL_MATRIX_CASE, seed, torch.float64)
+    full_gib, limit_gib = b * h * sq * sk * 8 / 2**30, MEMORY_LIMIT / 2**30
+    what = f"seq {sq}x{sk} with {br}x{bc} tiles (float64)"
+    with Worker(3, args.student_dir, solution=args.solution, scratch=args.scratch, cuda=False,
+                memory_limit=MEMORY_LIMIT, purpose="memory-limit") as limited:
+        try:
+            limited.start()
+        except (WorkerError, WorkerDied) as err:
+            report.add(name, False, f"{what}: could not be judged, your code did not start: {err}",
+                       kind=judged, cause=getattr(err, "cause", None))
+            return
+        try:
+            if backward:
+                shapes = limited.call("flash_backward_shapes", q, k, v, torch.ones_like(q), False, br, bc,
+                                      timeout=4 * BACKWARD_CALL_TIMEOUT_S)
+                expected = (tuple(q.shape), tuple(q.shape), tuple(k.shape), tuple(v.shape))
+                if shapes != expected:  # G: name what is wrong
+                    report.add(name, False, f"{what}: out, dq, dk, dv have shapes {shapes}, expected {expected}",
+                               kind=judged)
+                    return
+                shape = tuple(q.shape)
+            else:
+                shape = limited.call("flash_shapes", q, k, v, False, br, bc)
+        except (WorkerError, WorkerDied) as err:
+            if isinstance(err, WorkerDied) or any(words in str(err) for words in OUT_OF_MEMORY):
+                report.add(name, False, f"{what} ran out of the {limit_gib:.1f} GiB of memory your code may use, where the full "
+                           f"score matrix would need {full_gib:.0f} GiB: work tile by tile and never build it ({err})",
+                           kind=kind, cause=getattr(err, "cause", None))
+            else:
+                report.add(name, False, f"{what}: could not be judged, your code raised {err}", kind=judged)
+            return
+    if shape != tuple(q.shape):
+        report.add(name, False, f"{what}: the output has shape {shape}, expected {tuple(q.shape)}", kind=judged)
+        return
+    report.add(name, True, f"{what} ran within {limit_gib:.1f} GiB of memory; the full score matrix would need {full_gib:.0f} GiB",
+               kind=kind)
+
+
+# The causal-skip check measures pairs of requests, a full run and a causal one back to back (in turn first),
+# each request SKIP_CHECK_RUNS runs, and takes the median of the pairs' ratios. One run is about 0.1 s of CPU
+# (10 ticks of the clock /proc counts in), and a machine's load changes the CPU time a run takes: on 2 loaded
+# cores, the smallest of three single runs each gave ratios of 38-76% over 25 checks, near the 80% that fails
+# it; the median of five pairs of two runs gave 53-65% over 20 (about 2 s of CPU per check).
+SKIP_CHECK_RUNS, SKIP_CHECK_PAIRS = 2, 5
+
+
+def causal_cpu_ratio(cpu_seconds) -> tuple[float, float, float]:
+    """The median over SKIP_CHECK_PAIRS pairs of cpu_seconds(True) / cpu_seconds(False), and each one's median."""
+    pairs = []
+    for i in range(SKIP_CHECK_PAIRS):
+        spent = {causal: cpu_seconds(causal) for causal in ((False, True) if i % 2 == 0 else (True, False))}
+        pairs.append((spent[True], spent[False]))
+    return (statistics.median(causal / max(full, 1e-9) for causal, full in pairs),
+            statistics.median(c for c, _ in pairs), statistics.median(f for _, f in pairs))
+
+
+def check_causal_skips_tiles(worker, seed):
+    """With a causal mask the tiles past the diagonal are skipped (step 2): measured as the worker's CPU time."""
+    q, k, v = inputs((1, 2, 2048, 2048, 32), seed)
+
+    def cpu_seconds(causal):
+        before = worker.cpu_seconds()
+        worker.call("flash_one_thread", q, k, v, causal, 128, 128, SKIP_CHECK_RUNS)
+        return worker.cpu_seconds() - before
+
+    ratio, causal, full = causal_cpu_ratio(cpu_seconds)
+    # 16 x 16 tiles: the causal loop visits 136 of them, 53% of the work; all 256 and a mask is >= 100%.
+    message = (f"causal run took {ratio:.0%} of the CPU time of the full one ({causal:.2f} s vs {full:.2f} s for "
+               f"{SKIP_CHECK_RUNS} runs; 136 of 256 tiles is 53%)")
+    if ratio > 0.8:
+        return False, message + ": the tiles after the diagonal are computed, not skipped (README, Task 3, step 2)", {}
+    return True, message, {"causal_cpu_fraction": ratio}
+
+
+def time_against_task1(report, worker, device, solution):
+    """A benchmark beside Task 1's attention; Task 1's state (not done, broken) only ever adds a note."""
+    batch, heads, seq, d = TIMING_SHAPES[device]
+    q, k, v = (t.to(device) for t in inputs((batch, heads, seq, seq, d), 7))
+    metrics, parts = {}, []
+    try:
+        for causal in (False, True):
+            tag = "causal" if causal else "full"
+            t_flash, t_naive = (time_requests(worker, which, q, k, v, causal) for which in ("flash", "task1"))
+            metrics |= t_flash.metrics(f"{tag}_flash_") | t_naive.metrics(f"{tag}_task1_")
+            metrics[f"{tag}_flash_over_task1"] = t_flash.median_ms / t_naive.median_ms
+            parts.append(f"{tag}: flash {t_flash.median_ms:.2f} ms, task 1 {t_naive.median_ms:.2f} ms "
+                         f"({t_flash.median_ms / t_naive.median_ms:.2f}x the time)")
+    except Exception as err:  # noqa: BLE001  task 1 not done or broken: a note, not a failure of task 3
+        report.note(f"{device}: timing against task 1 skipped: {err}")
+        return
+    shape = f"batch {batch} heads {heads} seq {seq} head_dim {d}"
+    report.add(f"{device} time against task 1", True, f"{shape}, task 1 from {impl.label(solution)}: " + "; ".join(parts),
+               metrics, kind="benchmark")
+
+
+def time_requests(worker, which, q, k, v, causal, reps=5, per_request=3):
+    """Host clock around requests that each run the function `per_request` times and wait for the GPU."""
+    worker.call("repeat", 1, which, q, k, v, causal)  # warm-up
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        worker.call("repeat", per_request, which, q, k, v, causal)
+        samples.append((time.perf_counter() - start) * 1e3 / per_request)
+    return summarize(samples)
+
+
+def run_backward(report, worker, args) -> None:
+    """The optional part: steps 6-8, once the forward pass passes everything."""
+    report.begin_part("the backward pass (Algorithm 2), through flash_attention_trainable", BACKWARD_STEPS, optional=True)
+    before = len(report.cases)
+    for case in cli.cases(3, "backward", BACKWARD_CASES, args.hidden, shape_text, devices=cli.devices(),
+                          causal_ok=lambda shape: shape[2] <= shape[3]):
+        report.run(f"backward: {case.name}", lambda: check_backward(worker, case))
+        if report.process_died_since(before, "the backward part"):  # a crash or a hang: the rest would wait as long
+            report.end_part("backward")
+            return
+    report.run("backward: causal skips the query tiles before the diagonal",
+               lambda: check_backward_causal_skips_tiles(worker, cli.seed(997, args.hidden)))
+    if not report.stopped:
+        check_no_full_matrix(report, args, cli.seed(996, args.hidden), backward=True)
+        report.run("backward: its own gradients, not autograd's",
+                   lambda: check_no_autograd_inside(args.student_dir, args.solution))
+    report.end_part("backward")
+
+
+AUTOGRAD_INSIDE = ("enable_grad", "set_grad_enabled", "autograd.grad", ".backward(", "torch.func", "functorch")
+
+
+def check_no_autograd_inside(student_dir, solution):
+    """Steps 6-8 compute dq, dk and dv themselves: autograd run inside them (over small chunks of rows, say) would
+    pass the values and the memory case without Algorithm 2. A scan of the file's code, as the own-work rule's."""
+    from common.impl import source_of
+
+    text = source_of("task3/attention.py", student_dir, solution).read_text(errors="replace")
+    found = [f"line {n}: {name}" for n, line in enumerate(text.splitlines(), 1)
+             for name in AUTOGRAD_INSIDE if name in line.split("#")[0]]
+    if found:
+        return False, (f"task3/attention.py runs autograd ({', '.join(found[:3])}): the backward pass computes dq, "
+                       f"dk and dv itself, tile by tile (README, Task 3, steps 7-8)"), {}
+    return True, "no autograd run inside the backward pass", {}
+
+
+def main(argv=None) -> int:
+    parser = cli.parser(3, __doc__.splitlines()[2])
+    parser.add_argument("--backward", action="store_true",
+                        help="the optional backward pass (steps 6-8) alone, after the forward pass's values")
+    args = parser.parse_args(argv)
+    report = Report(3, args.solution, "FlashAttention-2 in PyTorch", args.student_dir)
+    with cli.worker(report, 3, args, cuda=torch.cuda.is_available()) as worker:
+        if worker is None:
+            return report.finish(args.json)
+        # The forward pass's steps: a missing one is named among 1-5, never the optional part's 6-8 below it.
+        report.part_steps = FORWARD_STEPS
+        for case in cli.cases(3, "attention", CASES, args.hidden, shape_text, devices=cli.devices(),
+                              causal_ok=lambda shape: shape[2] <= shape[3]):
+            report.run(case.name, lambda: check_values(worker, case))
+        if not args.backward:
+            run_forward_rest(report, worker, args)
+        if not report.stopped and all(c.passed for c in report.cases):
+            run_backward(report, worker, args)
+        elif args.backward:
+            report.note("the backward pass is checked once the forward pass's checks pass")
+        if not args.backward:  # last: the grading's other tests do their checks meanwhile (harness/gpu_share.py)
+            run_timing(report, worker, args)
+    report.run("own work: no PyTorch attention, no reference solution",
+               lambda: impl.check_own_work(3, args.solution, args.student_dir, report.attention_ops), kind="rule")
+    return report.finish(args.json)
+
+
+def run_forward_rest(report, worker, args) -> None:
+    """After the values: the causal skip and the rule's memory case."""
+    report.run("causal skips the tiles after the diagonal",
+               lambda: check_causal_skips_tiles(worker, cli.seed(998, args.hidden)))
+    if not report.stopped:
+        check_no_full_matrix(report, args, cli.seed(999, args.hidden))
+
+
+def run_timing(report, worker, args) -> None:
+    """The timing beside task 1, once every check of the forward pass passes (a student's own run: no point depends
+    on it, so a grading leaves it out)."""
+    if not report.stopped and all(c.passed for c in report.cases if c.kind != Kind.OPTIONAL):
+        report.heading("timing")
+        if cli.grading_leaves_out(report, args, 3, "the CPU and CUDA time against task 1"):
+            return
+        if cli.used_code_hung(args, 1, worker):  # it would hang here again, for a whole call's time limit
+            report.note("timing against task 1 skipped: task 1's code did not finish importing when task 1 "
+                        "was graded")
+        else:
+            with gpu_share.alone(worker):
+                for device in cli.devices():
+                    time_against_task1(report, worker, device, args.solution)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
