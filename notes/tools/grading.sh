@@ -2,8 +2,9 @@
 # Device calls that measure a grading, from the repository root on the GPU machine (the `device` tool's `run`, with
 # bubblewrap's .deb carried in .dev/): bash notes/tools/grading.sh MODE. Logs and records come back under $OUT.
 # grade [TASKS]: `python -m grader --solution`, each output line time-stamped, the records (with each case's
-#   seconds, when each test started and when each timed part began) packed as graded.tgz. Empty build/ first for a
-#   first run's cost; a part graded by an earlier call is carried back in as ./graded and kept.
+#   seconds, when each test started and when each timed part began) packed as graded.tgz. For a first run's cost,
+#   `rm -rf build /tmp/graded` first: --keep reuses a task graded earlier on the same machine (or carried back in as
+#   ./graded), which is how a long grading is split over calls.
 # class: a class of one student who hands in the reference's files, through grader.batch (its prebuild, then the
 #   grading): the cost of a grading in a class. Run it after `grade` in the same machine's session, so the prebuild
 #   finds the references `grade` published in build/ (else it builds them one after another first).
