@@ -68,14 +68,3 @@ def student_files(task: int) -> tuple[str, ...]:
 
 def all_student_files() -> list[str]:
     return [rel for task in TASKS.values() for rel in task.student_files]
-
-
-def submitted_files_text() -> str:
-    """README's list of the files students hand in (its "Submitting" section, between the markers that
-    tests/test_tasks.py checks against this): the required ones, then the optional parts'."""
-    quoted = lambda files: ", ".join(f"`{rel}`" for rel in files)  # noqa: E731
-    optional = [rel for task in TASKS.values() for rel in task.optional_files]
-    required = [rel for rel in all_student_files() if rel not in optional]
-    return (f"Only the files you write are graded: {quoted(required)}, and those of the optional parts, "
-            f"{quoted(optional)} (reported, not scored; one you leave out is taken as its skeleton).")
-
