@@ -276,6 +276,16 @@ def compare(out, ref, *, atol: float, rtol: float, name: str = "output", poisone
     return result
 
 
+def within(out, ref, *, atol, rtol) -> bool:
+    """compare's rule computed where the tensors are, one answer sent back: the quick path of a check that runs
+    many times (every output of a benchmark's requests). atol may be a tensor (a tolerance per row). NaN and Inf
+    never pass; compare then says what is wrong."""
+    if out.shape != ref.shape:
+        return False
+    got, want = out.detach().double(), ref.detach().to(out.device, torch.float64)
+    return bool(((got - want).abs() <= atol + rtol * want.abs()).all())
+
+
 def expect_errors(call, bad) -> tuple[bool, str, dict]:
     """Every bad input raises an error that says what is wrong: a check of the given bindings.
 

@@ -5,9 +5,10 @@
 // every tensor, then hands raw pointers to the launchers on PyTorch's current stream.
 // All outputs are preallocated by the caller; nothing is returned.
 
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <climits>
@@ -66,7 +67,7 @@ void softmax_op(const torch::Tensor& x, const torch::Tensor& out) {
 
   const c10::cuda::CUDAGuard guard(x.device());
   check_launch(softmax_forward(x.data_ptr<float>(), out.data_ptr<float>(), (int)x.size(0),
-                               (int)x.size(1), at::cuda::getCurrentCUDAStream()),
+                               (int)x.size(1), c10::cuda::getCurrentCUDAStream()),
                "softmax_forward");
 }
 
@@ -100,7 +101,7 @@ void gemm_op(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor
     const int64_t count = std::min(batch - first, MAX_GRID_Z);
     check_launch(launcher(a.data_ptr<float>() + first * m * k, b.data_ptr<float>() + first * n * k,
                           c.data_ptr<float>() + first * m * n, (int)count, (int)m, (int)n, (int)k,
-                          at::cuda::getCurrentCUDAStream()),
+                          c10::cuda::getCurrentCUDAStream()),
                  nt ? "gemm_nt" : "gemm_nn");
   }
 }
@@ -155,7 +156,7 @@ void attention_op(const torch::Tensor& q, const torch::Tensor& k, const torch::T
                                    scores.data_ptr<float>() + first * seq_q * seq_k,
                                    out.data_ptr<float>() + first * seq_q * head_dim, (int)count, (int)seq_q,
                                    (int)seq_k, (int)head_dim, (float)scale, causal,
-                                   at::cuda::getCurrentCUDAStream()),
+                                   c10::cuda::getCurrentCUDAStream()),
                  "attention_forward");
   }
 }

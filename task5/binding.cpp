@@ -9,9 +9,10 @@
 // that change must be in memory): it is checked as a tensor, but its values are not read back,
 // which would stop the GPU. The kernels check those where they read them.
 
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/types.h>
 
 #include <cmath>
 #include <cstdint>
@@ -146,13 +147,13 @@ void launch_update(const torch::Tensor& k_new, const torch::Tensor& v_new, torch
     check_launch(update_cache_half(k_new.data_ptr(), v_new.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                                    k_cache.scalar_type() == torch::kBFloat16, (int)k_cache.size(0),
                                    (int)k_cache.size(1), (int)k_new.size(2), (int)k_cache.size(2),
-                                   (int)k_cache.size(3), pos, at::cuda::getCurrentCUDAStream()),
+                                   (int)k_cache.size(3), pos, c10::cuda::getCurrentCUDAStream()),
                  "update_cache_half");
     return;
   }
   check_launch(update_cache(k_new.data_ptr<float>(), v_new.data_ptr<float>(), k_cache.data_ptr<float>(),
                             v_cache.data_ptr<float>(), (int)k_cache.size(0), (int)k_cache.size(1), (int)k_new.size(2),
-                            (int)k_cache.size(2), (int)k_cache.size(3), pos, at::cuda::getCurrentCUDAStream()),
+                            (int)k_cache.size(2), (int)k_cache.size(3), pos, c10::cuda::getCurrentCUDAStream()),
                "update_cache");
 }
 
@@ -247,7 +248,7 @@ void run_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torc
   const c10::cuda::CUDAGuard guard(q.device());
   if (q.numel() == 0) return;  // no query heads: nothing to do
   Partials partials = partials_for(q, kv_heads, max_length, head_dim, splits);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (q.scalar_type() != torch::kFloat32) {  // checked by cache_type: bfloat16 or float16, like the cache
     check_launch(decode_half_forward(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
                                      q.scalar_type() == torch::kBFloat16, (int)batch, (int)heads, (int)kv_heads,
@@ -328,7 +329,7 @@ void update_paged_at(const torch::Tensor& k_new, const torch::Tensor& v_new, tor
                             v_pages.data_ptr<float>(), block_table.data_ptr<int>(), (int)block_table.size(1),
                             (int)k_pages.size(0), (int)k_pages.size(2), (int)batch, (int)k_pages.size(1),
                             (int)k_new.size(2), (int)k_pages.size(3), pos.data_ptr<int>(),
-                            at::cuda::getCurrentCUDAStream()),
+                            c10::cuda::getCurrentCUDAStream()),
                "update_paged");
 }
 
@@ -353,7 +354,7 @@ void decode_paged(const torch::Tensor& q, const torch::Tensor& k_pages, const to
                                     length.data_ptr<int>(), key_start.has_value() ? key_start->data_ptr<int>() : nullptr,
                                     block_table.data_ptr<int>(), max_pages, (int)k_pages.size(0), page_size, head_dim,
                                     (float)scale, (int)partials.splits, partials.out_ptr(), partials.lse_ptr(),
-                                    at::cuda::getCurrentCUDAStream()),
+                                    c10::cuda::getCurrentCUDAStream()),
                "decode_paged_forward");
 }
 
@@ -424,7 +425,7 @@ void linear(const torch::Tensor& x, const torch::Tensor& weight, torch::Tensor& 
   check_no_overlap(out, "out", weight, "weight");
   const c10::cuda::CUDAGuard guard(x.device());
   const int rows = (int)x.size(0), n = (int)weight.size(0), k = (int)x.size(1);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (type == torch::kFloat32)
     check_launch(linear_rows(x.data_ptr<float>(), weight.data_ptr<float>(), out.data_ptr<float>(), rows, n, k, stream),
                  "linear");

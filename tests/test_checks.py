@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from harness.checks import compare, guarded_output, random_tensor
+from harness.checks import compare, guarded_output, random_tensor, within
 from harness.reference import attention_reference, causal_mask
 
 
@@ -28,6 +28,27 @@ def test_nan_and_inf_fail_even_when_the_reference_is_close():
         out[3] = bad
         result = compare(out, ref, atol=1e9, rtol=1e9)
         assert not result.passed and "(3,)" in result.message
+
+
+def test_within_gives_compares_verdict_in_one_answer():
+    """within is compare's quick path for checks that run many times: it must never pass what compare fails."""
+    ref = random_tensor((6, 1, 8), 3)
+    rows = torch.tensor([1e-3] * 5 + [1e-9], dtype=torch.float64)[:, None, None]
+    cases = [(ref.clone(), 1e-6, True)]
+    near = ref.clone()
+    near[5, 0, 2] += 1e-6  # over its row's tolerance only
+    cases += [(near, 1e-2, True), (near, rows, False)]
+    for bad in (math.nan, math.inf):
+        out = ref.clone()
+        out[2, 0, 1] = bad
+        cases.append((out, 1e9, False))
+    for out, atol, passes in cases:
+        assert within(out, ref, atol=atol, rtol=0.0) is passes
+        rows_of = atol if not isinstance(atol, torch.Tensor) else None
+        if rows_of is not None:
+            assert compare(out, ref, atol=rows_of, rtol=0.0).passed is passes
+    assert within(ref.float(), ref, atol=1e-6, rtol=1e-6)  # float32 output against a float64 reference
+    assert not within(ref[:5], ref[:5].reshape(5, 8), atol=1, rtol=1)  # another shape never passes
 
 
 def test_unwritten_output_fails():

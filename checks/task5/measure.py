@@ -16,7 +16,7 @@ from torch import nn
 
 
 from harness import bench, points
-from harness.checks import GUARD_BITS, GUARD_BITS_16, bit_sum, compare, exact_float32
+from harness.checks import GUARD_BITS, GUARD_BITS_16, bit_sum, compare, exact_float32, within
 from common.kernel_set import hidden_keys
 from common.layer import mha_weights
 from harness.reference import attention_reference, causal_mask
@@ -80,25 +80,41 @@ class TimedDecode:
         torch.cuda.synchronize()
 
     def check(self, scale):
+        """Every output of the request just timed. The picked heads are compared on the GPU all at once, one
+        answer back (a request has up to 128 calls and runs 6 times per benchmark); compare on the CPU names
+        the first wrong one."""
         for i, (pair, prints) in enumerate(zip(self.caches, self.prints)):
             if [bit_sum(t) for t in pair] != prints:
                 raise AssertionError(f"changed the cache it reads (cache {i + 1}); the decode must only read it")
-        for i, ((q, out, c), (b, h, q_bh)) in enumerate(zip(self.sets, self.picked)):
-            where = f"output of timed call {i + 1} of {self.count}"
-            if not torch.isfinite(out).all():
-                raise AssertionError(f"{where}: not every element was written (or NaN was computed)")
+        written = torch.stack([torch.isfinite(out).all() for _, out, _ in self.sets]).tolist()
+        if not all(written):
+            raise AssertionError(f"output of timed call {written.index(False) + 1} of {self.count}: not every "
+                                 "element was written (or NaN was computed)")
+        got, expected, atol = [], [], []
+        for (q, out, c), (b, h, q_bh) in zip(self.sets, self.picked):
             k, v = self.caches[c]
             kv = h // (q.shape[1] // self.kv_heads)  # the key/value head query head h reads
-            expected = attention_reference(q_bh.to(k.device), k[b, kv], v[b, kv], False, scale)[0]
-            atol, rtol = ATOL, RTOL
-            if self.dtype != torch.float32:  # what the type allows (checks/task4/measure.py): from SDPA's error here
-                from checks.task4.measure import half_allowance
-
-                atol, rtol = half_allowance(q_bh[None, None].to(k.device), k[b, kv][None, None],
-                                            v[b, kv][None, None], False, scale, None, expected[None, None])[0], 0.0
-            result = compare(out[b, h], expected, atol=atol, rtol=rtol, name=f"{where}, head ({b}, {h})")
+            expected.append(attention_reference(q_bh.to(k.device), k[b, kv], v[b, kv], False, scale)[0])
+            got.append(out[b, h])
+            atol.append(ATOL if self.dtype == torch.float32 else self.half_atol(q_bh, k[b, kv], v[b, kv], scale,
+                                                                                  expected[-1]))
+        rtol = RTOL if self.dtype == torch.float32 else 0.0
+        rows = torch.tensor(atol, dtype=torch.float64, device=expected[0].device)[:, None, None]
+        if within(torch.stack(got), torch.stack(expected), atol=rows, rtol=rtol):
+            return
+        for i, (b, h, _) in enumerate(self.picked):
+            result = compare(got[i], expected[i], atol=atol[i], rtol=rtol,
+                             name=f"output of timed call {i + 1} of {self.count}, head ({b}, {h})")
             if not result.passed:
                 raise AssertionError(result.message)
+
+    @staticmethod
+    def half_atol(q_bh, k, v, scale, expected) -> float:
+        """What a 16-bit output of these inputs may be off by (checks/task4/measure.py): from SDPA's error here."""
+        from checks.task4.measure import half_allowance
+
+        return half_allowance(q_bh[None, None].to(k.device), k[None, None], v[None, None], False, scale, None,
+                              expected[None, None])[0]
 
 
 def time_student_decode(worker, timed: TimedDecode, splits: int):
@@ -284,6 +300,8 @@ def check_generation(reference, x, out_prompt, out_steps):
     atol = ATOL * float(expected.abs().max())
     for name, got, want in ((PREFILL_WRONG, out_prompt, expected[:, :g["prompt"]]),
                             ("decode steps' output", out_steps, expected[:, g["prompt"]:])):
+        if within(got, want, atol=atol, rtol=RTOL):  # on the GPU: compare copies half a gigabyte to the CPU
+            continue
         result = compare(got, want, atol=atol, rtol=RTOL, name=name)
         if not result.passed:
             raise AssertionError(result.message)
