@@ -290,7 +290,8 @@ def test_task5s_points_in_the_handout_need_no_calibration_and_the_long_cache_cou
 
 def test_task5_times_shapes_nobody_tuned_for_says_their_bound_and_scores_none(stand_in):
     """The public shapes, and with --hidden the hidden ones too (at the stand-in's sizes), each timed against a
-    call over one cached position; reported, never scored: the points are those of the run without them."""
+    call over one cached position; reported, never scored: the points are those of the run without them, and a
+    grading leaves them out."""
     from harness.points import NOT_SCORED
     from checks.task5 import measure
     from tests.stand_in import SMALL_HIDDEN
@@ -310,6 +311,9 @@ def test_task5_times_shapes_nobody_tuned_for_says_their_bound_and_scores_none(st
         assert f"{m['bound']}-bound: the bytes take" in case["message"] and 0 < m["of_copy"] < 1.25
     hidden = [c for c in every if "heads 4 (1 kv heads) cached tokens 200 " in c["name"]]
     assert hidden and {c["name"] for c in public} < {c["name"] for c in every} - {c["name"] for c in hidden}
+    graded = stand_in.run(5, "--solution", *SCORED[5], *HIDDEN, "--grading")  # no point depends on them
+    assert shapes(graded) == [] and scored_ratios(graded), failed(graded)
+    assert any("not scored (the shapes nobody tuned for)" in note for note in graded["notes"]), graded["notes"]
     points, why = score(5, record)
     assert points == RUBRIC[5].points, why
 
