@@ -138,3 +138,65 @@ def test_files_missing_from_a_checkout_are_named_in_one_note(tmp_path):
     assert notes[0] == ("task4/kernels/attention.cu, task4/kernels/attention_half.cu, "
                         "task4/kernels/attention_backward.cu: missing, so they were not used")
     assert notes[1:] == ["task5/kernels/decode_half.cu: not a regular file (a link?), so it was not used"]
+
+
+# README.md's lists that common/tasks.py decides, each between a pair of markers; a failure prints the text to put
+# there, so a task or a file added to common/tasks.py reaches the README by pasting it.
+def _quoted(files) -> str:
+    names = [f"`{rel}`" for rel in files]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def submitted_files_text() -> str:
+    """The Submitting section's list: the files students write, then the optional parts'."""
+    optional = [rel for task in TASKS.values() for rel in task.optional_files]
+    required = [rel for task in TASKS.values() for rel in task.student_files if rel not in optional]
+    return (f"Only the files you write are graded: {_quoted(required)}, and those of the optional parts, "
+            f"{_quoted(optional)} (reported, not scored).")
+
+
+def task_map_text() -> str:
+    """The instructors' map of each task folder: what students write, the given files in the worker's view, the
+    commands students type, and the task's trusted code in checks/taskN/."""
+    rows = ["| task | students write | given, in the worker's view | commands | trusted: `checks/taskN/` |",
+            "|---|---|---|---|---|"]
+    for n, task in TASKS.items():
+        def short(rel, n=n):
+            return rel.removeprefix(f"task{n}/")
+        written = ", ".join(f"`{short(rel)}`" + (" (optional)" if rel in task.optional_files else "")
+                            for rel in task.student_files)
+        given = ", ".join(f"`{short(rel)}`" for rel in task.given_files if not rel.endswith("__init__.py"))
+        commands = ", ".join(f"`{name}`" for name in sorted(COMMANDS) if (REPO / f"task{n}" / name).is_file())
+        trusted = ", ".join(f"`{p.name}`" for p in sorted((REPO / "checks" / f"task{n}").glob("*.py"))
+                            if p.name != "__init__.py")
+        rows.append(f"| {n} | {written} | {given} | {commands} | {trusted} |")
+    return "\n".join(rows)
+
+
+def _between_markers(name: str) -> str | None:
+    import re
+
+    found = re.search(rf"<!-- {name}:[^\n]*-->\n(.*?)\n<!-- /{name} -->", (REPO / "README.md").read_text(), re.S)
+    return found.group(1) if found else None
+
+
+def test_the_readmes_list_of_submitted_files_is_common_tasks():
+    """README's Submitting section names every file students hand in, the optional parts' too."""
+    found = _between_markers("submitted files")
+    assert found is not None, "README.md: the Submitting section's markers (<!-- submitted files: ... -->) are missing"
+    expected = submitted_files_text()
+    assert " ".join(found.split()) == expected, \
+        f"README.md's Submitting list differs from common/tasks.py; put this between its markers:\n{expected}"
+
+
+def test_the_instructors_map_of_the_task_folders_is_common_tasks():
+    """The instructors' map says, for each task folder, which file is whose; the students' README has none."""
+    import pytest
+
+    if "<!-- instructors" not in (REPO / "README.md").read_text():
+        pytest.skip("the students' README (python -m grader.handout) leaves out the instructors' sections")
+    found = _between_markers("task map")
+    assert found is not None, "README.md: the instructors' task map's markers (<!-- task map: ... -->) are missing"
+    expected = task_map_text()
+    assert found == expected, \
+        f"README.md's task map differs from common/tasks.py and the folders; put this between its markers:\n{expected}"
