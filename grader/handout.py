@@ -24,12 +24,14 @@ BLANK_RESULTS = "# Results\n\nNot graded yet: run `python -m grader` to fill thi
 INSTRUCTORS = re.compile(r"^<!-- instructors\b.*?^<!-- /instructors -->\n", re.S | re.M)
 
 
-# Test helpers that only tests built on the reference use: the CPU stand-ins of the CUDA tasks' grading flow.
-INSTRUCTOR_TEST_HELPERS = {Path("tests/stand_in.py")}
+# Test helpers that only tests built on the reference use, by module name under tests/ (a file or a package): the
+# CPU stand-ins of the CUDA tasks' grading flow, tests/stand_in/.
+INSTRUCTOR_TEST_HELPERS = {"stand_in"}
 
 
-# `from tests import X`, `from tests.X import ...`, `import tests.X`, at any indentation (inside a test too).
-TESTS_IMPORT = re.compile(r"^\s*(?:from\s+tests\.(\w+)\s+import|from\s+tests\s+import\s+(\w+)|import\s+tests\.(\w+))", re.M)
+# `from tests import X`, `from tests.X[.Y] import ...`, `import tests.X[.Y]`, at any indentation (inside a test too).
+TESTS_IMPORT = re.compile(r"^\s*(?:from\s+tests\.(\w+)[\w.]*\s+import|from\s+tests\s+import\s+(\w+)|import\s+tests\.(\w+))",
+                          re.M)
 
 
 def imported_test_modules(text: str) -> set[str]:
@@ -40,13 +42,16 @@ def imported_test_modules(text: str) -> set[str]:
 def instructor_only(rel: Path, _seen: frozenset[Path] = frozenset()) -> bool:
     """Reference solutions, hidden cases, notes on how the reference was tuned, and tests built on the reference
     (or importing one that is: left in, it would fail to import in the students' copy)."""
-    if rel in INSTRUCTOR_TEST_HELPERS:
+    if rel.parts[0] == "tests" and len(rel.parts) > 1 and Path(rel.parts[1]).stem in INSTRUCTOR_TEST_HELPERS:
         return True
     if rel.parts[0] == "tests" and rel.suffix == ".py" and rel.name != "conftest.py":
         text = (REPO / rel).read_text()
         if "needs_solution(" in text or "bad_variant(" in text:
             return True
-        imported = (Path("tests") / f"{name}.py" for name in imported_test_modules(text))
+        names = imported_test_modules(text)
+        if names & INSTRUCTOR_TEST_HELPERS:
+            return True
+        imported = (Path("tests") / f"{name}.py" for name in names)
         return any(instructor_only(other, _seen | {rel}) for other in imported
                    if other not in _seen and other != rel and (REPO / other).is_file())
     return "solution" in rel.parts or rel == Path("grader/hidden.py") or rel.parts[0] == "notes"

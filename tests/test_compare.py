@@ -1,7 +1,7 @@
 """python -m harness.compare: every implementation written, side by side with PyTorch's, in one table and plot.
 
 On the CPU: tasks 1 and 3 (each in its worker) and PyTorch's naive attention and SDPA; the CUDA tasks are left out
-and said so. Tasks 2 and 4's rows run here with the stand-in kernels (tests/stand_in.py); on a GPU the first
+and said so. Tasks 2 and 4's rows run here with the stand-in kernels (tests/stand_in/); on a GPU the first
 test runs them for real."""
 
 import csv
@@ -91,7 +91,7 @@ def test_bad_arguments_are_named(tmp_path):
 @needs_solution(1)
 def test_the_cuda_tasks_rows_with_the_stand_in_kernels(stand_in, tmp_path, monkeypatch, capsys):
     """The lines a GPU runs (tasks 2 and 4, float32 and bf16, through their workers' entry points), on the CPU with
-    PyTorch playing the kernels (tests/stand_in.py); the stand-in GPU counts no memory."""
+    PyTorch playing the kernels (tests/stand_in/); the stand-in GPU counts no memory."""
     from harness import compare
 
     for name, value in (("memory_allocated", lambda device=None: 0), ("max_memory_allocated", lambda device=None: 0),

@@ -1,5 +1,5 @@
 """Tasks 2, 4, 5, 6 and 7 graded on the CPU from end to end, with PyTorch standing in for the kernels
-(tests/stand_in.py).
+(tests/stand_in/).
 
 The part of a CUDA task's test that runs after its checks (the benchmarks, loading the reference,
 the estimate from the calibration, the record's speed fields) is never reached on a machine

@@ -6,7 +6,7 @@ binding's checks (a CPU tensor is told so by the binding, not by the dispatcher)
 compiles with torch.compile(fullgraph=True), which fails on any graph break. Without a GPU those skip.
 
 Everywhere (CI has no GPU): each binding's schemas name its operators and the implementations it registers, and
-the stand-in kernels, registered as operators with those schemas (tests/stand_in.py), pass opcheck and run task 6's
+the stand-in kernels, registered as operators with those schemas (tests/stand_in/), pass opcheck and run task 6's
 model under torch.compile(fullgraph=True): the Python side of the traced path (the given wrappers, the fakes
 TaskExtension registers) runs in CI, not first on a grader's GPU."""
 

@@ -1,0 +1,134 @@
+"""Task 4's stand-in kernels: the fused attention (float32, bf16/fp16) and its backward pass."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+from harness.reference import causal_mask, expand_kv_heads
+from tests.stand_in.gpu import launched
+from tests.stand_in.kernels import (StandInKernels, attention_in_torch, attention_seconds, check_cuda_float32,
+                                    check_dim, check_finite, check_key_start, check_no_overlap, gradients_in_torch,
+                                    with_padding)
+
+
+class Task4Kernels(StandInKernels):
+    """task4/binding.cpp's `forward`, computed in PyTorch."""
+
+    @launched
+    def forward(self, q, k, v, out, causal, scale, key_start=None):
+        self._forward(q, k, v, out, causal, scale, key_start, check_cuda_float32)
+
+    @launched
+    def forward_half(self, q, k, v, out, causal, scale, key_start=None):
+        """The bf16/fp16 kernel: the same checks for one 16-bit type, computed in float32, written in that type."""
+        if q.dtype not in (torch.bfloat16, torch.float16):
+            raise RuntimeError(f"q must be bfloat16 or float16 for forward_half, got {str(q.dtype)[6:]} "
+                               "(float32 goes to forward)")
+
+        def same_type(t, name):
+            if getattr(t, "on_host", False):
+                raise RuntimeError(f"{name} must be a CUDA tensor, got one on cpu (move it with .cuda())")
+            if t.dtype != q.dtype:
+                raise RuntimeError(f"{name} must be {str(q.dtype)[6:]} like q, got {str(t.dtype)[6:]}")
+            if not t.is_contiguous():
+                raise RuntimeError(f"{name} must be contiguous (call .contiguous() first)")
+        kept = out.clone() if self.behaviour.half == "unwritten" else None
+        self._forward(q, k, v, out, causal, scale, key_start, same_type)
+        if self.behaviour.half == "wrong":
+            out.mul_(1.01)
+        elif kept is not None:
+            out.copy_(kept)
+
+    def _forward(self, q, k, v, out, causal, scale, key_start, check_type):
+        check_type(q, "q")
+        for t, name in ((q, "q"), (k, "k"), (v, "v"), (out, "out")):
+            check_dim(t, name, 4)
+        batch, heads, seq_q, head_dim = q.shape
+        kv_heads = k.shape[1]
+        if k.shape[0] != batch or k.shape[3] != head_dim:
+            raise RuntimeError(f"k must be (batch, kv_heads, seq_k, head_dim) with q's batch and head_dim "
+                               f"(q is {list(q.shape)}), got {list(k.shape)}")
+        if heads and (kv_heads < 1 or heads % kv_heads):
+            raise RuntimeError(f"k's heads (kv_heads = k.size(1)) must divide q's heads: each group of heads / "
+                               f"kv_heads query heads shares one key/value head; got heads = {heads} and "
+                               f"kv_heads = {kv_heads}")
+        if v.shape != k.shape:
+            raise RuntimeError(f"v must have k's shape {list(k.shape)}, got {list(v.shape)}")
+        if out.shape != q.shape:
+            raise RuntimeError(f"out must have q's shape {list(q.shape)}, got {list(out.shape)}")
+        if not 1 <= head_dim <= self.max_head_dim():
+            raise RuntimeError(f"head_dim must be at most {self.max_head_dim()}, got {head_dim}")
+        if causal and seq_q > k.shape[2]:
+            raise RuntimeError(f"causal attention needs seq_q <= seq_k, got seq_q = {seq_q} and seq_k = {k.shape[2]}")
+        check_finite(scale)
+        for t, name in ((k, "k"), (v, "v"), (out, "out")):
+            check_type(t, name)
+        for t, name in ((q, "q"), (k, "k"), (v, "v")):
+            check_no_overlap(out, "out", t, name)
+        if key_start is not None and seq_q > k.shape[2]:
+            raise RuntimeError(f"key_start needs seq_q <= seq_k (the queries are the last seq_q positions of the "
+                               f"keys), got seq_q = {seq_q} and seq_k = {k.shape[2]}")
+        check_key_start(key_start, batch, k.shape[2], "seq_k")
+        if not heads:
+            return
+        q, k, v = q.float(), expand_kv_heads(k, heads).float(), expand_kv_heads(v, heads).float()
+        with self.work(attention_seconds(q, k, causal)):
+            self.write(out, with_padding(lambda *qkv: attention_in_torch(*qkv, causal, scale), q, k, v, key_start))
+
+    @launched
+    def forward_lse(self, q, k, v, out, lse, causal, scale):
+        """Step 12: forward without padding, and each row's log-sum-exp."""
+        self._forward(q, k, v, out, causal, scale, None, check_cuda_float32)
+        self._check_lse(lse, q, {"q": q, "k": k, "v": v, "out": out})
+        scores = (q @ expand_kv_heads(k, q.shape[1]).transpose(-2, -1)) * scale
+        if causal:
+            scores = scores.masked_fill(causal_mask(q.shape[2], k.shape[2]), -math.inf)
+        lse.copy_(torch.logsumexp(scores, dim=-1))
+
+    @launched
+    def backward(self, q, k, v, out, dout, lse, dq, dk, dv, causal, scale):
+        """Steps 13-16: the binding's checks, then the gradients written out in float64 (`gradients_in_torch`; they
+        do not depend on out and lse, given that they are the forward's)."""
+        self._forward(q, k, v, out.clone(), causal, scale, None, check_cuda_float32)  # q, k, v, out checked alike
+        self._check_lse(lse, q, {})
+        for t, name, model, model_name in ((dout, "dout", q, "q"), (dq, "dq", q, "q"), (dk, "dk", k, "k"),
+                                           (dv, "dv", k, "k")):
+            check_cuda_float32(t, name)
+            if t.shape != model.shape:
+                raise RuntimeError(f"{name} must have {model_name}'s shape {list(model.shape)}, got {list(t.shape)}")
+        outputs = {"dq": dq, "dk": dk, "dv": dv}
+        for o_name, o in outputs.items():
+            for name, t in {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, **outputs}.items():
+                if name != o_name:
+                    check_no_overlap(o, o_name, t, name)
+        kept = dk.clone() if self.behaviour.backward == "unwritten" else None
+        with self.work(2.5 * attention_seconds(q, expand_kv_heads(k, q.shape[1]), causal)):
+            for got, grad in zip((dq, dk, dv), gradients_in_torch(q, k, v, dout, causal, scale)):
+                got.copy_(grad)
+        if self.behaviour.backward == "wrong":
+            dk.mul_(1.01)
+        elif kept is not None:
+            dk.copy_(kept)
+
+    @staticmethod
+    def _check_lse(lse, q, others):
+        check_cuda_float32(lse, "lse")
+        if lse.shape != q.shape[:3]:
+            raise RuntimeError(f"lse must be (batch, heads, seq_q) = {tuple(q.shape[:3])}, got {list(lse.shape)}")
+        for name, t in others.items():
+            check_no_overlap(lse, "lse", t, name)
+
+    def max_head_dim(self):
+        return 128
+
+    def has_half(self):
+        return True
+
+    def has_backward(self):
+        return True
+
+    def tile_sizes(self):
+        return 64, 64
