@@ -2,7 +2,8 @@
 
 `SECRET_SEED` is mixed into every public seed when the grader passes --hidden, and
 `CASES[task][part]` adds shapes to that part of the task's public list (the same tuple
-layout as the part's list in checks/taskN/test.py). Change the seed each term.
+layout as the part's list in checks/taskN/test.py, or checks/taskN/cases.py for tasks 4 and 5). Change the seed
+each term.
 """
 
 SECRET_SEED = 0x5EED_2026

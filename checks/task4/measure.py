@@ -37,7 +37,7 @@ REPS = 5  # timed requests per benchmark
 # The optional bf16/fp16 kernel (steps 8-11). How far a 16-bit output may be from float64 on the same 16-bit
 # inputs: this many times SDPA's own largest error there (PyTorch's attention in the same type), and at least half
 # a unit in the last place of the largest |expected|. Measured on an H100: the reference's largest error equals
-# SDPA's on every case of checks/task4/test.py's HALF_CASES, in both types (the output's rounding to 16 bits dominates).
+# SDPA's on every case of checks/task4/cases.py's HALF_CASES, in both types (the output's rounding to 16 bits dominates).
 HALF_ERROR_FACTOR = 2.0
 HALF_EPS = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}  # half a unit in the last place, relative
 HALF_BENCHMARKS = [(8, 32, 4096, 64), (8, 32, 4096, 128)]  # (batch, heads, seq, head_dim): causal and not, each type

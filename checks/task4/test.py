@@ -42,93 +42,11 @@ from harness.records import Report
 from harness.reference import attention_gradients, attention_reference, causal_mask, expand_kv_heads
 from checks.task4 import measure
 from checks.task4.measure import ATOL, HALF_TYPES, RTOL
+from checks.task4.cases import (BACKWARD_CASES, BACKWARD_NEGATIVE, CASES, GROUPED_CASES, HALF_CASES, LARGE_SCORES,
+                                NEGATIVE_TOLERANCE)
 
-# (batch, heads, seq_q, seq_k, head_dim)
-CASES = [
-    (1, 1, 1, 1, 32),
-    (2, 3, 1, 257, 64),
-    (2, 2, 63, 63, 64),
-    (1, 2, 64, 64, 64),
-    (2, 2, 65, 65, 64),
-    (1, 3, 127, 127, 128),
-    (1, 2, 128, 128, 128),
-    (1, 2, 129, 129, 128),
-    (2, 2, 100, 300, 80),
-    (1, 2, 300, 520, 64),  # causal: query tiles past the first, each shifted by seq_k - seq_q
-    (1, 2, 300, 300, 80),
-    (1, 2, 200, 200, 72),
-    (1, 2, 150, 150, 88),
-    (1, 2, 131, 131, 85),
-    (2, 1, 96, 160, 99),
-    (1, 1, 77, 77, 17),
-    (1, 2, 1000, 1000, 32),
-]
-
-# Grouped-query attention and padding: (batch, heads, kv_heads, seq_q, seq_k, head_dim, key_start).
-# kv_heads divides heads (query head h reads key/value head h // (heads // kv_heads)); key_start is
-# each sequence's first valid key (left padding) or None. Group sizes 1, 2, 3, 4, 8 and MQA, head
-# counts that are not powers of two; padding that leaves whole tiles, one key, or no key at all.
-GROUPED_CASES = [
-    (2, 8, 4, 65, 65, 64, None),
-    (1, 8, 2, 129, 129, 128, None),
-    (1, 16, 2, 100, 300, 80, None),
-    (2, 6, 1, 70, 70, 64, None),  # MQA
-    (1, 12, 3, 131, 131, 85, None),
-    (1, 12, 4, 64, 64, 72, None),
-    (4, 4, 2, 40, 40, 64, (0, 35, 12, 39)),  # prompts of 40, 5, 28 and 1 tokens
-    (2, 4, 4, 150, 150, 96, (0, 129)),
-    (3, 4, 1, 30, 200, 64, (0, 180, 199)),  # seq_q < seq_k: some queries are padding, one is not
-    (2, 2, 2, 9, 9, 32, (9, 0)),  # the first sequence is padding throughout: all zeros
-]
-
-# The optional bf16/fp16 kernel (steps 8-11), run in both 16-bit types: (batch, heads, kv_heads, seq_q, seq_k,
-# head_dim, key_start). Lengths that are not multiples of its tiles (64 queries, 64 keys), head_dim 32 to 128 and
-# odd ones, seq_q != seq_k, grouped heads, padding.
-# Scores large enough that exp() overflows unless the running maximum is subtracted (float16's range ends at
-# 65504, float32's exp2 at 2^128): q scaled by this many times.
-LARGE_SCORES = ((2, 2, 2, 150, 150, 64, None), 25.0)
 HALF_CALL_TIMEOUT_S = 60  # a call of the bf16/fp16 part: small cases, so a hang costs a minute, not five
-HALF_CASES = [
-    (1, 1, 1, 1, 1, 64, None),
-    (2, 4, 4, 100, 100, 64, None),
-    (2, 4, 2, 77, 131, 128, None),
-    (1, 8, 8, 200, 333, 128, None),
-    (3, 2, 1, 65, 65, 32, None),
-    (2, 3, 3, 129, 257, 80, None),
-    (1, 4, 4, 513, 1000, 96, None),
-    (2, 2, 2, 17, 40, 40, None),
-    (1, 2, 2, 50, 50, 33, None),
-    (1, 4, 4, 1, 300, 128, None),
-    (2, 4, 4, 90, 90, 64, (0, 37)),
-    (2, 4, 2, 30, 100, 128, (5, 99)),
-    (1, 2, 2, 300, 517, 128, None),  # above head_dim 96, blocks of 256 rows: two, the second partial
-    (2, 2, 1, 600, 700, 128, (0, 450)),  # padding that skips more than a block of queries
-]
-# The optional backward part (steps 12-16): (batch, heads, kv_heads, seq_q, seq_k, head_dim), each causal and not
-# (causal needs seq_q <= seq_k). Lengths around the 64-row tiles, seq_q != seq_k both ways, grouped heads (dK and dV
-# add up over the query heads that share them), head_dim 17 to 128.
-BACKWARD_CALL_TIMEOUT_S = 60
-BACKWARD_CASES = [
-    (1, 1, 1, 1, 1, 32),
-    (2, 2, 2, 63, 63, 64),
-    (1, 2, 2, 64, 64, 64),
-    (2, 2, 2, 65, 65, 64),
-    (1, 2, 2, 129, 129, 128),
-    (1, 2, 2, 100, 300, 80),  # causal: the first keys' tiles see every query, the last ones few
-    (1, 2, 2, 300, 100, 64),  # more queries than keys (not causal)
-    (2, 4, 2, 77, 131, 96),
-    (1, 6, 1, 70, 70, 64),  # MQA: six query heads add into one dK, dV
-    (1, 2, 2, 131, 131, 85),
-    (1, 1, 1, 77, 77, 17),
-    (1, 2, 2, 1, 257, 128),
-    (1, 2, 2, 520, 520, 64),
-]
-# Every score very negative (q + 4, k - 4: about -128 at head_dim 64): L is too, and exp(0 - L) overflows float32, so a
-# key past seq_k (a zero row of K, score 0) that is not masked turns dQ into NaN. A partial last tile of keys.
-# float32 holds scores of -128 to about 1e-5, so what is computed from them is held to NEGATIVE_TOLERANCE x the
-# largest |expected| of each tensor (a NaN, or a wrong step, is far outside it).
-BACKWARD_NEGATIVE = ((1, 2, 2, 50, 100, 64), 4.0)
-NEGATIVE_TOLERANCE = 1e-3
+BACKWARD_CALL_TIMEOUT_S = 60  # and of the backward part
 
 
 def shape_text(shape) -> str:
