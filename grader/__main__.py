@@ -30,7 +30,7 @@ import traceback
 from pathlib import Path
 
 from common.impl import REPO, label
-from harness.outcome import Cause, Kind, Status, cause_of
+from harness.outcome import Kind, Status, cause_of
 from harness.records import environment
 from harness.view import building_lock, copy_regular_file, remove_tree, sandbox_status
 from common.tasks import TASKS
@@ -38,7 +38,7 @@ from grader.fingerprints import checkout_fingerprint
 from grader.rubric import RUBRIC, TOTAL_POINTS, estimated, parse_tasks, score
 from grader import machine
 from grader.runner import STOPPING, build_kernels_ahead, run_task, valid_record, worker_builds
-from grader.schedule import cpu_priority, cpu_threads, grade_at_once, loads_code_of, outcome_file, share_file
+from grader.schedule import cpu_priority, cpu_threads, grade_at_once, share_file
 
 SANDBOX_TEXT = {
     "bubblewrap": "a sandboxed worker (bubblewrap: its own view of the files, its own processes, no network)",
@@ -99,16 +99,8 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def hung(entry: dict) -> bool:
-    """The task's code hung: the whole test ran out of time, or its worker never finished importing it."""
-    if entry.get("status") == Status.CRASHED and entry.get("cause") == Cause.TIMED_OUT:
-        return True
-    cases = (entry.get("record") or {}).get("cases", [])
-    return any(c.get("name") == "import" and not c.get("passed") and c.get("cause") == Cause.TIMED_OUT for c in cases)
-
-
 def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidden: bool, timeout: int | None,
-               has_cuda: bool, outcomes: dict[int, Path] | None = None, say=print, gpu_share: Path | None = None,
+               has_cuda: bool, say=print, gpu_share: Path | None = None,
                nice: int = 0, threads: int | None = None) -> dict:
     rubric = RUBRIC[task]
     entry = {"task": task, "title": rubric.title, "max_points": rubric.points, "points": 0.0, "record": None}
@@ -120,7 +112,7 @@ def grade_task(task: int, student_dir: Path, scratch: Path, solution: bool, hidd
                         "summary": f"not graded here: run the grader on a machine with a CUDA GPU{here}"}
     say(f"\n== Task {task}: {rubric.title}\n")
     run = run_task(task, student_dir, scratch, solution=solution, hidden=hidden,
-                   timeout_s=timeout or rubric.timeout_s, outcomes=outcomes,
+                   timeout_s=timeout or rubric.timeout_s,
                    echo=lambda line: say(f"  | {line}"), gpu_share=gpu_share, nice=nice, threads=threads)
     alone = f", {run.alone_s:.0f} s timing alone" if run.alone_s else ""  # the grading's other tests waiting
     say(f"  ({run.seconds:.0f} s, of which {run.waited_s:.0f} s waiting for other tasks{alone})\n")
@@ -364,19 +356,12 @@ def main(argv=None) -> int:
         share = share_file(scratch)
 
         def grade(task, say):
-            entry = None
-            try:
-                entry = grade_task(task, student_dir, scratch, args.solution, hidden, args.timeout, has_cuda,
-                                   {u: outcome_file(scratch, u) for u in loads_code_of(task, tasks)}, say=say,
-                                   gpu_share=share, nice=cpu_priority(task, tasks, has_cuda),
-                                   threads=cpu_threads([t for t in tasks if has_cuda or not RUBRIC[t].needs_cuda]))
-                if not STOPPING.is_set():  # a test killed as the grader stops is no result to keep
-                    save_entry(out_dir, entry, key)
-                return entry
-            finally:  # what a task that loads this one's code waits for (harness/cli.py's used_code_hung)
-                told = outcome_file(scratch, task)
-                told.with_suffix(".part").write_text("hung" if entry is not None and hung(entry) else "done")
-                os.replace(told.with_suffix(".part"), told)
+            entry = grade_task(task, student_dir, scratch, args.solution, hidden, args.timeout, has_cuda, say=say,
+                               gpu_share=share, nice=cpu_priority(task, tasks, has_cuda),
+                               threads=cpu_threads([t for t in tasks if has_cuda or not RUBRIC[t].needs_cuda]))
+            if not STOPPING.is_set():  # a test killed as the grader stops is no result to keep
+                save_entry(out_dir, entry, key)
+            return entry
 
         build = (lambda: build_kernels_ahead(tasks, student_dir, scratch, solution=args.solution)) if has_cuda else None
         graded_now = grade_at_once(tasks, grade, build=build, share=share,

@@ -81,12 +81,11 @@ def echo_lines(line: str) -> None:
 
 
 def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hidden: bool, timeout_s: int,
-             echo=echo_lines, outcomes: dict[int, Path] | None = None, gpu_share: Path | None = None,
+             echo=echo_lines, gpu_share: Path | None = None,
              nice: int = 0, threads: int | None = None) -> TaskRun:
     """Run taskN.test on the files in `student_dir`; everything it writes stays under `scratch`.
 
-    echo: called with each line the test prints (None: kept in the log only). outcomes: {task: file} of the
-    tasks whose code this one loads and which are graded beside it (harness/cli.py's used_code_hung).
+    echo: called with each line the test prints (None: kept in the log only).
     gpu_share: the lock file of the tasks graded at once (harness/gpu_share.py); the time the test waits
     for the GPU is not counted against `timeout_s`. nice: a lower CPU priority for the test and its
     workers, for while other tasks run beside it (a timed part has the machine to itself, where it makes
@@ -101,8 +100,6 @@ def run_task(task: int, student_dir: Path, scratch: Path, *, solution: bool, hid
     cmd += ["--solution"] if solution else []
     cmd += ["--hidden", str(REPO / "grader" / "hidden.py")] if hidden else []
     cmd += ["--grading"]  # the slowest unscored comparisons are left to the student's own run
-    for other, told in (outcomes or {}).items():  # graded beside it: if that code hangs, it is not loaded again
-        cmd += ["--outcome", f"{other}={told}"]
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", TMPDIR=str(work),
                KIT_WORKER_BUILDS=str(worker_builds(scratch)))  # task 5's worker finds task 4's kernels built
     if gpu_share:

@@ -4,10 +4,9 @@ Each task's test runs in its own process (grader/runner.py), all of them at once
 the GPU through harness/gpu_share.py: builds, checks and sanitizer passes overlap, and each timed
 part waits until it has the GPU to itself. Before them, the kernels and references the tasks
 load are built at once (runner.build_kernels_ahead); a task whose workers load built kernels
-waits for that. A test that loads another graded task's Python waits, when it comes to it, until
-that task is graded, and does not load it if it hung at import (`outcome_file`; task 3 times itself
-against task 1). What the tests print is shown in task order: the first unfinished task's lines as
-they come, the others' once it is done.
+waits for that. No graded test loads another graded task's Python (task 3's time against task 1
+is left to the student's own run). What the tests print is shown in task order: the first
+unfinished task's lines as they come, the others' once it is done.
 """
 
 from __future__ import annotations
@@ -49,16 +48,6 @@ class InOrder:
                 self.shown[task] += 1
             if task not in self.done:
                 return
-
-
-def loads_code_of(task: int, tasks) -> list[int]:
-    """The graded tasks whose Python `task`'s test loads (and must not, if it hung at import)."""
-    return [u for u in TASKS[task].uses if u in tasks and runs_student_python(u)]
-
-
-def outcome_file(scratch: Path, task: int) -> Path:
-    """Written when `task` is graded: "hung" if its code hung, else "done" (harness/cli.py's used_code_hung)."""
-    return scratch / f"task{task}.outcome"
 
 
 NICE = 5  # a lower CPU priority: the CUDA tasks' builds, checks and sanitizer passes come first

@@ -37,9 +37,6 @@ def parser(task: int, description: str) -> argparse.ArgumentParser:
     p.add_argument("--hidden", type=load_hidden, metavar="FILE", help=argparse.SUPPRESS)  # the grader's extra cases
     # the grader's run: it leaves out the slowest comparisons that are not scored (GRADING_LEAVES_OUT)
     p.add_argument("--grading", action="store_true", help=argparse.SUPPRESS)
-    # the grader's: TASK=FILE for each task whose code this one loads and which is graded beside it: FILE says
-    # "hung" or "done" once TASK is graded (used_code_hung)
-    p.add_argument("--outcome", action="append", default=[], metavar="TASK=FILE", help=argparse.SUPPRESS)
     from common.tasks import TASKS
 
     if TASKS[task].cuda:
@@ -58,29 +55,6 @@ def grading_leaves_out(report, args, task: int, what: str) -> bool:
     if args.grading:
         report.note(GRADING_LEAVES_OUT.format(task=task, what=what))
     return args.grading
-
-
-OUTCOME_WAIT_S = 1500  # longer than any task's time limit (grader/rubric.py): past it, the task is taken as hung
-
-
-def used_code_hung(args, task: int, worker=None) -> bool:
-    """Whether task `task`'s code, which this test is about to load, hung at import when the grader graded it
-    beside this one: then loading it again would cost a whole call's time limit. Waits until it is graded,
-    without holding the GPU (`worker`: this test's, stopped meanwhile if it runs student Python); the wait
-    is not counted against this task's time limit. False outside the grader."""
-    import time
-
-    from harness import gpu_share
-
-    files = dict(item.split("=", 1) for item in args.outcome)
-    if str(task) not in files:
-        return False
-    told = Path(files[str(task)])  # the grader writes it whole (os.replace), once
-    deadline = time.monotonic() + OUTCOME_WAIT_S
-    with gpu_share.stepped_out(worker):
-        while not told.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-    return not told.exists() or told.read_text().strip() == "hung"
 
 
 @dataclass(frozen=True)

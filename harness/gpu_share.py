@@ -12,9 +12,6 @@ A worker that runs a student's Python is stopped before the wait and at the end 
 part (`alone(worker)`), since that code could keep the GPU busy from a thread of its own; its
 next call starts it again.
 
-A test that waits for something else (another task's outcome: harness/cli.py's used_code_hung)
-steps out of the share meanwhile (`stepped_out(worker)`), so the others' timed parts go on.
-
 The time a test waits is marked by a file beside the lock (`waiting_file`), so the grader does
 not count it against the task's time limit. Without KIT_GPU_SHARE (a student's own run), all
 of this is a no-op.
@@ -88,22 +85,6 @@ def _let_go(workers) -> list:
     _settle()
     fcntl.flock(_held["fd"], fcntl.LOCK_UN)
     return python
-
-
-@contextmanager
-def stepped_out(*workers):
-    """Wait in the block without holding the GPU (for another task, say), so other tests' timed parts go on;
-    this test's workers that run student Python are stopped first, as for a timed part."""
-    if "fd" not in _held:
-        with waiting():
-            yield
-        return
-    _let_go(workers)
-    try:
-        with waiting():
-            yield
-    finally:
-        _take(fcntl.LOCK_SH)
 
 
 @contextmanager

@@ -64,47 +64,6 @@ def test_the_tasks_run_at_once_and_those_whose_workers_load_kernels_after_the_bu
     assert all(order.index(("start", task)) > built_at for task in (2, 4, 5))  # their workers load built kernels
     assert all(order.index(("start", task)) < built_at for task in (1, 3))  # theirs do not: they start at once
     assert shown == [f"task {t}\n" for t in (1, 2, 3, 4, 5)] + ["\nbuilt\n"]  # the builds' line at the end
-    assert schedule.loads_code_of(3, [1, 3]) == [1] and schedule.loads_code_of(3, [3]) == []
-    assert schedule.loads_code_of(6, range(1, 8)) == []  # tasks 4 and 5's kernels: built ahead, no code to hang
-
-
-def test_a_test_loads_another_tasks_code_only_once_that_task_is_graded_and_did_not_hang(tmp_path, monkeypatch):
-    from harness import cli
-
-    told = tmp_path / "task1.outcome"
-    monkeypatch.setenv(gpu_share.ENV, str(tmp_path / "lock"))
-    args = cli.parser(3, "").parse_args(["--outcome", f"1={told}"])
-    answer = []
-    asking = threading.Thread(target=lambda: answer.append(cli.used_code_hung(args, 1)), daemon=True)
-    asking.start()
-    time.sleep(0.4)
-    assert not answer and gpu_share.waiting_file(tmp_path / "lock", os.getpid()).exists()  # waiting, and says so
-    (tmp_path / "whole").write_text("hung")
-    os.replace(tmp_path / "whole", told)  # whole at once, as the grader writes it: the test reads it as it appears
-    asking.join(timeout=5)
-    assert answer == [True] and not gpu_share.waiting_file(tmp_path / "lock", os.getpid()).exists()
-    told.write_text("done")
-    assert cli.used_code_hung(args, 1) is False
-    assert cli.used_code_hung(cli.parser(3, "").parse_args([]), 1) is False  # not graded beside it: loaded
-    told.unlink()
-    monkeypatch.setattr(cli, "OUTCOME_WAIT_S", 0.3)
-    assert cli.used_code_hung(args, 1) is True  # never told: taken as hung, not waited for forever
-
-
-def test_a_test_waiting_for_another_task_leaves_the_gpu_to_the_others(tmp_path):
-    lock = tmp_path / "lock"
-    env = dict(os.environ, PYTHONPATH=str(REPO), **{gpu_share.ENV: str(lock)})
-    waiting = subprocess.Popen([sys.executable, "-c", PROGRAM, "step-out", "3"], env=env, stdout=subprocess.PIPE,
-                               text=True)
-    assert waiting.stdout.readline().startswith("joined")
-    assert waiting.stdout.readline().split() == ["out", "True"]  # its student Python stopped first
-    timed = subprocess.Popen([sys.executable, "-c", PROGRAM, "time"], env=env, stdout=subprocess.PIPE, text=True)
-    timed.stdout.readline()
-    alone_at = float(timed.stdout.readline().split()[1])
-    assert timed.wait(timeout=10) == 0
-    waiting_done = float(waiting.stdout.read().split()[-1])
-    assert alone_at < waiting_done - 1  # timed while the other still waited
-    assert waiting.wait(timeout=10) == 0
 
 
 def test_a_fault_of_the_grader_in_one_task_is_raised_not_lost(tmp_path):
@@ -144,11 +103,6 @@ PROGRAM = textwrap.dedent("""
     print("joined", time.monotonic(), flush=True)
     if sys.argv[1] == "hold":
         time.sleep(float(sys.argv[2]))
-    elif sys.argv[1] == "step-out":  # waiting for another task: others' timed parts go on meanwhile
-        python = Worker(True)
-        with gpu_share.stepped_out(python):
-            print("out", python.stopped, flush=True)
-            time.sleep(float(sys.argv[2]))
     else:
         python, kernels = Worker(True), Worker(False)
         with gpu_share.alone(python, kernels):
