@@ -489,7 +489,8 @@ def test_task5s_half_precision_cache_is_checked_in_both_types_and_scores_nothing
     those cases only and keeps every point; the skeleton's step 6 says so, the float32 parts untouched by it."""
     from checks.task4.measure import HALF_TYPES
     from checks.task5 import measure
-    from checks.task5.test import HALF_DECODE_CASES, HALF_PASS_NAME, HALF_UPDATE_CASES
+    from checks.task5.cases import HALF_DECODE_CASES, HALF_UPDATE_CASES
+    from checks.task5.half import HALF_PASS_NAME
     from grader.hidden import CASES as HIDDEN_CASES
 
     record = stand_in.run(5, "--solution", "--half", *HIDDEN)

@@ -16,7 +16,7 @@ import sys
 
 from harness import bench, tune
 from checks.task5.measure import DECODE_BENCHMARKS, TimedDecode, time_student_decode
-from checks.task5.test import check_decode, describe_decode, describe_grouped
+from checks.task5.cache_decode import check_decode, describe_decode, describe_grouped
 
 # Each sets both constants; the first is the skeleton's untuned start. (Fewer than 4 warps cannot merge a
 # head_dim of 128, one column per thread: the kernel's static_assert refuses them.)

@@ -1,0 +1,104 @@
+"""Task 5's step 5 (optional): the paged cache's update, and its decode bit for bit against the contiguous one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from harness.checks import CheckResult, guard_damage, guarded_output, random_tensor
+from checks.task5.cache_decode import check_decode_per_sequence, decode_inputs, on_gpu
+
+
+def page_pool(batch, kv_heads, page_size, max_pages, head_dim, seed, spare=3):
+    """A pool of pages holding NaN, and a block table handing each sequence max_pages of them in a random order
+    (`spare` pages belong to no sequence): (k_pages, v_pages, table)."""
+    num_pages = batch * max_pages + spare
+    order = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed))
+    table = order[:batch * max_pages].view(batch, max_pages).to(torch.int32).contiguous()
+    shape = (num_pages, kv_heads, page_size, head_dim)
+    return torch.full(shape, math.nan), torch.full(shape, math.nan), table
+
+
+def to_pages(cache, pages, table):
+    """Copy a contiguous cache (batch, kv_heads, max_pages * page_size, head_dim) into the pool's pages."""
+    batch, _, _, head_dim = cache.shape
+    page_size = pages.shape[2]
+    for b in range(batch):
+        for i, page in enumerate(table[b].tolist()):
+            pages[page] = cache[b, :, i * page_size:(i + 1) * page_size]
+
+
+def check_update_paged(worker, case):
+    """update_cache_paged: each new row in the page the block table names, nothing else of the pool changed. The
+    last sequence's table names a page outside the pool (-1) where its last new row goes: that row is not
+    written."""
+    b, kvh, page_size, max_pages, pos, n, d = case.shape
+    k_new, v_new = random_tensor((b, kvh, n, d), case.seed), random_tensor((b, kvh, n, d), case.seed + 1)
+    k_pages, v_pages, table = page_pool(b, kvh, page_size, max_pages, d, case.seed)
+    if 0 <= pos[-1] <= max_pages * page_size - n:
+        table[-1, (pos[-1] + n - 1) // page_size] = -1
+    before = [random_tensor(k_pages.shape, case.seed + 2 + i) for i in range(2)]
+    pools = [guarded_output(name, k_pages.shape) for name in ("k_pages", "v_pages")]
+    for pool, values in zip(pools, before):
+        pool.tensor.copy_(values)
+    worker.call("update_cache_paged", k_new.cuda(), v_new.cuda(), *(p.tensor for p in pools), table.cuda(),
+                on_gpu(pos))
+    damage = guard_damage(*pools)
+    if damage:
+        return damage
+    for pool, values, new in zip(pools, before, (k_new, v_new)):
+        expected = values.clone()
+        for seq, p in enumerate(pos):
+            if 0 <= p <= max_pages * page_size - n:
+                for t in range(n):
+                    page = int(table[seq, (p + t) // page_size])
+                    if page >= 0:
+                        expected[page, :, (p + t) % page_size] = new[seq, :, t]
+        got = pool.tensor.cpu()
+        wrong = (got.view(torch.int32) != expected.view(torch.int32)).any(dim=-1).nonzero()
+        if len(wrong):
+            page, head, row = wrong[0].tolist()
+            owner = (table == page).nonzero()
+            where = (f"page {page} (sequence {owner[0, 0]}'s page {owner[0, 1]}, positions "
+                     f"{owner[0, 1] * page_size} ..)" if len(owner) else f"page {page} (no sequence's)")
+            return False, (f"`{pool.name}`: {where}, head {head}, row {row} is wrong: position p of sequence b goes to "
+                           f"page block_table[b, p / page_size], row p % page_size, and nowhere when that entry is "
+                           f"outside the pool (README, Task 5, step 5)"), {}
+    return True, "each new row in the page its block table names, the rest of the pool untouched", {}
+
+
+def check_decode_paged(worker, case):
+    """decode_paged against the contiguous decode on the same rows (the student's, same splits): bit for bit."""
+    b, h, kvh, page_size, max_pages, lengths, d, starts, splits = case.shape
+    shape = (b, h, kvh, max_pages * page_size, lengths, d, starts)
+    contiguous = check_decode_per_sequence(worker, shape, case.seed, splits)
+    passed = contiguous.passed if isinstance(contiguous, CheckResult) else contiguous[0]
+    if not passed:
+        message = contiguous.message if isinstance(contiguous, CheckResult) else contiguous[1]
+        return False, f"the contiguous decode these rows are compared with is wrong: {message}", {}
+    q, k_cache, v_cache = decode_inputs(shape, case.seed)
+    scale = 1.0 / math.sqrt(d)
+    k_pages, v_pages, table = page_pool(b, kvh, page_size, max_pages, d, case.seed)
+    to_pages(k_cache, k_pages, table)
+    to_pages(v_cache, v_pages, table)
+    for seq, end in enumerate(lengths):  # the table past a sequence's pages is not to be read
+        table[seq, -(-max(end, 0) // page_size):] = -1
+    outs = [guarded_output(name, q.shape) for name in ("out (contiguous)", "out (paged)")]
+    key_start = None if starts is None else on_gpu(starts)
+    worker.call("decode", q.cuda(), k_cache.cuda(), v_cache.cuda(), outs[0].tensor, on_gpu(lengths), scale, splits,
+                key_start)
+    worker.call("decode_paged", q.cuda(), k_pages.cuda(), v_pages.cuda(), outs[1].tensor, table.cuda(),
+                on_gpu(lengths), scale, splits, key_start)
+    damage = guard_damage(*outs)
+    if damage:
+        return damage
+    paged, flat = (o.tensor.cpu().view(torch.int32) for o in outs[::-1])
+    if not torch.equal(paged, flat):
+        seq, head = (paged != flat).any(dim=-1).nonzero()[0, :2].tolist()
+        nan = bool(torch.isnan(outs[1].tensor.cpu()[seq, head]).any())
+        return False, (f"sequence {seq}, head {head}: the paged decode differs from the contiguous one on the same rows"
+                       f"{' (NaN: a row read from a page the sequence does not own, or a table entry past its pages)' if nan else ''}; "
+                       "offset(row) must find row p in page block_table[b, p / page_size] (README, Task 5, step 5)"), {}
+    return True, f"bit for bit the contiguous decode's output over pages of {page_size}", {}
