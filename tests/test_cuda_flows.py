@@ -362,6 +362,45 @@ def test_the_stand_in_cuda_graph_replays_as_a_gpu_does(stand_in):
                 int(lengths[0])
 
 
+def test_a_kernel_in_another_thread_leaves_a_capture_and_the_clock_alone(stand_in):
+    """A sanitizer pass runs the stand-in kernels in a thread beside the checks: while one of its kernels runs, a
+    capture in the checks' thread still records theirs as launches, and their clock does not count its time."""
+    import threading
+
+    import torch
+
+    from task5.attention import extension
+    from tests.stand_in import CudaOnTheCpu
+    from tests.stand_in import gpu
+
+    inside, leave = threading.Event(), threading.Event()
+
+    def a_long_kernel():
+        gpu.CLOCK.ahead += 100.0  # its modelled time, on its own thread's clock
+        inside.set()
+        leave.wait(timeout=60)
+    beside = threading.Thread(target=gpu.run_kernel, args=(a_long_kernel, (), {}))
+    beside.start()
+    try:
+        assert inside.wait(timeout=60)
+        before = gpu.CLOCK.perf_counter()
+        ext = extension(solution=True)
+        with CudaOnTheCpu():
+            cache, lengths = torch.zeros(1, 1, 8, 4, device="cuda"), torch.tensor([2], dtype=torch.int32, device="cuda")
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                new = torch.ones(1, 1, 1, 4, device="cuda")
+                ext.update_cache(new, new, cache, cache.clone(), lengths)
+                lengths.add_(1)
+            for _ in range(2):
+                graph.replay()
+            assert cache[0, 0, :, 0].tolist() == [0, 0, 1, 1, 0, 0, 0, 0]  # each replay wrote at the length it read
+        assert gpu.CLOCK.perf_counter() - before < 50.0
+    finally:
+        leave.set()
+        beside.join(timeout=60)
+
+
 def test_no_real_run_can_reach_the_stand_ins():
     """The stand-ins are monkeypatches made by this test suite's fixture: no code outside tests/ imports them."""
     names = ("tests.stand_in", "import stand_in", "CudaOnTheCpu", "InProcessWorker")

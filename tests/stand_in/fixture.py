@@ -121,6 +121,7 @@ def stand_in(monkeypatch, tmp_path):
         monkeypatch.setattr(torch.accelerator, "current_stream", lambda device=None: StandInStream())
     monkeypatch.setattr(torch, "Generator", StandInGenerator)
     monkeypatch.setattr(build, "load_extension", harness.load_extension)
+    gpu.CAPTURE.graph, gpu.CAPTURE.in_kernel = None, False  # no capture left over from a test that failed in one
     clock = StandInClock()
     monkeypatch.setattr(gpu, "CLOCK", clock)  # the one tests.stand_in.kernels reads
     monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import time
 import types
 from pathlib import Path
@@ -93,9 +94,10 @@ READ_BACK = {torch.Tensor.cpu, torch.Tensor.item, torch.Tensor.tolist, torch.Ten
              torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__}
 
 
-class Capture:
+class Capture(threading.local):
     """The graph being captured (None: none), and whether a stand-in kernel is running (its own reads are the
-    kernel's, from device memory)."""
+    kernel's, from device memory). Each thread's own: a sanitizer pass runs the stand-in kernels in a thread beside
+    the checks (on a GPU, in processes of its own), and its kernels are no step of the checks' capture."""
 
     graph = None
     in_kernel = False
@@ -229,8 +231,9 @@ def launched(method):
     return launch
 
 
-class StandInClock:
-    """harness/bench.py's clock: the host's, moved on by what a stand-in kernel's modelled time exceeds the CPU's."""
+class StandInClock(threading.local):
+    """harness/bench.py's clock: the host's, moved on by what a stand-in kernel's modelled time exceeds the CPU's.
+    Each thread's own: the kernels a sanitizer pass runs beside the checks do not lengthen the checks' timings."""
 
     def __init__(self):
         self.ahead = 0.0
