@@ -473,7 +473,9 @@ def test_task4s_half_precision_part_is_checked_in_both_types_and_scores_nothing(
     fails those cases only, with the allowance said, and keeps every point; with the steps still TODO the part
     says which step, and the float32 part is untouched by those TODOs."""
     from checks.task4 import measure
-    from checks.task4.test import BACKWARD_PASS_NAME, HALF_CASES, HALF_PASS_NAME, HALF_TYPES
+    from checks.task4.cases import HALF_CASES
+    from checks.task4.measure import HALF_TYPES
+    from checks.task4.test import BACKWARD_PASS_NAME, HALF_PASS_NAME
     from grader.hidden import CASES as HIDDEN_CASES
 
     record = stand_in.run(4, "--solution", *SCORED[4], "--half", *HIDDEN)  # the float32 part, then this one
@@ -657,7 +659,8 @@ def test_task4s_backward_part_is_checked_timed_and_scores_nothing(stand_in, tmp_
     fails those cases only, with the step named, and keeps every point; with the steps still TODO the part says
     which step."""
     from checks.task4 import measure
-    from checks.task4.test import BACKWARD_CASES, BACKWARD_PASS_NAME
+    from checks.task4.cases import BACKWARD_CASES
+    from checks.task4.test import BACKWARD_PASS_NAME
     from grader.hidden import CASES as HIDDEN_CASES
 
     (tmp_path / "cwd").mkdir()

@@ -42,7 +42,7 @@ def tensor_cores():
 
 def test_it_passes_task4s_checks(tensor_cores):
     from harness import cli
-    from checks.task4.test import CASES, GROUPED_CASES, check_case, grouped_text, shape_text
+    from checks.task4.forward import CASES, GROUPED_CASES, check_case, grouped_text, shape_text
 
     here = Here(tensor_cores)
     failed = []
@@ -63,7 +63,7 @@ import sys, torch
 sys.path.insert(0, {str(REPO)!r})
 from task4 import attention
 from checks.task4.measure import TENSOR_CORES
-from checks.task4.test import check_case
+from checks.task4.forward import check_case
 from tests.test_tensor_cores import Here, SMALL_CASES
 here = Here(attention.extension(solution=True, kernels=TENSOR_CORES))
 for n, (shape, causal) in enumerate(SMALL_CASES):

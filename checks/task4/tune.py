@@ -28,7 +28,9 @@ from harness import bench, tune
 from harness.reference import attention_flops, fp32_peak_tflops, half_tensor_core_bound_tflops
 from checks.task4.measure import (BACKWARD_FLOPS, PERF_CASE, time_here, time_sdpa_backward, time_student,
                            time_student_backward)
-from checks.task4.test import backward_text, check_backward_case, check_case, check_half_case, shape_text
+from checks.task4.backward import backward_text, check_backward_case
+from checks.task4.forward import check_case, shape_text
+from checks.task4.half import check_half_case
 
 # Each sets every constant, so a row means the same whatever the file says. The first is the
 # skeleton's untuned start; the list covers the tile shapes, the micro-tile per thread, and

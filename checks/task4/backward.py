@@ -1,0 +1,190 @@
+"""Task 4's steps 12-16 (optional): forward_lse and the backward kernels against float64 autograd, the training check
+(the copy model trained through them against SDPA), and the given binding's errors for them; run in a process of its
+own by checks/task4/test.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from contextlib import contextmanager
+
+import torch
+
+from harness import cli, gpu_share
+from harness.checks import compare, exact_float32, expect_errors, guard_damage, guarded_input, guarded_output, random_tensor
+from harness.reference import attention_gradients, attention_reference
+from checks.task4.measure import ATOL, RTOL
+from checks.task4.cases import BACKWARD_CASES, BACKWARD_NEGATIVE, NEGATIVE_TOLERANCE
+from checks.task4.forward import grouped_text, make_inputs
+
+BACKWARD_CALL_TIMEOUT_S = 60  # a call of the backward part: small cases, so a hang costs a minute, not five
+
+
+def backward_text(shape) -> str:
+    b, h, kvh, sq, sk, d = shape
+    return f"backward {grouped_text((b, h, kvh, sq, sk, d, None))}" if kvh < h else \
+        f"backward batch {b} heads {h} seq {sq}x{sk} head_dim {d}"
+
+
+def check_backward_case(worker, shape, causal, seed, shift=0.0):
+    """Step 12 (out and L from forward_lse) against float64, then steps 13-16 (dq, dk, dv from backward, given the
+    float64 reference's out and L in float32, so a slip in step 12 is told there and not in the gradients) against
+    float64 autograd. Outputs poisoned, guard bands around every tensor. shift: added to q and taken from k (the
+    tolerance is then NEGATIVE_TOLERANCE of each tensor's largest |expected|)."""
+    def tolerance(expected):
+        return (NEGATIVE_TOLERANCE * float(expected.abs().max()), 0.0) if shift else (ATOL, RTOL)
+
+    b, h, kvh, sq, sk, d = shape
+    q, k, v = make_inputs((b, h, kvh, sq, sk, d, None), seed)
+    q, k = q + shift, k - shift
+    d_out = random_tensor(q.shape, seed + 3)
+    scale = 1.0 / math.sqrt(d)
+    expected_out, expected_lse = attention_reference(q, k, v, causal, scale)
+
+    inputs = [guarded_input(name, t) for name, t in zip("qkv", (q, k, v))]
+    out, lse = guarded_output("out", q.shape), guarded_output("lse", q.shape[:3])
+    worker.call("forward_lse", *(t.tensor for t in inputs), out.tensor, lse.tensor, causal, scale,
+                timeout=BACKWARD_CALL_TIMEOUT_S)
+    damage = guard_damage(*inputs, out, lse)
+    if damage:
+        return damage
+    said = []
+    for name, got, expected in (("lse", lse, expected_lse), ("out", out, expected_out)):
+        atol, rtol = tolerance(expected)
+        result = compare(got.tensor, expected, atol=atol, rtol=rtol, name=name, poisoned=True)
+        if not result.passed:
+            return dataclasses.replace(result, message=f"forward_lse's {result.message} (README, Task 4, step 12)")
+        said.append(f"{name} {result.message}")
+
+    saved = (q, k, v, expected_out.float(), d_out, expected_lse.float())
+    inputs = [guarded_input(name, t) for name, t in zip(("q", "k", "v", "out", "dout", "lse"), saved)]
+    grads = [guarded_output(name, t.shape) for name, t in zip(("dq", "dk", "dv"), (q, k, v))]
+    worker.call("backward", *(t.tensor for t in inputs + grads), causal, scale, timeout=BACKWARD_CALL_TIMEOUT_S)
+    damage = guard_damage(*inputs, *grads)
+    if damage:
+        return damage
+    steps = {"dq": "steps 13 and 16", "dk": "steps 13-15", "dv": "steps 14-15"}
+    for got, expected in zip(grads, attention_gradients(q, k, v, d_out, causal, scale)):
+        atol, rtol = tolerance(expected)
+        result = compare(got.tensor, expected, atol=atol, rtol=rtol, name=got.name, poisoned=True)
+        if not result.passed:
+            return dataclasses.replace(result, message=f"{result.message} (README, Task 4, {steps[got.name]})")
+        said.append(f"{got.name} {result.message}")
+    return True, "; ".join(said), {}
+
+
+# The training check (task4/train.py): the model trained with your kernels and with SDPA, same weights and batches.
+# Two float32 runs whose attention sums in another order drift apart most where the loss falls fastest. Measured on
+# an H200 (300 steps, the loss falling 2.9 -> 0.005), the reference kernels against SDPA differed by at most 3.6e-6 at
+# a step; on the CPU, PyTorch's naive attention against SDPA by 4.8e-7. The bound below is far wider, so another
+# correct order of sums never fails it; a wrong gradient is caught by the backward cases, and this check shows the
+# model trains. Each step's losses may differ by TRAINING_RTOL of SDPA's plus TRAINING_ATOL; both must end below
+# LEARNED x the chance loss, or the comparison says nothing.
+TRAINING_RTOL, TRAINING_ATOL = 0.05, 0.01
+LEARNED = 0.5
+TRAINING_CALL_TIMEOUT_S = 120  # the reference takes seconds; a hang costs two minutes of the task's time
+TRAINING_TAIL = 10  # steps averaged for the final loss
+TRAINING_WARMUP = 5  # steps each side runs first, outside the clock (cuBLAS, Adam and the caches set up)
+
+
+def check_training(worker, hidden, write_curves=False, timed=True):
+    """task4/train.py's copy model trained through your forward_lse and backward, against the same training with
+    SDPA: the loss curves agree step by step, and both learned. timed: each run is also timed on this process's
+    clock, after a few warm-up steps of its own, with nothing else on the GPU (reported, never scored; a grading
+    leaves the timing out, and the check then runs beside the other tests' checks)."""
+    from task4 import train
+
+    config, seed = train.TRAINING, cli.seed(23, hidden)
+    step_ms = {}
+
+    @contextmanager
+    def clocked(who, warm_up):
+        """The block, and (timed) its milliseconds per training step in step_ms[who], with the GPU to itself after
+        warm_up(steps)."""
+        if not timed:
+            yield
+            return
+        with gpu_share.alone(worker):
+            warm_up(TRAINING_WARMUP)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            yield
+            step_ms[who] = (time.perf_counter() - start) * 1e3 / config.steps
+
+    with clocked("kernel_step_ms", lambda steps: worker.call("train_with_kernels", seed, steps,
+                                                             timeout=TRAINING_CALL_TIMEOUT_S)):
+        got = worker.call("train_with_kernels", seed, timeout=TRAINING_CALL_TIMEOUT_S)
+    if not (isinstance(got, list) and len(got) == config.steps and all(isinstance(x, float) for x in got)):
+        return False, f"the training call returned something else than {config.steps} losses (floats)", {}
+    with exact_float32(), clocked("sdpa_step_ms",
+                                  lambda steps: train.train(train.sdpa_attention, config, seed, "cuda", steps)):
+        expected = train.train(train.sdpa_attention, config, seed, "cuda")
+    metrics = dict(step_ms)
+    tail = lambda losses: sum(losses[-TRAINING_TAIL:]) / TRAINING_TAIL  # noqa: E731
+    said = (f"copy task, {config.steps} steps: loss {got[0]:.3f} -> {tail(got):.3f} with your kernels, "
+            f"{expected[0]:.3f} -> {tail(expected):.3f} with SDPA (chance {train.chance_loss(config):.2f}); " +
+            (f"{step_ms['kernel_step_ms']:.1f} ms per training step with your kernels, {step_ms['sdpa_step_ms']:.1f} "
+             "with SDPA" if timed else "not timed in a grading (python -m task4.test --backward times it)"))
+    if write_curves:
+        said += "; wrote " + " and ".join(train.write_curves({"your kernels": got, "SDPA": expected}))
+    if not all(math.isfinite(x) for x in got):
+        step = next(i for i, x in enumerate(got) if not math.isfinite(x))
+        return False, f"{said}: the loss is {got[step]} at step {step} (README, Task 4, steps 12-16)", metrics
+    if tail(expected) > LEARNED * train.chance_loss(config):
+        return False, f"{said}: SDPA's run did not learn the task, so the curves say nothing (the kit's problem)", metrics
+    excess = [abs(a - b) - (TRAINING_ATOL + TRAINING_RTOL * b) for a, b in zip(got, expected)]
+    worst = max(range(config.steps), key=lambda i: excess[i])
+    widest = max(range(config.steps), key=lambda i: abs(got[i] - expected[i]))
+    gap = abs(got[widest] - expected[widest])
+    metrics["largest_loss_gap"] = gap
+    if excess[worst] > 0:
+        return False, (f"{said}: at step {worst} the loss is {got[worst]:.4f} with your kernels and "
+                       f"{expected[worst]:.4f} with SDPA, more apart than {TRAINING_RTOL:.0%} + {TRAINING_ATOL}: the "
+                       "gradients your kernels give drive the model elsewhere (README, Task 4, steps 12-16)"), metrics
+    return True, f"{said}; the curves agree step by step (largest gap {gap:.1e}, at step {widest})", metrics
+
+
+def check_backward_errors(worker):
+    """The given binding's errors for the backward part (not the student's work: reported, not scored)."""
+    q = torch.randn(1, 2, 8, 64, device="cuda")
+    k, v, out, dout = (q.clone() for _ in range(4))
+    lse = torch.randn(1, 2, 8, device="cuda")
+    dq, dk, dv = (torch.empty_like(q) for _ in range(3))
+    short = q[:, :, :4].contiguous()  # k and v of 4 keys
+    calls = [
+        ("lse of the wrong shape", "forward_lse", (q, k, v, torch.empty_like(q), lse[:, :, :4].contiguous()),
+         "lse must be (batch, heads, seq_q)"),
+        ("lse in float64", "forward_lse", (q, k, v, torch.empty_like(q), lse.double()), "float32"),
+        ("lse inside out", "forward_lse", (q, k, v, out, out.view(-1)[:16].view(1, 2, 8)), "must not share memory"),
+        ("dk of q's shape where k has fewer keys", "backward",
+         (q, short, short.clone(), out, dout, lse, dq, dk, torch.empty_like(short)), "dk must have k's shape"),
+        ("dk is dv", "backward", (q, k, v, out, dout, lse, dq, dk, dk), "must not share memory"),
+        ("dq is dout", "backward", (q, k, v, out, dout, lse, dout, dk, dv), "must not share memory"),
+        ("dout in float64", "backward", (q, k, v, out, dout.double(), lse, dq, dk, dv), "float32"),
+        ("lse on the CPU", "backward", (q, k, v, out, dout, lse.cpu(), dq, dk, dv), "must be a CUDA tensor"),
+    ]
+    return expect_errors(lambda entry, *args: worker.call(entry, *args),
+                         [(what, (entry, *args, False, 0.125), words) for what, entry, args, words in calls])
+
+
+def backward_part(report, worker, hidden_cases) -> bool:
+    """Steps 12-16 (optional): forward_lse and the backward kernels; whether every case passed. The first case whose
+    process crashed or hung ends the part."""
+    report.begin_part("backward", (12, 13, 14, 15, 16), optional=True)
+    for case in cli.cases(4, "backward", BACKWARD_CASES, hidden_cases, backward_text,
+                          causal_ok=lambda s: s[3] <= s[4]):
+        before = len(report.cases)
+        report.run(case.name, lambda: check_backward_case(worker, case.shape, case.causal, case.seed))
+        if report.process_died_since(before, "the backward part"):
+            return report.end_part("backward")
+    shape, shift = BACKWARD_NEGATIVE
+    for causal in (False, True):
+        before = len(report.cases)
+        report.run(f"{backward_text(shape)}{' causal' if causal else ''}, every score very negative (q + {shift:g}, "
+                   f"k - {shift:g})",
+                   lambda: check_backward_case(worker, shape, causal, cli.seed(29 + causal, hidden_cases), shift))
+        if report.process_died_since(before, "the backward part"):
+            break
+    return report.end_part("backward")

@@ -1,0 +1,82 @@
+"""Task 4's steps 8-11 (optional): the bf16/fp16 kernel against float64 on the same 16-bit inputs, and the given
+binding's errors for it; run in a process of its own by checks/task4/test.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from harness import cli
+from harness.checks import compare, expect_errors, guard_damage, guarded_input, guarded_output
+from harness.reference import attention_reference
+from checks.task4 import measure
+from checks.task4.measure import HALF_TYPES
+from checks.task4.cases import HALF_CASES, LARGE_SCORES
+from checks.task4.forward import grouped, grouped_text, make_inputs
+
+HALF_CALL_TIMEOUT_S = 60  # a call of the bf16/fp16 part: small cases, so a hang costs a minute, not five
+
+
+def half_text(shape) -> str:
+    b, h, kvh, sq, sk, d, starts = shape
+    return (grouped_text(shape) if kvh < h or starts is not None
+            else f"batch {b} heads {h} seq {sq}x{sk} head_dim {d}")
+
+
+def check_half_case(worker, shape, causal, seed, dtype, magnitude=1.0):
+    """One case of the bf16/fp16 kernel against float64 on the same 16-bit inputs, within what SDPA's error says
+    the type allows; outputs poisoned, guard bands around every tensor."""
+    starts = grouped(shape)[6]
+    q, k, v = (t.to(dtype) for t in make_inputs(shape, seed, magnitude))
+    key_start = None if starts is None else torch.tensor(starts, dtype=torch.int32)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    inputs = [guarded_input(name, t) for name, t in zip("qkv", (q, k, v))]
+    out = guarded_output("out", q.shape, dtype=dtype)
+    worker.call("forward_half", *(t.tensor for t in inputs), out.tensor, causal, scale,
+                None if key_start is None else key_start.cuda(), timeout=HALF_CALL_TIMEOUT_S)
+    damage = guard_damage(*inputs, out)
+    if damage:
+        return damage
+    expected = attention_reference(q, k, v, causal, scale, key_start)[0]
+    allowed, said = measure.half_allowance(q, k, v, causal, scale, key_start, expected)
+    result = compare(out.tensor, expected, atol=allowed, rtol=0.0, poisoned=True)
+    return dataclasses.replace(result, message=f"{result.message} ({said})")
+
+
+def check_half_errors(worker):
+    """The given binding's errors for the bf16/fp16 kernel (not the student's work: reported, not scored)."""
+    q = torch.randn(1, 2, 8, 64, device="cuda", dtype=torch.bfloat16)
+    bad = {
+        "float32 q": ((q.float(), q.float(), q.float(), q.float()), "must be bfloat16 or float16"),
+        "k in float16 beside a bfloat16 q": ((q, q.half(), q.clone(), torch.empty_like(q)), "like q"),
+        "out in float32": ((q, q.clone(), q.clone(), q.float()), "like q"),
+        "CPU tensor": ((q.cpu(), q.cpu(), q.cpu(), q.cpu()), "must be a CUDA tensor"),
+        "non-contiguous": ((q.transpose(2, 3), q.clone(), q.clone(), torch.empty_like(q)), "contiguous"),
+        "head_dim 256": ((torch.randn(1, 1, 4, 256, device="cuda", dtype=torch.half),) * 4,
+                         "head_dim must be at most 128"),
+        "out is q": ((q, q.clone(), q.clone(), q), "must not share memory"),
+    }
+    return expect_errors(lambda *args: worker.call("forward_half", *args),
+                         [(what, (*args, False, 0.125), words) for what, (args, words) in bad.items()])
+
+
+def half_part(report, worker, hidden_cases) -> bool:
+    """Steps 8-11 (optional): the bf16/fp16 kernel in both types; whether every case passed. The first case whose
+    process crashed or hung ends the part: the rest would wait as long, and it is said once."""
+    report.begin_part("half", (8, 9, 10, 11), optional=True)
+    runs = [(case, dtype, 1.0) for name, dtype in HALF_TYPES.items()
+            for case in cli.cases(4, "half", HALF_CASES, hidden_cases, lambda s: f"{name} {half_text(s)}",
+                                  causal_ok=lambda s: s[3] <= s[4])]
+    shape, magnitude = LARGE_SCORES
+    runs += [(cli.Case("half", shape, True, cli.seed(19, hidden_cases), "cuda",
+                       f"{name} large scores (q x {magnitude:g}) {half_text(shape)}"), dtype, magnitude)
+             for name, dtype in HALF_TYPES.items()]
+    for case, dtype, magnitude in runs:
+        before = len(report.cases)
+        report.run(case.name, lambda: check_half_case(worker, case.shape, case.causal, case.seed, dtype, magnitude))
+        if report.process_died_since(before, "the bf16/fp16 part"):
+            break
+    return report.end_part("half")
