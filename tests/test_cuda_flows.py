@@ -658,7 +658,7 @@ def test_task4s_backward_part_is_checked_timed_and_scores_nothing(stand_in, tmp_
     training untimed and times nothing of the part); a student's dk 1% off
     fails those cases only, with the step named, and keeps every point; with the steps still TODO the part says
     which step."""
-    from checks.task4 import measure
+    from checks.task4 import measure_backward
     from checks.task4.cases import BACKWARD_CASES
     from checks.task4.test import BACKWARD_PASS_NAME
     from grader.hidden import CASES as HIDDEN_CASES
@@ -681,7 +681,7 @@ def test_task4s_backward_part_is_checked_timed_and_scores_nothing(stand_in, tmp_
     assert {"kernel_step_ms", "sdpa_step_ms", "largest_loss_gap"} <= set(training[0]["metrics"])
     assert (tmp_path / "cwd" / "task4-training.csv").exists() and "wrote task4-training.csv" in training[0]["message"]
     timed = [c for c in record["cases"] if c["name"].startswith("backward pass time: ")]
-    assert len(timed) == len(measure.BACKWARD_BENCHMARKS) * 2, [c["name"] for c in timed]
+    assert len(timed) == len(measure_backward.BACKWARD_BENCHMARKS) * 2, [c["name"] for c in timed]
     assert all(c["kind"] == "optional" and c["passed"] and c["message"].endswith("not scored")
                and "SDPA's backward" in c["message"] and "reference kernels" in c["message"] for c in timed), timed
     assert any("--backward tests the optional part alone" in n for n in record["notes"]), record["notes"]

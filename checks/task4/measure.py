@@ -2,7 +2,8 @@
 
 Used by the test (python -m task4.test), the sweep (--sweep), the tuner and the profiler, so none
 of them imports the test command. A benchmark case is a TimedCase; every timed request runs over
-distinct input sets, and every output it writes is checked right after it (TimedSets).
+distinct input sets, and every output it writes is checked right after it (TimedSets). The backward part's
+timings are measure_backward.py's.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from common import impl
 from harness import bench, calibration
 from harness.checks import GUARD_ELEMENTS, HALF_TYPES, Guarded, bit_sum, compare, exact_float32, guard_damage
 from common.layer import mha_weights
-from harness.reference import (attention_flops, attention_gradients, attention_reference, causal_mask, expand_kv_heads,
+from harness.reference import (attention_flops, attention_reference, causal_mask, expand_kv_heads,
                               fp32_peak_tflops, fp32_tensor_core_bound_tflops, half_tensor_core_bound_tflops,
                               naive_attention, padded_queries, padding_mask)
 
@@ -404,161 +405,3 @@ def layer_result(timing_count, batch, seq, causal):
     message += f" ({speedup:.2f}x)" if speedup else ""
     return True, message, {"layer_ms": getattr(timing, "median_ms", None), "mha_ms": getattr(t_mha, "median_ms", None),
                            "speedup_vs_mha": speedup}
-
-
-# The backward part (steps 12-16): timed against SDPA's own backward pass in float32, reported, never scored.
-BACKWARD_BENCHMARKS = [(8, 32, 4096, 64), (8, 32, 4096, 128)]  # (batch, heads, seq, head_dim): causal and not
-# A backward pass does five products the size of the forward's two (S, dP, dV, dK, dQ): 2.5x its flops. A kernel
-# that computes S and dP twice (dK and dV, then dQ) does more, but is credited with these only.
-BACKWARD_FLOPS = 2.5
-
-
-def backward_cases() -> list[TimedCase]:
-    return [TimedCase(f"backward pass time: batch {b} heads {h} seq {s} head_dim {d}{' causal' if c else ''}",
-                      b, h, s, d, c)
-            for b, h, s, d in BACKWARD_BENCHMARKS for c in (False, True)]
-
-
-class BackwardSets:
-    """One input set for the backward kernels, made here: q, k, v at random, out and lse computed from them in
-    float32 (TF32 off), dout fresh and dq, dk, dv NaN before every timed request. One head, picked at random after
-    the values are written, is copied here and its gradients checked against float64 after the request; every
-    tensor sits between guard bands, and each input's bit sum is taken before the request."""
-
-    def __init__(self, batch, heads, seq, head_dim, causal, scale):
-        shape = (batch, heads, seq, head_dim)
-        self.inputs = [Guarded(name, shape) for name in ("q", "k", "v", "out", "dout")] + [Guarded("lse", shape[:3])]
-        self.outputs = [Guarded(name, shape) for name in ("dq", "dk", "dv")]
-        q, k, v, out, _, lse = (g.tensor for g in self.inputs)
-        for t in (q, k, v):
-            t.normal_()
-        with torch.no_grad(), exact_float32():
-            for b in range(batch):  # one sequence's scores at a time: (heads, seq, seq)
-                scores = (q[b] @ k[b].transpose(-2, -1)) * scale
-                if causal:
-                    scores.masked_fill_(causal_mask(seq, seq, q.device), -math.inf)
-                lse[b] = torch.logsumexp(scores, dim=-1)
-                out[b] = torch.softmax(scores, dim=-1) @ v[b]
-                del scores
-        self.sets = [tuple(g.tensor for g in self.inputs + self.outputs)]  # q, k, v, out, dout, lse, dq, dk, dv
-        self.picked = None
-        self.bit_sums: list = []
-        self.rng = random.Random()
-
-    def refresh(self):
-        q, k, v, _, dout, _ = (g.tensor for g in self.inputs)
-        dout.normal_()
-        for g in self.outputs:
-            g.tensor.fill_(math.nan)
-        b, h = self.rng.randrange(q.shape[0]), self.rng.randrange(q.shape[1])
-        self.picked = (b, h, *(t[b, h][None, None].clone() for t in (q, k, v, dout)))  # not the worker's memory
-        self.bit_sums = [bit_sum(g.tensor) for g in self.inputs]
-        torch.cuda.synchronize()
-
-    def check(self, causal, scale):
-        """The request just timed: raises AssertionError with what is wrong."""
-        damage = guard_damage(*self.inputs, *self.outputs)
-        if damage:
-            raise AssertionError(f"{damage.message} (in a timed run)")
-        for g, before in zip(self.inputs, self.bit_sums):
-            if bit_sum(g.tensor) != before:
-                raise AssertionError(f"changed its input `{g.name}` in a timed run; inputs are read-only")
-        b, h, q, k, v, dout = self.picked
-        for g, expected in zip(self.outputs, attention_gradients(q, k, v, dout, causal, scale)):
-            result = compare(g.tensor[b, h], expected[0, 0], atol=ATOL, rtol=RTOL, poisoned=True,
-                             name=f"{g.name} of the timed run, head ({b}, {h})")
-            if not result.passed:
-                raise AssertionError(result.message)
-
-
-def time_student_backward(worker, batch, heads, seq, head_dim, causal):
-    """Your backward kernels on one set per request, every request checked; a Timing, or a message."""
-    scale = 1.0 / math.sqrt(head_dim)
-    timed = bench.or_out_of_memory(lambda: BackwardSets(batch, heads, seq, head_dim, causal, scale))
-    if isinstance(timed, str):
-        return timed
-    kept = worker.keep("backward sets", timed.sets)
-    try:
-        timed.refresh()
-        worker.call("run_batch_backward", kept, causal, scale)  # warm-up
-        return bench.host_clock(lambda: worker.call("run_batch_backward", kept, causal, scale), reps=REPS,
-                                per_request=1, before=timed.refresh, after=lambda: timed.check(causal, scale))
-    except AssertionError as err:
-        return str(err)
-    finally:
-        worker.drop("backward sets")
-
-
-def time_backward_here(backward, batch, heads, seq, head_dim, causal):
-    """A trusted backward pass timed the same way: backward(q, k, v, out, dout, lse, dq, dk, dv) on one set."""
-    scale = 1.0 / math.sqrt(head_dim)
-
-    def measure():
-        timed = BackwardSets(batch, heads, seq, head_dim, causal, scale)
-        run = lambda: bench.run_here(lambda *t: backward(*t, causal, scale), timed.sets)  # noqa: E731
-        run()
-        return bench.host_clock(run, reps=REPS, per_request=1, before=timed.refresh)
-    result = bench.or_out_of_memory(measure)
-    torch.cuda.empty_cache()
-    return result
-
-
-def time_sdpa_backward(batch, heads, seq, head_dim, causal):
-    """torch.autograd.grad through scaled_dot_product_attention's efficient backend in float32 (TF32 off): the
-    backward pass alone, its forward run once before the clock."""
-    scale = 1.0 / math.sqrt(head_dim)
-
-    def measure():
-        q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda", requires_grad=True) for _ in range(3))
-        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION), exact_float32():
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
-        dout = torch.randn_like(out)
-
-        def request():
-            with exact_float32():
-                torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
-            torch.cuda.synchronize()
-        request()
-        return bench.host_clock(request, reps=REPS, per_request=1)
-    result = bench.or_out_of_memory(measure)
-    torch.cuda.empty_cache()
-    return result
-
-
-def backward_result(timing, reference, batch, heads, seq, head_dim, causal):
-    """A line of the backward kernels against SDPA's backward pass, and the reference's: reported, never scored."""
-    if isinstance(timing, str):
-        return False, timing, {}
-    flops = BACKWARD_FLOPS * attention_flops(batch, heads, seq, seq, head_dim, causal)
-    tflops = flops / (timing.median_ms * 1e-3) / 1e12
-    metrics = {"kernel_ms": timing.median_ms, "tflops": tflops}
-    message = f"kernels {timing.median_ms:.3f} ms ({tflops:.1f} TFLOP/s, counting 2.5x the forward pass's flops)"
-    try:
-        t_sdpa = time_sdpa_backward(batch, heads, seq, head_dim, causal)
-    except RuntimeError as err:  # no efficient kernel for this GPU: said, the line still counts
-        t_sdpa = f"not available here ({str(err).splitlines()[0][:120]})"
-    ratio = bench.ratio(t_sdpa, timing)
-    metrics |= {"sdpa_backward_ms": getattr(t_sdpa, "median_ms", None), "speedup_vs_sdpa_backward": ratio}
-    message += (f", SDPA's backward (efficient backend, float32) {bench.timing_text(t_sdpa)}"
-                + (f": {ratio:.2f}x its speed" if ratio else ""))
-    if reference is not None and getattr(reference, "has_backward", lambda: False)():
-        t_ref = time_backward_here(reference.backward, batch, heads, seq, head_dim, causal)
-        if not isinstance(t_ref, str):
-            metrics["reference_ms"] = t_ref.median_ms
-            ref_ratio = bench.ratio(t_sdpa, t_ref)
-            message += (f"; reference kernels {t_ref.median_ms:.3f} ms"
-                        + (f" ({ref_ratio:.2f}x SDPA's backward)" if ref_ratio else ""))
-    message += "; not scored"
-    if tflops > fp32_peak_tflops():
-        return False, message + ": faster than float32 FFMA can run on this GPU, so work was skipped", metrics
-    return True, message, metrics
-
-
-def run_backward_benchmarks(report, worker, cases):
-    """The backward kernels timed in the worker, the worker ended, then SDPA's backward and the reference here."""
-    student = {c.name: time_student_backward(worker, c.batch, c.heads, c.seq, c.head_dim, c.causal) for c in cases}
-    worker.stop()
-    reference = bench.load_reference(report, 4)
-    for c in cases:
-        report.run(c.name, lambda: backward_result(student[c.name], reference, c.batch, c.heads, c.seq, c.head_dim,
-                                                   c.causal), kind="optional")

@@ -35,7 +35,7 @@ from harness.diagnose import kernel_constants
 from harness.checks import random_tensor
 from harness.records import Report
 from harness.reference import attention_reference
-from checks.task4 import measure
+from checks.task4 import measure, measure_backward
 from checks.task4.backward import backward_part, backward_text, check_backward_errors, check_training
 from checks.task4.forward import attention_part, check_errors, grouped_text, make_inputs, shape_text
 from checks.task4.half import check_half_errors, half_part, half_text
@@ -246,8 +246,8 @@ def main(argv=None) -> int:
         if half_passed and not args.grading and not report.stopped:
             timed.append(("bf16/fp16", lambda: measure.run_half_benchmarks(report, worker, measure.half_cases())))
         if backward_passed and not args.grading and not report.stopped:
-            timed.append(("backward", lambda: measure.run_backward_benchmarks(report, worker,
-                                                                              measure.backward_cases())))
+            timed.append(("backward", lambda: measure_backward.run_backward_benchmarks(
+                report, worker, measure_backward.backward_cases())))
         optional_benchmarks(report, worker, timed)
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(4, args.solution, args.student_dir, report.attention_ops), kind="rule")

@@ -26,8 +26,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from harness import bench, tune
 from harness.reference import attention_flops, fp32_peak_tflops, half_tensor_core_bound_tflops
-from checks.task4.measure import (BACKWARD_FLOPS, PERF_CASE, time_here, time_sdpa_backward, time_student,
-                           time_student_backward)
+from checks.task4.measure import PERF_CASE, time_here, time_student
+from checks.task4.measure_backward import BACKWARD_FLOPS, time_sdpa_backward, time_student_backward
 from checks.task4.backward import backward_text, check_backward_case
 from checks.task4.forward import check_case, shape_text
 from checks.task4.half import check_half_case
