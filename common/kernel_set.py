@@ -16,7 +16,7 @@ replays).
 
 The three sets: task5/attention.py's `CudaKernels` (task 4's and task 5's kernels on the GPU,
 yours or the reference's), common/torch_kernels.py's `PyTorchKernels` (the same in plain PyTorch,
-which plays them on the CPU) and checks/task5/measure.py's `SdpaKernels` (PyTorch's SDPA, the checks'
+which plays them on the CPU) and checks/task5/generation.py's `SdpaKernels` (PyTorch's SDPA, the checks'
 baseline). tests/test_kernel_set.py holds all three to this interface.
 """
 

@@ -13,7 +13,7 @@ import torch
 from common.kernel_set import KernelSet
 from common.torch_kernels import PyTorchKernels
 from task5.attention import CudaKernels
-from checks.task5.measure import SdpaKernels
+from checks.task5.generation import SdpaKernels
 
 SETS = [CudaKernels, PyTorchKernels, SdpaKernels]
 
