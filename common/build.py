@@ -5,7 +5,7 @@ reference's `taskN/solution/kernels/*.cu`) in two stages, in `build/taskN-studen
 `build/taskN-solution`, so one process can load both:
 1. each `.cu` file is compiled on its own with `nvcc -c` into an object named by a hash
    of the kernels folder, and held to common/kernel_rules.py (its headers, the symbols it
-   imports) before anything from it runs;
+   imports) before anything from it runs (common/nvcc.py);
 2. `taskN/binding.cpp` is compiled by PyTorch's loader and linked with those objects only.
    The loader compiles it from a copy inside the build folder (`src/`): ninja rebuilds
    whatever command changed, and the command names the source's path, so compiling it from
@@ -27,12 +27,9 @@ Known traps handled here:
 from __future__ import annotations
 
 import fcntl
-import functools
 import hashlib
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,36 +37,13 @@ from pathlib import Path
 
 import torch
 
-from common import kernel_rules, resources
 from common.impl import REPO, label
+from common.nvcc import (CUDA_FLAGS, BuildError, check_plain_cuda, check_toolchain, compile_each,
+                         compile_kernels, compiler_errors, cpp_extension, cuda_arch, find_nvcc, nvcc_version,
+                         checkout_path, resource_report)
 
 # In the worker, KIT_BUILD_ROOT is a folder kept between runs, so an unchanged kernel is not rebuilt.
 BUILD_ROOT = Path(os.environ.get("KIT_BUILD_ROOT") or REPO / "build")
-CUDA_FLAGS = ["-O3", "-lineinfo", "-Xptxas=-v,-warn-spills"]  # -v: the resources of each kernel (common/resources.py)
-MAX_ERROR_LINES = 12
-
-
-class BuildError(RuntimeError):
-    """The extension could not be built or loaded; the message is the whole story."""
-
-
-class KernelRuleError(BuildError):
-    """A kernel file breaks common/kernel_rules.py: a rule of the task, not a build problem."""
-
-
-def cpp_extension():
-    """torch.utils.cpp_extension, imported without the warning a CUDA build of PyTorch logs on a machine without a
-    GPU ("No CUDA runtime is found"): the kit says what is missing in its own words, where it matters."""
-    import logging
-
-    log = logging.getLogger("torch.utils.cpp_extension")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        import torch.utils.cpp_extension as module
-    finally:
-        log.setLevel(level)
-    return module
 
 
 def build_dir(task: int, solution: bool, kernels: str | None = None) -> Path:
@@ -85,166 +59,6 @@ def kernel_folder(task: int, solution: bool, kernels: str | None = None) -> Path
 
 def kernel_sources(task: int, solution: bool, kernels: str | None = None) -> list[Path]:
     return sorted(kernel_folder(task, solution, kernels).glob("*.cu"))
-
-
-def find_cuda_tool(name: str) -> str | None:
-    """A CUDA toolkit program (nvcc, compute-sanitizer, ncu): CUDA_HOME/bin first, else PATH."""
-    CUDA_HOME = cpp_extension().CUDA_HOME
-
-    if CUDA_HOME and (Path(CUDA_HOME) / "bin" / name).exists():
-        return str(Path(CUDA_HOME) / "bin" / name)
-    return shutil.which(name)
-
-
-def find_nvcc() -> str | None:
-    return find_cuda_tool("nvcc")
-
-
-def check_toolchain() -> None:
-    """Raise BuildError naming the first missing piece: GPU, CUDA build of torch, nvcc, ninja."""
-    is_ninja_available = cpp_extension().is_ninja_available
-
-    if torch.version.cuda is None:
-        raise BuildError(
-            f"this PyTorch ({torch.__version__}) is a CPU-only build, so CUDA extensions cannot be built. "
-            "Install a CUDA build of PyTorch (see README, Set-up) on a machine with an NVIDIA GPU."
-        )
-    if not torch.cuda.is_available():
-        raise BuildError("no CUDA GPU is visible (torch.cuda.is_available() is False); run on a GPU node.")
-    if find_nvcc() is None:
-        raise BuildError(
-            "nvcc was not found: load your CUDA toolkit (for example `module load cuda`) or set CUDA_HOME."
-        )
-    if not is_ninja_available():
-        raise BuildError("ninja was not found: `pip install ninja` (it is in the project's dependencies).")
-
-
-PLAIN_CUDA_ONLY = re.compile(r'^\s*#\s*include\s*[<"](torch|ATen|c10|cublas|cudnn|cutlass)', re.IGNORECASE | re.MULTILINE)
-
-
-INCLUDES_SOLUTION = re.compile(r'^\s*#\s*include\s*[<"][^>"]*solution', re.MULTILINE)
-
-
-def check_plain_cuda(sources: list[Path]) -> None:
-    """Kernels must do the work themselves: no PyTorch, cuBLAS or cuDNN from a .cu file."""
-    for src in sources:
-        if "solution" not in src.parts and INCLUDES_SOLUTION.search(src.read_text()):
-            raise BuildError(f"{src.relative_to(REPO)} includes the reference solution: write the kernels yourself")
-        match = PLAIN_CUDA_ONLY.search(src.read_text())
-        if match:
-            raise BuildError(
-                f"{src.relative_to(REPO)} includes {match.group(0).strip()!r}: kernel files must be plain CUDA "
-                "(the binding owns everything PyTorch; libraries such as cuBLAS would do the task for you)"
-            )
-
-
-COMPILER_ERROR = re.compile(
-    r"\(\d+\): (error|catastrophic error)"  # nvcc: file.cu(42): error: ...
-    r"|:\d+(:\d+)?: (fatal )?error"          # gcc: file.cpp:42:7: error: ...
-    r"|undefined symbol|error detected in the compilation"
-)
-
-
-def _compiler_errors(log: str) -> str:
-    """The lines a student needs from a ninja/nvcc log: the errors, with file and line, not the commands."""
-    wanted = [ln.strip() for ln in log.splitlines() if COMPILER_ERROR.search(ln)]
-    if not wanted:
-        wanted = log.strip().splitlines()[-MAX_ERROR_LINES:]
-    more = len(wanted) - MAX_ERROR_LINES
-    return "\n".join(wanted[:MAX_ERROR_LINES]) + (f"\n... and {more} more" if more > 0 else "")
-
-
-def cuda_arch(without_gpu: str | None = None) -> str:
-    """The `-gencode` target: TORCH_CUDA_ARCH_LIST's first entry, else the GPU present (9.0 -> 90), else
-    `without_gpu` (for builds that only compile)."""
-    if "TORCH_CUDA_ARCH_LIST" not in os.environ:
-        if without_gpu and not torch.cuda.is_available():
-            return without_gpu
-        major, minor = torch.cuda.get_device_capability()
-        os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
-    first = re.split(r"[;\s]+", os.environ["TORCH_CUDA_ARCH_LIST"].strip())[0]
-    return first.replace("+PTX", "").replace(".", "")
-
-
-def compile_kernels(sources: list[Path], folder: Path, arch: str, flags: list[str]) -> list[Path]:
-    """`nvcc -c` each kernel file into `folder`, checked against common/kernel_rules.py; returns the objects.
-
-    An object is named by a hash of everything in its kernels folder, the flags and the
-    arch, so an unchanged file is not rebuilt and a changed one gets a new name (which makes
-    the loader relink). What ptxas says of each kernel's resources is kept beside its object
-    (`.ptxas`), for `kernel_resources`. The files compile at once (each nvcc is one thread); the
-    first that fails, in the order given, raises.
-    """
-    built = compile_each(sources, folder, arch, flags)
-    for result in built.values():
-        if isinstance(result, BuildError):
-            raise result
-    return [built[src] for src in sources]
-
-
-def _folder_key(own: Path, nvcc: str, arch: str, flags: list[str]) -> str:
-    digest = hashlib.sha256(f"{nvcc}|{arch}|{flags}".encode())
-    for path in sorted(own.iterdir()):
-        if path.is_file():
-            digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def compile_each(sources: list[Path], folder: Path, arch: str, flags: list[str]) -> dict:
-    """compile_kernels's work for each file on its own, all at once: {source: its object, or the BuildError
-    that says why it has none} (a KernelRuleError when it compiled but breaks a kernel rule)."""
-    nvcc = find_nvcc()
-    if nvcc is None:
-        raise BuildError("nvcc was not found: load your CUDA toolkit (for example `module load cuda`) or set CUDA_HOME.")
-    keys = {own: _folder_key(own, nvcc, arch, flags) for own in {src.parent for src in sources}}
-    at_once = max(1, int(os.environ.get("MAX_JOBS") or 4))  # each nvcc takes a core and up to a few GB
-    running, started = {}, []
-    try:
-        for src in sources:
-            key = keys[src.parent]
-            obj, deps = folder / f"{src.stem}-{key}.o", folder / f"{src.stem}-{key}.d"
-            if obj.exists() and deps.exists():
-                running[src] = (obj, deps, None, None)
-                continue
-            cmd = [nvcc, "-c", str(src), "-o", str(obj) + ".part", "-MD", "-MF", str(deps), "-std=c++17",
-                   "-Xcompiler", "-fPIC", "-gencode", f"arch=compute_{arch},code=sm_{arch}", *flags]
-            while sum(proc.poll() is None for proc in started) >= at_once:
-                time.sleep(0.05)
-            with open(obj.with_suffix(".out"), "w") as said:  # a file, not a pipe: nothing waits on a full pipe
-                started.append(subprocess.Popen(cmd, stdout=said, stderr=subprocess.STDOUT, cwd=folder))
-            running[src] = (obj, deps, cmd, started[-1])
-        return _compiled(running, folder, nvcc)
-    finally:  # an error (or Ctrl-C) here leaves no compiler running
-        for proc in started:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-
-
-def _compiled(running: dict, folder: Path, nvcc: str) -> dict:
-    """compile_each's results, once each compiler it started has ended."""
-    results = {}
-    for src, (obj, deps, cmd, proc) in running.items():
-        shown = str(src.relative_to(REPO)) if src.is_relative_to(REPO) else src.name
-        if proc is not None:
-            proc.wait()
-            said = obj.with_suffix(".out").read_text(errors="replace")
-            obj.with_suffix(".out").unlink()
-            if proc.returncode != 0:
-                log = folder / f"build-{src.stem}.log"
-                log.write_text(" ".join(cmd) + "\n" + said)
-                errors = _compiler_errors(said).replace(f"{REPO}/", "")  # paths as in the checkout
-                results[src] = BuildError(f"compiling {shown} failed:\n{errors}\n(full log: {_shown(log)})")
-                continue
-            obj.with_suffix(".ptxas").write_text(said)
-            os.replace(str(obj) + ".part", obj)
-        try:
-            kernel_rules.check_object(obj, deps, shown, nvcc)
-        except kernel_rules.RuleBroken as broken:
-            results[src] = KernelRuleError(str(broken))
-            continue
-        results[src] = obj
-    return results
 
 
 # Optional kernel files (common/tasks.py's optional_files) left out of a student's build in this process: their
@@ -281,27 +95,6 @@ def compile_with_optional(task: int, solution: bool, sources: list[Path], folder
     return objects
 
 
-def kernel_resources(objects: list[Path]) -> list[resources.KernelResources]:
-    """The registers, spills and shared memory of every kernel in these objects, as ptxas reported them."""
-    found = []
-    for obj in objects:
-        text = obj.with_suffix(".ptxas").read_text() if obj.with_suffix(".ptxas").exists() else ""
-        found += resources.parse_ptxas(text)
-    return resources.demangle(found)
-
-
-def resource_report(objects: list[Path], arch: str) -> list[str]:
-    """`taskN.compile --verbose`: a line per kernel, and the ones that spill named again at the end."""
-    found = kernel_resources(objects)
-    lines = [f"resources per kernel (ptxas, sm_{arch}; an SM has 65536 registers, and on sm_90 up to 227 KB of shared "
-             "memory per block; dynamic shared memory, extern __shared__, is set at launch and not counted here):"]
-    lines += [f"  {k.line()}" for k in found]
-    spilling = [k.name for k in found if k.spills]
-    if spilling:
-        lines.append(f"  {len(spilling)} kernel{'s' if len(spilling) > 1 else ''} spill registers: {', '.join(spilling)}")
-    return lines
-
-
 def reference_build(task: int, arch: str, flags: list[str], kernels: str | None = None) -> Path:
     """Where the reference's extension is published once built: a name that changes with every input.
 
@@ -312,27 +105,15 @@ def reference_build(task: int, arch: str, flags: list[str], kernels: str | None 
     never served a stale build.
     """
     host = shutil.which(os.environ.get("CXX", "c++"))
-    digest = hashlib.sha256(f"{_nvcc_version()}|{host and os.path.realpath(host)}|{arch}|{flags}|"
+    digest = hashlib.sha256(f"{nvcc_version()}|{host and os.path.realpath(host)}|{arch}|{flags}|"
                             f"{torch.__version__}|{torch.version.cuda}|{sys.version}".encode())
-    inputs = [REPO / "common" / "build.py", *(REPO / rel for rel in binding_files(task)),
+    inputs = [REPO / "common" / "build.py", REPO / "common" / "nvcc.py", *(REPO / rel for rel in binding_files(task)),
               *sorted(kernel_folder(task, True, kernels).glob("*"))]
     for path in inputs:
         if path.is_file():
             digest.update(path.relative_to(REPO).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     name = f"task{task}_solution{f'_{kernels}' if kernels else ''}"
     return BUILD_ROOT / "reference" / f"{name}-{digest.hexdigest()[:20]}.so"
-
-
-@functools.cache  # one `nvcc --version` per process, however many extensions it loads
-def _nvcc_version() -> str:
-    nvcc = find_nvcc()
-    if nvcc is None:
-        return "no nvcc"
-    try:
-        said = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        said = ""
-    return f"{os.path.realpath(nvcc)} {said}"
 
 
 # Where this process imported each extension from. Each build registers its operators under its name
@@ -343,9 +124,9 @@ _LOADED_FROM: dict[str, Path] = {}
 def _check_not_loaded_elsewhere(name: str, path: Path) -> None:
     earlier = _LOADED_FROM.get(name)
     if earlier is not None and earlier.resolve() != path.resolve():
-        raise BuildError(f"{name} is already loaded in this process from {_shown(earlier)}; a process can hold "
-                         f"one build of it (its operators are registered under that name): load {_shown(path)} "
-                         "in a new process")
+        raise BuildError(f"{name} is already loaded in this process from {checkout_path(earlier)}; a process can "
+                         "hold one build of it (its operators are registered under that name): load "
+                         f"{checkout_path(path)} in a new process")
 
 
 def _import_built(name: str, path: Path):
@@ -374,10 +155,6 @@ def _publish(built: Path, published: Path) -> None:
             os.unlink(part)
 
 
-def _shown(path: Path) -> str:
-    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
-
-
 def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda_flags: list[str] | None = None,
                    verbose: bool = False, kernels: str | None = None):
     """Build (if needed) and import the task's extension; raises BuildError with a clear message.
@@ -388,7 +165,7 @@ def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda
     sources = [REPO / f"task{task}" / "binding.cpp", *kernel_sources(task, solution, kernels)]
     missing = [str(s.relative_to(REPO)) for s in sources if not s.exists()]
     if missing or len(sources) < 2:
-        folder = _shown(kernel_folder(task, solution, kernels))
+        folder = checkout_path(kernel_folder(task, solution, kernels))
         raise BuildError(f"task {task}: source files missing: {', '.join(missing) or f'no {folder}/*.cu'}")
     check_plain_cuda(sources[1:])
     check_toolchain()
@@ -405,7 +182,7 @@ def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda
             pass
         else:
             if not quiet:
-                print(f"task {task} ({what}): the prebuilt {_shown(published)}")
+                print(f"task {task} ({what}): the prebuilt {checkout_path(published)}")
             return module
     folder = build_dir(task, solution, kernels)
     folder.mkdir(parents=True, exist_ok=True)
@@ -431,17 +208,17 @@ def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda
             log = folder / "build.log"
             log.write_text(str(err))
             raise BuildError(
-                f"building task {task} ({what}) failed:\n{_compiler_errors(str(err))}\n"
-                f"(full log: {_shown(log)})"
+                f"building task {task} ({what}) failed:\n{compiler_errors(str(err))}\n"
+                f"(full log: {checkout_path(log)})"
             ) from None
         _LOADED_FROM.setdefault(module.__name__, Path(module.__file__))
         if published:  # still under the lock: no other process's build (another arch) relinks it meanwhile
             try:
                 _publish(folder / f"{name}.so", published)
             except OSError as err:  # the next process builds it again: slower, never wrong
-                print(f"task {task} ({what}): could not publish the build as {_shown(published)}: {err}")
+                print(f"task {task} ({what}): could not publish the build as {checkout_path(published)}: {err}")
     if not quiet:
-        print(f"task {task} ({what}): built in {_shown(folder)} "
+        print(f"task {task} ({what}): built in {checkout_path(folder)} "
               f"({time.perf_counter() - started:.1f} s, arch {os.environ['TORCH_CUDA_ARCH_LIST']})")
     if verbose:
         print("\n".join(resource_report(objects, arch)))
@@ -531,7 +308,8 @@ def compile_only(task: int, solution: bool, verbose: bool = False, kernels: str 
     a CUDA PyTorch, and running needs the GPU: both wait for the GPU machine."""
     sources = kernel_sources(task, solution, kernels)
     if not sources:
-        raise BuildError(f"task {task}: source files missing: no {_shown(kernel_folder(task, solution, kernels))}/*.cu")
+        where = checkout_path(kernel_folder(task, solution, kernels))
+        raise BuildError(f"task {task}: source files missing: no {where}/*.cu")
     check_plain_cuda(sources)
     arch = cuda_arch(without_gpu="90")  # no GPU to ask: sm_90 unless TORCH_CUDA_ARCH_LIST says otherwise
     folder = build_dir(task, solution, kernels) / "compile-only"
@@ -539,7 +317,8 @@ def compile_only(task: int, solution: bool, verbose: bool = False, kernels: str 
     started = time.perf_counter()
     objects = compile_kernels(sources, folder, arch, CUDA_FLAGS)
     why = ("this PyTorch is a CPU-only build" if torch.version.cuda is None else "no CUDA GPU is visible")
-    print(f"task {task} ({label(solution)}): compiled {', '.join(_shown(s) for s in sources)} for sm_{arch} with nvcc "
+    compiled = ", ".join(checkout_path(s) for s in sources)
+    print(f"task {task} ({label(solution)}): compiled {compiled} for sm_{arch} with nvcc "
           f"({time.perf_counter() - started:.1f} s). Only the kernels: {why}, so the binding is built and the "
           f"kernels run on a GPU machine (python -m task{task}.test there).")
     if verbose:

@@ -1,6 +1,6 @@
 """What a kernel file may use: the GPU and the CUDA runtime, not someone else's kernels.
 
-A task's `.cu` files are compiled to objects on their own (common/build.py), and every
+A task's `.cu` files are compiled to objects on their own (common/nvcc.py), and every
 object is held to these rules before anything from it runs:
 - it includes only headers from its own kernels folder and the toolchain's folders (the
   CUDA toolkit, the C/C++ system headers): not a reference solution, wherever it lies;

@@ -2,7 +2,7 @@
 
 `nvcc -Xptxas=-v` prints, for every kernel it compiles, how many registers a thread uses,
 how many bytes it spills to local memory (slow: it lives in global memory), its static
-shared memory and its barriers. common/build.py keeps that text beside each compiled
+shared memory and its barriers. common/nvcc.py keeps that text beside each compiled
 object, and `python -m taskN.compile --verbose` prints one line per kernel from it. These
 numbers decide how many blocks fit on an SM: registers x threads per block, and shared
 memory per block, against the SM's 64K registers and (on sm_90) 227 KB of shared memory.

@@ -203,7 +203,7 @@ def main(task: int, kernel: str, entry: str, args_of, what_of, argv=None, causal
         return 2
     if chosen:
         _, kernel, entry = optional[chosen[0]]
-    from common.build import find_cuda_tool
+    from common.nvcc import find_cuda_tool
 
     ncu = find_cuda_tool("ncu")
     if ncu is None:

@@ -314,7 +314,7 @@ class Report:
             key=lambda todo: step_number(todo[1]))]
         lines = (["still marked TODO in your files (README, Task {}):".format(self.task)] + [f"  {t}" for t in todos]
                  if todos else ["no step is marked TODO in your files"])
-        from common.build import find_nvcc
+        from common.nvcc import find_nvcc
 
         can = "compiles" if find_nvcc() else "would compile, once the CUDA toolkit (nvcc) is installed,"
         return lines + [f"here, without a GPU: python -m task{self.task}.compile {can} your kernels alone"]

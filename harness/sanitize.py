@@ -37,7 +37,7 @@ BLIND_SPOTS = ("memcheck sees only accesses outside every allocation and raceche
 
 
 def find_sanitizer() -> str | None:
-    from common.build import find_cuda_tool
+    from common.nvcc import find_cuda_tool
 
     return find_cuda_tool("compute-sanitizer")
 

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common import build, resources
+from common import build, nvcc, resources
 from common.resources import KernelResources
 
 _SKELETON_MARK = re.compile(r"\s*(//\s*)?\[skeleton: \d+\]")  # the reference's note of the skeleton's value
@@ -91,8 +91,8 @@ def build_configs(source: Path, configs: list[dict[str, int]], folder: Path, arc
             (kernels / source.name).write_text(configure(text, config))
             out = folder / str(n) / "build"
             out.mkdir(exist_ok=True)
-            row.objects = build.compile_kernels([kernels / source.name], out, arch, build.CUDA_FLAGS)
-            row.kernels = build.kernel_resources(row.objects)
+            row.objects = nvcc.compile_kernels([kernels / source.name], out, arch, nvcc.CUDA_FLAGS)
+            row.kernels = nvcc.kernel_resources(row.objects)
         except (ValueError, build.BuildError) as err:
             row.error = str(err).splitlines()[0] if isinstance(err, ValueError) else _first_error(str(err))
         return row
@@ -417,10 +417,10 @@ def main(plan: Plan, argv=None, **optional: Plan) -> int:
     if args.build_only or not torch.cuda.is_available():
         if not args.build_only:
             print("no CUDA GPU is visible: only building each configuration (timing needs a GPU)")
-        if build.find_nvcc() is None:
+        if nvcc.find_nvcc() is None:
             print(f"task {plan.task}: nvcc was not found: load your CUDA toolkit (for example `module load cuda`)")
             return 1
-        arch = build.cuda_arch(without_gpu="90")  # no GPU to ask: sm_90 unless TORCH_CUDA_ARCH_LIST says otherwise
+        arch = nvcc.cuda_arch(without_gpu="90")  # no GPU to ask: sm_90 unless TORCH_CUDA_ARCH_LIST says otherwise
         for n, b in enumerate(build_configs(source, configs, root / "build-only", arch, jobs=args.jobs), 1):
             timed = plan.kernel_name(tunables(text) | b.config)
             kernel = next((k for k in b.kernels if k.name == timed), b.kernels[0] if b.kernels else None)

@@ -189,7 +189,7 @@ def _python_paths() -> list[Path]:
     paths = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent.parent}
     paths |= {Path(p) for p in sys.path if p and Path(p).is_dir()}
     paths |= {Path(p) for p in site.getsitepackages() if Path(p).is_dir()}
-    from common.build import cpp_extension
+    from common.nvcc import cpp_extension
 
     cuda_home = cpp_extension().CUDA_HOME
     if cuda_home:

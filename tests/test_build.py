@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from common import build
+from common import build, nvcc
 from common.build import BuildError
 from grader import runner
 from tests.conftest import REPO, needs_cuda, needs_nvcc, needs_solution
@@ -28,7 +28,7 @@ def test_compiler_errors_are_extracted_from_a_ninja_log():
            "/repo/task4/binding.cpp:12:3: error: 'foo' was not declared in this scope\n"
            "1 error detected in the compilation of \"/repo/task4/kernels/attention.cu\".\n"
            "ninja: build stopped: subcommand failed.\n")
-    shown = build._compiler_errors(log).splitlines()
+    shown = nvcc.compiler_errors(log).splitlines()
     assert shown == ["/repo/task4/kernels/attention.cu(215): error: expected an expression",
                      "/repo/task4/binding.cpp:12:3: error: 'foo' was not declared in this scope",
                      '1 error detected in the compilation of "/repo/task4/kernels/attention.cu".']
@@ -58,14 +58,14 @@ def test_another_kernels_folder_of_the_reference_builds_apart_from_it(tmp_path, 
 def test_kernels_that_include_torch_are_refused(tmp_path, monkeypatch):
     cu = tmp_path / "attention.cu"
     cu.write_text('#include <torch/extension.h>\n__global__ void k() {}\n')
-    monkeypatch.setattr(build, "REPO", tmp_path)
+    monkeypatch.setattr(nvcc, "REPO", tmp_path)
     with pytest.raises(BuildError, match="must be plain CUDA"):
-        build.check_plain_cuda([cu])
+        nvcc.check_plain_cuda([cu])
     cu.write_text('#include "../solution/kernels/attention.cu"\n')
     with pytest.raises(BuildError, match="includes the reference solution"):
-        build.check_plain_cuda([cu])
+        nvcc.check_plain_cuda([cu])
     cu.write_text('#include <cuda_runtime.h>\n// a comment about torch/extension.h is fine\n')
-    build.check_plain_cuda([cu])
+    nvcc.check_plain_cuda([cu])
 
 
 @pytest.mark.parametrize("task", [2, 4, 5])
@@ -86,7 +86,8 @@ def test_cuda_task_tests_skip_cleanly_without_a_gpu_and_list_the_steps_left(task
 
 
 def test_the_published_reference_build_is_named_by_every_input(tmp_path, monkeypatch):
-    for rel in ["common/build.py", "common/csrc/checks.h", "task4/binding.cpp", "task4/solution/kernels/attention.cu"]:
+    for rel in ["common/build.py", "common/nvcc.py", "common/csrc/checks.h", "task4/binding.cpp",
+                "task4/solution/kernels/attention.cu"]:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(f"// {rel}\n")
     monkeypatch.setattr(build, "REPO", tmp_path)
@@ -94,14 +95,14 @@ def test_the_published_reference_build_is_named_by_every_input(tmp_path, monkeyp
     assert name == build.reference_build(4, "90", ["-O3"]) and name.name.startswith("task4_solution-")
     assert name.parent == build.BUILD_ROOT / "reference"
     others = {build.reference_build(4, "80", ["-O3"]), build.reference_build(4, "90", ["-O2"])}
-    for rel in ["common/csrc/checks.h", "task4/binding.cpp", "task4/solution/kernels/attention.cu"]:
+    for rel in ["common/nvcc.py", "common/csrc/checks.h", "task4/binding.cpp", "task4/solution/kernels/attention.cu"]:
         text = (tmp_path / rel).read_text()
         (tmp_path / rel).write_text(text + "// changed\n")
         others.add(build.reference_build(4, "90", ["-O3"]))
         (tmp_path / rel).write_text(text)
     (tmp_path / "task4/solution/kernels/tiles.cuh").write_text("// a header the kernel includes\n")
     others.add(build.reference_build(4, "90", ["-O3"]))
-    assert len(others) == 6 and name not in others
+    assert len(others) == 7 and name not in others
 
 
 def test_a_published_build_is_whole_and_readable_by_the_class(tmp_path):
@@ -221,15 +222,15 @@ def test_an_optional_file_that_does_not_compile_is_left_out_of_a_students_build_
     (kernels / "attention_half.cu").write_text("#include <cuda_runtime.h>\n__global__ void k() { int x = ; }\n")
     sources = sorted(kernels.glob("*.cu"))
     monkeypatch.setattr(build, "OPTIONAL_LEFT_OUT", {})
-    objects = build.compile_with_optional(4, False, sources, tmp_path, "90", build.CUDA_FLAGS)
+    objects = build.compile_with_optional(4, False, sources, tmp_path, "90", nvcc.CUDA_FLAGS)
     assert [o.name.split("-")[0] for o in objects] == ["attention"]
     why = build.OPTIONAL_LEFT_OUT["task4/kernels/attention_half.cu"]
     assert "attention_half.cu(2): error" in why
     assert "task4/kernels/attention_half.cu (an optional part) is left out of the build" in capsys.readouterr().out
     with pytest.raises(BuildError, match="attention_half.cu"):
-        build.compile_with_optional(4, True, sources, tmp_path, "90", build.CUDA_FLAGS)
+        build.compile_with_optional(4, True, sources, tmp_path, "90", nvcc.CUDA_FLAGS)
     (kernels / "attention_half.cu").write_text((REPO / "task4/kernels/attention_half.cu").read_text())
-    objects = build.compile_with_optional(4, False, sorted(kernels.glob("*.cu")), tmp_path, "90", build.CUDA_FLAGS)
+    objects = build.compile_with_optional(4, False, sorted(kernels.glob("*.cu")), tmp_path, "90", nvcc.CUDA_FLAGS)
     assert len(objects) == 2 and build.OPTIONAL_LEFT_OUT == {}  # mended: in the build, and nothing said
 
 

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from common.build import PLAIN_CUDA_ONLY
+from common.nvcc import PLAIN_CUDA_ONLY
 from tests.conftest import REPO, needs_nvcc
 
 # the tasks' kernels, and the ones given with a binding (common/csrc), held as strictly as the references

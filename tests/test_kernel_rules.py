@@ -2,7 +2,7 @@
 
 import pytest
 
-from common import build, kernel_rules
+from common import build, kernel_rules, nvcc
 from common.build import BuildError
 from tests.conftest import REPO, needs_nvcc, needs_solution
 
@@ -23,7 +23,7 @@ def compile_file(tmp_path, text, name="attention.cu", flags=()):
     (folder / name).write_text(text)
     out = tmp_path / "build"
     out.mkdir(exist_ok=True)
-    return build.compile_kernels([folder / name], out, ARCH, build.CUDA_FLAGS + list(flags))
+    return nvcc.compile_kernels([folder / name], out, ARCH, nvcc.CUDA_FLAGS + list(flags))
 
 
 def kernel_file(host_code="", top=""):
@@ -38,7 +38,7 @@ def test_the_reference_and_given_kernels_keep_the_rules(task, tmp_path):
     """The given kernels too (task 5's linear): they are compiled as a student's file is, under the same rules."""
     sources = sorted((REPO / f"task{task}/solution/kernels").glob("*.cu"))
     sources += [REPO / rel for rel in build.GIVEN_KERNELS.get(task, [])]
-    objects = build.compile_kernels(sources, tmp_path, ARCH, build.CUDA_FLAGS)
+    objects = nvcc.compile_kernels(sources, tmp_path, ARCH, nvcc.CUDA_FLAGS)
     assert len(objects) == len(sources) >= 1  # tasks 4 and 5: the float32 and the bf16/fp16 kernels (and the given)
     for obj in objects:
         assert "cudaGetLastError" in kernel_rules.imported_symbols(obj)
@@ -117,5 +117,5 @@ def test_an_object_is_reused_from_another_folder_with_the_same_files(tmp_path):
         folder = tmp_path / view / "kernels"
         folder.mkdir(parents=True)
         (folder / "attention.cu").write_text(kernel_file())
-        objects += build.compile_kernels([folder / "attention.cu"], out, ARCH, build.CUDA_FLAGS)
+        objects += nvcc.compile_kernels([folder / "attention.cu"], out, ARCH, nvcc.CUDA_FLAGS)
     assert objects[0] == objects[1]

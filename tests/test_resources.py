@@ -1,6 +1,6 @@
 """common.resources: each kernel's registers, spills and shared memory, from what ptxas says (no GPU needed)."""
 
-from common import build, resources
+from common import nvcc, resources
 from tests.conftest import REPO, needs_nvcc, needs_solution
 
 # Recorded from `nvcc -c -arch=sm_90 -Xptxas=-v` (CUDA 13.0): task 2's GEMM (static shared memory;
@@ -55,12 +55,12 @@ def test_a_build_keeps_what_ptxas_said_beside_its_object(tmp_path):
     (tmp_path / "kernels").mkdir()
     source = tmp_path / "kernels" / "attention.cu"
     source.write_text(KERNEL)
-    objects = build.compile_kernels([source], tmp_path, "90", build.CUDA_FLAGS)
-    (found,) = build.kernel_resources(objects)
+    objects = nvcc.compile_kernels([source], tmp_path, "90", nvcc.CUDA_FLAGS)
+    (found,) = nvcc.kernel_resources(objects)
     assert found.name.startswith("scale") and found.arch == "sm_90"
     assert found.shared == 1024 and found.registers > 0 and not found.spills and found.barriers == 1
-    again = build.compile_kernels([source], tmp_path, "90", build.CUDA_FLAGS)  # cached: no new compile
-    assert again == objects and build.kernel_resources(again)[0].registers == found.registers
+    again = nvcc.compile_kernels([source], tmp_path, "90", nvcc.CUDA_FLAGS)  # cached: no new compile
+    assert again == objects and nvcc.kernel_resources(again)[0].registers == found.registers
 
 
 @needs_nvcc
@@ -71,7 +71,7 @@ def test_compile_verbose_names_the_kernels_that_spill(tmp_path):
     source = tmp_path / "kernels" / "attention.cu"
     reference = (REPO / "task4/solution/kernels/attention.cu").read_text()
     source.write_text(reference.replace("constexpr int MIN_BLOCKS_PER_SM = 1;", "constexpr int MIN_BLOCKS_PER_SM = 2;"))
-    lines = build.resource_report(build.compile_kernels([source], tmp_path, "90", build.CUDA_FLAGS), "90")
+    lines = nvcc.resource_report(nvcc.compile_kernels([source], tmp_path, "90", nvcc.CUDA_FLAGS), "90")
     assert lines[0].startswith("resources per kernel (ptxas, sm_90")
     assert "flash_attention_kernel<128, false>: 128 registers per thread, SPILLS" in "\n".join(lines)
     assert lines[-1].startswith("  10 kernels spill registers: flash_attention_kernel<128, false>")
