@@ -92,7 +92,7 @@ def kernel_constants(rel: str, student_dir, solution: bool) -> dict[str, int]:
     """The `constexpr int` sizes at the top of a kernel file (the tuner's reading of them); {} when unreadable.
     Only read, never run: they say in which order the kernel visits the keys."""
     from common.impl import source_of
-    from harness.tune import tunables
+    from harness.kernel_configs import tunables
 
     try:
         found = tunables(source_of(rel, student_dir, solution).read_text())

@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness import tune
+from harness import kernel_configs, tune
 from common.resources import KernelResources
 from tests.conftest import REPO, needs_nvcc
 
@@ -10,30 +10,30 @@ KERNEL = REPO / "task4/kernels/attention.cu"  # the student's file: the skeleton
 
 
 def test_the_tunables_are_the_top_level_integer_constants():
-    found = tune.tunables(KERNEL.read_text())
+    found = kernel_configs.tunables(KERNEL.read_text())
     assert {"BLOCK_ROWS", "BLOCK_COLS", "THREAD_ROWS", "THREAD_COLS", "MIN_BLOCKS_PER_SM"} <= set(found)
     assert "ROW_THREADS" not in found  # derived from the others, not set by hand
 
 
 def test_a_configuration_changes_only_its_constants():
     text = KERNEL.read_text()
-    changed = tune.configure(text, tune.parse_config("BLOCK_ROWS=64, THREAD_COLS=4"))
-    assert tune.tunables(changed) == tune.tunables(text) | {"BLOCK_ROWS": 64, "THREAD_COLS": 4}
+    changed = kernel_configs.configure(text, kernel_configs.parse_config("BLOCK_ROWS=64, THREAD_COLS=4"))
+    assert kernel_configs.tunables(changed) == kernel_configs.tunables(text) | {"BLOCK_ROWS": 64, "THREAD_COLS": 4}
     assert len(changed.splitlines()) == len(text.splitlines())
-    assert tune.configure(text, {}) == text
+    assert kernel_configs.configure(text, {}) == text
 
 
 @pytest.mark.parametrize("spec, words", [("BLOCK_ROWS", "NAME=NUMBER"), ("BLOCK_ROWS=x", "NAME=NUMBER"),
                                          ("TILE=64", "TILE: not a top-level `constexpr int`")])
 def test_a_bad_configuration_is_named(spec, words):
     with pytest.raises(ValueError, match=words):
-        tune.configure(KERNEL.read_text(), tune.parse_config(spec))
+        kernel_configs.configure(KERNEL.read_text(), kernel_configs.parse_config(spec))
 
 
 @needs_nvcc
 def test_each_configuration_builds_on_its_own_or_says_why_not(tmp_path):
     configs = [{}, {"MIN_BLOCKS_PER_SM": 2}, {"BLOCK_ROWS": 100, "THREAD_ROWS": 8}]  # as written; two blocks per SM; not whole tiles
-    default, capped, ragged = tune.build_configs(KERNEL, configs, tmp_path, "90")
+    default, capped, ragged = kernel_configs.build_configs(KERNEL, configs, tmp_path, "90")
     assert default.error is None and default.kernels and not default.spills
     assert capped.error is None and max(k.registers for k in capped.kernels) <= 128  # 65536 / (256 threads x 2)
     assert ragged.error == "static_assert: the threads' micro-tiles cover the block's tile exactly" and not ragged.kernels
@@ -116,8 +116,8 @@ def test_the_half_kernels_knobs_are_constants_of_its_file_and_skeleton():
     for path in (REPO / "task4/kernels/attention_half.cu", REPO / "task4/solution/kernels/attention_half.cu"):
         text = path.read_text()
         for config in HALF_PLAN.configs:
-            tune.configure(text, config)  # an unknown name would raise
-        assert HALF_PLAN.configs[0].items() <= tune.tunables(text).items(), "the first row is the file as it is"
+            kernel_configs.configure(text, config)  # an unknown name would raise
+        assert HALF_PLAN.configs[0].items() <= kernel_configs.tunables(text).items(), "the first row is the file as it is"
 
 
 @needs_nvcc
@@ -127,7 +127,7 @@ def test_the_half_kernel_timed_is_one_the_build_reports(tmp_path):
 
     source = REPO / "task4/solution/kernels/attention_half.cu"
     configs = [{}, {"BLOCK_COLS": 32, "BLOCK_WARPS_LARGE_D": 4}]
-    for config, built in zip(configs, tune.build_configs(source, configs, tmp_path, "90", jobs=2)):
-        name = HALF_PLAN.kernel_name(tune.tunables(source.read_text()) | config)
+    for config, built in zip(configs, kernel_configs.build_configs(source, configs, tmp_path, "90", jobs=2)):
+        name = HALF_PLAN.kernel_name(kernel_configs.tunables(source.read_text()) | config)
         assert built.error is None and name in [k.name for k in built.kernels], (name, [k.name for k in built.kernels])
         assert not next(k for k in built.kernels if k.name == name).spills

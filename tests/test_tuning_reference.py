@@ -1,6 +1,6 @@
 """Tuning against the reference files: the untuned starts, the default configurations, the driver (instructor-only)."""
 
-from harness import tune
+from harness import kernel_configs, tune
 from tests.conftest import REPO, needs_nvcc, needs_solution
 
 
@@ -8,8 +8,8 @@ from tests.conftest import REPO, needs_nvcc, needs_solution
 @needs_solution(5)
 def test_the_tunable_sizes_start_untuned_in_the_skeletons():
     for kernel in ("task4/kernels/attention.cu", "task5/kernels/decode.cu"):
-        reference = tune.tunables((REPO / kernel.replace("/", "/solution/", 1)).read_text())
-        skeleton = tune.tunables((REPO / kernel).read_text())
+        reference = kernel_configs.tunables((REPO / kernel.replace("/", "/solution/", 1)).read_text())
+        skeleton = kernel_configs.tunables((REPO / kernel).read_text())
         assert skeleton.keys() == reference.keys() and skeleton != reference, kernel
 
 
@@ -22,9 +22,9 @@ def test_every_default_configuration_passes_the_kernels_static_asserts(tmp_path)
 
     for plan in (TASK4, TASK5):
         source = REPO / plan.kernel_file.replace("/", "/solution/", 1)
-        built = tune.build_configs(source, plan.configs, tmp_path / str(plan.task), "90", jobs=2)
+        built = kernel_configs.build_configs(source, plan.configs, tmp_path / str(plan.task), "90", jobs=2)
         assert [b.error for b in built] == [None] * len(built), plan.task
-        names = [plan.kernel_name(tune.tunables(source.read_text()) | config) for config in plan.configs]
+        names = [plan.kernel_name(kernel_configs.tunables(source.read_text()) | config) for config in plan.configs]
         assert all(any(k.name == name for k in b.kernels) for name, b in zip(names, built)), plan.task
 
 
