@@ -40,13 +40,13 @@ student's Behaviour, task 2's kernels), task4.py and task5.py (their kernels), o
 fixture.py (the `stand_in` fixture and its Harness). The names the tests use are here.
 """
 
-from tests.stand_in.fixture import KERNELS, SMALL, SMALL_HIDDEN, Harness, stand_in
+from tests.stand_in.fixture import HIDDEN, KERNELS, SCORED, SMALL, SMALL_HIDDEN, Harness, failed, stand_in
 from tests.stand_in.gpu import GPU_NAME, CudaOnTheCpu
 from tests.stand_in.kernels import Behaviour, StandInKernels, Task2Kernels
 from tests.stand_in.operators import OPERATOR_CALLS, binding_schemas, with_operators
 from tests.stand_in.task4 import Task4Kernels
 from tests.stand_in.task5 import Task5Kernels
 
-__all__ = ["GPU_NAME", "KERNELS", "OPERATOR_CALLS", "SMALL", "SMALL_HIDDEN", "Behaviour", "CudaOnTheCpu", "Harness",
-           "StandInKernels", "Task2Kernels", "Task4Kernels", "Task5Kernels", "binding_schemas", "stand_in",
-           "with_operators"]
+__all__ = ["GPU_NAME", "HIDDEN", "KERNELS", "OPERATOR_CALLS", "SCORED", "SMALL", "SMALL_HIDDEN", "Behaviour",
+           "CudaOnTheCpu", "Harness", "StandInKernels", "Task2Kernels", "Task4Kernels", "Task5Kernels", "binding_schemas",
+           "failed", "stand_in", "with_operators"]

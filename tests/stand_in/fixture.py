@@ -17,7 +17,7 @@ from common import build, impl
 from harness import bench, calibration, cli, sanitize
 from task4.train import Config as TrainingConfig
 from tests.stand_in import gpu
-from tests.stand_in.gpu import (BYTES_PER_S, CUDA_TASKS, FLOPS_PER_S, GPU, GPU_NAME, CudaOnTheCpu, HostEvent,
+from tests.stand_in.gpu import (BYTES_PER_S, CUDA_TASKS, FLOPS_PER_S, GPU, GPU_NAME, REPO, CudaOnTheCpu, HostEvent,
                                  StandInClock, StandInGenerator, StandInGraph, StandInStream, stand_in_graph,
                                  stand_in_stream)
 from tests.stand_in.kernels import Behaviour, StandInKernels, Task2Kernels
@@ -48,6 +48,17 @@ SMALL = {  # module: {name: the small value the stand-in uses}
 
 # Hidden cases timed at their real sizes (hundreds of MB) cost minutes on a CPU: the stand-in's instead.
 SMALL_HIDDEN = {(5, "shapes"): [(2, 3, 3, 900, 24), (3, 4, 1, 200, 40)]}
+
+# A run's arguments: the hidden cases as the grader passes them (grader/runner.py), and the scored parts alone, for a
+# test of a bar, a point or a float32 flow (the optional parts, task 4's bf16/fp16 kernel and backward pass, task 5's
+# paged and 16-bit caches, move no point and take most of a run's time on the CPU).
+HIDDEN = ("--hidden", str(REPO / "grader" / "hidden.py"))
+SCORED = {4: ("--attention",), 5: ("--cache", "--decode", "--split", "--layer")}
+
+
+def failed(record) -> list[str]:
+    """A record's failed cases, name and the start of the message: what an assertion on a run shows."""
+    return [f"{c['name']}: {c['message'][:300]}" for c in record["cases"] if not c["passed"]]
 
 
 class Harness:
