@@ -39,6 +39,20 @@ def run_test(task: int, student_dir, tmp_path, *extra) -> dict:
     return json.loads(record.read_text())
 
 
+def zipped(path: Path, files: dict, links=()) -> Path:
+    """A zip archive at `path` of `files` (name -> text), and `links` (names of symbolic links to /etc/passwd)."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+        for name in links:
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (0o120777 << 16)  # a symbolic link
+            zf.writestr(info, "/etc/passwd")
+    return path
+
+
 def submission(tmp_path, files: dict) -> Path:
     """A student checkout holding `files` (relative path -> text or bytes)."""
     sub = tmp_path / "submission"
