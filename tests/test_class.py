@@ -7,7 +7,7 @@ folder that is never graded, one student who uploaded twice, a link to a classma
 submission missing a graded file. Every entry must be a row that says
 what went wrong, and reruns must regrade exactly the students whose files changed.
 
-Elsewhere: hostile archives and each layout alone (tests/test_batch.py), an interrupted --regrade and
+Elsewhere: hostile archives and each layout alone (tests/test_archives.py), an interrupted --regrade and
 the mixed-task-set flag (tests/test_batch.py), a hang at import with tasks 1 and 3
 (tests/test_grader.py), Slurm (tests/test_batch.py with a fake sinfo/sbatch, tests/test_slurm.py).
 """

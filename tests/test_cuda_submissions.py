@@ -11,7 +11,7 @@ import pytest
 
 from harness.sanitize import PASS_NAME, find_sanitizer
 from tests.conftest import REPO, bad_variant, needs_cuda, needs_solution, run_test, submission
-from tests.test_grader import grade, needs_bwrap
+from tests.task1_submissions import grade, needs_bwrap
 
 pytestmark = [needs_cuda, needs_solution(2), needs_solution(4)]
 needs_sanitizer = pytest.mark.skipif(find_sanitizer() is None,

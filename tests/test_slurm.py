@@ -30,7 +30,7 @@ import pytest
 from grader import class_state, gradebook
 from tests import slurm_cluster
 from tests.conftest import REPO, needs_solution
-from tests.test_grader import submission_text
+from tests.task1_submissions import submission_text
 
 SLOW_S = 8  # the cancelled submission sleeps this long at import: it is cancelled 3-4 s into its grading
 WAIT_S = 900  # the whole Slurm class, bounded
