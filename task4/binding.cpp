@@ -123,14 +123,14 @@ static const int* check_attention(const torch::Tensor& q, const torch::Tensor& k
 void forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
              torch::Tensor& out, bool causal, double scale,
              const std::optional<torch::Tensor>& key_start) {
-  const int* first_key = check_attention(q, k, v, out, causal, scale, key_start, check_cuda_float32);
+  const int* key_start_data = check_attention(q, k, v, out, causal, scale, key_start, check_cuda_float32);
   if (q.numel() == 0) return;  // batch or heads is 0: nothing to do
   const int64_t batch = q.size(0), heads = q.size(1), seq_q = q.size(2), head_dim = q.size(3);
   const int64_t kv_heads = k.size(1), seq_k = k.size(2);
   const c10::cuda::CUDAGuard guard(q.device());
   check_launch(flash_attention_forward(q.data_ptr<float>(), k.data_ptr<float>(),
                                        v.data_ptr<float>(), out.data_ptr<float>(), (int)batch,
-                                       (int)heads, (int)kv_heads, first_key, (int)seq_q,
+                                       (int)heads, (int)kv_heads, key_start_data, (int)seq_q,
                                        (int)seq_k, (int)head_dim, (float)scale, causal,
                                        c10::cuda::getCurrentCUDAStream()),
                "flash_attention_forward");
@@ -150,7 +150,7 @@ void forward_half(const torch::Tensor& q, const torch::Tensor& k, const torch::T
                 dtype_name(t.scalar_type()));
     TORCH_CHECK(t.is_contiguous(), name, " must be contiguous (call .contiguous() first)");
   };
-  const int* first_key = check_attention(q, k, v, out, causal, scale, key_start, same_type);
+  const int* key_start_data = check_attention(q, k, v, out, causal, scale, key_start, same_type);
   TORCH_CHECK(flash_attention_half_forward != nullptr,
               "this build has no bf16/fp16 kernel: task4/kernels/attention_half.cu is missing, did not compile, or "
               "does not define flash_attention_half_forward with the signature above (README, Task 4, step 8)");
@@ -163,7 +163,7 @@ void forward_half(const torch::Tensor& q, const torch::Tensor& k, const torch::T
   if (q.numel() == 0) return;
   check_launch(flash_attention_half_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                                             type == torch::kBFloat16, (int)q.size(0), (int)q.size(1),
-                                            (int)k.size(1), first_key, (int)q.size(2), (int)k.size(2),
+                                            (int)k.size(1), key_start_data, (int)q.size(2), (int)k.size(2),
                                             (int)q.size(3), (float)scale, causal, c10::cuda::getCurrentCUDAStream()),
                "flash_attention_half_forward");
 }

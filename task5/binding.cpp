@@ -241,7 +241,7 @@ Partials partials_for(const torch::Tensor& q, int64_t kv_heads, int64_t max_leng
 // The launch, once everything is checked: length is (batch,) ints in GPU memory, max_length the
 // longest any of them may be (the splits are chosen for it).
 void run_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                torch::Tensor& out, const int* length, int64_t max_length, const int* first_key, double scale,
+                torch::Tensor& out, const int* length, int64_t max_length, const int* key_start, double scale,
                 int64_t splits) {
   const int64_t batch = q.size(0), heads = q.size(1), kv_heads = k_cache.size(1), max_seq = k_cache.size(2);
   const int head_dim = (int)k_cache.size(3);
@@ -252,20 +252,20 @@ void run_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torc
   if (q.scalar_type() != torch::kFloat32) {  // checked by cache_type: bfloat16 or float16, like the cache
     check_launch(decode_half_forward(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
                                      q.scalar_type() == torch::kBFloat16, (int)batch, (int)heads, (int)kv_heads,
-                                     length, first_key, (int)max_seq, head_dim, (float)scale, (int)partials.splits,
+                                     length, key_start, (int)max_seq, head_dim, (float)scale, (int)partials.splits,
                                      partials.out_ptr(), partials.lse_ptr(), stream),
                  "decode_half_forward");
     return;
   }
   if (partials.splits == 1) {
     check_launch(decode_forward(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
-                                out.data_ptr<float>(), (int)batch, (int)heads, (int)kv_heads, length, first_key,
+                                out.data_ptr<float>(), (int)batch, (int)heads, (int)kv_heads, length, key_start,
                                 (int)max_seq, head_dim, (float)scale, stream),
                  "decode_forward");
     return;
   }
   check_launch(decode_split_forward(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
-                                    out.data_ptr<float>(), (int)batch, (int)heads, (int)kv_heads, length, first_key,
+                                    out.data_ptr<float>(), (int)batch, (int)heads, (int)kv_heads, length, key_start,
                                     (int)max_seq, head_dim, (float)scale, (int)partials.splits, partials.out_ptr(),
                                     partials.lse_ptr(), stream),
                "decode_split_forward");
@@ -385,9 +385,9 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
               " (the positions of the cache written so far), got ", num(length));
   // The newest position is the query's own key, so it is never padding: key_start < length.
   const c10::cuda::CUDAGuard guard(q.device());
-  const int* first_key = check_key_start(key_start, q.size(0), length - 1, "length - 1", q, "q");
+  const int* key_start_data = check_key_start(key_start, q.size(0), length - 1, "length - 1", q, "q");
   const torch::Tensor lengths = torch::full({q.size(0)}, length, q.options().dtype(torch::kInt32));
-  run_decode(q, k_cache, v_cache, out, lengths.data_ptr<int>(), length, first_key, scale, splits);
+  run_decode(q, k_cache, v_cache, out, lengths.data_ptr<int>(), length, key_start_data, scale, splits);
 }
 
 // Task 6's decode step: out = x @ weight^T for the few rows of a step (one token per sequence), the

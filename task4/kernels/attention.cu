@@ -260,15 +260,15 @@ __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS_PER_SM)
   // The rest is plain attention over a shorter sequence, so the pointers and lengths move
   // past the padding here and steps 1-6 never see it (no mask, no wasted tile).
   if constexpr (PADDED) {
-    const int first = key_start[batch];  // 0 <= first <= seq_k: the binding checks it
-    const int skip = min(seq_q, max(0, first - (seq_k - seq_q)));  // padded queries
+    const int padding = key_start[batch];  // keys before the first real one; 0 <= padding <= seq_k (the binding checks)
+    const int skip = min(seq_q, max(0, padding - (seq_k - seq_q)));  // padded queries
     for (int idx = threadIdx.x; idx < BLOCK_ROWS * head_dim; idx += NUM_THREADS) {
       const int row = q_start + idx / head_dim;  // this block's rows, before the move
       if (row < skip) out[(size_t)row * head_dim + idx % head_dim] = 0.0f;
     }
-    k += (size_t)first * head_dim;
-    v += (size_t)first * head_dim;
-    seq_k -= first;
+    k += (size_t)padding * head_dim;
+    v += (size_t)padding * head_dim;
+    seq_k -= padding;
     q += (size_t)skip * head_dim;
     out += (size_t)skip * head_dim;
     seq_q -= skip;

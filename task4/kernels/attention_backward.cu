@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   float* delta_tile = lse_tile + BLOCK_COLS;           // (BLOCK_COLS,): their D
 
   const int tx = threadIdx.x % COL_THREADS, ty = threadIdx.x / COL_THREADS;
-  const int key_start = blockIdx.y * BLOCK_ROWS;  // with a causal mask the first keys have the most queries
+  const int kv_start = blockIdx.y * BLOCK_ROWS;  // with a causal mask the first keys have the most queries
   const int batch = blockIdx.x / kv_heads, kv_head = blockIdx.x % kv_heads;
   const int group = heads / kv_heads;  // the query heads kv_head .. that share this key/value head
   const size_t kv_offset = (size_t)blockIdx.x * seq_k * head_dim;
@@ -270,8 +270,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
 #pragma unroll
     for (int c = 0; c < ACC_VECS<D>; ++c) dk_acc[i][c] = dv_acc[i][c] = vec{};
 
-  load_tile<BLOCK_ROWS, D>(k_tile, k, key_start, seq_k, head_dim);
-  load_tile<BLOCK_ROWS, D>(v_tile, v, key_start, seq_k, head_dim);
+  load_tile<BLOCK_ROWS, D>(k_tile, k, kv_start, seq_k, head_dim);
+  load_tile<BLOCK_ROWS, D>(v_tile, v, kv_start, seq_k, head_dim);
   __pipeline_commit();  // waited for with the first query tile
 
   // TODO (README, Task 4, step 14: the first query tile that sees these keys (causal: the diagonal's))

@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   float* delta_tile = lse_tile + BLOCK_COLS;           // (BLOCK_COLS,): their D
 
   const int tx = threadIdx.x % COL_THREADS, ty = threadIdx.x / COL_THREADS;
-  const int key_start = blockIdx.y * BLOCK_ROWS;  // with a causal mask the first keys have the most queries
+  const int kv_start = blockIdx.y * BLOCK_ROWS;  // with a causal mask the first keys have the most queries
   const int batch = blockIdx.x / kv_heads, kv_head = blockIdx.x % kv_heads;
   const int group = heads / kv_heads;  // the query heads kv_head .. that share this key/value head
   const size_t kv_offset = (size_t)blockIdx.x * seq_k * head_dim;
@@ -278,14 +278,14 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
 #pragma unroll
     for (int c = 0; c < ACC_VECS<D>; ++c) dk_acc[i][c] = dv_acc[i][c] = vec{};
 
-  load_tile<BLOCK_ROWS, D>(k_tile, k, key_start, seq_k, head_dim);
-  load_tile<BLOCK_ROWS, D>(v_tile, v, key_start, seq_k, head_dim);
+  load_tile<BLOCK_ROWS, D>(k_tile, k, kv_start, seq_k, head_dim);
+  load_tile<BLOCK_ROWS, D>(v_tile, v, kv_start, seq_k, head_dim);
   __pipeline_commit();  // waited for with the first query tile
 
   // BEGIN SOLUTION "step 14: the first query tile that sees these keys (causal: the diagonal's)"
   // Key j is seen by the queries i >= j - causal_offset: the tiles before the one holding
-  // key_start - causal_offset see none of this block's keys and are skipped.
-  const int first_query = causal ? max(0, key_start - causal_offset) / BLOCK_COLS * BLOCK_COLS : 0;
+  // kv_start - causal_offset see none of this block's keys and are skipped.
+  const int first_query = causal ? max(0, kv_start - causal_offset) / BLOCK_COLS * BLOCK_COLS : 0;
   // SKELETON
   // const int first_query = seq_q;
   // END SOLUTION
@@ -314,15 +314,15 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
       __syncthreads();
 
       // BEGIN SOLUTION "step 14: recompute this tile's P^T = exp(scale K Q^T - L), masked past the diagonal"
-      // st[i][j]: key key_start + ty + i ROW_THREADS against query q_start + tx + j COL_THREADS.
+      // st[i][j]: key kv_start + ty + i ROW_THREADS against query q_start + tx + j COL_THREADS.
       float st[THREAD_ROWS][THREAD_COLS] = {};
       tile_dots<D>(k_tile, q_tile, st, ty, tx);
       // Only a tile that crosses the diagonal (its last key past its first query's reach) needs the mask. Keys
       // past seq_k need none: their rows of dK and dV are never written.
-      const bool needs_mask = causal && key_start + BLOCK_ROWS - 1 > q_start + causal_offset;
+      const bool needs_mask = causal && kv_start + BLOCK_ROWS - 1 > q_start + causal_offset;
 #pragma unroll
       for (int i = 0; i < THREAD_ROWS; ++i) {
-        const int key = key_start + ty + i * ROW_THREADS;
+        const int key = kv_start + ty + i * ROW_THREADS;
 #pragma unroll
         for (int j = 0; j < THREAD_COLS; ++j) {
           const int query = q_start + tx + j * COL_THREADS;
@@ -358,8 +358,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   __pipeline_wait_prior(0);  // a block that saw no query tile still waits for its own copies
 
   // BEGIN SOLUTION "step 15: write dV and dK = scale dS^T Q for this block's keys"
-  store_rows<D>(dv, dv_acc, 1.0f, key_start, seq_k, head_dim, ty, tx);
-  store_rows<D>(dk, dk_acc, scale, key_start, seq_k, head_dim, ty, tx);
+  store_rows<D>(dv, dv_acc, 1.0f, kv_start, seq_k, head_dim, ty, tx);
+  store_rows<D>(dk, dk_acc, scale, kv_start, seq_k, head_dim, ty, tx);
   // END SOLUTION
 }
 

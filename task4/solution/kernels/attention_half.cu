@@ -225,15 +225,15 @@ __global__ void __launch_bounds__(WARPS * WARP)
   k += ((size_t)batch * kv_heads + kv_head) * seq_k * head_dim;
   v += ((size_t)batch * kv_heads + kv_head) * seq_k * head_dim;
   if (key_start != nullptr) {  // as the float32 kernel: padded queries get zeros, the rest skip the padding
-    const int first = key_start[batch];
-    const int skip = min(seq_q, max(0, first - (seq_k - seq_q)));
+    const int padding = key_start[batch];  // keys before the first real one
+    const int skip = min(seq_q, max(0, padding - (seq_k - seq_q)));
     for (int idx = threadIdx.x; idx < BLOCK_ROWS * head_dim; idx += THREADS) {
       const int row = q_start + idx / head_dim;
       if (row < skip) out[(size_t)row * head_dim + idx % head_dim] = Half<T>::from(0.0f);
     }
-    k += (size_t)first * head_dim;
-    v += (size_t)first * head_dim;
-    seq_k -= first;
+    k += (size_t)padding * head_dim;
+    v += (size_t)padding * head_dim;
+    seq_k -= padding;
     q += (size_t)skip * head_dim;
     out += (size_t)skip * head_dim;
     seq_q -= skip;
