@@ -3,7 +3,7 @@
 The vocabulary every task's benchmarks use: `host_clock` times requests, `ratio` compares
 two timings of one run, `VS_REFERENCE` is the ratio the rubric scores, `or_out_of_memory`
 lets a baseline that does not fit say so, and the physical limits are the float32 FFMA
-peak (harness/reference.fp32_peak_tflops, for compute-bound kernels; float32 on the tensor cores,
+peak (harness/attention_math.fp32_peak_tflops, for compute-bound kernels; float32 on the tensor cores,
 fp32_tensor_core_bound_tflops, is the rate past which work must have been skipped) and
 `copy_bandwidth_gbs` (for memory-bound ones).
 

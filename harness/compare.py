@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from common.impl import REPO, has_solution
 from harness.checks import exact_float32
-from harness.reference import attention_flops, attention_reference, naive_attention
+from harness.attention_math import attention_flops, attention_float64, naive_attention
 from harness.skeleton import remaining_todos
 from harness import bench, sandbox
 from harness.sandbox import WorkerDied, WorkerError
@@ -150,7 +150,7 @@ def errors(out, q, k, v, causal) -> dict:
                 "non_finite": non_finite}
     diffs, expected_all = [], []
     for b, h in heads_checked(q):
-        expected = attention_reference(q[b, h].double(), k[b, h].double(), v[b, h].double(), causal)[0]
+        expected = attention_float64(q[b, h].double(), k[b, h].double(), v[b, h].double(), causal)[0]
         diffs.append((out[b, h].double().cpu() - expected.cpu()).flatten())
         expected_all.append(expected.cpu().flatten())
     diff, expected = torch.cat(diffs), torch.cat(expected_all)

@@ -5,7 +5,7 @@ import math
 import torch
 
 from harness.checks import compare, guarded_output, random_tensor, within
-from harness.reference import attention_reference, causal_mask
+from harness.attention_math import attention_float64, causal_mask
 
 
 def test_correct_output_passes():
@@ -110,7 +110,7 @@ def test_causal_mask_is_aligned_to_the_end():
 
 def test_reference_matches_a_direct_float64_formula():
     q, k, v = (random_tensor((1, 2, 5, 8), s).double() for s in (1, 2, 3))
-    out, lse = attention_reference(q, k, v, causal=True)
+    out, lse = attention_float64(q, k, v, causal=True)
     scores = q @ k.transpose(-1, -2) / math.sqrt(8)
     scores = scores + torch.triu(torch.full((5, 5), -math.inf, dtype=torch.float64), 1)
     assert torch.allclose(out, torch.softmax(scores, -1) @ v, atol=1e-12)
@@ -119,7 +119,7 @@ def test_reference_matches_a_direct_float64_formula():
 
 
 def test_attention_flops_counts_the_visible_pairs():
-    from harness.reference import attention_flops
+    from harness.attention_math import attention_flops
 
     assert attention_flops(1, 1, 4, 4, 1, causal=False) == 4 * 16
     assert attention_flops(1, 1, 4, 4, 1, causal=True) == 4 * int((~causal_mask(4, 4)).sum())

@@ -270,7 +270,7 @@ def test_task4s_backward_part_is_checked_timed_and_scores_nothing(stand_in, tmp_
 def test_task4s_trainable_attention_gives_autograds_gradients(stand_in):
     """flash_attention_trainable (given) saves forward_lse's output and L and hands them to backward: autograd
     through it gives what autograd through naive attention gives, grouped heads and causal included."""
-    from harness.reference import attention_gradients
+    from harness.attention_math import attention_gradients
     from task4.attention import flash_attention_trainable
 
     with CudaOnTheCpu():

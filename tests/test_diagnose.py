@@ -12,7 +12,7 @@ import torch
 
 from harness.checks import compare, random_tensor
 from harness.diagnose import diagnose
-from harness.reference import attention_reference
+from harness.attention_math import attention_float64
 from tests.conftest import bad_variant, needs_solution, run_test, submission
 
 ATOL, RTOL = 2e-5, 1e-4
@@ -49,7 +49,7 @@ def test_task1_mistakes_are_named_with_their_step(tmp_path, old, new, causal, sa
     student = load(tmp_path, 1, old, new)
     q, k, v = inputs(2, 4, 5, 33, 16)  # seq_q != seq_k: a mask aligned to the wrong end shows
     out = student.attention(q, k, v, causal=causal)
-    result = diagnose(1, compare(out, attention_reference(q, k, v, causal)[0], atol=ATOL, rtol=RTOL), out,
+    result = diagnose(1, compare(out, attention_float64(q, k, v, causal)[0], atol=ATOL, rtol=RTOL), out,
                       q, k, v, causal, atol=ATOL, rtol=RTOL)
     assert not result.passed and result.message.startswith("looks like") and says in result.message
     assert f"see README, Task 1, step {step}." in result.message
@@ -117,7 +117,7 @@ def test_task3_mistakes_are_named_with_their_step(tmp_path, old, new, causal, sa
     student = load(tmp_path, 3, old, new)
     q, k, v = inputs(1, 2, 100, 300, 32)  # 300 keys: 4 full tiles of 64 and a partial one
     got = student.flash_attention(q, k, v, causal=causal, block_rows=64, block_cols=64, return_lse=True)
-    want = attention_reference(q, k, v, causal)
+    want = attention_float64(q, k, v, causal)
     which = 1 if of == "lse" else 0
     result = diagnose(3, compare(got[which], want[which], atol=ATOL, rtol=RTOL), got[which], q, k, v, causal,
                       atol=ATOL, rtol=RTOL, tiles=(64, 64), of=of)
@@ -127,7 +127,7 @@ def test_task3_mistakes_are_named_with_their_step(tmp_path, old, new, causal, sa
 
 def test_a_right_output_and_an_unrelated_error_get_no_diagnosis():
     q, k, v = inputs(1, 2, 9, 9, 8)
-    right = attention_reference(q, k, v, True)[0]
+    right = attention_float64(q, k, v, True)[0]
     assert diagnose(1, compare(right, right, atol=ATOL, rtol=RTOL), right, q, k, v, True, atol=ATOL,
                     rtol=RTOL).message == "exact"  # no diagnosis
     noise = right + 0.01 * random_tensor(right.shape, 9, dtype=right.dtype)
@@ -212,7 +212,7 @@ def groups(count, per_round, splits=1):
 
 def diagnosed(task, got, q, k, v, causal, **how):
     from harness.diagnose import diagnose
-    right = attention_reference(q, k, v, causal, how.get("scale"))[0]
+    right = attention_float64(q, k, v, causal, how.get("scale"))[0]
     result = diagnose(task, compare(got, right, atol=ATOL, rtol=RTOL, poisoned=True), got, q, k, v, causal,
                       atol=ATOL, rtol=RTOL, **how)
     assert not result.passed
@@ -270,7 +270,7 @@ def test_task4_a_mask_off_by_one_is_named_and_its_computed_nan_rows_are_not_unwr
     (lambda s: s * s, "scaled by 1/head_dim"), (lambda s: 1.0, "without the 1/sqrt(head_dim) scale")])
 def test_task4_a_scale_applied_wrong_is_named(applied, says):
     q, k, v = inputs(1, 2, 20, 20, 32)
-    got = attention_reference(q * (applied(0.3) / 0.3), k, v, True, 0.3)[0].float()
+    got = attention_float64(q * (applied(0.3) / 0.3), k, v, True, 0.3)[0].float()
     said = diagnosed(4, got, q, k, v, True, scale=0.3)
     assert says in said and "Task 4, step 3." in said
 
@@ -291,11 +291,11 @@ def test_task5_a_slip_in_the_decode_is_named_under_its_warps_and_unroll(slip, sa
 def test_task5_a_decode_one_short_and_splits_without_their_weights_are_named():
     from harness.diagnose import decode_schedules
     q, k, v = inputs(1, 3, 1, 77, 16)
-    short = attention_reference(q, k[:, :, :76], v[:, :, :76], False)[0]
+    short = attention_float64(q, k[:, :, :76], v[:, :, :76], False)[0]
     said = diagnosed(5, short, q, k, v, False, schedules=decode_schedules({}, 16, 77, 1))
     assert "decode over one position too few" in said and "Task 5, step 2." in said
     splits, size = 4, 20  # 77 keys: 20, 20, 20, 17
-    parts = [attention_reference(q, k[:, :, s:s + size], v[:, :, s:s + size], False) for s in range(0, 77, size)]
+    parts = [attention_float64(q, k[:, :, s:s + size], v[:, :, s:s + size], False) for s in range(0, 77, size)]
     mean = sum(out for out, _ in parts) / splits
     said = diagnosed(5, mean, q, k, v, False, splits=splits)
     assert "averaged without their log-sum-exp weights" in said and "Task 5, step 3." in said
@@ -316,11 +316,11 @@ def test_task2_attention_without_scale_and_mask_is_named():
 def test_a_noisy_or_unrelated_kernel_output_gets_no_kernel_diagnosis():
     from harness.diagnose import decode_schedules, tile_schedules
     q, k, v = inputs(1, 2, 40, 100, 16)
-    right = attention_reference(q, k, v, True)[0]
+    right = attention_float64(q, k, v, True)[0]
     noise = right + 0.01 * random_tensor(right.shape, 9, dtype=right.dtype)
     assert "looks like" not in diagnosed(4, noise, q, k, v, True, schedules=tile_schedules(64))
     q1 = q[:, :, :1]
-    right = attention_reference(q1, k, v, False)[0]
+    right = attention_float64(q1, k, v, False)[0]
     other = right.flip(-1)
     assert "looks like" not in diagnosed(5, other, q1, k, v, False, splits=3,
                                          schedules=decode_schedules({}, 16, 100, 3))
@@ -328,7 +328,7 @@ def test_a_noisy_or_unrelated_kernel_output_gets_no_kernel_diagnosis():
 
 def test_zeros_a_flipped_sign_or_noise_are_not_called_a_wrong_row_sum():
     q, k, v = inputs(1, 2, 20, 40, 16)
-    right = attention_reference(q, k, v, False)[0]
+    right = attention_float64(q, k, v, False)[0]
     for wrong in (torch.zeros_like(right), -right, right * 1e-6):
         assert "looks like" not in diagnosed(4, wrong, q, k, v, False)
     rows = torch.rand(*right.shape[:-1], 1, dtype=right.dtype) * 0.5 + 0.25  # each row scaled: l is off

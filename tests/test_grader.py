@@ -168,7 +168,7 @@ def test_keep_lists_earlier_tasks_of_the_same_files_only(tmp_path):
 
 @pytest.mark.parametrize("line", ["from harness.diagnose import _attention",
                                   "from common.torch_kernels import PyTorchKernels",
-                                  "from harness.reference import attention_reference"])
+                                  "from harness.attention_math import attention_float64"])
 def test_importing_the_checks_own_attention_breaks_the_rule(tmp_path, line):
     from common.impl import check_own_work
 

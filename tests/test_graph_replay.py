@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from harness.reference import attention_reference
+from harness.attention_math import attention_float64
 from tests.conftest import needs_cuda, needs_solution
 
 pytestmark = [needs_cuda, needs_solution(5)]
@@ -58,7 +58,7 @@ def test_a_decode_step_replays_in_a_cuda_graph_with_lengths_on_the_gpu(ext, spli
         for b, (end, first) in enumerate(zip(lengths.tolist(), key_start.tolist())):
             assert torch.equal(k_cache[b, :, end - 1], k_new[b, :, 0]) and torch.equal(v_cache[b, :, end - 1],
                                                                                          v_new[b, :, 0])
-            expected = attention_reference(q[b:b + 1], k_cache[b:b + 1, :, first:end], v_cache[b:b + 1, :, first:end],
+            expected = attention_float64(q[b:b + 1], k_cache[b:b + 1, :, first:end], v_cache[b:b + 1, :, first:end],
                                            False, 1 / math.sqrt(d))[0]
             assert torch.allclose(out[b:b + 1].double(), expected, atol=1e-5, rtol=1e-4), (b, end)
 
@@ -82,5 +82,5 @@ def test_the_int_forms_are_checked_on_the_host_and_the_tensor_forms_are_not_read
     out.fill_(math.nan)
     graph.replay()
     torch.cuda.synchronize()
-    expected = attention_reference(q, k_cache[:, :, 1:4], v_cache[:, :, 1:4], False, 0.125)[0]
+    expected = attention_float64(q, k_cache[:, :, 1:4], v_cache[:, :, 1:4], False, 0.125)[0]
     assert torch.allclose(out.double(), expected, atol=1e-5, rtol=1e-4)

@@ -13,7 +13,7 @@ from torch import nn
 
 from common.layer import mha_weights
 from harness.records import Report
-from harness.reference import causal_mask
+from harness.attention_math import causal_mask
 from common.torch_kernels import PyTorchKernels
 from grader.rubric import score
 from task5.attention import CachedMultiHeadAttention

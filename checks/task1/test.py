@@ -25,7 +25,7 @@ from harness.checks import SHOW_FIRST, CheckResult, compare, exact_float32, rand
 from harness.diagnose import diagnose, diagnose_layout, diagnose_mask, diagnose_scores
 from common.layer import mha_weights
 from harness.records import Report
-from harness.reference import attention_reference, causal_mask
+from harness.attention_math import attention_float64, causal_mask
 
 # (batch, seq_q, seq_k, hidden, heads)
 CASES = [
@@ -115,7 +115,7 @@ def check_core(worker, case, failing):
     v = random_tensor((batch, heads, seq_k, d), case.seed + 2)
     on = lambda t: t.to(case.device)  # noqa: E731  the worker gets its copy; the reference uses ours
     out = worker.call("attention", on(q), on(k), on(v), case.causal)
-    result = compare(out, attention_reference(q, k, v, case.causal)[0], atol=ATOL, rtol=RTOL,
+    result = compare(out, attention_float64(q, k, v, case.causal)[0], atol=ATOL, rtol=RTOL,
                      name="attention(q, k, v)", device=case.device)
     return diagnose(1, result, out, q, k, v, case.causal, atol=ATOL, rtol=RTOL)
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from harness import bench
 from harness.checks import exact_float32
-from harness.reference import naive_attention
+from harness.attention_math import naive_attention
 
 TIMING_SHAPE = (4, 32, 1024, 128)  # (batch, heads, seq, head_dim)
 

@@ -21,7 +21,7 @@ from harness.diagnose import diagnose
 from harness.checks import (compare, exact_float32, expect_errors, guard_damage, guarded_input, guarded_output,
                            random_tensor)
 from harness.records import Report
-from harness.reference import attention_reference
+from harness.attention_math import attention_float64
 from checks.task2.measure import time_attention
 
 SOFTMAX_CASES = [(1, 1), (3, 7), (5, 1000), (2, 4097), (64, 128)]  # (rows, cols)
@@ -89,7 +89,7 @@ def check_attention(worker, case):
     out = guarded_output("out", q.shape)
     scale = 1.0 / math.sqrt(d)
     worker.call("attention_forward", *(t.tensor for t in inputs), out.tensor, case.causal, scale)
-    result = compare(out.tensor, attention_reference(q, k, v, case.causal, scale)[0], atol=ATOL, rtol=RTOL,
+    result = compare(out.tensor, attention_float64(q, k, v, case.causal, scale)[0], atol=ATOL, rtol=RTOL,
                      poisoned=True)
     return guard_damage(*inputs, out) or diagnose(2, result, out.tensor, q, k, v, case.causal, atol=ATOL, rtol=RTOL,
                                                   scale=scale)

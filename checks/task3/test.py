@@ -27,7 +27,7 @@ from harness.checks import compare, random_tensor
 from harness.diagnose import diagnose
 from harness.outcome import Kind
 from harness.records import Report
-from harness.reference import attention_gradients, attention_reference
+from harness.attention_math import attention_gradients, attention_float64
 from harness.sandbox import Worker, WorkerDied, WorkerError
 from harness.timing import summarize
 
@@ -87,7 +87,7 @@ def check_values(worker, case):
     if not isinstance(plain, torch.Tensor):
         return False, f"without return_lse, flash_attention must return the output tensor, got {type(plain).__name__}", {}
     out, lse = result
-    ref_out, ref_lse = attention_reference(q, k, v, case.causal)
+    ref_out, ref_lse = attention_float64(q, k, v, case.causal)
     checked = compare(out, ref_out, atol=ATOL, rtol=RTOL, name="out", device=case.device)
     if not checked.passed:
         return diagnose(3, checked, out, q, k, v, case.causal, atol=ATOL, rtol=RTOL, tiles=tiles)
@@ -113,7 +113,7 @@ def check_backward(worker, case):
     if not (isinstance(result, tuple) and len(result) == 4):
         return False, "the backward check's call returned something else than (out, dq, dk, dv)", {}
     out, *grads = result
-    checked = compare(out, attention_reference(q, k, v, case.causal)[0], atol=ATOL, rtol=RTOL, name="out",
+    checked = compare(out, attention_float64(q, k, v, case.causal)[0], atol=ATOL, rtol=RTOL, name="out",
                       device=case.device)
     if not checked.passed:
         return checked.passed, f"{checked.message} (flash_attention_trainable's forward pass: README, Task 3, step 6)", {}

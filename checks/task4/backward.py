@@ -14,7 +14,7 @@ import torch
 
 from harness import cli, gpu_share
 from harness.checks import compare, exact_float32, expect_errors, guard_damage, guarded_input, guarded_output, random_tensor
-from harness.reference import attention_gradients, attention_reference
+from harness.attention_math import attention_gradients, attention_float64
 from checks.task4.measure import ATOL, RTOL
 from checks.task4.cases import BACKWARD_CASES, BACKWARD_NEGATIVE, NEGATIVE_TOLERANCE
 from checks.task4.forward import grouped_text, make_inputs
@@ -41,7 +41,7 @@ def check_backward_case(worker, shape, causal, seed, shift=0.0):
     q, k = q + shift, k - shift
     d_out = random_tensor(q.shape, seed + 3)
     scale = 1.0 / math.sqrt(d)
-    expected_out, expected_lse = attention_reference(q, k, v, causal, scale)
+    expected_out, expected_lse = attention_float64(q, k, v, causal, scale)
 
     inputs = [guarded_input(name, t) for name, t in zip("qkv", (q, k, v))]
     out, lse = guarded_output("out", q.shape), guarded_output("lse", q.shape[:3])

@@ -14,7 +14,7 @@ from harness import cli
 from harness.diagnose import diagnose, tile_schedules
 from harness.checks import compare, exact_float32, expect_errors, guard_damage, guarded_input, guarded_output, random_tensor
 from common.layer import mha_weights
-from harness.reference import attention_reference, causal_mask, expand_kv_heads
+from harness.attention_math import attention_float64, causal_mask, expand_kv_heads
 from checks.task4.measure import ATOL, RTOL
 from checks.task4.cases import CASES, GROUPED_CASES
 
@@ -54,7 +54,7 @@ def check_case(worker, shape, causal, seed, scale=None, magnitude=1.0, constants
     out = guarded_output("out", q.shape)
     worker.call("forward", *(t.tensor for t in inputs), out.tensor, causal, scale,
                 None if key_start is None else key_start.cuda())
-    result = compare(out.tensor, attention_reference(q, k, v, causal, scale, key_start)[0], atol=ATOL, rtol=RTOL,
+    result = compare(out.tensor, attention_float64(q, k, v, causal, scale, key_start)[0], atol=ATOL, rtol=RTOL,
                      poisoned=True)
     damage = guard_damage(*inputs, out)
     if damage or key_start is not None:

@@ -11,7 +11,7 @@ import torch
 
 from harness import cli
 from harness.checks import compare, expect_errors, guard_damage, guarded_input, guarded_output
-from harness.reference import attention_reference
+from harness.attention_math import attention_float64
 from checks.task4 import measure
 from checks.task4.measure import HALF_TYPES
 from checks.task4.cases import HALF_CASES, LARGE_SCORES
@@ -40,7 +40,7 @@ def check_half_case(worker, shape, causal, seed, dtype, magnitude=1.0):
     damage = guard_damage(*inputs, out)
     if damage:
         return damage
-    expected = attention_reference(q, k, v, causal, scale, key_start)[0]
+    expected = attention_float64(q, k, v, causal, scale, key_start)[0]
     allowed, said = measure.half_allowance(q, k, v, causal, scale, key_start, expected)
     result = compare(out.tensor, expected, atol=allowed, rtol=0.0, poisoned=True)
     return dataclasses.replace(result, message=f"{result.message} ({said})")

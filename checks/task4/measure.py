@@ -22,7 +22,7 @@ from common import impl
 from harness import bench, calibration
 from harness.checks import GUARD_ELEMENTS, HALF_TYPES, Guarded, bit_sum, compare, exact_float32, guard_damage
 from common.layer import mha_weights
-from harness.reference import (attention_flops, attention_reference, causal_mask, expand_kv_heads,
+from harness.attention_math import (attention_flops, attention_float64, causal_mask, expand_kv_heads,
                               fp32_peak_tflops, fp32_tensor_core_bound_tflops, half_tensor_core_bound_tflops,
                               naive_attention, padded_queries, padding_mask)
 
@@ -111,7 +111,7 @@ class TimedSets:
                 if bit_sum(g.tensor) != before:
                     raise AssertionError(f"changed its input `{g.name}` ({where}); inputs are read-only")
         for i, ((q, k, v, out), (b, h, q_bh, k_bh, v_bh)) in enumerate(zip(self.sets, self.picked)):
-            expected = attention_reference(q_bh, k_bh, v_bh, causal, scale)[0]
+            expected = attention_float64(q_bh, k_bh, v_bh, causal, scale)[0]
             atol, rtol = ATOL, RTOL
             if q.dtype != torch.float32:  # 16-bit: what the type allows on these inputs (half_allowance)
                 atol, rtol = half_allowance(*(t[None, None] for t in (q_bh, k_bh, v_bh)), causal, scale, None,

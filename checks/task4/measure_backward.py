@@ -14,7 +14,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from harness import bench
 from harness.checks import Guarded, bit_sum, compare, exact_float32, guard_damage
-from harness.reference import attention_flops, attention_gradients, causal_mask, fp32_peak_tflops
+from harness.attention_math import attention_flops, attention_gradients, causal_mask, fp32_peak_tflops
 from checks.task4.measure import ATOL, REPS, RTOL, TimedCase
 
 

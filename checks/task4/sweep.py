@@ -11,7 +11,7 @@ import csv
 
 import torch
 
-from harness.reference import attention_flops
+from harness.attention_math import attention_flops
 from checks.task4.measure import TimedCase, run_benchmarks
 
 SEQS = (128, 256, 512, 1024, 2048, 4096, 8192)

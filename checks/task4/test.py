@@ -34,7 +34,7 @@ from harness import cli, gpu_share, points, sanitize
 from harness.diagnose import kernel_constants
 from harness.checks import random_tensor
 from harness.records import Report
-from harness.reference import attention_reference
+from harness.attention_math import attention_float64
 from checks.task4 import measure, measure_backward
 from checks.task4.backward import backward_part, backward_text, check_backward_errors, check_training
 from checks.task4.forward import attention_part, check_errors, grouped_text, make_inputs, shape_text
@@ -88,7 +88,7 @@ def backward_sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
         q, k, v = make_inputs((b, h, kvh, sq, sk, d, None), cli.seed(sq + sk + d + i, hidden))
         d_out = random_tensor(q.shape, cli.seed(sq + d, hidden))
         for causal in (False, True):
-            out, lse = (t.float() for t in attention_reference(q, k, v, causal, 1 / math.sqrt(d)))
+            out, lse = (t.float() for t in attention_float64(q, k, v, causal, 1 / math.sqrt(d)))
             label = f"{backward_text((b, h, kvh, sq, sk, d))}{' causal' if causal else ''}"
             calls.append(sanitize.Call(f"forward_lse {label[len('backward '):]}", "forward_lse",
                                        (q, k, v, torch.empty_like(q), torch.empty(b, h, sq), causal, 1 / math.sqrt(d)),

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from harness import bench, tune
-from harness.reference import attention_flops, fp32_peak_tflops, half_tensor_core_bound_tflops
+from harness.attention_math import attention_flops, fp32_peak_tflops, half_tensor_core_bound_tflops
 from checks.task4.measure import PERF_CASE, time_here, time_student
 from checks.task4.measure_backward import BACKWARD_FLOPS, time_sdpa_backward, time_student_backward
 from checks.task4.backward import backward_text, check_backward_case

@@ -14,7 +14,7 @@ from harness.checks import (GUARD_BITS, CheckResult, compare, exact_float32, gua
                             guarded_output, random_tensor)
 from common.layer import mha_weights
 from harness.sandbox import WorkerDied, WorkerError
-from harness.reference import attention_reference, causal_mask, expand_kv_heads
+from harness.attention_math import attention_float64, causal_mask, expand_kv_heads
 from task5.attention import TASK4_DID_NOT_BUILD
 from checks.task5.measure import ATOL, RTOL
 
@@ -195,7 +195,7 @@ def check_decode(worker, shape, seed, splits, constants=None):
         return damage
     # each query head's cache head repeated for it: the checks' float64 side only
     k_seen, v_seen = (expand_kv_heads(c[:, :, :length], h) for c in (k_cache, v_cache))
-    expected = attention_reference(q, k_seen, v_seen, False, scale, key_start)[0]
+    expected = attention_float64(q, k_seen, v_seen, False, scale, key_start)[0]
     bits = out.tensor.view(torch.int32)
     result = compare(out.tensor, expected, atol=ATOL, rtol=RTOL, poisoned=bool((bits == GUARD_BITS).all()))
     if result.passed or key_start is not None:  # the known mistakes are modelled without padding
@@ -240,7 +240,7 @@ def check_decode_per_sequence(worker, shape, seed, splits):
                 return False, words, {}
             said.append(words)
             continue
-        expected = attention_reference(q[seq:seq + 1], k_cache[seq:seq + 1, :, first:end],
+        expected = attention_float64(q[seq:seq + 1], k_cache[seq:seq + 1, :, first:end],
                                        v_cache[seq:seq + 1, :, first:end], False, scale)[0]
         result = compare(got[seq:seq + 1], expected, atol=ATOL, rtol=RTOL, name=f"sequence {seq}'s output",
                          poisoned=True)

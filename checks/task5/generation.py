@@ -15,7 +15,7 @@ from harness import bench
 from harness.checks import compare, exact_float32, within
 from common.kernel_set import hidden_keys
 from common.layer import mha_weights
-from harness.reference import causal_mask
+from harness.attention_math import causal_mask
 from harness.sandbox import WorkerError
 from task5.attention import TASK4_DID_NOT_BUILD
 from checks.task5.measure import ATOL, REPS, RTOL

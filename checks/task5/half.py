@@ -11,7 +11,7 @@ import torch
 from harness import cli, sanitize
 from harness.checks import (GUARD_BITS_16, compare, expect_errors, guard_damage, guarded_input, guarded_output,
                             random_tensor)
-from harness.reference import attention_reference
+from harness.attention_math import attention_float64
 from checks.task4 import measure as task4_measure
 from checks.task5.cases import HALF_DECODE_CASES, HALF_UPDATE_CASES
 from checks.task5.cache_decode import (HALF_CALL_LIMIT, check_update, decode_inputs, describe_grouped, grouped, on_gpu,
@@ -42,7 +42,7 @@ def check_half_decode(worker, shape, seed, splits, dtype):
             said.append(words)
             continue
         rows = [c[seq:seq + 1, :, first:end] for c in (k_cache, v_cache)]
-        expected = attention_reference(q[seq:seq + 1], *rows, False, scale)[0]
+        expected = attention_float64(q[seq:seq + 1], *rows, False, scale)[0]
         allowed, why = task4_measure.half_allowance(q[seq:seq + 1], *rows, False, scale, None, expected)
         result = compare(got[seq:seq + 1], expected, atol=allowed, rtol=0.0, name=f"sequence {seq}'s output",
                          poisoned=True)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from harness import bench, points
 from harness.checks import GUARD_BITS, GUARD_BITS_16, bit_sum, compare, exact_float32, within
-from harness.reference import attention_reference
+from harness.attention_math import attention_float64
 from harness.sandbox import WorkerError
 
 ATOL, RTOL = 2e-5, 1e-4  # what every output is held to, checked (checks/task5/test.py) or timed (here)
@@ -89,7 +89,7 @@ class TimedDecode:
         for (q, out, c), (b, h, q_bh) in zip(self.sets, self.picked):
             k, v = self.caches[c]
             kv = h // (q.shape[1] // self.kv_heads)  # the key/value head query head h reads
-            expected.append(attention_reference(q_bh.to(k.device), k[b, kv], v[b, kv], False, scale)[0])
+            expected.append(attention_float64(q_bh.to(k.device), k[b, kv], v[b, kv], False, scale)[0])
             got.append(out[b, h])
             atol.append(ATOL if self.dtype == torch.float32 else self.half_atol(q_bh, k[b, kv], v[b, kv], scale,
                                                                                   expected[-1]))

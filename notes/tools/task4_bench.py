@@ -97,7 +97,7 @@ def main():
         if verdict.startswith("WRONG"):
             del mods[name]
     from harness.timing import benchmark
-    from harness.reference import attention_flops
+    from harness.attention_math import attention_flops
 
     torch.backends.cuda.matmul.allow_tf32 = False
     for b, h, s, d in CASES[args.cases]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 
-from harness.reference import attention_flops, causal_mask, expand_kv_heads
+from harness.attention_math import attention_flops, causal_mask, expand_kv_heads
 from tests.stand_in import gpu
 from tests.stand_in.gpu import BYTES_PER_S, CAPTURE, FLOPS_PER_S, REPO
 

@@ -7,7 +7,7 @@ import math
 import torch
 
 
-from harness.reference import causal_mask, expand_kv_heads
+from harness.attention_math import causal_mask, expand_kv_heads
 from tests.stand_in.gpu import launched
 from tests.stand_in.kernels import (StandInKernels, attention_in_torch, attention_seconds, check_cuda_float32,
                                     check_dim, check_finite, check_key_start, check_no_overlap, gradients_in_torch,

@@ -8,7 +8,7 @@ import math
 import torch
 
 
-from harness.reference import expand_kv_heads
+from harness.attention_math import expand_kv_heads
 from tests.stand_in.gpu import BYTES_PER_S, launched, run_kernel
 from tests.stand_in.kernels import (StandInKernels, attention_in_torch, check_cuda_float32, check_dim, check_finite,
                                     check_key_start, check_no_overlap, check_per_sequence, overlaps, with_padding)

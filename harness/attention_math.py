@@ -1,4 +1,5 @@
-"""Float64 reference attention that every task is checked against.
+"""Attention in float64, which every task is checked against (`attention_float64`, its masks and gradients), the
+flops it takes and the GPU's bounds. ("The reference" in this kit is the reference solution, taskN/solution/.)
 
 Shapes follow the handout: per-head tensors are (batch, heads, seq, head_dim).
 Causal masking with seq_q != seq_k is aligned to the end: query i sees key j
@@ -41,7 +42,7 @@ def padded_queries(key_start, seq_q: int, seq_k: int) -> torch.Tensor:
     return (positions < key_start.long()[:, None]).view(-1, 1, seq_q, 1)
 
 
-def attention_reference(q, k, v, causal: bool = False, scale: float | None = None, key_start=None):
+def attention_float64(q, k, v, causal: bool = False, scale: float | None = None, key_start=None):
     """softmax(scale * q k^T + mask) v in float64; returns (out, logsumexp) in float64.
 
     k and v may have fewer heads than q (grouped-query attention). key_start: each sequence's first valid
