@@ -9,7 +9,7 @@ what went wrong, and reruns must regrade exactly the students whose files change
 
 Elsewhere: hostile archives and each layout alone (tests/test_archives.py), an interrupted --regrade and
 the mixed-task-set flag (tests/test_batch.py), a hang at import with tasks 1 and 3
-(tests/test_grader.py), Slurm (tests/test_batch.py with a fake sinfo/sbatch, tests/test_slurm.py).
+(tests/test_grader.py), Slurm (tests/test_class_jobs.py with a fake sinfo/sbatch, tests/test_slurm.py).
 """
 
 import csv
