@@ -8,6 +8,8 @@ changed, and nothing here noticed: these tests run that part with stand-in kerne
 record as the grader does.
 """
 
+import re
+
 import pytest
 
 from harness import bench, calibration, gpu_share
@@ -261,7 +263,8 @@ def test_task5s_points_in_the_handout_need_no_calibration_and_the_long_cache_cou
     assert not estimated(5, record) and "ESTIMATE" not in why and "of the copy bandwidth" in why, why
     assert abs(points - (3 + BARS[5].fraction(0.75))) < 0.05, why
     said = [n for n in record["notes"] if n.startswith("performance points, an estimate from this run")]
-    assert len(said) == 1 and "(50% of the performance points" in said[0], record["notes"]
+    share = re.search(r"\((\d+)% of the performance points", said[0]) if len(said) == 1 else None
+    assert share and 48 <= int(share[1]) <= 50, record["notes"]  # half, less what the CPU adds around the calls
     timed = [c for c in record["cases"] if c["name"].startswith("decode batch")]
     grouped = [c for c in timed if "kv heads)" in c["name"]]  # grouped-query attention: reported, never scored
     assert grouped and all("grouped-query attention is reported only" in c["message"] for c in grouped)

@@ -16,8 +16,8 @@ What stands in for what:
   one; CUDA graphs are `StandInGraph`, which records a capture and replays it as a GPU would (a
   Python value is kept as captured, memory is read anew, reading a value back refuses);
 - its speed: a stand-in kernel's call lasts exactly the time its work takes at FLOPS_PER_S or
-  BYTES_PER_S on harness/bench.py's clock (`StandInClock`, the host's clock moved on by what the CPU
-  did not take), so its timings do not depend on how busy the machine is;
+  BYTES_PER_S on harness/bench.py's clock (`StandInClock`, the host's clock with each call counted
+  at that time instead of the CPU's), so its timings do not depend on how busy the machine is;
 - the kernels: `Task2Kernels`, `Task4Kernels` and `Task5Kernels` make the bindings' checks with
   the bindings' messages, then compute in PyTorch; `common.build.load_extension` returns them,
   called as the real one is called (a call it would refuse is refused), so each task's

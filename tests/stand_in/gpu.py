@@ -21,8 +21,9 @@ from torch.utils._pytree import tree_flatten
 REPO = Path(__file__).resolve().parents[2]
 GPU_NAME = "stand-in GPU (PyTorch on the CPU)"
 GPU = types.SimpleNamespace(name=GPU_NAME, multi_processor_count=1, total_memory=8 << 30, major=9, minor=0)
-# The stand-in GPU's speed: slow enough that the CPU's own time for a call (and for what a request does
-# around its calls) is under 1% of it at the sizes below, so a kernel twice as slow is timed twice as slow.
+# The stand-in GPU's speed: a kernel's call lasts its modelled time on the clock, whatever the CPU took (StandInClock),
+# and slow enough that the CPU's time for what a request does around its calls is under 1% of it at the sizes below,
+# so a kernel twice as slow is timed twice as slow.
 FLOPS_PER_S = 1e8  # attention: 4 * batch * heads * (query, key) pairs * head_dim
 BYTES_PER_S = 1e7  # the cache: bytes read or written
 CUDA_TASKS = (2, 4, 5)
@@ -232,7 +233,8 @@ def launched(method):
 
 
 class StandInClock(threading.local):
-    """harness/bench.py's clock: the host's, moved on by what a stand-in kernel's modelled time exceeds the CPU's.
+    """harness/bench.py's clock: the host's, with each stand-in kernel's call counted at its modelled time instead of
+    the CPU's.
     Each thread's own: the kernels a sanitizer pass runs beside the checks do not lengthen the checks' timings."""
 
     def __init__(self):
