@@ -173,12 +173,12 @@ def test_the_tensor_core_timing_says_what_failed_instead_of_failing_the_case():
 def test_the_skipped_work_bound_lets_float32_on_the_tensor_cores_pass(monkeypatch):
     from types import SimpleNamespace
 
-    from harness import reference
+    from harness import attention_math
 
     h200 = SimpleNamespace(multi_processor_count=132)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: h200)
-    assert round(reference.fp32_peak_tflops()) == 68  # an H100 or H200's FFMA: 132 SMs x 128 lanes x 2 flops x 2 GHz
-    assert round(reference.fp32_tensor_core_bound_tflops()) == 180  # 3xTF32 at 2048 TF32 flops per clock per SM
+    assert round(attention_math.fp32_peak_tflops()) == 68  # an H100 or H200's FFMA: 132 SMs x 128 lanes x 2 flops x 2 GHz
+    assert round(attention_math.fp32_tensor_core_bound_tflops()) == 180  # 3xTF32 at 2048 TF32 flops per clock per SM
 
 
 def test_only_the_perf_case_is_scored_and_the_other_head_sizes_only_time_the_reference():
