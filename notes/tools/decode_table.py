@@ -20,7 +20,7 @@ import torch  # noqa: E402
 
 from harness import bench  # noqa: E402
 from task5.attention import decode, extension  # noqa: E402
-from task5.measure import TimedDecode, time_decode_here  # noqa: E402
+from checks.task5.measure import TimedDecode, time_decode_here  # noqa: E402
 
 # (batch, heads, kv_heads, cached tokens, head_dim)
 SHAPES = [(16, 32, 32, 4096, 128), (1, 32, 32, 32768, 128), (16, 32, 8, 4096, 128), (3, 5, 5, 7777, 80),
