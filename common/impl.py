@@ -58,9 +58,10 @@ def borrowed_work(task: int, student_dir: Path, attention_ops=()) -> list[str]:
     return found
 
 
-# The reference solutions, and the checks' own attention (the float64 one, harness/attention_math.py; the
-# diagnoses' wrong-on-purpose versions; the kernels' PyTorch stand-in): importing one is not writing it.
-BORROWED_MODULES = ("solution", "reference", "attention_math", "diagnose", "torch_kernels")
+# The reference solutions, and the checks' own attention (the float64 one, harness/attention_math.py's
+# attention_float64; the diagnoses' wrong-on-purpose versions; the kernels' PyTorch stand-in): importing one is not
+# writing it.
+BORROWED_MODULES = ("solution", "reference", "attention_math", "attention_float64", "diagnose", "torch_kernels")
 
 
 def check_own_work(task: int, solution: bool, student_dir: Path, attention_ops=()):

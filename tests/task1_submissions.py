@@ -127,8 +127,8 @@ SUBMISSIONS = {
     "imports_solution": ("from common.layer import AttentionLayer\n",
                          "from common.layer import AttentionLayer\nfrom task1.solution.attention import *  # noqa\n"),
     "imports_the_checks_reference": ("    return torch.softmax(scores, dim=-1) @ v\n",
-        "    import importlib\n    math = importlib.import_module('harness.attention' + '_math')\n"
-        "    return math.attention_float64(q, k, v, causal)[0].float()\n"),
+        "    import importlib\n    return importlib.import_module('harness.attention' + '_math')"
+        ".attention_float64(q, k, v, causal)[0].float()\n"),
     "syntax_error": ("def merge_heads(", "def merge_heads(:"),
     "sys_exit_at_import": ("solution", "\nimport sys\nsys.exit(0)\n"),
     "leftover_thread": ("from common.layer import AttentionLayer\n",
