@@ -19,6 +19,7 @@ needs_sanitizer = pytest.mark.skipif(find_sanitizer() is None,
 
 NO_ROW_GUARD_2 = ("(row0 + r < m && k0 + kk < k) ? a[", "(k0 + kk < k) ? a[")
 NO_SYNC_2 = ("    __syncthreads();  // everyone is done with the tiles before the next load overwrites them\n", "")
+GRID_ROUNDED_DOWN_2 = ("(m + TILE_M - 1) / TILE_M", "m / TILE_M")  # the last, partial tile of rows is never run
 NO_STORE_GUARD_2 = ("if (row0 + r < m && col0 + col < n) c[r * n + col]", "c[r * n + col]")
 GEMM_NT = "__global__ void gemm_nt_kernel(const float* a, const float* b, float* c, int m, int n, int k) {\n"
 PRINTF_2 = [("#include <cuda_runtime.h>\n", "#include <cuda_runtime.h>\n#include <cstdio>\n"),
@@ -88,8 +89,7 @@ def test_task2_kernel_with_printf_is_graded_on_its_answers(tmp_path):
 
 
 def test_task2_grid_that_leaves_out_the_last_tile_is_told_which_rows(tmp_path):
-    grid = ("(m + TILE_M - 1) / TILE_M", "m / TILE_M")  # rounded down: the last, partial tile of rows is never run
-    record = run_test(2, submission(tmp_path, kernel_file(2, grid)), tmp_path, "--gemm")
+    record = run_test(2, submission(tmp_path, kernel_file(2, GRID_ROUNDED_DOWN_2)), tmp_path, "--gemm")
     failed = [c["message"] for c in value_checks(record) if not c["passed"]]
     named = [m for m in failed if "never written" in m and "the last" in m and "round the number of tiles up" in m]
     assert named, failed
@@ -219,8 +219,8 @@ def test_task4_half_file_that_does_not_compile_is_left_out_and_its_part_says_why
 BACKWARD_REFERENCE = "task4/solution/kernels/attention_backward.cu"
 B4_NO_DELTA = ("ds_tile[at] = st[i][j] * (dpt[i][j] - delta_tile[tx + j * COL_THREADS]);",
                "ds_tile[at] = st[i][j] * dpt[i][j];")  # dS = P dP: D left out of dK
-B4_CAUSAL_START_LATE = ("max(0, key_start - causal_offset) / BLOCK_COLS * BLOCK_COLS",
-                        "(max(0, key_start - causal_offset) / BLOCK_COLS + 1) * BLOCK_COLS")  # a tile of queries skipped
+B4_CAUSAL_START_LATE = ("max(0, kv_start - causal_offset) / BLOCK_COLS * BLOCK_COLS",
+                        "(max(0, kv_start - causal_offset) / BLOCK_COLS + 1) * BLOCK_COLS")  # a tile of queries skipped
 B4_DQ_TAIL_UNMASKED = ("    const bool needs_mask = kv_start + BLOCK_COLS > seq_k ||\n                            (causal",
                        "    const bool needs_mask = (causal")  # keys past seq_k weigh in dQ
 # the next query tile's copies land while other warps still read this one's Q and dO
@@ -385,3 +385,16 @@ def test_task5_a_paged_decode_that_skips_the_block_table_is_told_so(tmp_path):
     failed = [c["message"] for c in record["cases"] if c["kind"] == "optional" and not c["passed"]]
     assert failed and all("block_table[b, p / page_size]" in m for m in failed), failed
     assert any("differs from the contiguous one on the same rows" in m for m in failed), failed
+
+
+# Every edit above, by the reference file it changes: tests/test_known_bad_edits.py checks on the CPU that each
+# still applies, so a rename in a reference is caught by CI, not by the next GPU run.
+EDITS_BY_REFERENCE = {
+    "task2/solution/kernels/attention.cu": [NO_ROW_GUARD_2, NO_SYNC_2, NO_STORE_GUARD_2, GRID_ROUNDED_DOWN_2,
+                                            *PRINTF_2, *CUBLAS_2],
+    "task4/solution/kernels/attention.cu": [NO_ROW_GUARD_4, NO_WAIT_FOR_V_4, B4_LSE_NOT_WRITTEN],
+    "task5/solution/kernels/decode.cu": [T5_NO_BARRIER, T5_WRITE_PAST, *T5_READ_PAST_LENGTH, T5_PAGED_WITHOUT_TABLE],
+    HALF_REFERENCE: [H4_O_NOT_RESCALED, H4_ONE_TILE_SHORT, H4_V_WITHOUT_TRANS, H4_NO_ROW_GUARD],
+    BACKWARD_REFERENCE: [B4_NO_DELTA, B4_CAUSAL_START_LATE, B4_DQ_TAIL_UNMASKED, B4_NO_BARRIER],
+    HALF5_REFERENCE: [H5_V_READ_AS_K, H5_ROWS_PAST_THE_END_SCORED, H5_UPDATE_ONE_ROW_LATE],
+}
