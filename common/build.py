@@ -39,8 +39,8 @@ import torch
 
 from common.impl import REPO, label
 from common.nvcc import (CUDA_FLAGS, BuildError, check_plain_cuda, check_toolchain, compile_each,
-                         compile_kernels, compiler_errors, cpp_extension, cuda_arch, find_nvcc, nvcc_version,
-                         checkout_path, resource_report)
+                         compile_kernels, compiler_errors, cpp_extension, cuda_arch, find_nvcc,
+                         nvcc_version, checkout_path, resource_report)
 
 # In the worker, KIT_BUILD_ROOT is a folder kept between runs, so an unchanged kernel is not rebuilt.
 BUILD_ROOT = Path(os.environ.get("KIT_BUILD_ROOT") or REPO / "build")
@@ -100,9 +100,9 @@ def reference_build(task: int, arch: str, flags: list[str], kernels: str | None 
 
     A class's gradings (grader.batch) each import this file, read-only, instead of taking the build
     folder's lock and running ninja: it is built once, before them, by `python -m taskN.compile
-    --solution`. The name is a hash of the sources (binding, common/csrc, the reference's kernels),
-    the flags, the arch, nvcc's version, the host compiler, PyTorch and Python, so a changed input is
-    never served a stale build.
+    --solution`. The name is a hash of the sources (binding, common/csrc and its device library, the
+    reference's kernels), the flags, the arch, nvcc's version, the host compiler, PyTorch and Python, so a
+    changed input is never served a stale build.
     """
     host = shutil.which(os.environ.get("CXX", "c++"))
     digest = hashlib.sha256(f"{nvcc_version()}|{host and os.path.realpath(host)}|{arch}|{flags}|"
@@ -231,8 +231,10 @@ GIVEN_KERNELS = {5: [Path("common/csrc/linear_rows.cu")]}
 
 
 def binding_files(task: int) -> list[Path]:
-    """taskN/binding.cpp and the headers it includes (common/csrc), relative to the checkout."""
-    headers = [p.relative_to(REPO) for p in sorted((REPO / "common/csrc").glob("*")) if p.is_file()]
+    """taskN/binding.cpp and the headers it may include (common/csrc and its device library, which the kernel files
+    include too), relative to the checkout."""
+    headers = [p.relative_to(REPO) for folder in ("common/csrc", "common/csrc/device")
+               for p in sorted((REPO / folder).glob("*")) if p.is_file()]
     return [Path(f"task{task}/binding.cpp"), *headers]
 
 

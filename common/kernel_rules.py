@@ -2,8 +2,9 @@
 
 A task's `.cu` files are compiled to objects on their own (common/nvcc.py), and every
 object is held to these rules before anything from it runs:
-- it includes only headers from its own kernels folder and the toolchain's folders (the
-  CUDA toolkit, the C/C++ system headers): not a reference solution, wherever it lies;
+- it includes only headers from its own kernels folder, the kit's device library
+  (common/csrc/device, given to every student) and the toolchain's folders (the CUDA toolkit,
+  the C/C++ system headers): not a reference solution, wherever it lies;
 - it imports (links against) only the symbols below: the CUDA runtime's launch, memory,
   stream, event, device-query and error calls, printf-style output, and the C/C++ support
   the compiler emits by itself. cuBLAS, PyTorch's kernels, dlopen/dlsym, files, processes
@@ -102,22 +103,28 @@ def included_files(depfile: Path) -> list[Path]:
     return [Path(n.replace("\\ ", " ")) for n in names]
 
 
-def check_includes(depfile: Path, source: str, toolchain: list[Path]) -> None:
-    """Every header comes from the kernels folder or the toolchain: no reference solution.
+def check_includes(depfile: Path, source: str, toolchain: list[Path], library: Path | None = None) -> None:
+    """Every header comes from the kernels folder, the device library or the toolchain: no reference solution.
 
     The kernels folder is the compiled file's own (the first file listed), wherever it was
-    when compiled: an object is reused from any folder with the same files.
+    when compiled: an object is reused from any folder with the same files. So is the device
+    library: a header of it is one of its files' names in a folder .../common/csrc/device (the
+    object's name hashes the library's files, so the same names held the same text).
     """
     files = included_files(depfile)
     if not files:
         raise RuleBroken(f"{source}: the compiler's list of included files is empty: rebuild (delete build/)")
     own_folder = files[0].parent
     roots = [own_folder.resolve(), *(p.resolve() for p in toolchain)]
+    library_names = {p.name for p in library.glob("*.cuh")} if library else set()
     for path in files:
         real = path.resolve()
+        if real.name in library_names and real.parent.parts[-3:] == library.parts[-3:]:
+            continue
         if not any(real == r or r in real.parents for r in roots):
             raise RuleBroken(f"{source} includes {path}: keep the headers you write in {own_folder.name}/ beside "
-                             "it (only those and the CUDA toolkit's and the system's headers are allowed)")
+                             "it (only those, the kit's device/*.cuh and the CUDA toolkit's and the system's headers "
+                             "are allowed)")
 
 
 def toolchain_folders(nvcc: str) -> list[Path]:
@@ -128,9 +135,10 @@ def toolchain_folders(nvcc: str) -> list[Path]:
     return [cuda, Path("/usr/include"), Path("/usr/lib/gcc"), Path("/usr/local/include"), Path("/usr/lib/llvm")]
 
 
-def check_object(obj: Path, depfile: Path, source: str, nvcc: str) -> None:
-    """All the rules above, for one compiled kernel file; raises RuleBroken."""
-    check_includes(depfile, source, toolchain_folders(nvcc))
+def check_object(obj: Path, depfile: Path, source: str, nvcc: str, library: Path | None = None) -> None:
+    """All the rules above, for one compiled kernel file (library: the device library's folder); raises
+    RuleBroken."""
+    check_includes(depfile, source, toolchain_folders(nvcc), library)
     check_imports(obj, source)
     check_no_syscalls(obj, source)
 

@@ -20,6 +20,9 @@ from common import kernel_rules, resources
 from common.impl import REPO
 
 CUDA_FLAGS = ["-O3", "-lineinfo", "-Xptxas=-v,-warn-spills"]  # -v: the resources of each kernel (common/resources.py)
+# The device library the kernel files share (README, "The device library"): its headers are included as
+# "device/NAME.cuh", so nvcc searches common/csrc; the kernel rules allow that one folder of it.
+DEVICE_LIBRARY = REPO / "common" / "csrc" / "device"
 MAX_ERROR_LINES = 12
 
 
@@ -141,9 +144,19 @@ def compile_kernels(sources: list[Path], folder: Path, arch: str, flags: list[st
     return [built[src] for src in sources]
 
 
+def device_library_files() -> list[Path]:
+    return sorted(p for p in DEVICE_LIBRARY.glob("*.cuh") if p.is_file())
+
+
+def include_flags() -> list[str]:
+    """nvcc's search path for the device library: `#include "device/NAME.cuh"`."""
+    return [f"-I{DEVICE_LIBRARY.parent}"]
+
+
 def _folder_key(own: Path, nvcc: str, arch: str, flags: list[str]) -> str:
+    """Every file of the kernels folder and of the device library: a header changed in either rebuilds."""
     digest = hashlib.sha256(f"{nvcc}|{arch}|{flags}".encode())
-    for path in sorted(own.iterdir()):
+    for path in [*sorted(own.iterdir()), *device_library_files()]:
         if path.is_file():
             digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
@@ -166,7 +179,7 @@ def compile_each(sources: list[Path], folder: Path, arch: str, flags: list[str])
                 running[src] = (obj, deps, None, None)
                 continue
             cmd = [nvcc, "-c", str(src), "-o", str(obj) + ".part", "-MD", "-MF", str(deps), "-std=c++17",
-                   "-Xcompiler", "-fPIC", "-gencode", f"arch=compute_{arch},code=sm_{arch}", *flags]
+                   "-Xcompiler", "-fPIC", "-gencode", f"arch=compute_{arch},code=sm_{arch}", *include_flags(), *flags]
             while sum(proc.poll() is None for proc in started) >= at_once:
                 time.sleep(0.05)
             with open(obj.with_suffix(".out"), "w") as said:  # a file, not a pipe: nothing waits on a full pipe
@@ -199,7 +212,7 @@ def _compiled(running: dict, folder: Path, nvcc: str) -> dict:
             obj.with_suffix(".ptxas").write_text(said)
             os.replace(str(obj) + ".part", obj)
         try:
-            kernel_rules.check_object(obj, deps, shown, nvcc)
+            kernel_rules.check_object(obj, deps, shown, nvcc, DEVICE_LIBRARY)
         except kernel_rules.RuleBroken as broken:
             results[src] = KernelRuleError(str(broken))
             continue

@@ -43,7 +43,8 @@ def find_sanitizer() -> str | None:
 
 
 def command(sanitizer: str, tool: str) -> list[str]:
-    return [sanitizer, "--tool", tool, "--show-backtrace", "no", "--print-limit", "200"]
+    # the device's frames: where a helper of the device library (common/csrc/device) was called from
+    return [sanitizer, "--tool", tool, "--show-backtrace", "device", "--print-limit", "200"]
 
 
 @dataclass
@@ -55,6 +56,7 @@ class Finding:
     size: int | None = None
     allocation: tuple[int, int] | None = None  # (start, bytes) of the nearest allocation, as memcheck says
     hazards: int = 0
+    called_from: str = ""  # where the access is in a device library header: "kernel at file:line" of its caller
 
     def key(self) -> tuple:
         return self.kind, self.kernel, tuple(self.where)
@@ -97,6 +99,7 @@ class SanitizerReport:
 HEADLINE = re.compile(r"^(Invalid (__\w+__) (read|write) of size (\d+) bytes|Misaligned|Error: Race reported|"
                       r"Warning: Race reported|Barrier error|Uninitialized|Program hit|Out-of-range)")
 AT = re.compile(r"(?:at|Access at) (.+?)\+0x[0-9a-f]+ in (\S+?):(\d+)")
+FRAME = re.compile(r"Device Frame: ?(.+?)\+0x[0-9a-f]+ in (\S+?):(\d+)")  # a caller of the function above
 ADDRESS = re.compile(r"Access to (0x[0-9a-f]+)")
 NEAREST = re.compile(r"nearest allocation at (0x[0-9a-f]+) of size ([\d,]+) bytes")
 HAZARDS = re.compile(r"\[(\d+) hazards?\]")
@@ -127,7 +130,8 @@ def parse(text: str) -> SanitizerReport:
 
 def _finding(block: list[str]) -> Finding | None:
     head = block[0]
-    places = [m for line in block for m in [AT.search(line)] if m]
+    places = [m for line in block if "Device Frame" not in line for m in [AT.search(line)] if m]
+    frames = [m for line in block for m in [FRAME.search(line)] if m]
     functions = [_function(m.group(1)) for m in places]
     in_kernel_file = [f for f, m in zip(functions, places) if m.group(2).endswith(".cu")]
     kernel = (in_kernel_file or functions or ["?"])[0]
@@ -140,7 +144,8 @@ def _finding(block: list[str]) -> Finding | None:
         nearest = next((m for line in block for m in [NEAREST.search(line)] if m), None)
         allocation = (int(nearest.group(1), 16), int(nearest.group(2).replace(",", ""))) if nearest else None
         kind = f"out-of-bounds {access.group(2)} of {SPACES.get(access.group(1), access.group(1))}"
-        return Finding(kind, kernel, where[:1], address, int(access.group(3)), allocation)
+        return Finding(kind, kernel, where[:1], address, int(access.group(3)), allocation,
+                       called_from=_caller(places[:1], frames))
     if "Race reported" in head:
         if head.startswith("Warning"):
             return None  # racecheck's warnings are hazards it judges harmless; the errors are the races
@@ -150,6 +155,15 @@ def _finding(block: list[str]) -> Finding | None:
     if head.startswith("Program hit"):
         return None  # a CUDA call failing after a bad access: the access itself is the finding
     return Finding(head.split(" at ")[0].lower(), kernel, where[:1])
+
+
+def _caller(places: list, frames: list) -> str:
+    """For an access inside a device library header (a .cuh), the nearest frame in a kernel file: the call
+    the student wrote. Empty where the access is in a kernel file itself."""
+    if not places or not places[0].group(2).endswith(".cuh"):
+        return ""
+    caller = next((m for m in frames if m.group(2).endswith(".cu")), None)
+    return f"{_function(caller.group(1))} at {caller.group(2)}:{caller.group(3)}" if caller else ""
 
 
 def _function(signature: str) -> str:
@@ -200,7 +214,7 @@ def finding_message(finding: Finding, source_lines: dict[str, list[str]], tensor
         return f"{place}" + (f" `{text[:100]}`" if text else "")
 
     kernel = finding.kernel
-    step = step_of(kernel)
+    step = step_of(kernel) or (step_of(finding.called_from.split(" at ")[0]) if finding.called_from else None)
     if finding.kind == "shared-memory race":
         first, *others = finding.where or ["?"]
         against = "; ".join(quoted(p) for p in others[:2]) or "?"
@@ -213,6 +227,9 @@ def finding_message(finding: Finding, source_lines: dict[str, list[str]], tensor
                        f"({finding.hazards} hazards; a __syncthreads() missing between them?)")
     else:
         message = f"{finding.kind} in {kernel} at {quoted(finding.where[0]) if finding.where else '?'}"
+        if finding.called_from:
+            caller, _, place = finding.called_from.partition(" at ")
+            message += f" (the device library's, given), called from {caller} at {quoted(place)}"
         named = name_address(finding, tensors)
         if named:
             message += f": {named}"
@@ -352,6 +369,7 @@ def start(report, task: int, args, calls: list[Call], step_of, name: str = PASS_
     """add_to_report's pass, started in a thread of its own: the test goes on with its next checks meanwhile (the
     pass's workers are processes of their own). None when there is no pass to run (then a note says why)."""
     from common.impl import source_of
+    from common.nvcc import device_library_files
     from harness.sandbox import Worker
     from common.tasks import TASKS
 
@@ -363,6 +381,8 @@ def start(report, task: int, args, calls: list[Call], step_of, name: str = PASS_
     for rel in spec.student_files:
         path = source_of(rel, args.student_dir, args.solution)
         files[Path(rel).name] = _read_lines(path)
+    for path in device_library_files():  # the given helpers a finding may lie in (quoted as the student's lines are)
+        files[path.name] = _read_lines(path)
 
     def start_worker(cmd):
         tool = cmd[cmd.index("--tool") + 1]  # each pass's and each tool's workers have their own view: they run at once

@@ -32,8 +32,8 @@ from common.tasks import TASKS, WORKER_FOLDER
 
 BWRAP = shutil.which("bwrap")
 MAX_STUDENT_FILE_BYTES = 2 * 1024 * 1024
-WORKER_CODE = (".py", ".h", ".cu")  # what of common/ the view holds: its modules, the headers the bindings
-# include and the kernels given with them (common/csrc/linear_rows.cu)
+WORKER_CODE = (".py", ".h", ".cu", ".cuh")  # what of common/ the view holds: its modules, the headers the bindings
+# include, the kernels given with them (common/csrc/linear_rows.cu) and the device library (common/csrc/device)
 
 
 def sandbox_status() -> str:

@@ -86,8 +86,8 @@ def test_cuda_task_tests_skip_cleanly_without_a_gpu_and_list_the_steps_left(task
 
 
 def test_the_published_reference_build_is_named_by_every_input(tmp_path, monkeypatch):
-    for rel in ["common/build.py", "common/nvcc.py", "common/csrc/checks.h", "task4/binding.cpp",
-                "task4/solution/kernels/attention.cu"]:
+    for rel in ["common/build.py", "common/nvcc.py", "common/csrc/checks.h", "common/csrc/device/common.cuh",
+                "task4/binding.cpp", "task4/solution/kernels/attention.cu"]:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(f"// {rel}\n")
     monkeypatch.setattr(build, "REPO", tmp_path)
@@ -95,14 +95,15 @@ def test_the_published_reference_build_is_named_by_every_input(tmp_path, monkeyp
     assert name == build.reference_build(4, "90", ["-O3"]) and name.name.startswith("task4_solution-")
     assert name.parent == build.BUILD_ROOT / "reference"
     others = {build.reference_build(4, "80", ["-O3"]), build.reference_build(4, "90", ["-O2"])}
-    for rel in ["common/nvcc.py", "common/csrc/checks.h", "task4/binding.cpp", "task4/solution/kernels/attention.cu"]:
+    for rel in ["common/nvcc.py", "common/csrc/checks.h", "common/csrc/device/common.cuh", "task4/binding.cpp",
+                "task4/solution/kernels/attention.cu"]:
         text = (tmp_path / rel).read_text()
         (tmp_path / rel).write_text(text + "// changed\n")
         others.add(build.reference_build(4, "90", ["-O3"]))
         (tmp_path / rel).write_text(text)
     (tmp_path / "task4/solution/kernels/tiles.cuh").write_text("// a header the kernel includes\n")
     others.add(build.reference_build(4, "90", ["-O3"]))
-    assert len(others) == 7 and name not in others
+    assert len(others) == 8 and name not in others
 
 
 def test_a_published_build_is_whole_and_readable_by_the_class(tmp_path):

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from common.nvcc import PLAIN_CUDA_ONLY
+from common.nvcc import DEVICE_LIBRARY, PLAIN_CUDA_ONLY, include_flags
 from tests.conftest import REPO, needs_nvcc
 
 # the tasks' kernels, and the ones given with a binding (common/csrc), held as strictly as the references
@@ -19,7 +19,7 @@ def test_compiles_with_nvcc(source, tmp_path):
     given = source.parts[0] == "common"
     strict = ["-Werror=all-warnings"] if "solution" in source.parts or given else []
     proc = subprocess.run(
-        ["nvcc", "-c", "-O3", "-arch=sm_90", "-std=c++17", "-Xptxas=-v,-warn-spills", *strict,
+        ["nvcc", "-c", "-O3", "-arch=sm_90", "-std=c++17", "-Xptxas=-v,-warn-spills", *include_flags(), *strict,
          str(REPO / source), "-o", str(tmp_path / "k.o")],
         capture_output=True, text=True, timeout=600,
     )
@@ -29,7 +29,7 @@ def test_compiles_with_nvcc(source, tmp_path):
         assert not spills, f"{source}: the reference spills registers:\n" + "\n".join(spills)
 
 
-@pytest.mark.parametrize("source", CU_FILES, ids=str)
+@pytest.mark.parametrize("source", CU_FILES + sorted(p.relative_to(REPO) for p in DEVICE_LIBRARY.glob("*.cuh")), ids=str)
 def test_kernels_are_plain_cuda(source):
     text = (REPO / source).read_text()
     assert not PLAIN_CUDA_ONLY.search(text), f"{source} includes a torch/cuBLAS/cuDNN header; kernels stay plain CUDA"

@@ -151,8 +151,9 @@ def task5_kernel(*edits):
     (T5_NO_BARRIER, ["shared-memory race in attend_rows: decode.cu:", "__syncthreads() missing",
                      "(README, Task 5, step 2)"]),
     # the first element past the new rows belongs to sequence `batch`: its pos is read past the end first
-    (T5_WRITE_PAST, ["out-of-bounds read of global memory in first_position at decode.cu:", "`const int p = pos[b];`",
-                     "(README, Task 5, step 1)"]),
+    # first_position is the device library's (device/decode.cuh): the message quotes it and the student's call
+    (T5_WRITE_PAST, ["out-of-bounds read of global memory in first_position at decode.cuh:", "`const int p = pos[b];`",
+                     "called from update_cache_kernel at decode.cu:", "first_position(pos,", "(README, Task 5, step 1)"]),
 ], ids=["no_barrier_before_the_merge", "update_writes_past_the_new_rows"])
 def test_task5_kernels_with_undefined_behaviour_fail_the_sanitizer(edit, words, tmp_path):
     record = run_test(5, submission(tmp_path, task5_kernel(edit)), tmp_path, "--sanitize")

@@ -119,3 +119,36 @@ def test_an_object_is_reused_from_another_folder_with_the_same_files(tmp_path):
         (folder / "attention.cu").write_text(kernel_file())
         objects += nvcc.compile_kernels([folder / "attention.cu"], out, ARCH, nvcc.CUDA_FLAGS)
     assert objects[0] == objects[1]
+
+
+@needs_nvcc
+def test_the_device_library_is_allowed_and_a_change_to_it_rebuilds(tmp_path, monkeypatch):
+    library = tmp_path / "kit" / "common" / "csrc" / "device"
+    library.mkdir(parents=True)
+    for header in nvcc.device_library_files():
+        (library / header.name).write_text(header.read_text())
+    monkeypatch.setattr(nvcc, "DEVICE_LIBRARY", library)
+    text = '#include "device/common.cuh"\n' + kernel_file().replace("twice<<<1,", "twice<<<ceil_div(n, 128),")
+    first = compile_file(tmp_path, text)
+    assert compile_file(tmp_path, text) == first  # cached, same object
+    (library / "common.cuh").write_text((library / "common.cuh").read_text() + "// changed\n")
+    assert compile_file(tmp_path, text) != first  # a library change rebuilds the files that may include it
+
+
+def test_a_reused_objects_library_headers_are_recognised_by_name_and_folder(tmp_path):
+    """An object compiled in one worker's view is reused in another's: the library was at another path then."""
+    library = tmp_path / "now" / "common" / "csrc" / "device"
+    library.mkdir(parents=True)
+    (library / "common.cuh").write_text("// the library\n")
+    deps = tmp_path / "a.d"
+
+    def check(*headers):
+        deps.write_text("a.o : /then/task4/kernels/attention.cu " + " ".join(headers) + "\n")
+        kernel_rules.check_includes(deps, "attention.cu", [], library)
+
+    check("/then/task4/kernels/tiles.cuh", "/then/common/csrc/device/common.cuh")
+    for header in ("/then/common/csrc/device/other.cuh",      # not one of the library's files
+                   "/then/common/csrc/common.cuh",            # not in a device library's folder
+                   "/then/task4/solution/kernels/attention.cu"):
+        with pytest.raises(kernel_rules.RuleBroken, match="includes"):
+            check(header)

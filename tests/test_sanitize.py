@@ -113,3 +113,29 @@ def test_a_kernel_is_named_without_its_templates_or_its_anonymous_namespace():
     assert sanitize._function("void (anonymous namespace)::decode_kernel<__nv_bfloat16, (int)8, (int)16, (int)1>"
                               "(const T1 *, const T1 *, int)") == "decode_kernel"
     assert sanitize._function("void <unnamed>::attend_rows<float>(int)") == "attend_rows"
+
+
+def test_an_access_in_a_device_library_helper_names_the_students_call():
+    """libraryframe: a kernel (inl.cu) calls a helper of a header (helpers.cuh, first_position as in the kit's
+    device/decode.cuh) with b one past the end of pos; recorded on an H200 with --show-backtrace device, which
+    adds the inlined caller's frame."""
+    r = report("libraryframe-memcheck")
+    (finding,) = r.findings
+    assert finding.kernel == "first_position" and finding.where == ["helpers.cuh:3"]
+    assert finding.called_from == "update_kernel at inl.cu:8"
+    lines = {"helpers.cuh": ["", "__device__ int first_position(...) {", "  const int p = pos[b];"],
+             "inl.cu": [""] * 7 + ["  const int p = first_position(pos, b, 1, 100);"]}
+    pos = [("pos", (4,), 0x7efb6e800000, 16)]
+    message = sanitize.finding_message(finding, lines, pos, lambda k: "Task 5, step 1" if k == "first_position" else None)
+    assert message == ("out-of-bounds read of global memory in first_position at helpers.cuh:3 `const int p = pos[b];` "
+                       "(the device library's, given), called from update_kernel at inl.cu:8 "
+                       "`const int p = first_position(pos, b, 1, 100);`: 4 bytes right after the end of `pos` (4) "
+                       "(README, Task 5, step 1)"), message
+
+
+def test_a_frame_line_is_never_read_as_the_access_itself():
+    # "float *" holds "at ": read with the access's pattern, the frame would name a function "*"
+    block = ["Invalid __global__ read of size 4 bytes", "at k(const float *)+0x10 in a.cu:3",
+             "Device Frame: outer(const float *, float *)+0x50 in a.cu:9"]
+    finding = sanitize._finding(block)
+    assert finding.kernel == "k" and finding.where == ["a.cu:3"] and finding.called_from == ""

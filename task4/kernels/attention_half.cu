@@ -30,9 +30,12 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "device/common.cuh"  // WARP, LOG2E, ceil_div, with_head_dim_tile
+#include "device/half.cuh"    // Half<T>: bf16 and fp16 to and from float, pack (two floats in one register)
+#include "device/mma.cuh"     // mma16816, ldmatrix_x4(_trans), cp_async16, cp_async_commit/wait, fast_exp2
+
 namespace {
 
-constexpr int WARP = 32;
 constexpr int M_TILES = 2;                     // m16 tiles of query rows per warp
 constexpr int WARP_ROWS = 16 * M_TILES;        // query rows per warp
 constexpr int BLOCK_WARPS = 4;                 // warps per block (two blocks an SM)
@@ -45,112 +48,6 @@ constexpr int Q_STEPS_UNROLLED = 8;            // k16 steps unrolled where Q's o
 constexpr bool SKIP_SETTLED_RESCALE = true;    // skip O's rescale where no row of the warp has a new maximum
 constexpr int MAX_HEAD_DIM = 128;
 constexpr int PAD = 8;                         // halves (16 bytes) after each shared-memory row
-constexpr float LOG2E = 1.4426950408889634f;
-
-__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
-
-// The two 16-bit types: mma's name for them, and packing two floats into one 32-bit register.
-template <typename T>
-struct Half;
-template <>
-struct Half<__nv_bfloat16> {
-  __device__ static uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-  __device__ static __nv_bfloat16 from(float x) { return __float2bfloat16_rn(x); }
-};
-template <>
-struct Half<__half> {
-  __device__ static uint32_t pack(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-  __device__ static __half from(float x) { return __float2half_rn(x); }
-};
-
-// The instructions below need sm_80 (Ampere) or newer. Built for an older GPU they compile to a trap, and the
-// kernel is never launched there: the binding checks the GPU's compute capability first.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#define OLDER_THAN_AMPERE 1
-#endif
-
-// d (16x8, f32) += a (16x16) b (16x8), a row-major, b column-major: one warp, 4 + 2 + 4 registers.
-template <typename T>
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#ifdef OLDER_THAN_AMPERE
-  __trap();
-#else
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  else
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
-// 2^x on the special function unit, denormal results flushed to zero (exp2f adds instructions for them:
-// this is one per element of S, the softmax's costliest step).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Four 8x8 matrices of 16-bit values from shared memory: lane l gives the address of row l % 8 of
-// matrix l / 8, and gets, of each matrix, row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 (.trans: of
-// the transposed matrix).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
-#ifdef OLDER_THAN_AMPERE
-  (void)row;
-  __trap();
-#else
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-#endif
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
-#ifdef OLDER_THAN_AMPERE
-  (void)row;
-  __trap();
-#else
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-#endif
-}
-
-// 16 bytes global -> shared without passing through registers; src_bytes < 16 fills the rest with
-// zeros (0: a row past the end of the keys, or columns past head_dim).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-#ifdef OLDER_THAN_AMPERE
-  (void)dst, (void)src, (void)src_bytes;
-  __trap();
-#else
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(src), "r"(src_bytes));
-#endif
-}
-#ifdef OLDER_THAN_AMPERE
-__device__ __forceinline__ void cp_async_commit() {}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {}
-#else
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-#endif
-
 // rows x D of a (rows_valid x head_dim, row-major) matrix into a padded shared tile, zeros past the
 // valid rows and columns. VEC: head_dim % 8 == 0 and 16-byte aligned rows, so cp.async 16 bytes at
 // a time; else element by element (synchronous).
@@ -200,7 +97,7 @@ __global__ void __launch_bounds__(WARPS * WARP)
     const int skip = min(seq_q, max(0, padding - (seq_k - seq_q)));
     for (int idx = threadIdx.x; idx < BLOCK_ROWS * head_dim; idx += THREADS) {
       const int row = q_start + idx / head_dim;
-      if (row < skip) out[(size_t)row * head_dim + idx % head_dim] = Half<T>::from(0.0f);
+      if (row < skip) out[(size_t)row * head_dim + idx % head_dim] = Half<T>::from_float(0.0f);
     }
     k += (size_t)padding * head_dim;
     v += (size_t)padding * head_dim;
@@ -329,20 +226,6 @@ cudaError_t launch(const void* q, const void* k, const void* v, void* out, int b
 #undef LAUNCH_TILES
 }
 
-template <typename T>
-cudaError_t launch_for_head_dim(const void* q, const void* k, const void* v, void* out, int batch, int heads,
-                                int kv_heads, const int* key_start, int seq_q, int seq_k, int head_dim,
-                                float scale, bool causal, cudaStream_t stream) {
-#define LAUNCH(D) launch<T, D>(q, k, v, out, batch, heads, kv_heads, key_start, seq_q, seq_k, head_dim, scale, \
-                               causal, stream)
-  if (head_dim <= 32) return LAUNCH(32);
-  if (head_dim <= 64) return LAUNCH(64);
-  if (head_dim <= 80) return LAUNCH(80);
-  if (head_dim <= 96) return LAUNCH(96);
-  return LAUNCH(128);
-#undef LAUNCH
-}
-
 }  // namespace
 
 // q, out: (batch, heads, seq_q, head_dim); k, v: (batch, kv_heads, seq_k, head_dim); all contiguous, of one
@@ -355,8 +238,11 @@ cudaError_t flash_attention_half_forward(const void* q, const void* k, const voi
       (seq_q - 1) / (BLOCK_WARPS * WARP_ROWS) >= 65535)  // grid.y, at the smaller block
     return cudaErrorInvalidValue;
   if (batch == 0) return cudaSuccess;
-  return bf16 ? launch_for_head_dim<__nv_bfloat16>(q, k, v, out, batch, heads, kv_heads, key_start, seq_q, seq_k,
-                                                   head_dim, scale, causal, stream)
-              : launch_for_head_dim<__half>(q, k, v, out, batch, heads, kv_heads, key_start, seq_q, seq_k,
-                                            head_dim, scale, causal, stream);
+  return with_head_dim_tile(head_dim, [&](auto tile) {
+    constexpr int D = decltype(tile)::value;
+    return bf16 ? launch<__nv_bfloat16, D>(q, k, v, out, batch, heads, kv_heads, key_start, seq_q, seq_k, head_dim,
+                                           scale, causal, stream)
+                : launch<__half, D>(q, k, v, out, batch, heads, kv_heads, key_start, seq_q, seq_k, head_dim, scale,
+                                    causal, stream);
+  });
 }

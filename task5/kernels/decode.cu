@@ -53,6 +53,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "device/common.cuh"  // WARP, LOG2E, ceil_div
+#include "device/decode.cuh"  // first_position, sum_over_group, Merged, block_rows (given)
+
 // ----------------------------------------------------------------------------
 // Sizes (tune here)
 
@@ -82,13 +85,11 @@ constexpr int COMBINE_PARTS = 8;  // threads per column in the kernel that combi
 // and the partial outputs cost more than the split saves.
 [[maybe_unused]] constexpr int MIN_KEYS_PER_SPLIT = 512;  // used by decode_splits (step 3)
 
-constexpr int WARP = 32;
 static_assert(DECODE_WARPS * WARP >= MAX_HEAD_DIM && DECODE_WARPS * WARP <= 1024,
               "the groups are merged one output column per thread: at least MAX_HEAD_DIM threads, at most 1024");
 static_assert(UNROLL >= 1, "at least one row per lane in flight");
 static_assert(MAX_QUERIES == 1 || MAX_QUERIES == 2 || MAX_QUERIES == 4 || MAX_QUERIES == 8,
               "the launcher compiles blocks of 1, 2, 4 or 8 queries");
-constexpr float LOG2E = 1.4426950408889634f;
 
 // A lane works on up to 4 elements of a row. With float4 loads (head_dim a multiple of
 // 4), a row is read by G lanes, each one float4 (G = head_dim / 4 rounded up to a power
@@ -101,64 +102,15 @@ struct RowSplit {
   __device__ static int column(int g, int e) { return VEC == 4 ? 4 * g + e : g + WARP * e; }
 };
 
-static int ceil_div(int a, int b) { return (a + b - 1) / b; }
-
-// Given: one row's Q partial dot products (this lane's columns of q_i . k), each summed over the
-// G lanes of the group, the Q sums in every lane of it. One butterfly per query would take
-// Q log2(G) shuffles per row, and with 4 or 8 queries that, not memory, bounds the kernel. So
-// while there are several values, each pair of lanes splits them: the lane with the bit of O
-// set keeps the upper half and adds its partner's copy of it, the other lane the lower half
-// (Q - 1 shuffles in all, halving the values per lane each time). Then lane g holds query
-// g / (G / Q)'s sum over the bits it split on; a butterfly over the remaining lanes completes
-// it, and each query's sum is broadcast from a lane that holds it: Q - 1 + log2(G / Q) + Q
-// shuffles (10 instead of 20 for 4 queries at G = 32). Every lane of the warp must call it.
-// The first N values of v: the lanes with the bit O of g set keep (and complete) the upper half.
-template <int N, int O>
-__device__ __forceinline__ void keep_half(float* v, int g) {
-  const bool upper = (g & O) != 0;
-#pragma unroll
-  for (int j = 0; j < N / 2; ++j) {
-    const float keep = upper ? v[j + N / 2] : v[j];
-    const float send = upper ? v[j] : v[j + N / 2];
-    v[j] = keep + __shfl_xor_sync(0xffffffffu, send, O);
-  }
-}
-
-template <int G, int Q>
-__device__ __forceinline__ void sum_over_group(float (&dot)[Q], int g) {
-  if constexpr (Q == 1 || G < Q) {  // a butterfly per query (too few lanes to split Q values)
-#pragma unroll
-    for (int i = 0; i < Q; ++i)
-#pragma unroll
-      for (int offset = G / 2; offset > 0; offset /= 2) dot[i] += __shfl_xor_sync(0xffffffffu, dot[i], offset);
-  } else {
-    float v[Q];
-#pragma unroll
-    for (int i = 0; i < Q; ++i) v[i] = dot[i];
-    static_assert(Q <= 8, "sum_over_group splits at most 8 values");
-    keep_half<Q, G / 2>(v, g);  // v[j]: query (g & G/2 ? Q/2 : 0) + j
-    if constexpr (Q >= 4) keep_half<Q / 2, G / 4>(v, g);
-    if constexpr (Q >= 8) keep_half<Q / 4, G / 8>(v, g);
-#pragma unroll
-    for (int offset = G / Q / 2; offset > 0; offset /= 2) v[0] += __shfl_xor_sync(0xffffffffu, v[0], offset);
-#pragma unroll
-    for (int i = 0; i < Q; ++i) dot[i] = __shfl_sync(0xffffffffu, v[0], i * (G / Q), G);
-  }
-}
-
 // ----------------------------------------------------------------------------
 // Step 1: append new keys and values at each sequence's position.
 //
 // k_new, v_new: (batch * kv_heads, n_new, head_dim); k_cache, v_cache: (batch * kv_heads,
 // max_seq, head_dim); pos: (batch,), sequence b's new rows go to positions pos[b] ..
-// pos[b] + n_new - 1 of each of its kv_heads heads. Nothing else is written.
-
-// Given: the position sequence b's new rows start at, or -1 when they would not all fit in
-// the cache (a value from GPU memory nobody checked): then that sequence writes nothing.
-__device__ __forceinline__ int first_position(const int* __restrict__ pos, int b, int n_new, int max_seq) {
-  const int p = pos[b];
-  return p >= 0 && p <= max_seq - n_new ? p : -1;
-}
+// pos[b] + n_new - 1 of each of its kv_heads heads. Nothing else is written. The given
+// first_position(pos, b, n_new, max_seq) (device/decode.cuh) reads pos[b], or says -1 when those
+// rows would not all fit in the cache (a value from GPU memory nobody checked): then that sequence
+// writes nothing.
 
 __global__ void update_cache_kernel(const float* __restrict__ k_new, const float* __restrict__ v_new,
                                     float* __restrict__ k_cache, float* __restrict__ v_cache, int batch,
@@ -218,12 +170,8 @@ __global__ void update_paged_kernel(const float* __restrict__ k_new, const float
 // and thread t < head_dim returns (M, L, O[t]) of each query for column t. Scores are kept
 // in base 2 (q is pre-multiplied by scale * log2 e), so exp2f does the exponentials.
 
-template <int Q>
-struct Merged {
-  // per query: row max, row sum, numerator of column threadIdx.x (valid for threadIdx.x < head_dim)
-  float m[Q], l[Q], o[Q];
-};
-
+// Merged<Q> (device/decode.cuh): per query, the row max m, the row sum l and the numerator o of
+// column threadIdx.x (valid for threadIdx.x < head_dim).
 // q: `queries` (at most Q) consecutive rows of head_dim floats; the slots past them are
 // computed on zeros and never written. rows: where the head's cached rows lie (row r of K at
 // rows.k + rows.offset(r), of V at rows.v + the same; CacheRows above).
@@ -248,33 +196,9 @@ __device__ Merged<Q> attend_rows(const float* __restrict__ q, int queries, const
   return result;
 }
 
-// Where a block's queries and cache rows are, given: blockIdx.x counts (batch, kv_head,
-// chunk), a chunk being up to Q of the group's query heads.
-//   q, out:  (batch, heads, head_dim);  k_cache, v_cache: (batch, kv_heads, max_seq, head_dim)
-// length: one int per sequence, the positions of its cache written so far. key_start (nullptr,
-// or one int per sequence): a batch padded on the left; sequence b's keys start at
-// key_start[b] and the rows before it never take weight. So sequence b's rows are
-// [key_start[b], length[b]); values from GPU memory outside 0 <= key_start < length <= max_seq
-// make the block `invalid`: it reads nothing and writes NaN.
-struct BlockRows {
-  size_t first_query;  // index of the block's first query head in (batch * heads)
-  int queries;         // how many query heads it has (at most Q)
-  size_t cache_head;   // index of the key/value head in (batch * kv_heads)
-  int begin, end;      // the cached rows that count: [key_start (or 0), length)
-  bool invalid;        // the sequence's length or key_start is out of range
-};
-
-template <int Q>
-__device__ BlockRows block_rows(int heads, int kv_heads, const int* length, const int* key_start, int max_seq) {
-  const int group = heads / kv_heads, chunks = (group + Q - 1) / Q;
-  const int cache_head = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
-  const int batch = cache_head / kv_heads, kv_head = cache_head % kv_heads;
-  const int head = kv_head * group + chunk * Q;  // the first query head, within its sequence
-  const int begin = key_start != nullptr ? key_start[batch] : 0, end = length[batch];
-  const bool invalid = !(0 <= begin && begin < end && end <= max_seq);
-  return BlockRows{(size_t)batch * heads + head, min(Q, group - chunk * Q), (size_t)cache_head,
-                   invalid ? 0 : begin, invalid ? 0 : end, invalid};
-}
+// Where a block's queries and cache rows are: block_rows<Q>(...) and its BlockRows, given (device/decode.cuh).
+// blockIdx.x counts (batch, kv_head, chunk), a chunk being up to Q of the group's query heads;
+//   q, out:  (batch, heads, head_dim);  k_cache, v_cache: (batch, kv_heads, max_seq, head_dim).
 
 // Given: NaN in `count` consecutive rows of head_dim floats, from every thread of the block:
 // the output of a sequence whose length or key_start is out of range.

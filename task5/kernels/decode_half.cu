@@ -29,6 +29,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "device/common.cuh"  // WARP, LOG2E, ceil_div
+#include "device/decode.cuh"  // first_position, sum_over_group, Merged, block_rows (as in decode.cu)
+#include "device/half.cuh"    // Half<T>: bf16 and fp16 to and from float, unpack8 (a 16-byte load to 8 floats)
+
 namespace {  // decode.cu has kernels and helpers of the same names: these stay in this file
 
 constexpr int DECODE_WARPS = 16;  // warps per block
@@ -37,43 +41,8 @@ constexpr int MAX_QUERIES = 4;    // query heads of one group a block attends wi
 constexpr int MAX_HEAD_DIM = 128;
 constexpr int MAX_SPLITS = 256;
 constexpr int COMBINE_PARTS = 8;
-constexpr int WARP = 32;
-constexpr float LOG2E = 1.4426950408889634f;
 static_assert(DECODE_WARPS * WARP >= MAX_HEAD_DIM && DECODE_WARPS * WARP <= 1024,
               "the groups are merged one output column per thread");
-
-int ceil_div(int a, int b) { return (a + b - 1) / b; }
-
-// The two 16-bit types: one value to and from float32, and the 8 values of a 16-byte load to
-// float32 (two at a time: one instruction converts a pair).
-template <typename T>
-struct Half;
-template <>
-struct Half<__nv_bfloat16> {
-  __device__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-  __device__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
-  __device__ static void unpack8(const uint4& raw, float (&out)[8]) {
-    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 f = __bfloat1622float2(pairs[j]);
-      out[2 * j] = f.x, out[2 * j + 1] = f.y;
-    }
-  }
-};
-template <>
-struct Half<__half> {
-  __device__ static float to_float(__half x) { return __half2float(x); }
-  __device__ static __half from_float(float x) { return __float2half_rn(x); }
-  __device__ static void unpack8(const uint4& raw, float (&out)[8]) {
-    const __half2* pairs = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 f = __half22float2(pairs[j]);
-      out[2 * j] = f.x, out[2 * j + 1] = f.y;
-    }
-  }
-};
 
 // A lane works on E values of a row: with 16-byte loads (VEC = 8) the 8 columns 8 g .. 8 g + 7
 // of lane g of its group of G; with scalar loads (VEC = 1, G = 32) columns g + 32 e, e < 4.
@@ -85,55 +54,6 @@ struct RowSplit {
   __device__ static int column(int g, int e) { return VEC == 8 ? 8 * g + e : g + WARP * e; }
 };
 
-// Given (decode.cu's): one row's Q partial dot products (this lane's columns of q_i . k), each summed over the
-// G lanes of the group, the Q sums in every lane of it. One butterfly per query would take
-// Q log2(G) shuffles per row, and with 4 or 8 queries that, not memory, bounds the kernel. So
-// while there are several values, each pair of lanes splits them: the lane with the bit of O
-// set keeps the upper half and adds its partner's copy of it, the other lane the lower half
-// (Q - 1 shuffles in all, halving the values per lane each time). Then lane g holds query
-// g / (G / Q)'s sum over the bits it split on; a butterfly over the remaining lanes completes
-// it, and each query's sum is broadcast from a lane that holds it: Q - 1 + log2(G / Q) + Q
-// shuffles (10 instead of 20 for 4 queries at G = 32). Every lane of the warp must call it.
-// The first N values of v: the lanes with the bit O of g set keep (and complete) the upper half.
-template <int N, int O>
-__device__ __forceinline__ void keep_half(float* v, int g) {
-  const bool upper = (g & O) != 0;
-#pragma unroll
-  for (int j = 0; j < N / 2; ++j) {
-    const float keep = upper ? v[j + N / 2] : v[j];
-    const float send = upper ? v[j] : v[j + N / 2];
-    v[j] = keep + __shfl_xor_sync(0xffffffffu, send, O);
-  }
-}
-
-template <int G, int Q>
-__device__ __forceinline__ void sum_over_group(float (&dot)[Q], int g) {
-  if constexpr (Q == 1 || G < Q) {  // a butterfly per query (too few lanes to split Q values)
-#pragma unroll
-    for (int i = 0; i < Q; ++i)
-#pragma unroll
-      for (int offset = G / 2; offset > 0; offset /= 2) dot[i] += __shfl_xor_sync(0xffffffffu, dot[i], offset);
-  } else {
-    float v[Q];
-#pragma unroll
-    for (int i = 0; i < Q; ++i) v[i] = dot[i];
-    static_assert(Q <= 8, "sum_over_group splits at most 8 values");
-    keep_half<Q, G / 2>(v, g);  // v[j]: query (g & G/2 ? Q/2 : 0) + j
-    if constexpr (Q >= 4) keep_half<Q / 2, G / 4>(v, g);
-    if constexpr (Q >= 8) keep_half<Q / 4, G / 8>(v, g);
-#pragma unroll
-    for (int offset = G / Q / 2; offset > 0; offset /= 2) v[0] += __shfl_xor_sync(0xffffffffu, v[0], offset);
-#pragma unroll
-    for (int i = 0; i < Q; ++i) dot[i] = __shfl_sync(0xffffffffu, v[0], i * (G / Q), G);
-  }
-}
-
-// Given: the position sequence b's new rows start at, or -1 when they would not all fit.
-__device__ __forceinline__ int first_position(const int* __restrict__ pos, int b, int n_new, int max_seq) {
-  const int p = pos[b];
-  return p >= 0 && p <= max_seq - n_new ? p : -1;
-}
-
 // k_new, v_new: (batch * kv_heads, n_new, head_dim); k_cache, v_cache: (batch * kv_heads, max_seq,
 // head_dim); sequence b's new rows go to positions pos[b] .. pos[b] + n_new - 1. As decode.cu's
 // update, for 16-bit values.
@@ -143,11 +63,6 @@ __global__ void update_cache_kernel(const T* __restrict__ k_new, const T* __rest
                                     int n_new, int max_seq, int head_dim, const int* __restrict__ pos) {
   // TODO (README, Task 5, step 6: copy each new 16-bit row of K and V into the cache at position pos[b] + its index)
 }
-
-template <int Q>
-struct Merged {
-  float m[Q], l[Q], o[Q];  // per query: row max, row sum, numerator of column threadIdx.x
-};
 
 // Q queries against rows [begin, end) of one head's cache (k, v: its row 0), as decode.cu's
 // attend_rows: groups of G lanes, each with its own online softmax per query, merged at the end.
@@ -240,29 +155,6 @@ __device__ Merged<Q> attend_rows(const T* __restrict__ q, int queries, const T* 
     __syncthreads();
   }
   return result;
-}
-
-// A block's queries and cache rows (decode.cu's BlockRows): blockIdx.x counts (batch, kv_head,
-// chunk of up to Q query heads of its group); rows [key_start or 0, length), `invalid` when a
-// length or key_start read from GPU memory is out of range.
-struct BlockRows {
-  size_t first_query;
-  int queries;
-  size_t cache_head;
-  int begin, end;
-  bool invalid;
-};
-
-template <int Q>
-__device__ BlockRows block_rows(int heads, int kv_heads, const int* length, const int* key_start, int max_seq) {
-  const int group = heads / kv_heads, chunks = (group + Q - 1) / Q;
-  const int cache_head = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
-  const int batch = cache_head / kv_heads, kv_head = cache_head % kv_heads;
-  const int head = kv_head * group + chunk * Q;
-  const int begin = key_start != nullptr ? key_start[batch] : 0, end = length[batch];
-  const bool invalid = !(0 <= begin && begin < end && end <= max_seq);
-  return BlockRows{(size_t)batch * heads + head, min(Q, group - chunk * Q), (size_t)cache_head,
-                   invalid ? 0 : begin, invalid ? 0 : end, invalid};
 }
 
 template <typename T>

@@ -51,6 +51,9 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "device/common.cuh"
+#include "device/float_tiles.cuh"
+
 // ----------------------------------------------------------------------------
 // Tile sizes (tune here)
 
@@ -104,14 +107,8 @@ static_assert(NUM_THREADS % 32 == 0 && NUM_THREADS <= 1024, "whole warps, at mos
 static_assert(BLOCK_COLS % 4 == 0, "P is read as float4 along its rows");
 
 // ----------------------------------------------------------------------------
-// Helpers
-
-// log2(e): exp(x) = exp2(x * log2(e)). Folding it into the scale turns every
-// exponential into one exp2f, the operation the hardware has.
-constexpr float LOG2E = 1.4426950408889634f;
-constexpr float LN2 = 0.6931471805599453f;
-
-__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+// Helpers (given: the tile's load, load_tile, and the vectors' fma_vec, scale_vec and store_first are in
+// common/csrc/device/float_tiles.cuh; LOG2E, ceil_div and with_head_dim_tile in device/common.cuh)
 
 // Shared memory of one block, in floats: the Q tile, the K tile (which P overwrites
 // once S is computed: K is dead by then, and without the reuse four 128 x 132 tiles
@@ -132,78 +129,10 @@ constexpr size_t smem_bytes() {
 static_assert(smem_bytes<MAX_HEAD_DIM>() <= 227 * 1024,
               "a block may have at most 227 KB of shared memory on sm_90: smaller tiles");
 
-// Starts copying rows [row0, row0 + ROWS) of src, an (n_rows, head_dim) row-major
-// matrix, into tile, ROWS x (D + PAD) floats. Rows past n_rows and columns past
-// head_dim become zeros, so the padding adds nothing to Q K^T (and P V gets 0 * 0,
-// never 0 * garbage). Consecutive threads read consecutive float4 of a row: coalesced.
-//
-// The copies are asynchronous (cp.async, Ampere and later): they go from global to
-// shared memory without passing through registers, so all of a tile's loads are in
-// flight at once and the threads carry on. __pipeline_commit() closes a group of
-// copies; __pipeline_wait_prior(n) waits until at most the n latest groups are still
-// in flight. Only then, after a __syncthreads(), may the tile be read.
-template <int ROWS, int D>
-__device__ __forceinline__ void load_tile(float* tile, const float* src, int row0, int n_rows,
-                                          int head_dim) {
-  constexpr int VECS = D / 4;  // float4 per tile row
-  // 16-byte copies need every row to start on 16 bytes.
-  const bool vec = head_dim % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
-  for (int idx = threadIdx.x; idx < ROWS * VECS; idx += NUM_THREADS) {
-    const int r = idx / VECS, c = (idx % VECS) * 4;
-    float* dst = &tile[r * (D + PAD) + c];
-    const bool row_ok = row0 + r < n_rows;
-    const float* from = src + (size_t)(row0 + r) * head_dim + c;  // read only if row_ok
-    if (vec && row_ok && c < head_dim) {
-      __pipeline_memcpy_async(dst, from, 16);
-    } else {
-      for (int e = 0; e < 4; ++e) {
-        if (row_ok && c + e < head_dim)
-          __pipeline_memcpy_async(dst + e, from + e, 4);
-        else
-          dst[e] = 0.0f;
-      }
-    }
-  }
-}
-
-// Component i of a float4; i is a compile-time constant after unrolling, so this is a
-// register, not a memory access.
-__device__ __forceinline__ float component(const float4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// O's vectors: float4, float2 or float, and what the kernel does with them.
+// O's vectors: float4, float2 or float (fma_vec, scale_vec and store_first take each).
 template <int D>
 using out_vec = std::conditional_t<D % (4 * COL_THREADS) == 0, float4,
                                    std::conditional_t<D % (2 * COL_THREADS) == 0, float2, float>>;
-
-__device__ __forceinline__ void fma_vec(float4& acc, float a, const float4& b) {
-  acc.x += a * b.x;
-  acc.y += a * b.y;
-  acc.z += a * b.z;
-  acc.w += a * b.w;
-}
-__device__ __forceinline__ void fma_vec(float2& acc, float a, const float2& b) {
-  acc.x += a * b.x;
-  acc.y += a * b.y;
-}
-__device__ __forceinline__ void scale_vec(float4& x, float a) { x.x *= a, x.y *= a, x.z *= a, x.w *= a; }
-__device__ __forceinline__ void scale_vec(float2& x, float a) { x.x *= a, x.y *= a; }
-__device__ __forceinline__ void fma_vec(float& acc, float a, float b) { acc += a * b; }
-__device__ __forceinline__ void scale_vec(float& x, float a) { x *= a; }
-
-// Stores the first n (at most the vector's width) floats of x at dst.
-__device__ __forceinline__ void store_first(float* dst, const float4& x, int n) {
-  dst[0] = x.x;
-  if (n > 1) dst[1] = x.y;
-  if (n > 2) dst[2] = x.z;
-  if (n > 3) dst[3] = x.w;
-}
-__device__ __forceinline__ void store_first(float* dst, const float2& x, int n) {
-  dst[0] = x.x;
-  if (n > 1) dst[1] = x.y;
-}
-__device__ __forceinline__ void store_first(float* dst, float x, int) { dst[0] = x; }
 
 // ----------------------------------------------------------------------------
 // The kernel
@@ -289,7 +218,7 @@ __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS_PER_SM)
   }
 
   // BEGIN SOLUTION "step 1: load the Q tile, and count the K/V tiles it needs (causal: stop after the diagonal)"
-  load_tile<BLOCK_ROWS, D>(q_tile, q, q_start, seq_q, head_dim);
+  load_tile<BLOCK_ROWS, D, D + PAD, NUM_THREADS>(q_tile, q, q_start, seq_q, head_dim);
   __pipeline_commit();  // waited for with the first K tile
 
   // The last query of this tile sees keys up to its row + causal_offset; tiles that
@@ -306,9 +235,9 @@ __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS_PER_SM)
 
     // BEGIN SOLUTION "step 2: load the K and V tiles into shared memory"
     // Two groups: S needs only K, so V keeps arriving while S is computed.
-    load_tile<BLOCK_COLS, D>(k_tile, k, kv_start, seq_k, head_dim);
+    load_tile<BLOCK_COLS, D, D + PAD, NUM_THREADS>(k_tile, k, kv_start, seq_k, head_dim);
     __pipeline_commit();
-    load_tile<BLOCK_COLS, D>(v_tile, v, kv_start, seq_k, head_dim);
+    load_tile<BLOCK_COLS, D, D + PAD, NUM_THREADS>(v_tile, v, kv_start, seq_k, head_dim);
     __pipeline_commit();
     // END SOLUTION
     __pipeline_wait_prior(1);  // this thread's copies of K (and the first time, Q) landed
@@ -474,18 +403,6 @@ __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS_PER_SM)
 // Launcher: called by task4/binding.cpp on PyTorch's current stream. Returns the error
 // of the launch (a bad configuration); errors inside the kernel surface later, at the
 // next synchronisation.
-
-// The one place that lists the compiled tile widths: calls launch_for with the smallest width D >=
-// head_dim, as a compile-time constant (std::integral_constant<int, D>), so each width is its own
-// kernel whose loops over the head dimension the compiler unrolls. A width added here is compiled.
-template <typename LaunchFor>
-static cudaError_t with_head_dim_tile(int head_dim, LaunchFor launch_for) {
-  if (head_dim <= 32) return launch_for(std::integral_constant<int, 32>());
-  if (head_dim <= 64) return launch_for(std::integral_constant<int, 64>());
-  if (head_dim <= 80) return launch_for(std::integral_constant<int, 80>());
-  if (head_dim <= 96) return launch_for(std::integral_constant<int, 96>());
-  return launch_for(std::integral_constant<int, MAX_HEAD_DIM>());
-}
 
 template <int D, bool PADDED>
 static cudaError_t launch(const float* q, const float* k, const float* v, float* out, float* lse, int batch,

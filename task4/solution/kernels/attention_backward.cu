@@ -36,6 +36,9 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "device/common.cuh"
+#include "device/float_tiles.cuh"
+
 // ----------------------------------------------------------------------------
 // Tile sizes (tune here)
 
@@ -64,10 +67,6 @@ static_assert(32 % COL_THREADS == 0, "the COL_THREADS lanes that share a row sit
 static_assert(NUM_THREADS % 32 == 0 && NUM_THREADS <= 1024, "whole warps, at most 1024 threads");
 static_assert(BLOCK_COLS % 4 == 0, "P and dS are read as float4 along their rows");
 
-constexpr float LOG2E = 1.4426950408889634f;
-
-__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
-
 // Shared memory of kernels 2 and 3, in floats: four (rows, D + PAD) tiles (K, V and Q, dO: the block's own two and
 // the walked two), two (BLOCK_ROWS, BLOCK_COLS + P_PAD) tiles (P and dS; kernel 3 needs only dS), and L and D of the
 // walked query tile (kernel 2).
@@ -84,31 +83,8 @@ static_assert(backward_smem_bytes<MAX_HEAD_DIM>() <= 227 * 1024,
               "a block may have at most 227 KB of shared memory on sm_90: smaller tiles");
 
 // ----------------------------------------------------------------------------
-// Helpers (given: the loops of steps 3 and 5 of the forward kernel, as functions)
-
-// Starts copying rows [row0, row0 + ROWS) of src, an (n_rows, head_dim) row-major matrix, into tile, ROWS x
-// (D + PAD) floats, with cp.async; rows past n_rows and columns past head_dim become zeros.
-template <int ROWS, int D>
-__device__ __forceinline__ void load_tile(float* tile, const float* src, int row0, int n_rows, int head_dim) {
-  constexpr int VECS = D / 4;
-  const bool vec = head_dim % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
-  for (int idx = threadIdx.x; idx < ROWS * VECS; idx += NUM_THREADS) {
-    const int r = idx / VECS, c = (idx % VECS) * 4;
-    float* dst = &tile[r * (D + PAD) + c];
-    const bool row_ok = row0 + r < n_rows;
-    const float* from = src + (size_t)(row0 + r) * head_dim + c;  // read only if row_ok
-    if (vec && row_ok && c < head_dim) {
-      __pipeline_memcpy_async(dst, from, 16);
-    } else {
-      for (int e = 0; e < 4; ++e) {
-        if (row_ok && c + e < head_dim)
-          __pipeline_memcpy_async(dst + e, from + e, 4);
-        else
-          dst[e] = 0.0f;
-      }
-    }
-  }
-}
+// Helpers (given: the loops of steps 3 and 5 of the forward kernel, as functions; load_tile, fma_vec, scaled and
+// store_first are in common/csrc/device/float_tiles.cuh, LOG2E, ceil_div and with_head_dim_tile in device/common.cuh)
 
 // s[i][j] += dot(a row ty + i ROW_THREADS, b row tx + j COL_THREADS), both tiles (rows, D + PAD): step 3's loop.
 template <int D>
@@ -148,15 +124,6 @@ static_assert(acc_covers_rows<32>() && acc_covers_rows<64>() && acc_covers_rows<
               "a row's COL_THREADS lanes must own whole vectors of every compiled head_dim (32, 64, 80, 96, 128): "
               "another COL_THREADS (BLOCK_COLS / THREAD_COLS)");
 
-__device__ __forceinline__ float component(const float4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-__device__ __forceinline__ void fma_vec(float4& acc, float a, const float4& b) {
-  acc.x += a * b.x, acc.y += a * b.y, acc.z += a * b.z, acc.w += a * b.w;
-}
-__device__ __forceinline__ void fma_vec(float2& acc, float a, const float2& b) { acc.x += a * b.x, acc.y += a * b.y; }
-__device__ __forceinline__ void fma_vec(float& acc, float a, float b) { acc += a * b; }
-
 // acc[i][c] += sum over r < BLOCK_COLS of p[row ty + i ROW_THREADS][r] * b[r][columns of vector c]: step 5's loop.
 // p is (BLOCK_ROWS, BLOCK_COLS + P_PAD), b is (BLOCK_COLS, D + PAD).
 template <int D>
@@ -182,21 +149,6 @@ __device__ __forceinline__ void tile_accumulate(const float* p, const float* b,
     }
   }
 }
-
-__device__ __forceinline__ void store_first(float* dst, const float4& x, int n) {
-  dst[0] = x.x;
-  if (n > 1) dst[1] = x.y;
-  if (n > 2) dst[2] = x.z;
-  if (n > 3) dst[3] = x.w;
-}
-__device__ __forceinline__ void store_first(float* dst, const float2& x, int n) {
-  dst[0] = x.x;
-  if (n > 1) dst[1] = x.y;
-}
-__device__ __forceinline__ void store_first(float* dst, float x, int) { dst[0] = x; }
-__device__ __forceinline__ float4 scaled(float4 x, float a) { return {x.x * a, x.y * a, x.z * a, x.w * a}; }
-__device__ __forceinline__ float2 scaled(float2 x, float a) { return {x.x * a, x.y * a}; }
-__device__ __forceinline__ float scaled(float x, float a) { return x * a; }
 
 // Writes scale * acc to the thread's rows of dst ((n_rows, head_dim), rows from row0), the columns below head_dim.
 template <int D>
@@ -278,8 +230,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
 #pragma unroll
     for (int c = 0; c < ACC_VECS<D>; ++c) dk_acc[i][c] = dv_acc[i][c] = vec{};
 
-  load_tile<BLOCK_ROWS, D>(k_tile, k, kv_start, seq_k, head_dim);
-  load_tile<BLOCK_ROWS, D>(v_tile, v, kv_start, seq_k, head_dim);
+  load_tile<BLOCK_ROWS, D, D + PAD, NUM_THREADS>(k_tile, k, kv_start, seq_k, head_dim);
+  load_tile<BLOCK_ROWS, D, D + PAD, NUM_THREADS>(v_tile, v, kv_start, seq_k, head_dim);
   __pipeline_commit();  // waited for with the first query tile
 
   // BEGIN SOLUTION "step 14: the first query tile that sees these keys (causal: the diagonal's)"
@@ -299,9 +251,9 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     const float* delta_head = delta + head * seq_q;
     for (int q_start = first_query; q_start < seq_q; q_start += BLOCK_COLS) {
       // Two groups: S^T needs Q (with K), dP^T needs dO (with V), so dO keeps arriving while S^T is computed.
-      load_tile<BLOCK_COLS, D>(q_tile, q_head, q_start, seq_q, head_dim);
+      load_tile<BLOCK_COLS, D, D + PAD, NUM_THREADS>(q_tile, q_head, q_start, seq_q, head_dim);
       __pipeline_commit();
-      load_tile<BLOCK_COLS, D>(do_tile, do_head, q_start, seq_q, head_dim);
+      load_tile<BLOCK_COLS, D, D + PAD, NUM_THREADS>(do_tile, do_head, q_start, seq_q, head_dim);
       __pipeline_commit();
       // Queries past seq_q: L = +infinity makes their P exactly 0 (their Q and dO rows are zeros: S = 0), so they
       // add nothing to dK or dV.
@@ -394,8 +346,8 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   v += ((size_t)batch * kv_heads + kv_head) * seq_k * head_dim;
   const int causal_offset = seq_k - seq_q;
 
-  load_tile<BLOCK_ROWS, D>(q_tile, q, q_start, seq_q, head_dim);
-  load_tile<BLOCK_ROWS, D>(do_tile, dout, q_start, seq_q, head_dim);
+  load_tile<BLOCK_ROWS, D, D + PAD, NUM_THREADS>(q_tile, q, q_start, seq_q, head_dim);
+  load_tile<BLOCK_ROWS, D, D + PAD, NUM_THREADS>(do_tile, dout, q_start, seq_q, head_dim);
   __pipeline_commit();
 
   // L (in log2 units) and D of the thread's rows; rows past seq_q get L = +infinity, so P = 0 there.
@@ -416,9 +368,9 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   int kv_end = seq_k;
   if (causal) kv_end = min(seq_k, min(q_start + BLOCK_ROWS, seq_q) + causal_offset);
   for (int kv_start = 0; kv_start < kv_end; kv_start += BLOCK_COLS) {
-    load_tile<BLOCK_COLS, D>(k_tile, k, kv_start, seq_k, head_dim);
+    load_tile<BLOCK_COLS, D, D + PAD, NUM_THREADS>(k_tile, k, kv_start, seq_k, head_dim);
     __pipeline_commit();
-    load_tile<BLOCK_COLS, D>(v_tile, v, kv_start, seq_k, head_dim);
+    load_tile<BLOCK_COLS, D, D + PAD, NUM_THREADS>(v_tile, v, kv_start, seq_k, head_dim);
     __pipeline_commit();
     __pipeline_wait_prior(1);  // Q, dO (the first time) and K landed
     __syncthreads();
@@ -454,15 +406,6 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
 
 // ----------------------------------------------------------------------------
 // Launcher: called by task4/binding.cpp on PyTorch's current stream. Returns the error of the launches.
-
-template <typename LaunchFor>
-static cudaError_t with_head_dim_tile(int head_dim, LaunchFor launch_for) {
-  if (head_dim <= 32) return launch_for(std::integral_constant<int, 32>());
-  if (head_dim <= 64) return launch_for(std::integral_constant<int, 64>());
-  if (head_dim <= 80) return launch_for(std::integral_constant<int, 80>());
-  if (head_dim <= 96) return launch_for(std::integral_constant<int, 96>());
-  return launch_for(std::integral_constant<int, MAX_HEAD_DIM>());
-}
 
 // q, out, dout, dq: (batch, heads, seq_q, head_dim); k, v, dk, dv: (batch, kv_heads, seq_k, head_dim), heads a
 // multiple of kv_heads; lse: (batch, heads, seq_q), from the forward pass (step 12); delta: (batch, heads, seq_q),

@@ -46,15 +46,15 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "device/common.cuh"       // LOG2E, ceil_div, with_head_dim_tile
+#include "device/float_tiles.cuh"  // load_tile: asynchronous copies, as in the FFMA reference
+
 constexpr int WARPS = 8;                     // 4, with 32-key tiles and 2 blocks per SM: 20% slower at D128
 constexpr int BLOCK_ROWS = 16 * WARPS;       // query rows per block
 constexpr int BLOCK_COLS = 64;               // keys per K/V tile (32: 11% slower at D128)
 constexpr int NUM_THREADS = 32 * WARPS;
 constexpr int STAGES = 2;                    // K/V tiles in shared memory: the next loads during this one
 constexpr int MAX_HEAD_DIM = 128;
-constexpr float LOG2E = 1.4426950408889634f;
-
-__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 // Tiles in shared memory have rows of D + 4 floats: lane 4 g + t reads row g, column t of a
 // fragment, and with D a multiple of 8 a row is 4 x (an odd number) words long, so the 32 lanes
@@ -62,30 +62,6 @@ __host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / 
 template <int D>
 constexpr size_t smem_bytes() { return sizeof(float) * (BLOCK_ROWS + STAGES * 2 * BLOCK_COLS) * (D + 4); }
 static_assert(smem_bytes<MAX_HEAD_DIM>() <= 227 * 1024, "at most 227 KB of shared memory per block on sm_90");
-
-// Rows [row0, row0 + ROWS) of src, (n_rows, head_dim) row-major, into tile (ROWS x LD); zeros past
-// the last row and past head_dim. Asynchronous copies, as in the FFMA reference.
-template <int ROWS, int D, int LD>
-__device__ __forceinline__ void load_tile(float* tile, const float* src, int row0, int n_rows, int head_dim) {
-  constexpr int VECS = D / 4;
-  const bool vec = head_dim % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
-  for (int idx = threadIdx.x; idx < ROWS * VECS; idx += NUM_THREADS) {
-    const int r = idx / VECS, c = (idx % VECS) * 4;
-    float* dst = &tile[r * LD + c];
-    const bool row_ok = row0 + r < n_rows;
-    const float* from = src + (size_t)(row0 + r) * head_dim + c;  // read only if row_ok
-    if (vec && row_ok && c < head_dim) {
-      __pipeline_memcpy_async(dst, from, 16);
-    } else {
-      for (int e = 0; e < 4; ++e) {
-        if (row_ok && c + e < head_dim)
-          __pipeline_memcpy_async(dst + e, from + e, 4);
-        else
-          dst[e] = 0.0f;
-      }
-    }
-  }
-}
 
 // x = big + small: big is x rounded to TF32; small is the rest, which the tensor core reads as
 // TF32 by dropping its low 13 bits (an error of 2^-10 of small, about 2^-21 of x).
@@ -167,10 +143,10 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
 
   auto load_kv = [&](int tile, int stage) {
     float* k_tile = kv_tiles + stage * 2 * BLOCK_COLS * LD;
-    load_tile<BLOCK_COLS, D, LD>(k_tile, k, tile * BLOCK_COLS, seq_k, head_dim);
-    load_tile<BLOCK_COLS, D, LD>(k_tile + BLOCK_COLS * LD, v, tile * BLOCK_COLS, seq_k, head_dim);
+    load_tile<BLOCK_COLS, D, LD, NUM_THREADS>(k_tile, k, tile * BLOCK_COLS, seq_k, head_dim);
+    load_tile<BLOCK_COLS, D, LD, NUM_THREADS>(k_tile + BLOCK_COLS * LD, v, tile * BLOCK_COLS, seq_k, head_dim);
   };
-  load_tile<BLOCK_ROWS, D, LD>(q_tile, q, q_start, seq_q, head_dim);
+  load_tile<BLOCK_ROWS, D, LD, NUM_THREADS>(q_tile, q, q_start, seq_q, head_dim);
   load_kv(0, 0);
   __pipeline_commit();
 
@@ -296,17 +272,6 @@ static cudaError_t launch_as(const float* q, const float* k, const float* v, flo
   flash_attention_kernel<D, CAUSAL><<<grid, NUM_THREADS, smem, stream>>>(
       q, k, v, out, heads, kv_heads, key_start, seq_q, seq_k, head_dim, scale * LOG2E);
   return cudaGetLastError();
-}
-
-// The one place that lists the compiled tile widths, as in the FFMA reference: calls launch_for with the
-// smallest width D >= head_dim as a compile-time constant (std::integral_constant<int, D>).
-template <typename LaunchFor>
-static cudaError_t with_head_dim_tile(int head_dim, LaunchFor launch_for) {
-  if (head_dim <= 32) return launch_for(std::integral_constant<int, 32>());
-  if (head_dim <= 64) return launch_for(std::integral_constant<int, 64>());
-  if (head_dim <= 80) return launch_for(std::integral_constant<int, 80>());
-  if (head_dim <= 96) return launch_for(std::integral_constant<int, 96>());
-  return launch_for(std::integral_constant<int, MAX_HEAD_DIM>());
 }
 
 // The launcher task4/binding.cpp calls, as in the FFMA reference.
