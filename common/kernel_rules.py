@@ -116,7 +116,7 @@ def check_includes(depfile: Path, source: str, toolchain: list[Path], library: P
         raise RuleBroken(f"{source}: the compiler's list of included files is empty: rebuild (delete build/)")
     own_folder = files[0].parent
     roots = [own_folder.resolve(), *(p.resolve() for p in toolchain)]
-    library_names = {p.name for p in library.glob("*.cuh")} if library else set()
+    library_names = {p.name for p in library.glob("*") if p.is_file()} if library else set()
     for path in files:
         real = path.resolve()
         if real.name in library_names and real.parent.parts[-3:] == library.parts[-3:]:

@@ -145,7 +145,7 @@ def compile_kernels(sources: list[Path], folder: Path, arch: str, flags: list[st
 
 
 def device_library_files() -> list[Path]:
-    return sorted(p for p in DEVICE_LIBRARY.glob("*.cuh") if p.is_file())
+    return sorted(p for p in DEVICE_LIBRARY.glob("*") if p.is_file())
 
 
 def include_flags() -> list[str]:

@@ -15,39 +15,23 @@
 #include <utility>
 
 #include "../common/csrc/checks.h"
+#include "../common/csrc/device/params.h"
 #include "../common/csrc/operators.h"
 
-// Defined in kernels/attention.cu.
-// q: (batch, heads, seq_q, head_dim); k, v: (batch, kv_heads, seq_k, head_dim), heads a multiple of
-// kv_heads; out: (batch, heads, seq_q, head_dim); all contiguous float32 on the device. key_start:
-// nullptr, or (batch,) int32 on the device. Returns the launch's cudaError_t (cudaGetLastError after
-// the launch).
-cudaError_t flash_attention_forward(const float* q, const float* k, const float* v, float* out,
-                                    int batch, int heads, int kv_heads, const int* key_start,
-                                    int seq_q, int seq_k, int head_dim, float scale, bool causal,
-                                    cudaStream_t stream);
-// Defined in kernels/attention_half.cu (optional, steps 8-11): the same for bf16 or fp16 tensors (bf16: true
-// for bfloat16). Weak: a build without that file (an earlier term's, or the reference's other kernel folders)
-// still loads, and forward_half then says the kernel is missing.
-__attribute__((weak)) cudaError_t flash_attention_half_forward(const void* q, const void* k, const void* v,
-                                                               void* out, bool bf16, int batch, int heads,
-                                                               int kv_heads, const int* key_start, int seq_q,
-                                                               int seq_k, int head_dim, float scale, bool causal,
-                                                               cudaStream_t stream);
+// Defined in kernels/attention.cu, each taking its parameters as one struct (common/csrc/device/params.h,
+// which says what each field holds) and returning the launch's cudaError_t (cudaGetLastError after the
+// launch). The tensors are checked here first: contiguous, on the device, float32 (int32 for key_start).
+cudaError_t flash_attention_forward(const AttentionParams& p, cudaStream_t stream);
+// Defined in kernels/attention_half.cu (optional, steps 8-11): the same for bf16 or fp16 tensors (p.bf16). Weak:
+// a build without that file (an earlier term's, or the reference's other kernel folders) still loads, and
+// forward_half then says the kernel is missing.
+__attribute__((weak)) cudaError_t flash_attention_half_forward(const AttentionParams& p, cudaStream_t stream);
 // The backward part (optional, steps 12-16), weak as above. In kernels/attention.cu: the forward without padding,
-// also writing lse, (batch, heads, seq_q) float32, each row's log-sum-exp of the scaled scores (step 12).
-__attribute__((weak)) cudaError_t flash_attention_forward_lse(const float* q, const float* k, const float* v,
-                                                              float* out, float* lse, int batch, int heads,
-                                                              int kv_heads, int seq_q, int seq_k, int head_dim,
-                                                              float scale, bool causal, cudaStream_t stream);
+// also writing p.lse, (batch, heads, seq_q) float32, each row's log-sum-exp of the scaled scores (step 12).
+__attribute__((weak)) cudaError_t flash_attention_forward_lse(const AttentionParams& p, cudaStream_t stream);
 // In kernels/attention_backward.cu (steps 13-16): dq, dk, dv from dout and what the forward saved; delta is scratch
 // of lse's shape. Shapes as forward's; dq like q, dk and dv like k.
-__attribute__((weak)) cudaError_t flash_attention_backward(const float* q, const float* k, const float* v,
-                                                           const float* out, const float* dout, const float* lse,
-                                                           float* delta, float* dq, float* dk, float* dv, int batch,
-                                                           int heads, int kv_heads, int seq_q, int seq_k,
-                                                           int head_dim, float scale, bool causal,
-                                                           cudaStream_t stream);
+__attribute__((weak)) cudaError_t flash_attention_backward(const AttentionBackwardParams& p, cudaStream_t stream);
 int flash_attention_block_rows();
 int flash_attention_block_cols();
 int flash_attention_max_head_dim();
@@ -120,18 +104,25 @@ static const int* check_attention(const torch::Tensor& q, const torch::Tensor& k
   return check_key_start(key_start, batch, seq_k, "seq_k", q, "q");
 }
 
+// The parameters of a forward launch, from tensors check_attention has checked.
+static AttentionParams attention_params(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                        torch::Tensor& out, const int* key_start, double scale, bool causal) {
+  AttentionParams p;
+  p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr(), p.out = out.data_ptr();
+  p.bf16 = q.scalar_type() == torch::kBFloat16;
+  p.batch = (int)q.size(0), p.heads = (int)q.size(1), p.kv_heads = (int)k.size(1);
+  p.seq_q = (int)q.size(2), p.seq_k = (int)k.size(2), p.head_dim = (int)q.size(3);
+  p.key_start = key_start, p.scale = (float)scale, p.causal = causal;
+  return p;
+}
+
 void forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
              torch::Tensor& out, bool causal, double scale,
              const std::optional<torch::Tensor>& key_start) {
   const int* key_start_data = check_attention(q, k, v, out, causal, scale, key_start, check_cuda_float32);
   if (q.numel() == 0) return;  // batch or heads is 0: nothing to do
-  const int64_t batch = q.size(0), heads = q.size(1), seq_q = q.size(2), head_dim = q.size(3);
-  const int64_t kv_heads = k.size(1), seq_k = k.size(2);
   const c10::cuda::CUDAGuard guard(q.device());
-  check_launch(flash_attention_forward(q.data_ptr<float>(), k.data_ptr<float>(),
-                                       v.data_ptr<float>(), out.data_ptr<float>(), (int)batch,
-                                       (int)heads, (int)kv_heads, key_start_data, (int)seq_q,
-                                       (int)seq_k, (int)head_dim, (float)scale, causal,
+  check_launch(flash_attention_forward(attention_params(q, k, v, out, key_start_data, scale, causal),
                                        c10::cuda::getCurrentCUDAStream()),
                "flash_attention_forward");
 }
@@ -161,10 +152,8 @@ void forward_half(const torch::Tensor& q, const torch::Tensor& k, const torch::T
   TORCH_CHECK(major >= 8, "the bf16/fp16 kernel uses mma.sync.m16n8k16 and cp.async, which need compute "
               "capability 8.0 (Ampere) or newer; this GPU is ", num(major), ".", num(minor));
   if (q.numel() == 0) return;
-  check_launch(flash_attention_half_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-                                            type == torch::kBFloat16, (int)q.size(0), (int)q.size(1),
-                                            (int)k.size(1), key_start_data, (int)q.size(2), (int)k.size(2),
-                                            (int)q.size(3), (float)scale, causal, c10::cuda::getCurrentCUDAStream()),
+  check_launch(flash_attention_half_forward(attention_params(q, k, v, out, key_start_data, scale, causal),
+                                            c10::cuda::getCurrentCUDAStream()),
                "flash_attention_half_forward");
 }
 
@@ -187,11 +176,9 @@ void forward_lse(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
               "this build's kernels/attention.cu has no flash_attention_forward_lse (README, Task 4, step 12)");
   if (q.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(q.device());
-  check_launch(flash_attention_forward_lse(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
-                                           out.data_ptr<float>(), lse.data_ptr<float>(), (int)q.size(0),
-                                           (int)q.size(1), (int)k.size(1), (int)q.size(2), (int)k.size(2),
-                                           (int)q.size(3), (float)scale, causal, c10::cuda::getCurrentCUDAStream()),
-               "flash_attention_forward_lse");
+  AttentionParams p = attention_params(q, k, v, out, nullptr, scale, causal);
+  p.lse = lse.data_ptr<float>();
+  check_launch(flash_attention_forward_lse(p, c10::cuda::getCurrentCUDAStream()), "flash_attention_forward_lse");
 }
 
 // dq, dk, dv (written) from dout and what forward_lse saved (q, k, v, out, lse).
@@ -228,13 +215,14 @@ void backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tenso
   }
   // D = rowsum(dout * out), the kernels' scratch: NaN until the first kernel writes it, so a D never computed shows
   torch::Tensor delta = torch::full_like(lse, std::numeric_limits<float>::quiet_NaN());
-  check_launch(flash_attention_backward(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
-                                        out.data_ptr<float>(), dout.data_ptr<float>(), lse.data_ptr<float>(),
-                                        delta.data_ptr<float>(), dq.data_ptr<float>(), dk.data_ptr<float>(),
-                                        dv.data_ptr<float>(), (int)q.size(0), (int)q.size(1), (int)k.size(1),
-                                        (int)q.size(2), (int)k.size(2), (int)q.size(3), (float)scale, causal,
-                                        c10::cuda::getCurrentCUDAStream()),
-               "flash_attention_backward");
+  AttentionBackwardParams p;
+  p.q = q.data_ptr<float>(), p.k = k.data_ptr<float>(), p.v = v.data_ptr<float>(), p.out = out.data_ptr<float>();
+  p.dout = dout.data_ptr<float>(), p.lse = lse.data_ptr<float>(), p.delta = delta.data_ptr<float>();
+  p.dq = dq.data_ptr<float>(), p.dk = dk.data_ptr<float>(), p.dv = dv.data_ptr<float>();
+  p.batch = (int)q.size(0), p.heads = (int)q.size(1), p.kv_heads = (int)k.size(1);
+  p.seq_q = (int)q.size(2), p.seq_k = (int)k.size(2), p.head_dim = (int)q.size(3);
+  p.scale = (float)scale, p.causal = causal;
+  check_launch(flash_attention_backward(p, c10::cuda::getCurrentCUDAStream()), "flash_attention_backward");
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -18,45 +18,23 @@
 #include <cstdint>
 
 #include "../common/csrc/checks.h"
+#include "../common/csrc/device/params.h"
 #include "../common/csrc/operators.h"
 
-// Defined in kernels/decode.cu. The cache is (batch, kv_heads, max_seq, head_dim); q and
-// out are (batch, heads, head_dim), heads a multiple of kv_heads; k_new and v_new (batch *
-// kv_heads, n_new, head_dim). All contiguous float32 on the device; key_start nullptr or
-// (batch,) int32. Each returns the cudaError_t of its launch.
-// pos, length and key_start (nullptr or) (batch,) int32 in GPU memory.
-cudaError_t update_cache(const float* k_new, const float* v_new, float* k_cache, float* v_cache, int batch,
-                         int kv_heads, int n_new, int max_seq, int head_dim, const int* pos, cudaStream_t stream);
-cudaError_t decode_forward(const float* q, const float* k_cache, const float* v_cache, float* out, int batch,
-                           int heads, int kv_heads, const int* length, const int* key_start, int max_seq,
-                           int head_dim, float scale, cudaStream_t stream);
-cudaError_t decode_split_forward(const float* q, const float* k_cache, const float* v_cache, float* out, int batch,
-                                 int heads, int kv_heads, const int* length, const int* key_start, int max_seq,
-                                 int head_dim, float scale, int splits, float* partial_out, float* partial_lse,
-                                 cudaStream_t stream);
+// Defined in kernels/decode.cu, each taking its parameters as one struct (common/csrc/device/params.h,
+// which says what each field holds) and returning the cudaError_t of its launch. The tensors are checked
+// here first: contiguous, on the device, float32 (int32 for pos, length, key_start and the block table).
+cudaError_t update_cache(const CacheUpdateParams& p, cudaStream_t stream);  // contiguous, or paged (step 5)
+cudaError_t decode_forward(const DecodeParams& p, cudaStream_t stream);     // any splits (step 3), paged or not
 int decode_splits(int batch, int heads, int kv_heads, int max_length, int head_dim);
-// Step 5 (optional), a paged cache: pages (num_pages, kv_heads, page_size, head_dim), table (batch, max_pages).
-cudaError_t update_paged(const float* k_new, const float* v_new, float* k_pages, float* v_pages, const int* table,
-                         int max_pages, int num_pages, int page_size, int batch, int kv_heads, int n_new,
-                         int head_dim, const int* pos, cudaStream_t stream);
-cudaError_t decode_paged_forward(const float* q, const float* k_pages, const float* v_pages, float* out, int batch,
-                                 int heads, int kv_heads, const int* length, const int* key_start, const int* table,
-                                 int max_pages, int num_pages, int page_size, int head_dim, float scale, int splits,
-                                 float* partial_out, float* partial_lse, cudaStream_t stream);
 int decode_max_head_dim();
 int decode_max_splits();
 // Defined in kernels/decode_half.cu (optional, step 6): the cache update and the decode for bf16 or fp16
-// tensors (bf16: true for bfloat16; every tensor of a call one type); splits 1 (no split) or more, with
-// partial_out and partial_lse in float32 as decode_split_forward's. Weak: a build without that file still
-// loads, and update_cache_half and decode_half then say the kernels are missing.
-__attribute__((weak)) cudaError_t update_cache_half(const void* k_new, const void* v_new, void* k_cache,
-                                                    void* v_cache, bool bf16, int batch, int kv_heads, int n_new,
-                                                    int max_seq, int head_dim, const int* pos, cudaStream_t stream);
-__attribute__((weak)) cudaError_t decode_half_forward(const void* q, const void* k_cache, const void* v_cache,
-                                                      void* out, bool bf16, int batch, int heads, int kv_heads,
-                                                      const int* length, const int* key_start, int max_seq,
-                                                      int head_dim, float scale, int splits, float* partial_out,
-                                                      float* partial_lse, cudaStream_t stream);
+// tensors (p.bf16; every tensor of a call one type, but the partial outputs of a split decode, float32), a
+// contiguous cache only. Weak: a build without that file still loads, and update_cache_half and decode_half
+// then say the kernels are missing.
+__attribute__((weak)) cudaError_t update_cache_half(const CacheUpdateParams& p, cudaStream_t stream);
+__attribute__((weak)) cudaError_t decode_half_forward(const DecodeParams& p, cudaStream_t stream);
 // Given (common/csrc/linear_rows.cu, compiled beside your kernels): y (rows, n) = x (rows, k) @ w^T, in float32
 // or in bfloat16 (bf16: true) or float16.
 cudaError_t linear_rows(const float* x, const float* w, float* y, int rows, int n, int k, cudaStream_t stream);
@@ -143,18 +121,16 @@ void check_new_rows(const torch::Tensor& k_new, const torch::Tensor& v_new, cons
 void launch_update(const torch::Tensor& k_new, const torch::Tensor& v_new, torch::Tensor& k_cache,
                    torch::Tensor& v_cache, const int* pos) {
   const c10::cuda::CUDAGuard guard(k_cache.device());
-  if (k_cache.scalar_type() != torch::kFloat32) {  // checked by cache_type: bfloat16 or float16
-    check_launch(update_cache_half(k_new.data_ptr(), v_new.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-                                   k_cache.scalar_type() == torch::kBFloat16, (int)k_cache.size(0),
-                                   (int)k_cache.size(1), (int)k_new.size(2), (int)k_cache.size(2),
-                                   (int)k_cache.size(3), pos, c10::cuda::getCurrentCUDAStream()),
-                 "update_cache_half");
-    return;
-  }
-  check_launch(update_cache(k_new.data_ptr<float>(), v_new.data_ptr<float>(), k_cache.data_ptr<float>(),
-                            v_cache.data_ptr<float>(), (int)k_cache.size(0), (int)k_cache.size(1), (int)k_new.size(2),
-                            (int)k_cache.size(2), (int)k_cache.size(3), pos, c10::cuda::getCurrentCUDAStream()),
-               "update_cache");
+  CacheUpdateParams p;
+  p.k_new = k_new.data_ptr(), p.v_new = v_new.data_ptr(), p.k_cache = k_cache.data_ptr(), p.v_cache = v_cache.data_ptr();
+  p.bf16 = k_cache.scalar_type() == torch::kBFloat16;
+  p.batch = (int)k_cache.size(0), p.kv_heads = (int)k_cache.size(1), p.n_new = (int)k_new.size(2);
+  p.max_seq = (int)k_cache.size(2), p.head_dim = (int)k_cache.size(3), p.pos = pos;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (k_cache.scalar_type() != torch::kFloat32)  // checked by cache_type: bfloat16 or float16
+    check_launch(update_cache_half(p, stream), "update_cache_half");
+  else
+    check_launch(update_cache(p, stream), "update_cache");
 }
 
 // Writes k_new and v_new at positions pos[b] .. pos[b] + n_new - 1 of each sequence b; pos is
@@ -238,37 +214,34 @@ Partials partials_for(const torch::Tensor& q, int64_t kv_heads, int64_t max_leng
                   torch::empty({batch * heads, splits}, options)};
 }
 
+// What every decode's parameters hold: the tensors, the shapes, length and key_start ((batch,) ints in GPU
+// memory; key_start may be nullptr), the scale and the splits.
+DecodeParams decode_params(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& out,
+                           const int* length, const int* key_start, double scale, Partials& partials) {
+  DecodeParams p;
+  p.q = q.data_ptr(), p.k_cache = k.data_ptr(), p.v_cache = v.data_ptr(), p.out = out.data_ptr();
+  p.batch = (int)q.size(0), p.heads = (int)q.size(1), p.kv_heads = (int)k.size(1), p.head_dim = (int)k.size(3);
+  p.length = length, p.key_start = key_start, p.scale = (float)scale;
+  p.splits = (int)partials.splits, p.partial_out = partials.out_ptr(), p.partial_lse = partials.lse_ptr();
+  return p;
+}
+
 // The launch, once everything is checked: length is (batch,) ints in GPU memory, max_length the
 // longest any of them may be (the splits are chosen for it).
 void run_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                 torch::Tensor& out, const int* length, int64_t max_length, const int* key_start, double scale,
                 int64_t splits) {
-  const int64_t batch = q.size(0), heads = q.size(1), kv_heads = k_cache.size(1), max_seq = k_cache.size(2);
-  const int head_dim = (int)k_cache.size(3);
   const c10::cuda::CUDAGuard guard(q.device());
   if (q.numel() == 0) return;  // no query heads: nothing to do
-  Partials partials = partials_for(q, kv_heads, max_length, head_dim, splits);
+  Partials partials = partials_for(q, k_cache.size(1), max_length, k_cache.size(3), splits);
+  DecodeParams p = decode_params(q, k_cache, v_cache, out, length, key_start, scale, partials);
+  p.bf16 = q.scalar_type() == torch::kBFloat16;
+  p.max_seq = (int)k_cache.size(2);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (q.scalar_type() != torch::kFloat32) {  // checked by cache_type: bfloat16 or float16, like the cache
-    check_launch(decode_half_forward(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
-                                     q.scalar_type() == torch::kBFloat16, (int)batch, (int)heads, (int)kv_heads,
-                                     length, key_start, (int)max_seq, head_dim, (float)scale, (int)partials.splits,
-                                     partials.out_ptr(), partials.lse_ptr(), stream),
-                 "decode_half_forward");
-    return;
-  }
-  if (partials.splits == 1) {
-    check_launch(decode_forward(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
-                                out.data_ptr<float>(), (int)batch, (int)heads, (int)kv_heads, length, key_start,
-                                (int)max_seq, head_dim, (float)scale, stream),
-                 "decode_forward");
-    return;
-  }
-  check_launch(decode_split_forward(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
-                                    out.data_ptr<float>(), (int)batch, (int)heads, (int)kv_heads, length, key_start,
-                                    (int)max_seq, head_dim, (float)scale, (int)partials.splits, partials.out_ptr(),
-                                    partials.lse_ptr(), stream),
-               "decode_split_forward");
+  if (q.scalar_type() != torch::kFloat32)  // checked by cache_type: bfloat16 or float16, like the cache
+    check_launch(decode_half_forward(p, stream), "decode_half_forward");
+  else
+    check_launch(decode_forward(p, stream), "decode_forward");
 }
 
 // The pools (num_pages, kv_heads, page_size, head_dim), page_size a power of two, and the block
@@ -325,12 +298,13 @@ void update_paged_at(const torch::Tensor& k_new, const torch::Tensor& v_new, tor
   }
   check_per_sequence(pos, "pos", "the first new position", batch, k_pages, "k_pages");
   const c10::cuda::CUDAGuard guard(k_pages.device());
-  check_launch(update_paged(k_new.data_ptr<float>(), v_new.data_ptr<float>(), k_pages.data_ptr<float>(),
-                            v_pages.data_ptr<float>(), block_table.data_ptr<int>(), (int)block_table.size(1),
-                            (int)k_pages.size(0), (int)k_pages.size(2), (int)batch, (int)k_pages.size(1),
-                            (int)k_new.size(2), (int)k_pages.size(3), pos.data_ptr<int>(),
-                            c10::cuda::getCurrentCUDAStream()),
-               "update_paged");
+  CacheUpdateParams p;
+  p.k_new = k_new.data_ptr(), p.v_new = v_new.data_ptr(), p.k_cache = k_pages.data_ptr(), p.v_cache = v_pages.data_ptr();
+  p.batch = (int)batch, p.kv_heads = (int)k_pages.size(1), p.n_new = (int)k_new.size(2), p.head_dim = (int)k_pages.size(3);
+  p.pos = pos.data_ptr<int>();
+  p.block_table = block_table.data_ptr<int>(), p.max_pages = (int)block_table.size(1);
+  p.num_pages = (int)k_pages.size(0), p.page_size = (int)k_pages.size(2), p.max_seq = p.max_pages * p.page_size;
+  check_launch(update_cache(p, c10::cuda::getCurrentCUDAStream()), "update_cache (paged)");
 }
 
 // Step 5 (optional): decode over a paged cache, as decode with length int32 (batch,) on the GPU; the
@@ -340,7 +314,7 @@ void decode_paged(const torch::Tensor& q, const torch::Tensor& k_pages, const to
                   torch::Tensor& out, const torch::Tensor& block_table, const torch::Tensor& length, double scale,
                   int64_t splits, const std::optional<torch::Tensor>& key_start) {
   check_pages(k_pages, v_pages, block_table);
-  const int64_t batch = block_table.size(0), heads = q.size(1), kv_heads = k_pages.size(1);
+  const int64_t batch = block_table.size(0), kv_heads = k_pages.size(1);
   check_query(q, out, batch, k_pages, v_pages, "k_pages", "v_pages", scale, splits);
   check_per_sequence(length, "length", "the positions of the cache written so far", batch, q, "q");
   if (key_start.has_value()) check_per_sequence(*key_start, "key_start", "one first valid key", batch, q, "q");
@@ -349,13 +323,11 @@ void decode_paged(const torch::Tensor& q, const torch::Tensor& k_pages, const to
   const c10::cuda::CUDAGuard guard(q.device());
   if (q.numel() == 0) return;
   Partials partials = partials_for(q, kv_heads, (int64_t)max_pages * page_size, head_dim, splits);
-  check_launch(decode_paged_forward(q.data_ptr<float>(), k_pages.data_ptr<float>(), v_pages.data_ptr<float>(),
-                                    out.data_ptr<float>(), (int)batch, (int)heads, (int)kv_heads,
-                                    length.data_ptr<int>(), key_start.has_value() ? key_start->data_ptr<int>() : nullptr,
-                                    block_table.data_ptr<int>(), max_pages, (int)k_pages.size(0), page_size, head_dim,
-                                    (float)scale, (int)partials.splits, partials.out_ptr(), partials.lse_ptr(),
-                                    c10::cuda::getCurrentCUDAStream()),
-               "decode_paged_forward");
+  DecodeParams p = decode_params(q, k_pages, v_pages, out, length.data_ptr<int>(),
+                                 key_start.has_value() ? key_start->data_ptr<int>() : nullptr, scale, partials);
+  p.block_table = block_table.data_ptr<int>(), p.max_pages = max_pages, p.num_pages = (int)k_pages.size(0);
+  p.page_size = page_size, p.max_seq = max_pages * page_size;
+  check_launch(decode_forward(p, c10::cuda::getCurrentCUDAStream()), "decode_forward (paged)");
 }
 
 // out = softmax(scale * q K[key_start[b]:length[b]]^T) V[key_start[b]:length[b]] for each sequence b,

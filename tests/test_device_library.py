@@ -39,7 +39,7 @@ def unit(path) -> str:
 
 
 def kit_cuda_files():
-    return sorted([*REPO.glob("task*/**/*.cu"), *REPO.glob("common/csrc/*.cu"), *DEVICE_LIBRARY.glob("*.cuh")])
+    return sorted([*REPO.glob("task*/**/*.cu"), *REPO.glob("common/csrc/*.cu"), *DEVICE_LIBRARY.glob("*")])
 
 
 def test_the_parser_finds_functions_templates_and_structs():
@@ -66,8 +66,8 @@ def test_no_helper_is_defined_in_two_files():
 
 
 def test_the_library_is_what_the_kernels_include():
-    library = {p.name for p in DEVICE_LIBRARY.glob("*.cuh")}
+    library = {p.name for p in DEVICE_LIBRARY.glob("*")}
     included = set()
     for path in kit_cuda_files():
-        included |= set(re.findall(r'#include "device/(\w+\.cuh)"', path.read_text()))
+        included |= set(re.findall(r'#include "device/(\w+\.(?:cuh|h))"', path.read_text()))
     assert included == library, f"included but missing: {included - library}; never included: {library - included}"

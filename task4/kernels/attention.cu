@@ -53,6 +53,7 @@
 
 #include "device/common.cuh"
 #include "device/float_tiles.cuh"
+#include "device/params.h"
 
 // ----------------------------------------------------------------------------
 // Tile sizes (tune here)
@@ -248,59 +249,45 @@ __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS_PER_SM)
 // next synchronisation.
 
 template <int D, bool PADDED>
-static cudaError_t launch(const float* q, const float* k, const float* v, float* out, float* lse, int batch,
-                          int heads, int kv_heads, const int* key_start, int seq_q, int seq_k,
-                          int head_dim, float scale, bool causal, cudaStream_t stream) {
+static cudaError_t launch(const AttentionParams& p, cudaStream_t stream) {
   // More than 48 KB of dynamic shared memory needs an explicit opt-in.
   const size_t smem = smem_bytes<D>();
   cudaError_t err = cudaFuncSetAttribute(flash_attention_kernel<D, PADDED>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != cudaSuccess) return err;
-  const dim3 grid(batch * heads, ceil_div(seq_q, BLOCK_ROWS));
+  const dim3 grid(p.batch * p.heads, ceil_div(p.seq_q, BLOCK_ROWS));
   flash_attention_kernel<D, PADDED><<<grid, NUM_THREADS, smem, stream>>>(
-      q, k, v, out, lse, heads, kv_heads, key_start, seq_q, seq_k, head_dim, scale * LOG2E, causal);
+      static_cast<const float*>(p.q), static_cast<const float*>(p.k), static_cast<const float*>(p.v),
+      static_cast<float*>(p.out), p.lse, p.heads, p.kv_heads, p.key_start, p.seq_q, p.seq_k, p.head_dim,
+      p.scale * LOG2E, p.causal);
   return cudaGetLastError();
 }
 
-// Both entry points below: the arguments checked, then the kernel for head_dim's tile width. lse: nullptr or
-// (batch, heads, seq_q); key_start: nullptr or (batch,), never both (the backward part has no padding).
-static cudaError_t forward_with(const float* q, const float* k, const float* v, float* out, float* lse, int batch,
-                                int heads, int kv_heads, const int* key_start, int seq_q, int seq_k, int head_dim,
-                                float scale, bool causal, cudaStream_t stream) {
-  if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || seq_q < 1 || seq_k < 1 ||
-      head_dim < 1 || head_dim > MAX_HEAD_DIM || (causal && seq_q > seq_k) ||
-      (seq_q - 1) / BLOCK_ROWS >= 65535 || (lse != nullptr && key_start != nullptr))
+// Both entry points below: the parameters checked (p.lse and p.key_start never both: the backward part has
+// no padding), then the kernel for head_dim's tile width.
+static cudaError_t forward_with(const AttentionParams& p, cudaStream_t stream) {
+  if (p.batch < 0 || p.heads < 1 || p.kv_heads < 1 || p.heads % p.kv_heads != 0 || p.seq_q < 1 || p.seq_k < 1 ||
+      p.head_dim < 1 || p.head_dim > MAX_HEAD_DIM || (p.causal && p.seq_q > p.seq_k) ||
+      (p.seq_q - 1) / BLOCK_ROWS >= 65535 || (p.lse != nullptr && p.key_start != nullptr))
     return cudaErrorInvalidValue;
-  if (batch == 0) return cudaSuccess;
-  return with_head_dim_tile(head_dim, [&](auto tile) {
+  if (p.batch == 0) return cudaSuccess;
+  return with_head_dim_tile(p.head_dim, [&](auto tile) {
     constexpr int D = decltype(tile)::value;
-    return key_start != nullptr
-               ? launch<D, true>(q, k, v, out, lse, batch, heads, kv_heads, key_start, seq_q, seq_k,
-                                 head_dim, scale, causal, stream)
-               : launch<D, false>(q, k, v, out, lse, batch, heads, kv_heads, key_start, seq_q, seq_k,
-                                  head_dim, scale, causal, stream);
+    return p.key_start != nullptr ? launch<D, true>(p, stream) : launch<D, false>(p, stream);
   });
 }
 
-// q: (batch, heads, seq_q, head_dim); k, v: (batch, kv_heads, seq_k, head_dim), heads a
-// multiple of kv_heads; out: (batch, heads, seq_q, head_dim). key_start: nullptr (no
-// padding) or (batch,) ints on the device, each between 0 and seq_k.
-cudaError_t flash_attention_forward(const float* q, const float* k, const float* v, float* out,
-                                    int batch, int heads, int kv_heads, const int* key_start,
-                                    int seq_q, int seq_k, int head_dim, float scale, bool causal,
-                                    cudaStream_t stream) {
-  return forward_with(q, k, v, out, nullptr, batch, heads, kv_heads, key_start, seq_q, seq_k, head_dim, scale,
-                      causal, stream);
+// The forward pass, float32; the parameters are described in device/params.h (p.lse: nullptr here).
+cudaError_t flash_attention_forward(const AttentionParams& p, cudaStream_t stream) {
+  if (p.lse != nullptr) return cudaErrorInvalidValue;
+  return forward_with(p, stream);
 }
 
-// The same without padding, also writing lse: (batch, heads, seq_q), each row's log-sum-exp of the scaled scores
-// (step 12). The backward pass (kernels/attention_backward.cu) recomputes the probabilities from it.
-cudaError_t flash_attention_forward_lse(const float* q, const float* k, const float* v, float* out, float* lse,
-                                        int batch, int heads, int kv_heads, int seq_q, int seq_k, int head_dim,
-                                        float scale, bool causal, cudaStream_t stream) {
-  if (lse == nullptr) return cudaErrorInvalidValue;
-  return forward_with(q, k, v, out, lse, batch, heads, kv_heads, nullptr, seq_q, seq_k, head_dim, scale, causal,
-                      stream);
+// The same without padding, also writing p.lse: (batch, heads, seq_q), each row's log-sum-exp of the scaled
+// scores (step 12). The backward pass (kernels/attention_backward.cu) recomputes the probabilities from it.
+cudaError_t flash_attention_forward_lse(const AttentionParams& p, cudaStream_t stream) {
+  if (p.lse == nullptr || p.key_start != nullptr) return cudaErrorInvalidValue;
+  return forward_with(p, stream);
 }
 
 // The tile sizes and the largest head_dim, for the binding to report.

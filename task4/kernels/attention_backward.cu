@@ -38,6 +38,7 @@
 
 #include "device/common.cuh"
 #include "device/float_tiles.cuh"
+#include "device/params.h"
 
 // ----------------------------------------------------------------------------
 // Tile sizes (tune here)
@@ -323,27 +324,23 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
 // ----------------------------------------------------------------------------
 // Launcher: called by task4/binding.cpp on PyTorch's current stream. Returns the error of the launches.
 
-// q, out, dout, dq: (batch, heads, seq_q, head_dim); k, v, dk, dv: (batch, kv_heads, seq_k, head_dim), heads a
-// multiple of kv_heads; lse: (batch, heads, seq_q), from the forward pass (step 12); delta: (batch, heads, seq_q),
-// scratch for D. dq, dk and dv are overwritten.
-cudaError_t flash_attention_backward(const float* q, const float* k, const float* v, const float* out,
-                                     const float* dout, const float* lse, float* delta, float* dq, float* dk,
-                                     float* dv, int batch, int heads, int kv_heads, int seq_q, int seq_k,
-                                     int head_dim, float scale, bool causal, cudaStream_t stream) {
-  if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || seq_q < 1 || seq_k < 1 || head_dim < 1 ||
-      head_dim > MAX_HEAD_DIM || (causal && seq_q > seq_k) || (seq_q - 1) / BLOCK_ROWS >= 65535 ||
-      (seq_k - 1) / BLOCK_ROWS >= 65535)
+// The backward pass: dq, dk and dv (overwritten) from dout and what the forward saved; the parameters are
+// described in device/params.h.
+cudaError_t flash_attention_backward(const AttentionBackwardParams& p, cudaStream_t stream) {
+  if (p.batch < 0 || p.heads < 1 || p.kv_heads < 1 || p.heads % p.kv_heads != 0 || p.seq_q < 1 || p.seq_k < 1 ||
+      p.head_dim < 1 || p.head_dim > MAX_HEAD_DIM || (p.causal && p.seq_q > p.seq_k) ||
+      (p.seq_q - 1) / BLOCK_ROWS >= 65535 || (p.seq_k - 1) / BLOCK_ROWS >= 65535)
     return cudaErrorInvalidValue;
-  if (batch == 0) return cudaSuccess;
+  if (p.batch == 0) return cudaSuccess;
 
-  const long long rows = (long long)batch * heads * seq_q;
+  const long long rows = (long long)p.batch * p.heads * p.seq_q;
   constexpr int ROWS_PER_BLOCK = 256 / 32;
-  delta_kernel<<<(unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK), 256, 0, stream>>>(out, dout, delta, rows,
-                                                                                             head_dim);
+  delta_kernel<<<(unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK), 256, 0, stream>>>(p.out, p.dout, p.delta,
+                                                                                             rows, p.head_dim);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 
-  return with_head_dim_tile(head_dim, [&](auto tile) {
+  return with_head_dim_tile(p.head_dim, [&](auto tile) {
     constexpr int D = decltype(tile)::value;
     const size_t smem = backward_smem_bytes<D>();
     cudaError_t err = cudaFuncSetAttribute(flash_attention_dkdv_kernel<D>,
@@ -352,13 +349,15 @@ cudaError_t flash_attention_backward(const float* q, const float* k, const float
       err = cudaFuncSetAttribute(flash_attention_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)smem);
     if (err != cudaSuccess) return err;
-    const float scale_log2 = scale * LOG2E;
-    flash_attention_dkdv_kernel<D><<<dim3(batch * kv_heads, ceil_div(seq_k, BLOCK_ROWS)), NUM_THREADS, smem, stream>>>(
-        q, k, v, dout, lse, delta, dk, dv, heads, kv_heads, seq_q, seq_k, head_dim, scale, scale_log2, causal);
+    const float scale_log2 = p.scale * LOG2E;
+    flash_attention_dkdv_kernel<D><<<dim3(p.batch * p.kv_heads, ceil_div(p.seq_k, BLOCK_ROWS)), NUM_THREADS, smem,
+                                     stream>>>(p.q, p.k, p.v, p.dout, p.lse, p.delta, p.dk, p.dv, p.heads, p.kv_heads,
+                                               p.seq_q, p.seq_k, p.head_dim, p.scale, scale_log2, p.causal);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
-    flash_attention_dq_kernel<D><<<dim3(batch * heads, ceil_div(seq_q, BLOCK_ROWS)), NUM_THREADS, smem, stream>>>(
-        q, k, v, dout, lse, delta, dq, heads, kv_heads, seq_q, seq_k, head_dim, scale, scale_log2, causal);
+    flash_attention_dq_kernel<D><<<dim3(p.batch * p.heads, ceil_div(p.seq_q, BLOCK_ROWS)), NUM_THREADS, smem,
+                                   stream>>>(p.q, p.k, p.v, p.dout, p.lse, p.delta, p.dq, p.heads, p.kv_heads, p.seq_q,
+                                             p.seq_k, p.head_dim, p.scale, scale_log2, p.causal);
     return cudaGetLastError();
   });
 }

@@ -55,6 +55,7 @@
 
 #include "device/common.cuh"  // WARP, LOG2E, ceil_div
 #include "device/decode.cuh"  // first_position, sum_over_group, Merged, block_rows (given)
+#include "device/params.h"  // CacheUpdateParams, DecodeParams: what the launchers below take from the binding
 
 // ----------------------------------------------------------------------------
 // Sizes (tune here)
@@ -310,16 +311,35 @@ __global__ void __launch_bounds__(MAX_HEAD_DIM * COMBINE_PARTS)
 // Launchers: called by task5/binding.cpp on PyTorch's current stream. Each returns the
 // error of its launch; errors inside a kernel surface at the next synchronisation.
 
-// pos: (batch,) ints in GPU memory, sequence b's first new position.
-cudaError_t update_cache(const float* k_new, const float* v_new, float* k_cache, float* v_cache, int batch,
-                         int kv_heads, int n_new, int max_seq, int head_dim, const int* pos, cudaStream_t stream) {
-  if (batch < 0 || kv_heads < 1 || n_new < 0 || n_new > max_seq || head_dim < 1) return cudaErrorInvalidValue;
-  const size_t total = (size_t)batch * kv_heads * n_new * head_dim;
+static int log2_of(int page_size) {
+  int shift = 0;
+  while ((1 << shift) < page_size) ++shift;
+  return (1 << shift) == page_size ? shift : -1;
+}
+
+// The new rows of every sequence into its cache, contiguous or (p.block_table, step 5) paged; the
+// parameters are described in device/params.h.
+cudaError_t update_cache(const CacheUpdateParams& p, cudaStream_t stream) {
+  const bool paged = p.block_table != nullptr;
+  const int page_shift = paged ? log2_of(p.page_size) : 0;
+  if (p.batch < 0 || p.kv_heads < 1 || p.n_new < 0 || p.head_dim < 1 || (!paged && p.n_new > p.max_seq) ||
+      (paged && (page_shift < 0 || p.max_pages < 1 || p.num_pages < 1)))
+    return cudaErrorInvalidValue;
+  const size_t total = (size_t)p.batch * p.kv_heads * p.n_new * p.head_dim;
   if (total == 0) return cudaSuccess;
   const int threads = 256;
   const int blocks = (int)std::min<size_t>((total + threads - 1) / threads, 65535 * 8);
-  update_cache_kernel<<<blocks, threads, 0, stream>>>(k_new, v_new, k_cache, v_cache, batch, kv_heads, n_new,
-                                                      max_seq, head_dim, pos);
+  const float* k_new = static_cast<const float*>(p.k_new);
+  const float* v_new = static_cast<const float*>(p.v_new);
+  float* k_cache = static_cast<float*>(p.k_cache);
+  float* v_cache = static_cast<float*>(p.v_cache);
+  if (paged)
+    update_paged_kernel<<<blocks, threads, 0, stream>>>(k_new, v_new, k_cache, v_cache, p.block_table, p.max_pages,
+                                                        p.num_pages, page_shift, p.batch, p.kv_heads, p.n_new,
+                                                        p.head_dim, p.pos);
+  else
+    update_cache_kernel<<<blocks, threads, 0, stream>>>(k_new, v_new, k_cache, v_cache, p.batch, p.kv_heads,
+                                                        p.n_new, p.max_seq, p.head_dim, p.pos);
   return cudaGetLastError();
 }
 
@@ -338,46 +358,49 @@ static int decode_blocks(int batch, int heads, int kv_heads) {
 }
 
 // One launch of the decode kernels for a row split and Q queries per block: one block per
-// (batch, kv_head, chunk) when splits == 1, else `splits` of them and the combining kernel.
+// (batch, kv_head, chunk) when p.splits == 1, else p.splits of them and the combining kernel.
 template <int VEC, int G, int Q>
-static cudaError_t launch_decode(const float* q, const float* k_cache, const float* v_cache, float* out,
-                                 int batch, int heads, int kv_heads, const int* length, const int* key_start,
-                                 int max_seq, int head_dim, float scale, int splits, float* partial_out,
-                                 float* partial_lse, const Paging& paging, cudaStream_t stream) {
-  const int threads = DECODE_WARPS * WARP, blocks = decode_blocks(batch, heads, kv_heads);
-  if (splits == 1) {
-    decode_kernel<VEC, G, Q><<<blocks, threads, 0, stream>>>(q, k_cache, v_cache, out, heads, kv_heads,
-                                                              length, key_start, max_seq, head_dim,
-                                                              scale * LOG2E, paging);
+static cudaError_t launch_decode(const DecodeParams& p, const Paging& paging, cudaStream_t stream) {
+  const float* q = static_cast<const float*>(p.q);
+  const float* k_cache = static_cast<const float*>(p.k_cache);
+  const float* v_cache = static_cast<const float*>(p.v_cache);
+  float* out = static_cast<float*>(p.out);
+  const int threads = DECODE_WARPS * WARP, blocks = decode_blocks(p.batch, p.heads, p.kv_heads);
+  if (p.splits == 1) {
+    decode_kernel<VEC, G, Q><<<blocks, threads, 0, stream>>>(q, k_cache, v_cache, out, p.heads, p.kv_heads,
+                                                              p.length, p.key_start, p.max_seq, p.head_dim,
+                                                              p.scale * LOG2E, paging);
     return cudaGetLastError();
   }
-  decode_split_kernel<VEC, G, Q><<<dim3(blocks, splits), threads, 0, stream>>>(
-      q, k_cache, v_cache, partial_out, partial_lse, heads, kv_heads, length, key_start, max_seq, head_dim,
-      scale * LOG2E, paging);
+  decode_split_kernel<VEC, G, Q><<<dim3(blocks, p.splits), threads, 0, stream>>>(
+      q, k_cache, v_cache, p.partial_out, p.partial_lse, p.heads, p.kv_heads, p.length, p.key_start, p.max_seq,
+      p.head_dim, p.scale * LOG2E, paging);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  combine_splits_kernel<<<batch * heads, dim3(MAX_HEAD_DIM, COMBINE_PARTS), 0, stream>>>(partial_out, partial_lse,
-                                                                                        out, splits, head_dim);
+  combine_splits_kernel<<<p.batch * p.heads, dim3(MAX_HEAD_DIM, COMBINE_PARTS), 0, stream>>>(
+      p.partial_out, p.partial_lse, out, p.splits, p.head_dim);
   return cudaGetLastError();
 }
 
-// Picks the row split from head_dim (float4 loads need head_dim % 4 == 0 and 16-byte aligned
-// rows; then G = head_dim / 4 lanes per row, rounded up to a power of two), and the queries per
-// block from the group size.
-static cudaError_t launch(const float* q, const float* k_cache, const float* v_cache, float* out, int batch,
-                          int heads, int kv_heads, const int* length, const int* key_start, int max_seq,
-                          int head_dim, float scale, int splits, float* partial_out, float* partial_lse,
-                          const Paging& paging, cudaStream_t stream) {
-  if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || length == nullptr || max_seq < 1 ||
-      head_dim < 1 || head_dim > MAX_HEAD_DIM || splits < 1 || splits > MAX_SPLITS)
+// A decode step over the cache, contiguous or (p.block_table, step 5) paged, in p.splits blocks per
+// (batch, kv_head, chunk) (step 3); the parameters are described in device/params.h. Picks the row
+// split from head_dim (float4 loads need head_dim % 4 == 0 and 16-byte aligned rows; then G =
+// head_dim / 4 lanes per row, rounded up to a power of two), and the queries per block from the
+// group size.
+cudaError_t decode_forward(const DecodeParams& p, cudaStream_t stream) {
+  const bool paged = p.block_table != nullptr;
+  const int page_shift = paged ? log2_of(p.page_size) : 0;
+  if (p.batch < 0 || p.heads < 1 || p.kv_heads < 1 || p.heads % p.kv_heads != 0 || p.length == nullptr ||
+      p.max_seq < 1 || p.head_dim < 1 || p.head_dim > MAX_HEAD_DIM || p.splits < 1 || p.splits > MAX_SPLITS ||
+      (p.splits > 1 && (p.partial_out == nullptr || p.partial_lse == nullptr)) ||
+      (paged && (page_shift < 0 || p.max_pages < 1 || p.num_pages < 1 || p.max_seq != p.max_pages * p.page_size)))
     return cudaErrorInvalidValue;
-  if (batch == 0) return cudaSuccess;
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool vec4 = head_dim % 4 == 0 && aligned(q) && aligned(k_cache) && aligned(v_cache);
-  const int lanes = (head_dim + 3) / 4, queries = queries_per_block(heads / kv_heads);
-#define LAUNCH_Q(VEC, G, Q)                                                                               \
-  launch_decode<VEC, G, Q>(q, k_cache, v_cache, out, batch, heads, kv_heads, length, key_start, max_seq,  \
-                           head_dim, scale, splits, partial_out, partial_lse, paging, stream)
+  if (p.batch == 0) return cudaSuccess;
+  const Paging paging{p.block_table, p.max_pages, p.num_pages, page_shift};
+  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  const bool vec4 = p.head_dim % 4 == 0 && aligned(p.q) && aligned(p.k_cache) && aligned(p.v_cache);
+  const int lanes = (p.head_dim + 3) / 4, queries = queries_per_block(p.heads / p.kv_heads);
+#define LAUNCH_Q(VEC, G, Q) launch_decode<VEC, G, Q>(p, paging, stream)
 #define LAUNCH(VEC, G)                                             \
   (queries == 1   ? LAUNCH_Q(VEC, G, 1)                            \
    : queries == 2 ? LAUNCH_Q(VEC, G, (MAX_QUERIES < 2 ? 1 : 2))    \
@@ -394,15 +417,6 @@ static cudaError_t launch(const float* q, const float* k_cache, const float* v_c
 #undef LAUNCH_Q
 }
 
-// q, out: (batch, heads, head_dim); k_cache, v_cache: (batch, kv_heads, max_seq, head_dim);
-// length: (batch,) ints in GPU memory; key_start: nullptr or (batch,) ints, each below its length.
-cudaError_t decode_forward(const float* q, const float* k_cache, const float* v_cache, float* out, int batch,
-                           int heads, int kv_heads, const int* length, const int* key_start, int max_seq,
-                           int head_dim, float scale, cudaStream_t stream) {
-  return launch(q, k_cache, v_cache, out, batch, heads, kv_heads, length, key_start, max_seq, head_dim, scale, 1,
-                nullptr, nullptr, Paging{nullptr, 0, 0, 0}, stream);
-}
-
 // The number of splits the launcher would use: enough blocks to keep every SM reading, in rounds
 // that end together, and no split shorter than MIN_KEYS_PER_SPLIT rows. The lengths are in GPU
 // memory, out of the host's sight: max_length is the longest any sequence may be (the length
@@ -412,53 +426,6 @@ int decode_splits(int batch, int heads, int kv_heads, int max_length, int head_d
   // TODO (README, Task 5, step 3: choose the number of splits from the blocks, max_length and the SM count)
   (void)blocks, (void)max_length, (void)head_dim;
   return 1;  // one block per (batch, key/value head) until step 3 is written
-}
-
-// As decode_forward, over `splits` blocks per (batch, kv_head, chunk). partial_out holds
-// batch * heads * splits * head_dim floats, partial_lse batch * heads * splits (the binding
-// allocates them).
-cudaError_t decode_split_forward(const float* q, const float* k_cache, const float* v_cache, float* out, int batch,
-                                 int heads, int kv_heads, const int* length, const int* key_start, int max_seq,
-                                 int head_dim, float scale, int splits, float* partial_out, float* partial_lse,
-                                 cudaStream_t stream) {
-  if (splits < 2) return cudaErrorInvalidValue;
-  return launch(q, k_cache, v_cache, out, batch, heads, kv_heads, length, key_start, max_seq, head_dim, scale,
-                splits, partial_out, partial_lse, Paging{nullptr, 0, 0, 0}, stream);
-}
-
-// Step 5 (optional): a paged cache. k_pages, v_pages: (num_pages, kv_heads, page_size, head_dim),
-// page_size a power of two; table: (batch, max_pages); pos, length: (batch,); all in GPU memory.
-static int log2_of(int page_size) {
-  int shift = 0;
-  while ((1 << shift) < page_size) ++shift;
-  return (1 << shift) == page_size ? shift : -1;
-}
-
-cudaError_t update_paged(const float* k_new, const float* v_new, float* k_pages, float* v_pages, const int* table,
-                         int max_pages, int num_pages, int page_size, int batch, int kv_heads, int n_new,
-                         int head_dim, const int* pos, cudaStream_t stream) {
-  const int page_shift = log2_of(page_size);
-  if (page_shift < 0 || batch < 0 || kv_heads < 1 || n_new < 0 || head_dim < 1 || max_pages < 1 || num_pages < 1)
-    return cudaErrorInvalidValue;
-  const size_t total = (size_t)batch * kv_heads * n_new * head_dim;
-  if (total == 0) return cudaSuccess;
-  const int threads = 256;
-  const int blocks = (int)std::min<size_t>((total + threads - 1) / threads, 65535 * 8);
-  update_paged_kernel<<<blocks, threads, 0, stream>>>(k_new, v_new, k_pages, v_pages, table, max_pages, num_pages,
-                                                      page_shift, batch, kv_heads, n_new, head_dim, pos);
-  return cudaGetLastError();
-}
-
-// splits: as decode_split_forward's (1: no split; partial_out and partial_lse unused then).
-cudaError_t decode_paged_forward(const float* q, const float* k_pages, const float* v_pages, float* out, int batch,
-                                 int heads, int kv_heads, const int* length, const int* key_start, const int* table,
-                                 int max_pages, int num_pages, int page_size, int head_dim, float scale, int splits,
-                                 float* partial_out, float* partial_lse, cudaStream_t stream) {
-  const int page_shift = log2_of(page_size);
-  if (page_shift < 0 || table == nullptr || max_pages < 1 || num_pages < 1) return cudaErrorInvalidValue;
-  return launch(q, k_pages, v_pages, out, batch, heads, kv_heads, length, key_start, max_pages * page_size,
-                head_dim, scale, splits, partial_out, partial_lse, Paging{table, max_pages, num_pages, page_shift},
-                stream);
 }
 
 int decode_max_head_dim() { return MAX_HEAD_DIM; }

@@ -32,6 +32,7 @@
 
 #include "device/common.cuh"  // WARP, LOG2E, ceil_div, with_head_dim_tile
 #include "device/half.cuh"    // Half<T>: bf16 and fp16 to and from float, pack (two floats in one register)
+#include "device/params.h"    // AttentionParams: what the launcher takes from the binding
 #include "device/mma.cuh"     // mma16816, ldmatrix_x4(_trans), cp_async16, cp_async_commit/wait, fast_exp2
 
 namespace {
@@ -325,21 +326,19 @@ constexpr size_t smem_bytes() {
 }
 
 template <typename T, int D, int COLS, int WARPS>
-cudaError_t launch_tiles(const void* q, const void* k, const void* v, void* out, int batch, int heads, int kv_heads,
-                         const int* key_start, int seq_q, int seq_k, int head_dim, float scale, bool causal,
-                         cudaStream_t stream) {
-  const bool vec = head_dim % 8 == 0 &&
-                   ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) |
-                     reinterpret_cast<uintptr_t>(v)) % 16) == 0;
+cudaError_t launch_tiles(const AttentionParams& p, cudaStream_t stream) {
+  const bool vec = p.head_dim % 8 == 0 &&
+                   ((reinterpret_cast<uintptr_t>(p.q) | reinterpret_cast<uintptr_t>(p.k) |
+                     reinterpret_cast<uintptr_t>(p.v)) % 16) == 0;
   const size_t smem = smem_bytes<T, D, COLS, WARPS>();
-  const dim3 grid(batch * heads, ceil_div(seq_q, WARPS * WARP_ROWS));
+  const dim3 grid(p.batch * p.heads, ceil_div(p.seq_q, WARPS * WARP_ROWS));
   auto kernel = vec ? flash_attention_half_kernel<T, D, COLS, WARPS, true>
                     : flash_attention_half_kernel<T, D, COLS, WARPS, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != cudaSuccess) return err;
-  kernel<<<grid, WARPS * WARP, smem, stream>>>(static_cast<const T*>(q), static_cast<const T*>(k),
-                                          static_cast<const T*>(v), static_cast<T*>(out), heads, kv_heads,
-                                          key_start, seq_q, seq_k, head_dim, scale * LOG2E, causal);
+  kernel<<<grid, WARPS * WARP, smem, stream>>>(static_cast<const T*>(p.q), static_cast<const T*>(p.k),
+                                          static_cast<const T*>(p.v), static_cast<T*>(p.out), p.heads, p.kv_heads,
+                                          p.key_start, p.seq_q, p.seq_k, p.head_dim, p.scale * LOG2E, p.causal);
   return cudaGetLastError();
 }
 
@@ -348,11 +347,8 @@ cudaError_t launch_tiles(const void* q, const void* k, const void* v, void* out,
 // and an A100's (163 KB), not the 99 KB a block of an RTX 30xx/40xx, L4 or L40: there a block has 4 warps and 32-key
 // tiles (68 KB). Up to head_dim 96, 4 warps and 64-key tiles fit everywhere and are the faster.
 template <typename T, int D>
-cudaError_t launch(const void* q, const void* k, const void* v, void* out, int batch, int heads, int kv_heads,
-                   const int* key_start, int seq_q, int seq_k, int head_dim, float scale, bool causal,
-                   cudaStream_t stream) {
-#define LAUNCH_TILES(COLS, WARPS) launch_tiles<T, D, COLS, WARPS>(q, k, v, out, batch, heads, kv_heads, key_start, \
-                                                                 seq_q, seq_k, head_dim, scale, causal, stream)
+cudaError_t launch(const AttentionParams& p, cudaStream_t stream) {
+#define LAUNCH_TILES(COLS, WARPS) launch_tiles<T, D, COLS, WARPS>(p, stream)
   if constexpr (D > 96) {
     int device = 0, per_block = 0;
     cudaError_t err = cudaGetDevice(&device);
@@ -369,21 +365,16 @@ cudaError_t launch(const void* q, const void* k, const void* v, void* out, int b
 
 }  // namespace
 
-// q, out: (batch, heads, seq_q, head_dim); k, v: (batch, kv_heads, seq_k, head_dim); all contiguous, of one
-// 16-bit type (bf16: true for bfloat16, false for float16). key_start: nullptr or (batch,) int32 on the device.
-cudaError_t flash_attention_half_forward(const void* q, const void* k, const void* v, void* out, bool bf16,
-                                         int batch, int heads, int kv_heads, const int* key_start, int seq_q,
-                                         int seq_k, int head_dim, float scale, bool causal, cudaStream_t stream) {
-  if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || seq_q < 1 || seq_k < 1 ||
-      head_dim < 1 || head_dim > MAX_HEAD_DIM || (causal && seq_q > seq_k) ||
-      (seq_q - 1) / (BLOCK_WARPS * WARP_ROWS) >= 65535)  // grid.y, at the smaller block
+// The forward pass in bf16 or fp16; the parameters are described in device/params.h (p.bf16 picks the type;
+// p.lse: nullptr, the backward part is float32's).
+cudaError_t flash_attention_half_forward(const AttentionParams& p, cudaStream_t stream) {
+  if (p.batch < 0 || p.heads < 1 || p.kv_heads < 1 || p.heads % p.kv_heads != 0 || p.seq_q < 1 || p.seq_k < 1 ||
+      p.head_dim < 1 || p.head_dim > MAX_HEAD_DIM || (p.causal && p.seq_q > p.seq_k) || p.lse != nullptr ||
+      (p.seq_q - 1) / (BLOCK_WARPS * WARP_ROWS) >= 65535)  // grid.y, at the smaller block
     return cudaErrorInvalidValue;
-  if (batch == 0) return cudaSuccess;
-  return with_head_dim_tile(head_dim, [&](auto tile) {
+  if (p.batch == 0) return cudaSuccess;
+  return with_head_dim_tile(p.head_dim, [&](auto tile) {
     constexpr int D = decltype(tile)::value;
-    return bf16 ? launch<__nv_bfloat16, D>(q, k, v, out, batch, heads, kv_heads, key_start, seq_q, seq_k, head_dim,
-                                           scale, causal, stream)
-                : launch<__half, D>(q, k, v, out, batch, heads, kv_heads, key_start, seq_q, seq_k, head_dim, scale,
-                                    causal, stream);
+    return p.bf16 ? launch<__nv_bfloat16, D>(p, stream) : launch<__half, D>(p, stream);
   });
 }

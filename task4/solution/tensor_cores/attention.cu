@@ -48,6 +48,7 @@
 
 #include "device/common.cuh"       // LOG2E, ceil_div, with_head_dim_tile
 #include "device/float_tiles.cuh"  // load_tile: asynchronous copies, as in the FFMA reference
+#include "device/params.h"       // AttentionParams: what the launcher takes from the binding
 
 constexpr int WARPS = 8;                     // 4, with 32-key tiles and 2 blocks per SM: 20% slower at D128
 constexpr int BLOCK_ROWS = 16 * WARPS;       // query rows per block
@@ -261,33 +262,28 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
 }
 
 template <int D, bool CAUSAL>
-static cudaError_t launch_as(const float* q, const float* k, const float* v, float* out, int batch, int heads,
-                             int kv_heads, const int* key_start, int seq_q, int seq_k, int head_dim, float scale,
-                             cudaStream_t stream) {
+static cudaError_t launch_as(const AttentionParams& p, cudaStream_t stream) {
   const size_t smem = smem_bytes<D>();
   cudaError_t err = cudaFuncSetAttribute(flash_attention_kernel<D, CAUSAL>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != cudaSuccess) return err;
-  const dim3 grid(batch * heads, ceil_div(seq_q, BLOCK_ROWS));
+  const dim3 grid(p.batch * p.heads, ceil_div(p.seq_q, BLOCK_ROWS));
   flash_attention_kernel<D, CAUSAL><<<grid, NUM_THREADS, smem, stream>>>(
-      q, k, v, out, heads, kv_heads, key_start, seq_q, seq_k, head_dim, scale * LOG2E);
+      static_cast<const float*>(p.q), static_cast<const float*>(p.k), static_cast<const float*>(p.v),
+      static_cast<float*>(p.out), p.heads, p.kv_heads, p.key_start, p.seq_q, p.seq_k, p.head_dim, p.scale * LOG2E);
   return cudaGetLastError();
 }
 
-// The launcher task4/binding.cpp calls, as in the FFMA reference.
-cudaError_t flash_attention_forward(const float* q, const float* k, const float* v, float* out, int batch,
-                                    int heads, int kv_heads, const int* key_start, int seq_q, int seq_k,
-                                    int head_dim, float scale, bool causal, cudaStream_t stream) {
-  if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || seq_q < 1 || seq_k < 1 ||
-      head_dim < 1 || head_dim > MAX_HEAD_DIM || (causal && seq_q > seq_k) || (seq_q - 1) / BLOCK_ROWS >= 65535)
+// The launcher task4/binding.cpp calls, as in the FFMA reference (no lse: this folder has no backward part).
+cudaError_t flash_attention_forward(const AttentionParams& p, cudaStream_t stream) {
+  if (p.batch < 0 || p.heads < 1 || p.kv_heads < 1 || p.heads % p.kv_heads != 0 || p.seq_q < 1 || p.seq_k < 1 ||
+      p.head_dim < 1 || p.head_dim > MAX_HEAD_DIM || (p.causal && p.seq_q > p.seq_k) || p.lse != nullptr ||
+      (p.seq_q - 1) / BLOCK_ROWS >= 65535)
     return cudaErrorInvalidValue;
-  if (batch == 0) return cudaSuccess;
-  return with_head_dim_tile(head_dim, [&](auto tile) {
+  if (p.batch == 0) return cudaSuccess;
+  return with_head_dim_tile(p.head_dim, [&](auto tile) {
     constexpr int D = decltype(tile)::value;
-    return causal ? launch_as<D, true>(q, k, v, out, batch, heads, kv_heads, key_start, seq_q, seq_k, head_dim,
-                                       scale, stream)
-                  : launch_as<D, false>(q, k, v, out, batch, heads, kv_heads, key_start, seq_q, seq_k, head_dim,
-                                        scale, stream);
+    return p.causal ? launch_as<D, true>(p, stream) : launch_as<D, false>(p, stream);
   });
 }
 

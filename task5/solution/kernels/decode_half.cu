@@ -32,6 +32,7 @@
 #include "device/common.cuh"  // WARP, LOG2E, ceil_div
 #include "device/decode.cuh"  // first_position, sum_over_group, Merged, block_rows (as in decode.cu)
 #include "device/half.cuh"    // Half<T>: bf16 and fp16 to and from float, unpack8 (a 16-byte load to 8 floats)
+#include "device/params.h"    // CacheUpdateParams, DecodeParams: what the launchers take from the binding
 
 namespace {  // decode.cu has kernels and helpers of the same names: these stay in this file
 
@@ -313,42 +314,37 @@ int queries_per_block(int group) {
 }
 
 template <typename T, int VEC, int G, int Q>
-cudaError_t launch_decode(const T* q, const T* k_cache, const T* v_cache, T* out, int batch, int heads,
-                          int kv_heads, const int* length, const int* key_start, int max_seq, int head_dim,
-                          float scale, int splits, float* partial_out, float* partial_lse, cudaStream_t stream) {
-  const int group = heads / kv_heads;
-  const int threads = DECODE_WARPS * WARP, blocks = batch * kv_heads * ceil_div(group, Q);
-  if (splits == 1) {
-    decode_kernel<T, VEC, G, Q><<<blocks, threads, 0, stream>>>(q, k_cache, v_cache, out, heads, kv_heads, length,
-                                                                 key_start, max_seq, head_dim, scale * LOG2E);
+cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
+  const T* q = static_cast<const T*>(p.q);
+  const T* k_cache = static_cast<const T*>(p.k_cache);
+  const T* v_cache = static_cast<const T*>(p.v_cache);
+  T* out = static_cast<T*>(p.out);
+  const int group = p.heads / p.kv_heads;
+  const int threads = DECODE_WARPS * WARP, blocks = p.batch * p.kv_heads * ceil_div(group, Q);
+  if (p.splits == 1) {
+    decode_kernel<T, VEC, G, Q><<<blocks, threads, 0, stream>>>(q, k_cache, v_cache, out, p.heads, p.kv_heads,
+                                                                 p.length, p.key_start, p.max_seq, p.head_dim,
+                                                                 p.scale * LOG2E);
     return cudaGetLastError();
   }
-  decode_split_kernel<T, VEC, G, Q><<<dim3(blocks, splits), threads, 0, stream>>>(
-      q, k_cache, v_cache, partial_out, partial_lse, heads, kv_heads, length, key_start, max_seq, head_dim,
-      scale * LOG2E);
+  decode_split_kernel<T, VEC, G, Q><<<dim3(blocks, p.splits), threads, 0, stream>>>(
+      q, k_cache, v_cache, p.partial_out, p.partial_lse, p.heads, p.kv_heads, p.length, p.key_start, p.max_seq,
+      p.head_dim, p.scale * LOG2E);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  combine_splits_kernel<T><<<batch * heads, dim3(MAX_HEAD_DIM, COMBINE_PARTS), 0, stream>>>(partial_out, partial_lse,
-                                                                                            out, splits, head_dim);
+  combine_splits_kernel<T><<<p.batch * p.heads, dim3(MAX_HEAD_DIM, COMBINE_PARTS), 0, stream>>>(
+      p.partial_out, p.partial_lse, out, p.splits, p.head_dim);
   return cudaGetLastError();
 }
 
 // The row split from head_dim (16-byte loads need head_dim % 8 == 0 and 16-byte aligned rows),
 // the queries per block from the group size.
 template <typename T>
-cudaError_t launch(const void* q_in, const void* k_in, const void* v_in, void* out_in, int batch, int heads,
-                   int kv_heads, const int* length, const int* key_start, int max_seq, int head_dim, float scale,
-                   int splits, float* partial_out, float* partial_lse, cudaStream_t stream) {
-  const T* q = static_cast<const T*>(q_in);
-  const T* k_cache = static_cast<const T*>(k_in);
-  const T* v_cache = static_cast<const T*>(v_in);
-  T* out = static_cast<T*>(out_in);
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool vec8 = head_dim % 8 == 0 && aligned(q) && aligned(k_cache) && aligned(v_cache);
-  const int lanes = (head_dim + 7) / 8, queries = queries_per_block(heads / kv_heads);
-#define LAUNCH_Q(VEC, G, Q)                                                                                 \
-  launch_decode<T, VEC, G, Q>(q, k_cache, v_cache, out, batch, heads, kv_heads, length, key_start, max_seq, \
-                              head_dim, scale, splits, partial_out, partial_lse, stream)
+cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
+  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  const bool vec8 = p.head_dim % 8 == 0 && aligned(p.q) && aligned(p.k_cache) && aligned(p.v_cache);
+  const int lanes = (p.head_dim + 7) / 8, queries = queries_per_block(p.heads / p.kv_heads);
+#define LAUNCH_Q(VEC, G, Q) launch_decode<T, VEC, G, Q>(p, stream)
 #define LAUNCH(VEC, G) \
   (queries == 1 ? LAUNCH_Q(VEC, G, 1) : queries == 2 ? LAUNCH_Q(VEC, G, 2) : LAUNCH_Q(VEC, G, MAX_QUERIES))
   if (!vec8) return LAUNCH(1, 32);
@@ -366,42 +362,36 @@ cudaError_t launch(const void* q_in, const void* k_in, const void* v_in, void* o
 // Launchers, called by task5/binding.cpp on PyTorch's current stream; bf16: true for bfloat16,
 // false for float16 (every tensor of a call the same type).
 
-// k_new, v_new: (batch, kv_heads, n_new, head_dim); k_cache, v_cache: (batch, kv_heads, max_seq,
-// head_dim); pos: (batch,) ints in GPU memory.
-cudaError_t update_cache_half(const void* k_new, const void* v_new, void* k_cache, void* v_cache, bool bf16,
-                              int batch, int kv_heads, int n_new, int max_seq, int head_dim, const int* pos,
-                              cudaStream_t stream) {
-  if (batch < 0 || kv_heads < 1 || n_new < 0 || n_new > max_seq || head_dim < 1) return cudaErrorInvalidValue;
-  const size_t total = (size_t)batch * kv_heads * n_new * head_dim;
+// The new rows into a contiguous 16-bit cache (a paged cache is decode.cu's alone); the parameters
+// are described in device/params.h.
+cudaError_t update_cache_half(const CacheUpdateParams& p, cudaStream_t stream) {
+  if (p.batch < 0 || p.kv_heads < 1 || p.n_new < 0 || p.n_new > p.max_seq || p.head_dim < 1 ||
+      p.block_table != nullptr)
+    return cudaErrorInvalidValue;
+  const size_t total = (size_t)p.batch * p.kv_heads * p.n_new * p.head_dim;
   if (total == 0) return cudaSuccess;
   const int threads = 256;
   const int blocks = (int)std::min<size_t>((total + threads - 1) / threads, 65535 * 8);
-  if (bf16)
+  if (p.bf16)
     update_cache_kernel<__nv_bfloat16><<<blocks, threads, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(k_new), static_cast<const __nv_bfloat16*>(v_new),
-        static_cast<__nv_bfloat16*>(k_cache), static_cast<__nv_bfloat16*>(v_cache), batch, kv_heads, n_new,
-        max_seq, head_dim, pos);
+        static_cast<const __nv_bfloat16*>(p.k_new), static_cast<const __nv_bfloat16*>(p.v_new),
+        static_cast<__nv_bfloat16*>(p.k_cache), static_cast<__nv_bfloat16*>(p.v_cache), p.batch, p.kv_heads,
+        p.n_new, p.max_seq, p.head_dim, p.pos);
   else
     update_cache_kernel<__half><<<blocks, threads, 0, stream>>>(
-        static_cast<const __half*>(k_new), static_cast<const __half*>(v_new), static_cast<__half*>(k_cache),
-        static_cast<__half*>(v_cache), batch, kv_heads, n_new, max_seq, head_dim, pos);
+        static_cast<const __half*>(p.k_new), static_cast<const __half*>(p.v_new), static_cast<__half*>(p.k_cache),
+        static_cast<__half*>(p.v_cache), p.batch, p.kv_heads, p.n_new, p.max_seq, p.head_dim, p.pos);
   return cudaGetLastError();
 }
 
-// q, out: (batch, heads, head_dim); length, key_start (nullptr or (batch,)): ints in GPU memory.
-// splits: 1, or the blocks per (batch, kv_head, chunk) of decode.cu's decode_splits, with
-// partial_out (batch * heads * splits * head_dim floats) and partial_lse (batch * heads * splits).
-cudaError_t decode_half_forward(const void* q, const void* k_cache, const void* v_cache, void* out, bool bf16,
-                                int batch, int heads, int kv_heads, const int* length, const int* key_start,
-                                int max_seq, int head_dim, float scale, int splits, float* partial_out,
-                                float* partial_lse, cudaStream_t stream) {
-  if (batch < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || length == nullptr || max_seq < 1 ||
-      head_dim < 1 || head_dim > MAX_HEAD_DIM || splits < 1 || splits > MAX_SPLITS ||
-      (splits > 1 && (partial_out == nullptr || partial_lse == nullptr)))
+// A decode step over a contiguous 16-bit cache, in p.splits blocks per (batch, kv_head, chunk): 1,
+// or decode.cu's decode_splits, with the partial outputs in float32; the parameters are described in
+// device/params.h.
+cudaError_t decode_half_forward(const DecodeParams& p, cudaStream_t stream) {
+  if (p.batch < 0 || p.heads < 1 || p.kv_heads < 1 || p.heads % p.kv_heads != 0 || p.length == nullptr ||
+      p.max_seq < 1 || p.head_dim < 1 || p.head_dim > MAX_HEAD_DIM || p.splits < 1 || p.splits > MAX_SPLITS ||
+      (p.splits > 1 && (p.partial_out == nullptr || p.partial_lse == nullptr)) || p.block_table != nullptr)
     return cudaErrorInvalidValue;
-  if (batch == 0) return cudaSuccess;
-  return bf16 ? launch<__nv_bfloat16>(q, k_cache, v_cache, out, batch, heads, kv_heads, length, key_start, max_seq,
-                                      head_dim, scale, splits, partial_out, partial_lse, stream)
-              : launch<__half>(q, k_cache, v_cache, out, batch, heads, kv_heads, length, key_start, max_seq,
-                               head_dim, scale, splits, partial_out, partial_lse, stream);
+  if (p.batch == 0) return cudaSuccess;
+  return p.bf16 ? launch<__nv_bfloat16>(p, stream) : launch<__half>(p, stream);
 }
