@@ -123,8 +123,8 @@ def check_includes(depfile: Path, source: str, toolchain: list[Path], library: P
             continue
         if not any(real == r or r in real.parents for r in roots):
             raise RuleBroken(f"{source} includes {path}: keep the headers you write in {own_folder.name}/ beside "
-                             "it (only those, the kit's common/csrc/device/ and the CUDA toolkit's and the system's headers "
-                             "are allowed)")
+                             "it (only those, the kit's common/csrc/device/ and the CUDA toolkit's and the "
+                             "system's headers are allowed)")
 
 
 def toolchain_folders(nvcc: str) -> list[Path]:
