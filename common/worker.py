@@ -13,41 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.util
 import os
 import resource
 import socket
 import sys
 import warnings
-from pathlib import Path
 
 from common import watch, wire
+from common.student_module import notes
 from common.tasks import TASKS
-
-HERE = Path(__file__).resolve().parent.parent
-notes: list[str] = []  # things the checks should know, sent with every reply
-
-
-def load_student_module(name: str):
-    """Import a student file, keeping what it defined even if it calls sys.exit() at import."""
-    if name in sys.modules:
-        return sys.modules[name]
-    path = HERE / (name.replace(".", "/") + ".py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None:
-        raise ImportError(f"{path.relative_to(HERE)} is missing")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except SystemExit as stop:
-        notes.append(f"{path.relative_to(HERE)} called sys.exit({stop.code!r}) while it was imported; "
-                     "the lines after that call did not run")
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
-
 
 def limit_memory(budget: int) -> None:
     """Allow `budget` bytes of address space beyond what the worker holds now (PyTorch loaded).
@@ -148,8 +122,6 @@ def serve(sock: socket.socket, task: int) -> None:
 
 
 def main() -> None:
-    # Run as __main__; the entry points import common.worker: let them find this module, not a second copy.
-    sys.modules["common.worker"] = sys.modules[__name__]
     # A worker that runs no GPU code (task 1, task 3's CPU cases) may still make PyTorch ask for a GPU (autograd
     # does); where CUDA cannot start, PyTorch's warning would read as a fault of the student's code.
     warnings.filterwarnings("ignore", message="CUDA initialization", category=UserWarning)

@@ -7,7 +7,7 @@ functions return.
 
 import torch
 
-from common.worker import load_student_module
+from common.student_module import load_student_module
 
 student = load_student_module("task1.attention")
 

@@ -9,7 +9,7 @@ and answers the checks (checks/task6/test.py) with logits and tokens.
 import torch
 
 from common.torch_kernels import PyTorchKernels
-from common.worker import load_student_module
+from common.student_module import load_student_module
 from task5.attention import built_kernels
 from task6.model import Config, Decoder, SmallLM
 

@@ -5,20 +5,18 @@ Given: not graded; edits here are not submitted.
     tokens -> embedding -> N x [ x + attention(LayerNorm(x)), then x + SwiGLU(LayerNorm(x)) ]
            -> LayerNorm -> LM head -> logits
 
-Its weights are random, drawn from a seed, so the model says nothing sensible, but every
-matrix is the size of a real one and costs what a real one costs. What you write is the
-attention (task6/attention.py): it gets a layer's input and that layer's `KVCache`, and
-runs your kernels through `self.kernels` (task 4's for the prompt, task 5's for the cache
-and each new token). On the CPU, `PyTorchKernels` (common/torch_kernels.py) plays the kernels, so the logic can be
-tested anywhere.
+Its weights are random, drawn from a seed, so the model says nothing sensible, but every matrix is the size of a
+real one and costs what a real one costs. What you write is the attention (task6/attention.py): it gets a layer's
+input and that layer's `KVCache`, and runs your kernels through `self.kernels` (task 4's for the prompt, task 5's
+for the cache and each new token). On the CPU, `PyTorchKernels` (common/torch_kernels.py) plays the kernels, so
+the logic can be tested anywhere.
 
-Generation is `logits = model(prompt, cache)` once (prefill: every prompt token at once),
-then `logits = model(token, cache)` per new token (decode), with `cache = model.new_cache(batch)`.
-`DecodeGraph` captures one decode step as a CUDA graph and replays it for each later token:
-your attention must then be capturable (see KVCache.lengths).
-A batch of prompts of different lengths is padded on the left: `model.new_cache(batch, key_start)`
-with key_start[b] the padding tokens before sequence b's prompt (`generate` takes it too).
-`Config.kv_heads` below `heads` makes a grouped-query model: query head h reads key/value head
+Generation is `logits = model(prompt, cache)` once (prefill: every prompt token at once), then
+`logits = model(token, cache)` per new token (decode), with `cache = model.new_cache(batch)`. `DecodeGraph`
+captures one decode step as a CUDA graph and replays it for each later token: your attention must then be
+capturable (see KVCache.lengths). A batch of prompts of different lengths is padded on the left:
+`model.new_cache(batch, key_start)` with key_start[b] the padding tokens before sequence b's prompt (`generate`
+takes it too). `Config.kv_heads` below `heads` makes a grouped-query model: query head h reads key/value head
 h // (heads // kv_heads), the layout of Llama 3, Mistral and Qwen.
 """
 
@@ -73,8 +71,8 @@ class Config:
         return asdict(self)
 
 
-# The course's sizes: "handout" is the run in the README (about 26 GB of float32 weights),
-# "small" the same run for a GPU with 16 GB, "tiny" what the CPU tests use.
+# The course's sizes: "handout" is the run in the README (about 26 GB of float32 weights), "small" the same run
+# for a GPU with 16 GB, "tiny" what the CPU tests use.
 SIZES = {
     "handout": Config(),
     "small": Config(hidden=2048, heads=16, layers=12, mlp=8192),
@@ -90,10 +88,9 @@ class Rope:
             raise ValueError(f"rotary embeddings turn pairs of features: head_dim must be even, got {head_dim}")
         freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
         angle = torch.arange(max_seq, dtype=torch.float64)[:, None] * freq[None, :]  # (max_seq, head_dim / 2)
-        # Full-width tables, the sine signed for the first half: a rotation is then
-        # x * cos + swap_halves(x) * sin, three kernels where the pairwise form takes seven
-        # (a decode step's time goes largely to launching small kernels).
-        # (cos, then sin) in one row per position, so one gather fetches both.
+        # Full-width tables, the sine signed for the first half: a rotation is then x * cos + swap_halves(x) * sin,
+        # three kernels where the pairwise form takes seven (a decode step's time goes largely to launching small
+        # kernels). (cos, then sin) in one row per position, so one gather fetches both.
         self.cos_sin = torch.cat((angle.cos(), angle.cos(), -angle.sin(), angle.sin()), dim=-1).to(device=device,
                                                                                                    dtype=dtype)
 
@@ -114,14 +111,13 @@ class Rope:
 class KVCache:
     """One layer's cache: K and V of every position so far, (batch, kv_heads, max_seq, head_dim) each.
 
-    `length` is how many positions are written: positions 0 .. length - 1 hold the
-    rotated keys and the values of the tokens seen so far. A head's keys are consecutive
-    rows, so task 5's decode kernel reads them in one coalesced sweep.
-    `lengths` holds the same count in GPU memory, int32 (batch,), one per sequence, for the
-    kernels and RoPE: a decode step replayed as a CUDA graph repeats its launches with the
-    arguments of the step it was captured at, so a Python int (`length`) would stay that step's
-    value, while `lengths` is read anew at every replay. The model advances it after each call
-    (one tensor shared by every layer: during a step every layer sees the count before it).
+    `length` is how many positions are written: positions 0 .. length - 1 hold the rotated keys and the values of
+    the tokens seen so far. A head's keys are consecutive rows, so task 5's decode kernel reads them in one
+    coalesced sweep. `lengths` holds the same count in GPU memory, int32 (batch,), one per sequence, for the kernels
+    and RoPE: a decode step replayed as a CUDA graph repeats its launches with the arguments of the step it was
+    captured at, so a Python int (`length`) would stay that step's value, while `lengths` is read anew at every
+    replay. The model advances it after each call (one tensor shared by every layer: during a step every layer sees
+    the count before it).
     `key_start` is None, or int32 (batch,) on the cache's device for a batch padded on the left:
     sequence b's first key_start[b] positions are padding, its prompt starts after them.
     """

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import torch
 
 from common.torch_kernels import PyTorchKernels
-from common.worker import load_student_module
+from common.student_module import load_student_module
 from task5.attention import built_kernels
 from task7 import gpt2
 

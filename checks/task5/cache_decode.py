@@ -16,7 +16,7 @@ from common.layer import mha_weights
 from harness.sandbox import WorkerDied, WorkerError
 from harness.attention_math import attention_float64, causal_mask, expand_kv_heads
 from task5.attention import TASK4_DID_NOT_BUILD
-from checks.task5.measure import ATOL, RTOL
+from checks.task5.cases import ATOL, RTOL
 
 
 HALF_CALL_LIMIT = {"timeout": 60}  # a call of the bf16/fp16 part: small cases, so a hang costs a minute, not five

@@ -1,7 +1,11 @@
-"""Task 5's public cases: the shapes its checks run (checks/task5/test.py), each list with what it covers.
+"""Task 5's public cases: the shapes its checks run (checks/task5/test.py), each list with what it covers, and
+what every output is held to.
 
 The hidden cases add to them (grader/hidden.py). A shape is a tuple, as each list's comment says.
 """
+
+ATOL, RTOL = 2e-5, 1e-4  # what every output is held to, checked (checks/task5/test.py) or timed (measure.py)
+REPS = 5  # timed requests per benchmark
 
 # (batch, heads, max_seq, pos, n_new, head_dim): rows pos .. pos + n_new - 1 are written. pos is an int
 # (every sequence), or one position per sequence, passed as int32 on the GPU (read by the kernel): a

@@ -18,7 +18,7 @@ from common.layer import mha_weights
 from harness.attention_math import causal_mask
 from harness.sandbox import WorkerError
 from task5.attention import TASK4_DID_NOT_BUILD
-from checks.task5.measure import ATOL, REPS, RTOL
+from checks.task5.cases import ATOL, REPS, RTOL
 
 HANDOUT = dict(batch=16, prompt=1024, max_seq=2048, hidden=4096, heads=32, steps=100)
 

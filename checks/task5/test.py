@@ -36,7 +36,7 @@ from harness.checks import compare, exact_float32, expect_errors, random_tensor
 from harness.records import Report
 from checks.task4 import measure as task4_measure
 from checks.task5 import measure
-from checks.task5.measure import ATOL, RTOL
+from checks.task5.cases import ATOL, RTOL
 from checks.task5.cases import (CACHE_CASES, DECODE_CASES, GROUPED_DECODE_CASES, GROUPED_SPLIT_CASES, LAYER_CASES,
                                 LINEAR_CASES, LINEAR_HALF_CASES, PAGED_DECODE_CASES, PAGED_UPDATE_CASES, SPLIT_CASES)
 from checks.task5.cache_decode import (check_decode, check_layer, check_update, decode_inputs, describe_decode,
