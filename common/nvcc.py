@@ -24,6 +24,10 @@ CUDA_FLAGS = ["-O3", "-lineinfo", "-Xptxas=-v,-warn-spills"]  # -v: the resource
 # "device/NAME.cuh", so nvcc searches common/csrc; the kernel rules allow that one folder of it.
 DEVICE_LIBRARY = REPO / "common" / "csrc" / "device"
 MAX_ERROR_LINES = 12
+# A kernel file written for one GPU generation's own instructions (Hopper's wgmma, TMA and setmaxnreg exist only for
+# the target sm_90a, not sm_90) says so on a line of its own near its top, `// nvcc target: sm_90a`. It is compiled
+# for that target on a GPU of that generation, and left out of the build on any other (its part says why).
+TARGET_LINE = re.compile(r"^// nvcc target: sm_(\d+)a[ \t]*$", re.M)
 
 
 class BuildError(RuntimeError):
@@ -144,6 +148,19 @@ def compile_kernels(sources: list[Path], folder: Path, arch: str, flags: list[st
     return [built[src] for src in sources]
 
 
+def file_target(src: Path, arch: str) -> str:
+    """The `-gencode` target of one kernel file on a GPU of `arch` ("90"): `arch` itself, or the file's own
+    (`// nvcc target: sm_90a` -> "90a"). Raises a BuildError, naming both, when the file cannot run on this GPU."""
+    found = TARGET_LINE.search(src.read_text(errors="replace")[:4000])
+    if found is None:
+        return arch
+    if found[1] != arch.removesuffix("a"):  # TORCH_CUDA_ARCH_LIST may say 9.0a already
+        shown = str(src.relative_to(REPO)) if src.is_relative_to(REPO) else src.name
+        raise BuildError(f"{shown} is written for sm_{found[1]}a (compute capability {found[1][:-1]}.{found[1][-1]}: "
+                         f"its `// nvcc target:` line), and this GPU is sm_{arch}: it is left out of the build here")
+    return f"{found[1]}a"
+
+
 def device_library_files() -> list[Path]:
     return sorted(p for p in DEVICE_LIBRARY.glob("*") if p.is_file())
 
@@ -170,22 +187,28 @@ def compile_each(sources: list[Path], folder: Path, arch: str, flags: list[str])
         raise BuildError("nvcc was not found: load your CUDA toolkit (for example `module load cuda`) or set CUDA_HOME.")
     keys = {own: _folder_key(own, nvcc, arch, flags) for own in {src.parent for src in sources}}
     at_once = max(1, int(os.environ.get("MAX_JOBS") or 4))  # each nvcc takes a core and up to a few GB
-    running, started = {}, []
+    running, started, refused = {}, [], {}
     try:
         for src in sources:
+            try:
+                target = file_target(src, arch)
+            except BuildError as err:
+                refused[src] = err
+                continue
             key = keys[src.parent]
             obj, deps = folder / f"{src.stem}-{key}.o", folder / f"{src.stem}-{key}.d"
             if obj.exists() and deps.exists():
                 running[src] = (obj, deps, None, None)
                 continue
-            cmd = [nvcc, "-c", str(src), "-o", str(obj) + ".part", "-MD", "-MF", str(deps), "-std=c++17",
-                   "-Xcompiler", "-fPIC", "-gencode", f"arch=compute_{arch},code=sm_{arch}", *include_flags(), *flags]
+            cmd = [nvcc, "-c", str(src), "-o", str(obj) + ".part", "-MD", "-MF", str(deps), "-std=c++17", "-Xcompiler",
+                   "-fPIC", "-gencode", f"arch=compute_{target},code=sm_{target}", *include_flags(), *flags]
             while sum(proc.poll() is None for proc in started) >= at_once:
                 time.sleep(0.05)
             with open(obj.with_suffix(".out"), "w") as said:  # a file, not a pipe: nothing waits on a full pipe
                 started.append(subprocess.Popen(cmd, stdout=said, stderr=subprocess.STDOUT, cwd=folder))
             running[src] = (obj, deps, cmd, started[-1])
-        return _compiled(running, folder, nvcc)
+        built = _compiled(running, folder, nvcc)
+        return {src: refused[src] if src in refused else built[src] for src in sources}
     finally:  # an error (or Ctrl-C) here leaves no compiler running
         for proc in started:
             if proc.poll() is None:

@@ -235,6 +235,28 @@ def test_an_optional_file_that_does_not_compile_is_left_out_of_a_students_build_
     assert len(objects) == 2 and build.OPTIONAL_LEFT_OUT == {}  # mended: in the build, and nothing said
 
 
+@needs_nvcc
+def test_a_file_for_hoppers_own_instructions_builds_there_and_is_left_out_elsewhere(tmp_path):
+    """`// nvcc target: sm_90a` (common/nvcc.py): wgmma exists for the target sm_90a only, so such a file compiles for
+    it on a compute capability 9.0 GPU and is left out, saying why, on another; a plain file beside it builds."""
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    plain, hopper = kernels / "plain.cu", kernels / "hopper.cu"
+    plain.write_text("#include <cuda_runtime.h>\n__global__ void plain() {}\n")
+    fenced = '__global__ void fenced() { asm volatile("wgmma.fence.sync.aligned;"); }\n'
+    hopper.write_text("#include <cuda_runtime.h>\n" + fenced)
+    built = nvcc.compile_each([plain, hopper], tmp_path, "90", nvcc.CUDA_FLAGS)
+    assert isinstance(built[hopper], BuildError) and "compiling" in str(built[hopper]), built  # plain sm_90: no wgmma
+    hopper.write_text("#include <cuda_runtime.h>\n// nvcc target: sm_90a\n" + fenced)
+    built = nvcc.compile_each([plain, hopper], tmp_path, "90", nvcc.CUDA_FLAGS)
+    assert all(built[src].is_file() for src in (plain, hopper)), built
+    assert nvcc.file_target(hopper, "90a") == "90a" and nvcc.file_target(plain, "90") == "90"
+    built = nvcc.compile_each([plain, hopper], tmp_path, "80", nvcc.CUDA_FLAGS)
+    assert built[plain].is_file(), built
+    assert str(built[hopper]) == ("hopper.cu is written for sm_90a (compute capability 9.0: its `// nvcc target:` "
+                                  "line), and this GPU is sm_80: it is left out of the build here")
+
+
 # Here, not in test_prebuild.py: it asks for the reference, which the students' copy does not have.
 @needs_solution(4)
 def test_the_references_built_ahead_are_those_the_tests_load():
