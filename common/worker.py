@@ -19,9 +19,9 @@ import socket
 import sys
 import warnings
 
-from common import watch, wire
-from common.student_module import notes
+from common import student_module, watch, wire
 from common.tasks import TASKS
+
 
 def limit_memory(budget: int) -> None:
     """Allow `budget` bytes of address space beyond what the worker holds now (PyTorch loaded).
@@ -112,12 +112,12 @@ def serve(sock: socket.socket, task: int) -> None:
             reply = {"error": {"type": type(err).__name__, "message": str(err)[:wire.MAX_TEXT],
                                "traceback": wire.short_traceback(err, 4)[:wire.MAX_TEXT]}, "ranges": reply.get("ranges", [])}
         reply["attention_ops"] = sorted(watch.seen)
-        reply["notes"] = list(notes)
+        reply["notes"] = list(student_module.notes)
         try:
             payload = wire.encode_reply(reply)
         except TypeError as err:
             payload = wire.encode_reply({"error": {"type": "TypeError", "message": str(err), "traceback": ""},
-                                         "attention_ops": sorted(watch.seen), "notes": list(notes)})
+                                         "attention_ops": sorted(watch.seen), "notes": list(student_module.notes)})
         wire.send_frame(sock, payload)
 
 

@@ -113,11 +113,12 @@ class KVCache:
 
     `length` is how many positions are written: positions 0 .. length - 1 hold the rotated keys and the values of
     the tokens seen so far. A head's keys are consecutive rows, so task 5's decode kernel reads them in one
-    coalesced sweep. `lengths` holds the same count in GPU memory, int32 (batch,), one per sequence, for the kernels
-    and RoPE: a decode step replayed as a CUDA graph repeats its launches with the arguments of the step it was
-    captured at, so a Python int (`length`) would stay that step's value, while `lengths` is read anew at every
-    replay. The model advances it after each call (one tensor shared by every layer: during a step every layer sees
-    the count before it).
+    coalesced sweep.
+    `lengths` holds the same count in GPU memory, int32 (batch,), one per sequence, for the kernels and RoPE: a
+    decode step replayed as a CUDA graph repeats its launches with the arguments of the step it was captured at, so
+    a Python int (`length`) would stay that step's value, while `lengths` is read anew at every replay. The model
+    advances it after each call (one tensor shared by every layer: during a step every layer sees the count before
+    it).
     `key_start` is None, or int32 (batch,) on the cache's device for a batch padded on the left:
     sequence b's first key_start[b] positions are padding, its prompt starts after them.
     """

@@ -1,25 +1,27 @@
 """The tree's shape: the kit's modules import downward without a cycle, and no Python file is long.
 
 Layers, lowest first: common/ (the worker's view); a task folder's files in the view and its solution/ (they import
-common/ and other tasks' view); harness/ (the trusted machinery); checks/ (each task's checks); the commands in a
-task folder (test.py, tune.py, ...: entry points into checks/) and the worker's main program (common/worker.py, which
-loads the entry points of the task it serves); grader/. A module may import its own layer or a lower one, never a
-higher one, and no set of modules imports itself round.
+common/ and other tasks' view); the worker's main program (common/worker.py, which loads the entry points of the task
+it serves); harness/ (the trusted machinery); checks/ (each task's checks); the commands in a task folder (test.py,
+tune.py, ...: entry points into checks/); grader/. A module may import its own layer or a lower one, never a higher
+one, and no set of modules imports itself round. Every import counts, inside a function or under TYPE_CHECKING too
+(an import inside a function is how a cycle hides), and so does `import_module` or `__import__` of a name the test
+can read.
 """
 
 import ast
+import re
 
-from common.tasks import TASKS
+from common.tasks import KIT_FOLDERS
 from tests.conftest import REPO
 from tests.test_tasks import COMMANDS
 
 LONGEST = 450  # lines: a file longer than this is split by job (issue 56)
-LAYERS = {"common": 0, "view": 1, "harness": 2, "checks": 3, "command": 4, "grader": 5}
-TOPS = ("common", "harness", "checks", "grader", *(f"task{n}" for n in TASKS))
+LAYERS = {"common": 0, "view": 1, "worker": 2, "harness": 3, "checks": 4, "command": 5, "grader": 6}
 
 
 def _kit_files():
-    for top in TOPS:
+    for top in KIT_FOLDERS:
         yield from (p for p in sorted((REPO / top).rglob("*.py")) if "__pycache__" not in p.parts)
 
 
@@ -30,18 +32,31 @@ def _module(path):
 
 def _layer(path):
     if path == REPO / "common" / "worker.py":
-        return "command"
+        return "worker"
     top = path.relative_to(REPO).parts[0]
     if not top.startswith("task"):
         return top
     return "command" if path.parent.name == top and path.name in COMMANDS else "view"
 
 
+def _dynamic(arg, modules, where):
+    """The kit's modules an import_module / __import__ argument can name: a string, an f-string (each {...} stands
+    for any text: f"task{n}.entry" is every task's entry.py), or either branch of `a if c else b`."""
+    if isinstance(arg, ast.IfExp):
+        return _dynamic(arg.body, modules, where) + _dynamic(arg.orelse, modules, where)
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return [arg.value]
+    if isinstance(arg, ast.JoinedStr):
+        pattern = "".join(re.escape(part.value) if isinstance(part, ast.Constant) else ".+" for part in arg.values)
+        return [name for name in modules if re.fullmatch(pattern, name)]
+    raise AssertionError(f"{where}: an import of a name this test cannot read; write it as a string or an f-string")
+
+
 def _imported(path, modules):
-    """The kit's modules `path` imports: import statements (relative ones too) and import_module("literal") or
-    import_module(f"task{n}.name"), which stands for that module of every task that has one."""
+    """The kit's modules `path` imports: import statements (relative ones too) and dynamic imports (_dynamic)."""
     here = _module(path).split(".")
     package = here if path.name == "__init__.py" else here[:-1]
+    rel = path.relative_to(REPO)
     for node in ast.walk(ast.parse(path.read_text())):
         names = []
         if isinstance(node, ast.Import):
@@ -50,15 +65,12 @@ def _imported(path, modules):
             base = node.module or ""
             if node.level:
                 base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
-            names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
-        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
-              and node.args):
-            arg = node.args[0]
-            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                names = [arg.value]
-            elif isinstance(arg, ast.JoinedStr) and isinstance(arg.values[-1], ast.Constant):
-                prefix = arg.values[0].value if isinstance(arg.values[0], ast.Constant) else ""
-                names = [f"task{n}{arg.values[-1].value}" for n in TASKS if prefix == "task"]
+            subs = [f"{base}.{alias.name}" for alias in node.names]
+            # `from pkg import sub` imports pkg.sub; `from pkg import name` imports pkg itself
+            names = [*subs, *([base] if any(sub not in modules for sub in subs) else [])]
+        elif (isinstance(node, ast.Call) and node.args
+              and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("import_module", "__import__")):
+            names = _dynamic(node.args[0], modules, f"{rel}:{node.lineno}")
         yield from (name for name in names if name in modules and name != _module(path))
 
 
@@ -72,7 +84,9 @@ def test_no_python_file_is_longer_than_a_newcomer_reads():
 def test_the_kits_modules_import_downward_and_without_a_cycle():
     files = {_module(p): p for p in _kit_files()}
     graph = {name: set(_imported(path, files)) for name, path in files.items()}
-    assert "task4.attention" in graph["harness.bench"], "the reference's build, loaded through import_module"
+    # the dynamic imports are seen: the reference's build, the worker's entry points, task 7's either-or
+    assert "task4.attention" in graph["harness.bench"] and "task4.entry" in graph["common.worker"]
+    assert {"task7.attention", "task7.solution.attention"} <= graph["task7.inference"]
     upward = [f"{a} ({_layer(files[a])}) imports {b} ({_layer(files[b])})" for a, deps in graph.items() for b in deps
               if LAYERS[_layer(files[b])] > LAYERS[_layer(files[a])]]
     assert not upward, upward
