@@ -158,6 +158,21 @@ __device__ __forceinline__ void pack_p(const float (&sc)[64], uint32_t (&p)[8][4
     for (int r = 0; r < 4; ++r) p[t][r] = pack_bf16(sc[8 * t + 2 * r], sc[8 * t + 2 * r + 1]);
 }
 
+// O += P V once V of this stage has landed, then the stage is given back to the producer.
+template <int D>
+__device__ __forceinline__ void pv_then_release(float (&o)[D / 2], uint32_t (&p)[8][4], const char* v, uint64_t* v_full,
+                                                int phase, uint64_t* empty) {
+  mbar_wait(v_full, phase);
+  fence_regs(o);
+  fence_regs(p);
+  wg_fence();
+  o_mma<D>(o, p, v);
+  wg_commit();
+  wg_wait<0>();
+  fence_regs(o);
+  mbar_arrive(empty);
+}
+
 template <int D, bool CAUSAL, bool OVERLAP>
 __global__ void __launch_bounds__(384, 1) fa_fwd(const __grid_constant__ CUtensorMap qmap,
                                                  const __grid_constant__ CUtensorMap kmap,
@@ -226,15 +241,7 @@ __global__ void __launch_bounds__(384, 1) fa_fwd(const __grid_constant__ CUtenso
       rescale<D>(o, alpha);
       uint32_t p[8][4];
       pack_p(sc, p);
-      mbar_wait(&v_full[s], phase);
-      fence_regs(o);
-      fence_regs(p);
-      wg_fence();
-      o_mma<D>(o, p, (v_s + s * C::KV_BYTES));
-      wg_commit();
-      wg_wait<0>();
-      fence_regs(o);
-      mbar_arrive(&empty[s]);
+      pv_then_release<D>(o, p, v_s + s * C::KV_BYTES, &v_full[s], phase, &empty[s]);
     }
   } else if (n_tiles > 0) {
     // Step 21: tile j's S = Q K^T is issued before tile j - 1's O += P V, and its softmax runs while that product
@@ -277,15 +284,7 @@ __global__ void __launch_bounds__(384, 1) fa_fwd(const __grid_constant__ CUtenso
       pack_p(sc, p);
     }
     const int last = (n_tiles - 1) % C::STAGES, last_phase = ((n_tiles - 1) / C::STAGES) & 1;
-    mbar_wait(&v_full[last], last_phase);
-    fence_regs(o);
-    fence_regs(p);
-    wg_fence();
-    o_mma<D>(o, p, (v_s + last * C::KV_BYTES));
-    wg_commit();
-    wg_wait<0>();
-    fence_regs(o);
-    mbar_arrive(&empty[last]);
+    pv_then_release<D>(o, p, v_s + last * C::KV_BYTES, &v_full[last], last_phase, &empty[last]);
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
