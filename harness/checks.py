@@ -136,7 +136,7 @@ def _fmt_index(flat: int, shape) -> tuple:
     return tuple(reversed(index))
 
 
-def _ranges(indices: list[int]) -> str:
+def index_ranges(indices: list[int]) -> str:
     """[0, 1, 2, 7] -> "0-2, 7" (the first few runs)."""
     runs = []
     for i in indices:
@@ -174,7 +174,7 @@ def unwritten(nan: torch.Tensor) -> str | None:
         tail = hit == list(range(count - len(hit), count))
         hint = (f", the last {len(hit)}: a grid or loop that leaves out the last, partial tile (round the number of "
                 "tiles up)?" if tail else ": a tile or a thread's share left out?")
-        return f"{what} {_ranges(hit)} of {count}{where}{hint}"
+        return f"{what} {index_ranges(hit)} of {count}{where}{hint}"
     return None
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from harness.checks import CheckResult
+from harness.checks import CheckResult, index_ranges
 from common.impl import REPO, label
 from harness.outcome import Cause, Kind, Status
 from harness.sandbox import WorkerDied, WorkerError
@@ -116,6 +116,7 @@ class Report:
         self.missing_steps: dict[int, str] = {}  # steps that ended parts found missing, and what they said
         self.carried = False  # the part under test waits for a step an earlier part found missing
         self.passed_steps: set[int] = set()  # steps of parts that passed: a TODO line left on them is not the cause
+        self.asked_steps: set[int] | None = None  # the steps of the parts a run asked for (--half), if not all
         self.hint_said = False  # TODO_HINT, said with the first step found missing
         self.said = 0  # cases before this one have been printed (_say_checks)
         self.last_added = time.perf_counter()  # when the last case was recorded (Case.seconds)
@@ -310,10 +311,13 @@ class Report:
         # by step: a file may hold a later step first, and one file's optional step (task 4's step 12, in the
         # float32 kernel's file) may come after another file's
         todos = [f"{rel}: {step}" for rel, step in sorted(
-            ((rel, step) for rel in student_files(self.task) for step in remaining_todos(self.student_dir / rel)),
+            ((rel, step) for rel in student_files(self.task) for step in remaining_todos(self.student_dir / rel)
+             if self.asked_steps is None or step_number(step) in self.asked_steps),
             key=lambda todo: step_number(todo[1]))]
-        lines = (["still marked TODO in your files (README, Task {}):".format(self.task)] + [f"  {t}" for t in todos]
-                 if todos else ["no step is marked TODO in your files"])
+        asked = "" if self.asked_steps is None else f"steps {index_ranges(sorted(self.asked_steps))}"
+        lines = ([f"still marked TODO in your files (README, Task {self.task}{asked and ', ' + asked}):"]
+                 + [f"  {t}" for t in todos] if todos
+                 else [f"no step{asked and ' of ' + asked} is marked TODO in your files"])
         from common.nvcc import find_nvcc
 
         can = "compiles" if find_nvcc() else "would compile, once the CUDA toolkit (nvcc) is installed,"

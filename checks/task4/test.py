@@ -191,6 +191,10 @@ def optional_benchmarks(report, worker, timed: list[tuple[str, object]]) -> None
             run()
 
 
+# The README steps of each part (step 7 is the float32 kernel's tuning; step 12, in kernels/attention.cu, the backward's)
+PART_STEPS = {"attention": (1, 2, 3, 4, 5, 6, 7), "half": (8, 9, 10, 11), "backward": (12, 13, 14, 15, 16)}
+
+
 def main(argv=None) -> int:
     parser = cli.parser(4, __doc__.splitlines()[2])
     parser.add_argument("--sweep", action="store_true", help="time over seq 128..8192, write task4-sweep.csv")
@@ -199,8 +203,10 @@ def main(argv=None) -> int:
     parser.add_argument("--backward", action="store_true",
                         help="test only README steps 12-16 (optional: the backward pass)")
     args = parser.parse_args(argv)
-    chosen = [p for p in ("attention", "half", "backward") if getattr(args, p)] or ["attention", "half", "backward"]
+    chosen = [p for p in PART_STEPS if getattr(args, p)] or list(PART_STEPS)
     report = Report(4, args.solution, "fused FlashAttention kernel", args.student_dir)
+    if len(chosen) < len(PART_STEPS):  # without a GPU, the TODO lines listed are the asked parts' alone
+        report.asked_steps = {step for part in chosen for step in PART_STEPS[part]}
     with cli.worker(report, 4, args) as worker:
         if worker is None:
             return report.finish(args.json)
