@@ -119,13 +119,13 @@ class FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal=False, block_rows=64, block_cols=64):
-        # TODO (README, Task 3, step 6: the forward saves q, k, v, out and the log-sum-exp; the backward returns dq, dk, dv)
-        raise NotImplementedError("see README, Task 3, step 6: the forward saves q, k, v, out and the log-sum-exp; the backward returns dq, dk, dv")
+        # TODO (README, Task 3, step 6: run the forward, and save q, k, v, out and the log-sum-exp for the backward)
+        raise NotImplementedError("see README, Task 3, step 6: run the forward, and save q, k, v, out and the log-sum-exp for the backward")
 
     @staticmethod
     def backward(ctx, d_out):
-        # TODO (README, Task 3, step 6: the forward saves q, k, v, out and the log-sum-exp; the backward returns dq, dk, dv)
-        raise NotImplementedError("see README, Task 3, step 6: the forward saves q, k, v, out and the log-sum-exp; the backward returns dq, dk, dv")
+        # TODO (README, Task 3, step 6: the backward: dq, dk, dv from the saved tensors (None for the other arguments))
+        raise NotImplementedError("see README, Task 3, step 6: the backward: dq, dk, dv from the saved tensors (None for the other arguments)")
 
 
 def flash_attention_trainable(q, k, v, causal: bool = False, block_rows: int = 64, block_cols: int = 64):

@@ -21,6 +21,14 @@ def test_every_region_names_a_readme_step_that_exists():
                     f"{rel}: {step} is not described in README's Task {task} section")
 
 
+def test_each_todo_says_what_its_own_place_holds():
+    """A step written in several places has a TODO per place, each saying what goes there: the same text
+    twice sent a student to load operands a function already received."""
+    for rel, text in generate().items():
+        todos = [line.strip() for line in text.splitlines() if "TODO (README, Task" in line]
+        assert len(todos) == len(set(todos)), f"{rel}: one TODO text in two places: {sorted(todos)}"
+
+
 PY = '''def f(x):
     # BEGIN SOLUTION "step 2: double it"
     return 2 * x

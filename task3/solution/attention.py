@@ -160,7 +160,7 @@ class FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal=False, block_rows=64, block_cols=64):
-        # BEGIN SOLUTION "step 6: the forward saves q, k, v, out and the log-sum-exp; the backward returns dq, dk, dv"
+        # BEGIN SOLUTION "step 6: run the forward, and save q, k, v, out and the log-sum-exp for the backward"
         out, lse = flash_attention(q, k, v, causal, block_rows, block_cols, return_lse=True)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.block_rows, ctx.block_cols = causal, block_rows, block_cols
@@ -169,7 +169,7 @@ class FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_out):
-        # BEGIN SOLUTION "step 6: the forward saves q, k, v, out and the log-sum-exp; the backward returns dq, dk, dv"
+        # BEGIN SOLUTION "step 6: the backward: dq, dk, dv from the saved tensors (None for the other arguments)"
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = flash_attention_backward(q, k, v, out, lse, d_out, ctx.causal, ctx.block_rows, ctx.block_cols)
         return dq, dk, dv, None, None, None  # no gradient for causal and the tile sizes

@@ -62,7 +62,7 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, int rows_valid,
 // (16 of head_dim each, read from shared memory at k_rows by ldmatrix); each K fragment serves every m16 tile.
 template <typename T, int M, int N, int LD>
 __device__ __forceinline__ void qk_step(float (&s)[M][N][4], const uint32_t (&a)[M][4], const T* k_rows) {
-  // TODO (README, Task 4, step 9: Q's A operands (ldmatrix), then S = Q K^T on the tensor cores (K's rows by ldmatrix))
+  // TODO (README, Task 4, step 9: one k16 step of S = Q K^T: K's B operands by ldmatrix_x4, each serving every m16 tile)
 }
 
 // grid (batch * heads, ceil(seq_q / (WARPS * WARP_ROWS))), WARPS * 32 threads, smem_bytes<T, D, COLS, WARPS>() of
@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(WARPS * WARP)
   constexpr bool Q_IN_REGISTERS = D <= Q_IN_REGISTERS_UP_TO;
   const T* q_rows = q_tile + (warp * WARP_ROWS + (lane / 8 % 2) * 8 + lane % 8) * LD + (lane / 16) * 8;
   uint32_t q_frag[Q_IN_REGISTERS ? K_STEPS : 1][M_TILES][4] = {};
-  // TODO (README, Task 4, step 9: Q's A operands (ldmatrix), then S = Q K^T on the tensor cores (K's rows by ldmatrix))
+  // TODO (README, Task 4, step 9: this warp's Q rows as A operands into q_frag (ldmatrix_x4), when they stay in registers)
 
   float o[M_TILES][O_TILES][4] = {};
   float row_max[M_TILES][2], row_sum[M_TILES][2] = {};  // of rows lane / 4 and lane / 4 + 8 of each m16 tile
@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(WARPS * WARP)
 
     // S = Q K^T for this warp's rows and the tile's keys: each K fragment read serves all M_TILES row tiles.
     float s[M_TILES][S_TILES][4] = {};
-    // TODO (README, Task 4, step 9: Q's A operands (ldmatrix), then S = Q K^T on the tensor cores (K's rows by ldmatrix))
+    // TODO (README, Task 4, step 9: S = Q K^T for the tile: qk_step per k16 step, with q_frag's operands or ones read again)
 
     // Scale, mask the tiles that need it, and fold into the online softmax.
     uint32_t p[M_TILES][S_TILES / 2][4] = {};  // P as A operands of P V, one per m16 tile and k16 step (16 keys)
@@ -170,13 +170,13 @@ __global__ void __launch_bounds__(WARPS * WARP)
     // TODO (README, Task 4, step 10: the online softmax on S's fragments, P packed as the A operands of P V)
 
     // O += P V: each V fragment read serves all M_TILES row tiles.
-    // TODO (README, Task 4, step 11: O += P V (V's rows by ldmatrix.trans); at the end, out = O / l)
+    // TODO (README, Task 4, step 11: O += P V: V's B operands by ldmatrix_x4_trans, each serving every m16 tile)
     cp_async_wait<0>();
     __syncthreads();  // the next tile has landed, and nobody reads this stage any more
   }
 
   // out = O / l: the row sums are still split over the 4 threads of each row.
-  // TODO (README, Task 4, step 11: O += P V (V's rows by ldmatrix.trans); at the end, out = O / l)
+  // TODO (README, Task 4, step 11: out = O / l, l summed over the row's 4 threads; zeros for a row that saw no key)
 }
 
 template <typename T, int D, int COLS, int WARPS>

@@ -80,7 +80,7 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, int rows_valid,
 // (16 of head_dim each, read from shared memory at k_rows by ldmatrix); each K fragment serves every m16 tile.
 template <typename T, int M, int N, int LD>
 __device__ __forceinline__ void qk_step(float (&s)[M][N][4], const uint32_t (&a)[M][4], const T* k_rows) {
-  // BEGIN SOLUTION "step 9: Q's A operands (ldmatrix), then S = Q K^T on the tensor cores (K's rows by ldmatrix)"
+  // BEGIN SOLUTION "step 9: one k16 step of S = Q K^T: K's B operands by ldmatrix_x4, each serving every m16 tile"
 #pragma unroll
   for (int n = 0; n < N; n += 2) {
     uint32_t b[4];  // keys n*8.. (b[0], b[1]) and n*8+8.. (b[2], b[3])
@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(WARPS * WARP)
   constexpr bool Q_IN_REGISTERS = D <= Q_IN_REGISTERS_UP_TO;
   const T* q_rows = q_tile + (warp * WARP_ROWS + (lane / 8 % 2) * 8 + lane % 8) * LD + (lane / 16) * 8;
   uint32_t q_frag[Q_IN_REGISTERS ? K_STEPS : 1][M_TILES][4] = {};
-  // BEGIN SOLUTION "step 9: Q's A operands (ldmatrix), then S = Q K^T on the tensor cores (K's rows by ldmatrix)"
+  // BEGIN SOLUTION "step 9: this warp's Q rows as A operands into q_frag (ldmatrix_x4), when they stay in registers"
   if constexpr (Q_IN_REGISTERS) {
 #pragma unroll
     for (int st = 0; st < K_STEPS; ++st)
@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(WARPS * WARP)
 
     // S = Q K^T for this warp's rows and the tile's keys: each K fragment read serves all M_TILES row tiles.
     float s[M_TILES][S_TILES][4] = {};
-    // BEGIN SOLUTION "step 9: Q's A operands (ldmatrix), then S = Q K^T on the tensor cores (K's rows by ldmatrix)"
+    // BEGIN SOLUTION "step 9: S = Q K^T for the tile: qk_step per k16 step, with q_frag's operands or ones read again"
     const T* k_rows = k_tile + ((lane / 16) * 8 + lane % 8) * LD + (lane / 8 % 2) * 8;
     if constexpr (Q_IN_REGISTERS) {
 #pragma unroll
@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(WARPS * WARP)
     // END SOLUTION
 
     // O += P V: each V fragment read serves all M_TILES row tiles.
-    // BEGIN SOLUTION "step 11: O += P V (V's rows by ldmatrix.trans); at the end, out = O / l"
+    // BEGIN SOLUTION "step 11: O += P V: V's B operands by ldmatrix_x4_trans, each serving every m16 tile"
     const T* v_rows = v_tile + ((lane / 8 % 2) * 8 + lane % 8) * LD + (lane / 16) * 8;
 #pragma unroll
     for (int st = 0; st < COLS / 16; ++st)
@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(WARPS * WARP)
   }
 
   // out = O / l: the row sums are still split over the 4 threads of each row.
-  // BEGIN SOLUTION "step 11: O += P V (V's rows by ldmatrix.trans); at the end, out = O / l"
+  // BEGIN SOLUTION "step 11: out = O / l, l summed over the row's 4 threads; zeros for a row that saw no key"
 #pragma unroll
   for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
