@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from common.impl import REPO, label
+from common.impl import REPO, add_solution_flag, label
 from common.nvcc import (CUDA_FLAGS, BuildError, check_plain_cuda, check_toolchain, compile_each,
                          compile_kernels, compiler_errors, cpp_extension, cuda_arch, find_nvcc,
                          nvcc_version, checkout_path, resource_report)
@@ -284,7 +284,7 @@ def compile_main(task: int, argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog=f"python -m task{task}.compile",
                                      description=f"Build task {task}'s CUDA extension.")
-    parser.add_argument("--solution", action="store_true", help="build the reference solution")
+    add_solution_flag(parser, task, "build the reference solution", f"python -m task{task}.compile builds yours")
     parser.add_argument("--verbose", action="store_true",
                         help="print each kernel's registers, spills and shared memory, as the compiler reports them")
     parser.add_argument("--kernels", metavar="NAME", help=argparse.SUPPRESS)  # the reference's taskN/solution/NAME

@@ -35,6 +35,23 @@ def has_solution(task: int) -> bool:
     return (REPO / f"task{task}" / "solution").is_dir()
 
 
+def add_solution_flag(parser, task: int, help: str, instead: str) -> None:
+    """`--solution` where the checkout has task `task`'s reference; in the students' handout the flag is not
+    offered, and given anyway it names what to run instead (`instead`) rather than fail on a missing folder."""
+    import argparse
+
+    if has_solution(task):
+        parser.add_argument("--solution", action="store_true", help=help)
+        return
+
+    class NoSolution(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            parser.error(f"--solution: this checkout has no reference solution (the students' handout leaves it "
+                         f"out); {instead}")
+
+    parser.add_argument("--solution", nargs=0, action=NoSolution, default=False, help=argparse.SUPPRESS)
+
+
 def borrowed_work(task: int, student_dir: Path, attention_ops=()) -> list[str]:
     """What is not the student's own work: PyTorch's attention (run, or named in a student file) or the reference.
 

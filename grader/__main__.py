@@ -1,10 +1,10 @@
-"""python -m grader [--solution] [--submission DIR] [--tasks 1,3] [--out DIR]
+"""python -m grader [--submission DIR] [--tasks 1,3] [--out DIR] [--solution, in the instructors' copy]
 
 Grades every task in its own process and writes Results.md (for people) and
 results.json (Gradescope's autograder format).
 
 - no option: the student code in this checkout;
-- --solution: the reference solution;
+- --solution: the reference solution (only where the checkout has it: not in the students' handout);
 - --submission DIR: a student's checkout, graded with this checkout's tests and
   hidden cases. Only the files students write (common/tasks.py) are taken from DIR, as
   regular files (no links); the results go to --out, by default grading/<name of DIR>
@@ -29,7 +29,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from common.impl import REPO, label
+from common.impl import REPO, add_solution_flag, label
 from harness.outcome import Kind, Status, cause_of
 from harness.records import environment
 from harness.view import building_lock, copy_regular_file, remove_tree, sandbox_status
@@ -304,7 +304,7 @@ def _stopped(signum, _frame):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grader", description=__doc__.splitlines()[0])
-    parser.add_argument("--solution", action="store_true", help="grade the reference solution")
+    add_solution_flag(parser, 1, "grade the reference solution", "python -m grader grades your own files")
     parser.add_argument("--submission", type=Path, metavar="DIR", help="grade a student's checkout")
     parser.add_argument("--name", help="the submission's name in Results.md (default: DIR's folder name); "
                                        "grader.batch gives the student's id")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from common.impl import REPO
+from common.impl import REPO, add_solution_flag
 
 # PyTorch warns when it cannot start CUDA (no driver, or the GPU's memory taken by another process) the first time
 # it is asked whether a GPU is there; the tests answer that themselves ("needs a CUDA GPU", or the grader's
@@ -29,7 +29,8 @@ warnings.filterwarnings("ignore", message="CUDA initialization", category=UserWa
 
 def parser(task: int, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m task{task}.test", description=description)
-    p.add_argument("--solution", action="store_true", help="test the reference solution instead of your code")
+    add_solution_flag(p, task, "test the reference solution instead of your code",
+                      f"python -m task{task}.test tests your own files")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON (the grader reads these)")
     p.add_argument("--student-dir", type=Path, default=REPO, metavar="DIR",
                    help="take the student's files from this checkout (default: this one)")

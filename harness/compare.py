@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from common.impl import REPO, has_solution
+from common.impl import REPO, add_solution_flag
 from harness.checks import exact_float32
 from harness.attention_math import attention_flops, attention_float64, naive_attention
 from harness.skeleton import remaining_todos
@@ -262,7 +262,8 @@ def ints(text: str) -> tuple[int, ...]:
 
 def parse(argv=None):
     p = argparse.ArgumentParser(prog="python -m harness.compare", description=__doc__.split("\n\n")[0])
-    p.add_argument("--solution", action="store_true", help="compare the reference solution's implementations")
+    add_solution_flag(p, 1, "compare the reference solution's implementations",
+                      "python -m harness.compare compares your own")
     p.add_argument("--student-dir", type=Path, default=REPO, metavar="DIR", help="whose files (default: this checkout)")
     p.add_argument("--seqs", type=ints, metavar="N,N,...",
                    help=f"sequence lengths (default {','.join(map(str, GPU_SWEEP['seqs']))} on a GPU, "
@@ -282,8 +283,6 @@ def parse(argv=None):
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.tasks and not set(args.tasks) <= {i.task for i in IMPLEMENTATIONS}:
         p.error(f"--tasks: implementations are in tasks 1, 2, 3 and 4; got {','.join(map(str, args.tasks))}")
-    if args.solution and not has_solution(1):
-        p.error("--solution: the reference solution is not in this checkout (the students' handout)")
     return args
 
 

@@ -184,12 +184,13 @@ def main(task: int, kernel: str, entry: str, args_of, what_of, argv=None, causal
 
     import torch
 
-    from common.impl import REPO, label
+    from common.impl import REPO, add_solution_flag, label
     from harness.sandbox import Worker, WorkerDied, WorkerError
 
     parser = argparse.ArgumentParser(prog=f"python -m task{task}.profile",
                                      description=f"One launch of task {task}'s kernel under Nsight Compute, summarised.")
-    parser.add_argument("--solution", action="store_true", help="profile the reference solution instead of your code")
+    add_solution_flag(parser, task, "profile the reference solution instead of your code",
+                      f"python -m task{task}.profile profiles your own kernel")
     if causal:
         parser.add_argument("--causal", action="store_true", help="with the causal mask")
     parser.add_argument("--student-dir", type=Path, default=REPO, help=argparse.SUPPRESS)

@@ -30,6 +30,9 @@ is the student's to do: `[skeleton: N]` at the end of its line sets the skeleton
 
 becomes `constexpr int BLOCK_ROWS = 64;  // Br: query rows per block`.
 
+A line that ends in `[reference only]` (a header's "add --solution ...") is left out of the skeleton:
+the students' copy has no reference to build.
+
 `taskN/solution/<path>` generates `taskN/<path>`. Run `python -m harness.skeleton`
 after editing a reference file; `tests/test_skeletons.py` fails when a committed
 skeleton differs from what this makes.
@@ -49,6 +52,7 @@ BEGIN = re.compile(r'^(?P<indent>\s*)(?P<c>#|//) BEGIN SOLUTION "(?P<hint>step \
 ANY_MARKER = re.compile(r"^\s*(#|//) (BEGIN SOLUTION|SKELETON|END SOLUTION)\b")
 UNTUNED = re.compile(r"^(?P<head>\s*constexpr int \w+ = )\d+(?P<rest>;.*?)\s*\[skeleton: (?P<value>\d+)\]\s*$")
 EMPTY_COMMENT = re.compile(r"\s*//\s*$")
+REFERENCE_ONLY = "[reference only]"
 TODO = re.compile(r"TODO \(README, Task (?P<task>\d+), (?P<step>step \d+: .*)\)$")
 
 
@@ -92,6 +96,9 @@ def make_skeleton(text: str, task: int, comment: str, where: str = "<text>") -> 
                     f"{where}:{i + 1}: {line.strip()!r} outside a region, or a BEGIN SOLUTION "
                     f'without a hint of the form "step K: what to do"'
                 )
+            if line.rstrip().endswith(REFERENCE_ONLY):
+                i += 1
+                continue
             untuned = UNTUNED.match(line)
             if not untuned and "[skeleton:" in line:
                 raise MarkerError(f"{where}:{i + 1}: [skeleton: N] belongs at the end of a `constexpr int NAME = "

@@ -277,7 +277,7 @@ def main(plan: Plan, argv=None, **optional: Plan) -> int:
 
     import torch
 
-    from common.impl import REPO, label, source_of
+    from common.impl import REPO, add_solution_flag, label, source_of
 
     parser = argparse.ArgumentParser(prog=f"python -m task{plan.task}.tune",
                                      description=f"Build, check and time task {plan.task}'s kernel at several "
@@ -285,7 +285,8 @@ def main(plan: Plan, argv=None, **optional: Plan) -> int:
     parser.add_argument("--configs", nargs="+", metavar="NAME=N,...",
                         help="your own configurations, each NAME=NUMBER pairs separated by commas (names not given "
                              "keep the file's value); default: a list that covers the usual choices")
-    parser.add_argument("--solution", action="store_true", help="tune the reference solution instead of your code")
+    add_solution_flag(parser, plan.task, "tune the reference solution instead of your code",
+                      f"python -m task{plan.task}.tune tunes your own kernel")
     for flag, other in optional.items():
         parser.add_argument(f"--{flag}", action="store_true", help=f"tune {other.part} ({other.kernel_file})")
     parser.add_argument("--student-dir", type=Path, default=REPO, metavar="DIR", help=argparse.SUPPRESS)

@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from common.impl import add_solution_flag
 from task7 import gpt2
 
 
@@ -82,7 +83,8 @@ def run(args, own_attention: bool) -> int:
 
 def main(argv=None) -> int:
     p = parser("python -m task7.inference", __doc__)
-    p.add_argument("--solution", action="store_true", help="the reference solution's attention function")
+    add_solution_flag(p, 7, "the reference solution's attention function",
+                      "python -m task7.inference runs your own attention function")
     return run(p.parse_args(argv), own_attention=False)
 
 

@@ -99,6 +99,31 @@ def test_a_part_asked_for_alone_lists_its_own_steps_left(part, steps, capsys):
     assert f"still marked TODO in your files (README, Task 4, steps {first}-{last}):" in said
 
 
+@pytest.mark.parametrize("command", ["task4.compile", "task4.test", "task4.tune", "task4.profile", "task7.inference",
+                                     "harness.compare", "grader"])
+def test_the_handouts_commands_do_not_offer_solution_and_name_what_to_run(command, monkeypatch, capsys):
+    import runpy
+    import sys
+
+    from common import impl
+
+    monkeypatch.setattr(impl, "has_solution", lambda task: False)  # the students' handout
+
+    def run(*args):
+        monkeypatch.setattr(sys, "argv", [command, *args])
+        runpy.run_module(command, run_name="__main__", alter_sys=False)
+
+    with pytest.raises(SystemExit):
+        run("--help")
+    said = capsys.readouterr().out
+    assert "[--solution]" not in said and "  --solution" not in said, said  # neither in the usage nor the options
+    with pytest.raises(SystemExit) as stop:
+        run("--solution")
+    assert stop.value.code == 2
+    said = capsys.readouterr().err
+    assert "--solution: this checkout has no reference solution" in said and "python -m " in said, said
+
+
 def test_the_published_reference_build_is_named_by_every_input(tmp_path, monkeypatch):
     for rel in ["common/build.py", "common/nvcc.py", "common/csrc/checks.h", "common/csrc/device/common.cuh",
                 "task4/binding.cpp", "task4/solution/kernels/attention.cu"]:

@@ -29,6 +29,12 @@ def test_each_todo_says_what_its_own_place_holds():
         assert len(todos) == len(set(todos)), f"{rel}: one TODO text in two places: {sorted(todos)}"
 
 
+def test_a_reference_only_line_is_left_out_of_the_skeleton():
+    text = "// build: python -m task4.compile\n// add --solution for the reference  [reference only]\nint x;\n"
+    assert make_skeleton(text, 4, "//") == "// build: python -m task4.compile\nint x;\n"
+    assert not [rel for rel, text in generate().items() if "--solution" in text], "a skeleton offers --solution"
+
+
 PY = '''def f(x):
     # BEGIN SOLUTION "step 2: double it"
     return 2 * x

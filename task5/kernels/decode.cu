@@ -44,7 +44,6 @@
 // Build and test:
 //   python -m task5.compile            build this file (task5/kernels/decode.cu)
 //   python -m task5.test               check it against a float64 reference
-// Add --solution to either command to build and test the reference instead.
 
 #include <cuda_runtime.h>
 

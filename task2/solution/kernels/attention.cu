@@ -19,7 +19,7 @@
 //   python -m task2.test --gemm             steps 3-4
 //   python -m task2.test --attention        step 5
 //   python -m task2.test                    everything
-// Add --solution to either command to build and test the reference instead.
+// Add --solution to either command to build and test the reference instead.  [reference only]
 
 #include <cuda_runtime.h>
 

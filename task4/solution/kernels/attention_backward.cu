@@ -26,7 +26,7 @@
 // Build and test:
 //   python -m task4.compile            build the kernels (this file too)
 //   python -m task4.test --backward    check them against float64 autograd, then time them against PyTorch's
-// Add --solution to either command to build and test the reference instead.
+// Add --solution to either command to build and test the reference instead.  [reference only]
 
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
