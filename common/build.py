@@ -40,7 +40,7 @@ import torch
 from common.impl import REPO, add_solution_flag, label
 from common.nvcc import (CUDA_FLAGS, BuildError, check_plain_cuda, check_toolchain, compile_each,
                          compile_kernels, compiler_errors, cpp_extension, cuda_arch, find_nvcc,
-                         nvcc_version, checkout_path, resource_report)
+                         nvcc_version, checkout_path, resource_report, warnings_said)
 
 # In the worker, KIT_BUILD_ROOT is a folder kept between runs, so an unchanged kernel is not rebuilt.
 BUILD_ROOT = Path(os.environ.get("KIT_BUILD_ROOT") or REPO / "build")
@@ -220,6 +220,8 @@ def load_extension(task: int, solution: bool, *, quiet: bool = False, extra_cuda
     if not quiet:
         print(f"task {task} ({what}): built in {checkout_path(folder)} "
               f"({time.perf_counter() - started:.1f} s, arch {os.environ['TORCH_CUDA_ARCH_LIST']})")
+        for line in warnings_said(objects):
+            print(line)
     if verbose:
         print("\n".join(resource_report(objects, arch)))
     return module
@@ -323,5 +325,7 @@ def compile_only(task: int, solution: bool, verbose: bool = False, kernels: str 
     print(f"task {task} ({label(solution)}): compiled {compiled} for sm_{arch} with nvcc "
           f"({time.perf_counter() - started:.1f} s). Only the kernels: {why}, so the binding is built and the "
           f"kernels run on a GPU machine (python -m task{task}.test there).")
+    for line in warnings_said(objects):
+        print(line)
     if verbose:
         print("\n".join(resource_report(objects, arch)))

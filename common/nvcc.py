@@ -28,6 +28,7 @@ MAX_ERROR_LINES = 12
 # the target sm_90a, not sm_90) says so on a line of its own near its top, `// nvcc target: sm_90a`. It is compiled
 # for that target on a GPU of that generation, and left out of the build on any other (its part says why).
 TARGET_LINE = re.compile(r"^// nvcc target: sm_(\d+)a[ \t]*$", re.M)
+WARNING = re.compile(r"^(\S+\(\d+\): warning #\d+-D: .*|ptxas warning\s*: .*)$")
 
 
 class BuildError(RuntimeError):
@@ -241,6 +242,29 @@ def _compiled(running: dict, folder: Path, nvcc: str) -> dict:
             continue
         results[src] = obj
     return results
+
+
+def compiler_warnings(objects: list[Path]) -> list[str]:
+    """nvcc's and ptxas's warnings on these objects' files (kept in each `.ptxas`, so a file not rebuilt still
+    shows them), each once (nvcc says a front-end warning for the host and the device pass), paths as in the
+    checkout."""
+    found: dict[str, None] = {}
+    for obj in objects:
+        report = obj.with_suffix(".ptxas")
+        for line in (report.read_text(errors="replace") if report.exists() else "").splitlines():
+            if WARNING.match(line.strip()):
+                found[line.strip().replace(f"{REPO}/", "")] = None
+    return list(found)
+
+
+def warnings_said(objects: list[Path]) -> list[str]:
+    """`taskN.compile`'s lines for compiler_warnings: none when there are none."""
+    found = compiler_warnings(objects)
+    if not found:
+        return []
+    unused = " (a variable 'never referenced' while a step is still TODO is one that step uses)" \
+        if any("never referenced" in w for w in found) else ""
+    return [f"nvcc's warnings, {len(found)}{unused}:", *(f"  {w}" for w in found)]
 
 
 def kernel_resources(objects: list[Path]) -> list[resources.KernelResources]:

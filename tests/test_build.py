@@ -315,3 +315,19 @@ def test_a_build_loaded_from_one_file_is_not_loaded_from_another_in_the_same_pro
     with pytest.raises(BuildError, match="task4_solution is already loaded in this process from .*a/task4_solution.so"
                                          ".*in a new process"):
         build._check_not_loaded_elsewhere("task4_solution", second)
+
+
+def test_compile_shows_nvccs_warnings_once_each(tmp_path, monkeypatch, capsys):
+    if nvcc.find_nvcc() is None:
+        pytest.skip("needs nvcc")
+    folder = tmp_path / "kernels"
+    folder.mkdir()
+    cu = folder / "attention.cu"
+    cu.write_text("__global__ void k(float* x) { int unused = 3; x[0] = 1.0f; }\n")
+    monkeypatch.setattr(nvcc, "REPO", tmp_path)
+    (tmp_path / "build").mkdir()
+    objects = nvcc.compile_kernels([cu], tmp_path / "build", "90", nvcc.CUDA_FLAGS)
+    said = nvcc.warnings_said(objects)
+    assert said[0].startswith("nvcc's warnings, 1 (a variable 'never referenced'"), said
+    assert said[1:] == ['  kernels/attention.cu(1): warning #177-D: variable "unused" was declared but never referenced']
+    assert nvcc.warnings_said(nvcc.compile_kernels([cu], tmp_path / "build", "90", nvcc.CUDA_FLAGS)) == said  # cached
