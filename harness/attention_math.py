@@ -65,18 +65,20 @@ def attention_float64(q, k, v, causal: bool = False, scale: float | None = None,
         return out, torch.logsumexp(scores, dim=-1).masked_fill(padded[..., 0], -math.inf)
 
 
-def attention_gradients(q, k, v, d_out, causal: bool = False, scale: float | None = None):
+def attention_gradients(q, k, v, d_out, causal: bool = False, scale: float | None = None, dtype=torch.float64):
     """(dq, dk, dv) in float64: autograd through softmax(scale q k^T + mask) v on float64 copies, for the
     gradient d_out of the output (the backward passes of tasks 3 and 4 are checked against it). k and v may have
-    fewer heads than q (grouped-query attention): their gradients add up over the query heads that share them."""
+    fewer heads than q (grouped-query attention): their gradients add up over the query heads that share them.
+    dtype=torch.float32: the same in plain float32 (no TF32), whose error on hard inputs bounds what a float32
+    kernel can be held to."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     with exact_float32(), torch.enable_grad():
-        q, k, v = (t.detach().to(torch.float64).requires_grad_() for t in (q, k, v))
+        q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
         heads = q.shape[-3]
         scores = (q @ expand_kv_heads(k, heads).transpose(-2, -1)) * scale
         if causal:
             scores = scores.masked_fill(causal_mask(q.shape[-2], k.shape[-2], q.device), -math.inf)
-        (torch.softmax(scores, dim=-1) @ expand_kv_heads(v, heads)).backward(d_out.detach().to(torch.float64))
+        (torch.softmax(scores, dim=-1) @ expand_kv_heads(v, heads)).backward(d_out.detach().to(dtype))
         return q.grad, k.grad, v.grad
 
 

@@ -32,9 +32,13 @@ def check_backward_case(worker, shape, causal, seed, shift=0.0):
     """Step 12 (out and L from forward_lse) against float64, then steps 13-16 (dq, dk, dv from backward, given the
     float64 reference's out and L in float32, so a slip in step 12 is told there and not in the gradients) against
     float64 autograd. Outputs poisoned, guard bands around every tensor. shift: added to q and taken from k (the
-    tolerance is then NEGATIVE_TOLERANCE of each tensor's largest |expected|)."""
-    def tolerance(expected):
-        return (NEGATIVE_TOLERANCE * float(expected.abs().max()), 0.0) if shift else (ATOL, RTOL)
+    tolerance is then NEGATIVE_TOLERANCE of each tensor's largest |expected|, or twice plain float32 PyTorch's own
+    largest error on these inputs where that is more: a kernel is not held to better than float32 itself)."""
+    def tolerance(expected, pytorch=None):
+        if not shift:
+            return ATOL, RTOL
+        own = 0.0 if pytorch is None else float((pytorch.double() - expected).abs().max())
+        return max(NEGATIVE_TOLERANCE * float(expected.abs().max()), 2 * own), 0.0
 
     b, h, kvh, sq, sk, d = shape
     q, k, v = make_inputs((b, h, kvh, sq, sk, d, None), seed)
@@ -66,11 +70,14 @@ def check_backward_case(worker, shape, causal, seed, shift=0.0):
     if damage:
         return damage
     steps = {"dq": "steps 13 and 16", "dk": "steps 13-15", "dv": "steps 14-15"}
-    for got, expected in zip(grads, attention_gradients(q, k, v, d_out, causal, scale)):
-        atol, rtol = tolerance(expected)
+    pytorch = attention_gradients(q, k, v, d_out, causal, scale, dtype=torch.float32) if shift else (None,) * 3
+    for got, expected, own in zip(grads, attention_gradients(q, k, v, d_out, causal, scale), pytorch):
+        atol, rtol = tolerance(expected, own)
         result = compare(got.tensor, expected, atol=atol, rtol=rtol, name=got.name, poisoned=True)
         if not result.passed:
-            return dataclasses.replace(result, message=f"{result.message} (README, Task 4, {steps[got.name]})")
+            beside = (f"; plain float32 PyTorch's largest error on these inputs: "
+                      f"{float((own.double() - expected).abs().max()):.2g}") if shift else ""
+            return dataclasses.replace(result, message=f"{result.message}{beside} (README, Task 4, {steps[got.name]})")
         said.append(f"{got.name} {result.message}")
     return True, "; ".join(said), {}
 
