@@ -314,7 +314,8 @@ class Report:
             ((rel, step) for rel in student_files(self.task) for step in remaining_todos(self.student_dir / rel)
              if self.asked_steps is None or step_number(step) in self.asked_steps),
             key=lambda todo: step_number(todo[1]))]
-        asked = "" if self.asked_steps is None else f"steps {index_ranges(sorted(self.asked_steps))}"
+        asked = "" if self.asked_steps is None else \
+            f"step{'s' * (len(self.asked_steps) > 1)} {index_ranges(sorted(self.asked_steps))}"
         lines = ([f"still marked TODO in your files (README, Task {self.task}{asked and ', ' + asked}):"]
                  + [f"  {t}" for t in todos] if todos
                  else [f"no step{asked and ' of ' + asked} is marked TODO in your files"])
