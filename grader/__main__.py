@@ -31,7 +31,7 @@ from pathlib import Path
 
 from common.impl import REPO, add_solution_flag, label
 from harness.outcome import Kind, Status, cause_of
-from harness.records import environment
+from harness.records import SHOW_NAMES, environment, failure_groups, lead_of
 from harness.view import building_lock, copy_regular_file, remove_tree, sandbox_status
 from common.tasks import TASKS
 from grader.fingerprints import checkout_fingerprint
@@ -186,16 +186,33 @@ def _details(entry: dict, limit: int = 10) -> list[str]:
     lines = []
     cases = record.get("cases", [])
     failed = [c for c in cases if not c["passed"]]
-    for c in failed[:limit]:
+    # failures of one kind (the same diagnosis, or the same words with other numbers) once, with their count, as
+    # the test's console says them; a scored check and an optional one are never one kind
+    groups = [[failed[i] for i in group]
+              for group in failure_groups([c["message"] for c in failed], [c["kind"] for c in failed])]
+    for same in groups[:limit]:
+        c = same[0]
         # a build error or a sanitizer report says what matters on the lines after its first
         first, *rest = c["message"].splitlines() or [""]
-        lines.append(f"- FAIL{' (optional)' if c['kind'] == 'optional' else ''} {c['name']}: {first}")
+        optional = " (optional)" if c["kind"] == "optional" else ""
+        lead = lead_of(c["message"])
+        if len(same) == 1:
+            lines.append(f"- FAIL{optional} {c['name']}: {first}")
+        elif lead:
+            lines.append(f"- FAIL{optional} {len(same)} checks: {lead}")
+            lines.append(f"  the first, {c['name']}: {first[len(lead):].strip()}")
+        else:
+            lines.append(f"- FAIL{optional} {len(same)} checks fail the same way; the first, {c['name']}: {first}")
         lines += [f"  {ln}" for ln in rest[:MESSAGE_LINES]]
         if len(rest) > MESSAGE_LINES:
             lines.append(f"  ... and {len(rest) - MESSAGE_LINES} more lines "
                          f"(python -m task{entry['task']}.test shows all)")
-    if len(failed) > limit:
-        lines.append(f"- ... and {len(failed) - limit} more failures")
+        if len(same) > 1:
+            names = [s["name"] for s in same[1:1 + SHOW_NAMES]]
+            more = len(same) - 1 - len(names)
+            lines.append(f"  also: {'; '.join(names)}{f'; and {more} more' if more else ''}")
+    if len(groups) > limit:
+        lines.append(f"- ... and {sum(map(len, groups[limit:]))} more failures")
     for c in cases:
         if c["kind"] == Kind.BENCHMARK and c["passed"]:
             lines.append(f"- {c['name']}: {c['message']}")

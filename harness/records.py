@@ -153,13 +153,10 @@ class Report:
             for c in checks:
                 print(f"  [PASS] {c.name}: {c.message}")
             return
-        kinds: dict[str, list[Case]] = {}
-        for c in failed:
-            kinds.setdefault(_lead(c.message) or _signature(c.message), []).append(c)
         optional = "optional " if all(c.kind == Kind.OPTIONAL for c in checks) else ""
-        # diagnosed kinds first, then the most common
-        for same in sorted(kinds.values(), key=lambda cases: (not _lead(cases[0].message), -len(cases))):
-            first, lead = same[0], _lead(same[0].message)
+        for group in failure_groups([c.message for c in failed]):
+            same = [failed[i] for i in group]
+            first, lead = same[0], lead_of(same[0].message)
             if len(same) == 1 and not lead:
                 print(f"  [FAIL] {first.name}: {first.message}")
                 continue
@@ -377,7 +374,17 @@ def _stop_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds: the worker is stopped, then atexit prints the checks done
 
 
-def _lead(message: str) -> str:
+def failure_groups(messages: list[str], kinds: list[str] | None = None) -> list[list[int]]:
+    """The failures' indices by kind: the same diagnosis, or the same words with other numbers (and, given
+    `kinds`, the same kind of case: a scored check and an optional one are never grouped); diagnosed kinds first,
+    then the most common. The console and Results.md say each kind once, with its count."""
+    groups: dict[tuple, list[int]] = {}
+    for i, message in enumerate(messages):
+        groups.setdefault((kinds[i] if kinds else "", lead_of(message) or _signature(message)), []).append(i)
+    return sorted(groups.values(), key=lambda group: (not lead_of(messages[group[0]]), -len(group)))
+
+
+def lead_of(message: str) -> str:
     """What a failure says before its numbers, when it is a diagnosis ("looks like ...: see README,
     Task 1, step 2.") or a pointer to an earlier failure ("... fix that first.")."""
     found = _LEAD.match(message)
