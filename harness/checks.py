@@ -7,6 +7,7 @@ filled it with) all fail the same way, with the first few bad indices printed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -134,6 +135,18 @@ def _fmt_index(flat: int, shape) -> tuple:
         index.append(flat % size)
         flat //= size
     return tuple(reversed(index))
+
+
+def builds_on(result, failed_before: int, what: str):
+    """A check built on cases that already failed (a layer over a kernel whose own cases fail): its failure points
+    there first, so the results say it as one kind with a count, not as numbers of its own."""
+    passed = result.passed if isinstance(result, CheckResult) else bool(result[0])
+    if passed or not failed_before:
+        return result
+    lead = f"{what} fail{'s' if failed_before == 1 else ''} above ({failed_before}): fix that first."
+    if isinstance(result, CheckResult):
+        return dataclasses.replace(result, message=f"{lead} {result.message}")
+    return (result[0], f"{lead} {result[1]}", *result[2:])
 
 
 def index_ranges(indices: list[int]) -> str:

@@ -294,11 +294,14 @@ def _one_factor_per_row(got, want, atol: float, rtol: float) -> bool:
 
 
 def diagnose(task: int, result: CheckResult, got, q, k, v, causal: bool, *, atol: float, rtol: float,
-             tiles=None, of: str = "out", scale: float | None = None, schedules=(), splits: int = 0) -> CheckResult:
+             tiles=None, of: str = "out", scale: float | None = None, schedules=(), splits: int = 0,
+             step: int | None = None) -> CheckResult:
     """`result`, a failed comparison of `got` (the attention output, or with of="lse" its log-sum-exp),
     with the first mistake it matches said in front. tiles: task 3's (rows, cols); schedules: the
     orders a kernel may visit the keys in (Schedule), tried in turn; splits: a split-KV decode's count;
-    scale: the scale the code was given (1/sqrt(head_dim) when None)."""
+    scale: the scale the code was given (1/sqrt(head_dim) when None); step: the README step an optional
+    part makes all of these in (task 4's 16-bit kernel: the online softmax and its mask are step 10), in place
+    of the float32 kernel's."""
     if result.passed or result.untouched or not isinstance(got, torch.Tensor):
         return result
     seq_q, seq_k = q.shape[-2], k.shape[-2]
@@ -316,10 +319,35 @@ def diagnose(task: int, result: CheckResult, got, q, k, v, causal: bool, *, atol
         for how in tries:
             matched, extra = _matches(got, mistake.attend(q, k, v, causal, scale=scale, **how)[pick], atol, rtol)
             if matched:
-                return _say(result, task, mistake, extra=extra)
+                return _say(result, task, mistake.says, step or mistake.steps[task], extra=extra)
     if of == "out" and task in FACTOR_STEPS and _one_factor_per_row(
             got, _attention(q, k, v, causal, scale=scale)[0], atol, rtol):
-        return _say(result, task, ONE_FACTOR_PER_ROW, FACTOR_STEPS[task])
+        return _say(result, task, ONE_FACTOR_PER_ROW, step or FACTOR_STEPS[task])
+    return result
+
+
+def diagnose_sequences(task: int, result: CheckResult, got, q, k, v, causal: bool, spans, *, atol: float,
+                       rtol: float, scale: float | None = None, schedules_for=lambda keys: (), splits: int = 0,
+                       step: int | None = None) -> CheckResult:
+    """diagnose() for a batch whose sequences see keys of their own (left padding: the kernels skip it, so each
+    sequence is a problem of its own). spans[b] = (first query row, first key, end of keys) of sequence b; the
+    first sequence whose rows fail is diagnosed alone, its keys tiled from its first (schedules_for(its key
+    count)), and named in the diagnosis."""
+    if result.passed or result.untouched or not isinstance(got, torch.Tensor):
+        return result
+    for b, (row, first, end) in enumerate(spans):
+        if row >= q.shape[-2] or first >= end:
+            continue
+        qs, ks, vs = q[b:b + 1, ..., row:, :], k[b:b + 1, ..., first:end, :], v[b:b + 1, ..., first:end, :]
+        mine = got[b:b + 1, ..., row:, :]
+        if compare(mine, _attention(qs, ks, vs, causal, scale=scale)[0], atol=atol, rtol=rtol).passed:
+            continue
+        found = diagnose(task, CheckResult(False, ""), mine, qs, ks, vs, causal, atol=atol, rtol=rtol, scale=scale,
+                         schedules=schedules_for(end - first), splits=splits, step=step)
+        if found.message:
+            where = f" (sequence {b}, whose keys are {first} .. {end - 1}{f' and queries {row} on' if row else ''})"
+            result.message = f"{found.message.rstrip()}{where} {result.message}"
+        return result
     return result
 
 

@@ -261,6 +261,14 @@ def test_task4s_backward_part_is_checked_timed_and_scores_nothing(stand_in, tmp_
     assert all(c["passed"] for c in record["cases"] if c["kind"] == "check")
     assert BACKWARD_PASS_NAME not in {c["name"] for c in record["cases"]}  # the part failed: no pass of its own
 
+    stand_in.student[4] = Behaviour(backward="no D")  # dS = P dP: named with its step, said once with a count
+    record = stand_in.run(4, "--student-dir", str(tmp_path), "--backward")
+    wrong = [c for c in backward_checks(record) if not c["passed"]]
+    assert wrong and all(c["message"].startswith("looks like dS without D") and "Task 4, step 16." in c["message"]
+                         for c in wrong), [c["message"][:150] for c in wrong]  # dQ is checked first
+    from grader import __main__ as grader
+    assert sum(line.startswith("- FAIL") for line in grader._details({"task": 4, "record": record})) == 1
+
     stand_in.student[4] = Behaviour(backward="unwritten")
     record = stand_in.run(4, "--backward")  # the handout's skeletons: every step TODO
     said = [c["message"] for c in record["cases"] if c["kind"] == "optional" and not c["passed"]]
@@ -280,3 +288,27 @@ def test_task4s_trainable_attention_gives_autograds_gradients(stand_in):
         flash_attention_trainable(q, k, v, causal=True, solution=True).backward(d_out)
     for got, expected in zip((q.grad, k.grad, v.grad), attention_gradients(q, k, v, d_out, causal=True)):
         assert torch.allclose(got.double(), expected, atol=1e-5), (got - expected).abs().max()
+
+
+@pytest.mark.parametrize("task, flags, steps", [(4, ("--attention", "--half"), {"check": 3, "optional": 10}),
+                                                (5, ("--decode", "--layer", "--half"), {"check": 2, "optional": 6})])
+def test_a_kernel_mistake_is_named_in_every_case_it_shows_in(stand_in, task, flags, steps):
+    """Kernels that ignore their scale: every failing case says so with its step, the grouped-query, padded and
+    per-sequence cases and the 16-bit part's too (there, step 10 or 6, within the part's allowance); the layer
+    checks built on those kernels point to them; Results.md says each kind once, with its count."""
+    from grader import __main__ as grader
+
+    stand_in.student[task] = Behaviour(unscaled=True)
+    record = stand_in.run(task, *flags, *HIDDEN)
+    wrong = [c for c in record["cases"] if c["kind"] in steps and not c["passed"]]
+    named = {kind: [c for c in wrong if c["kind"] == kind and c["message"].startswith(
+        f"looks like attention without the 1/sqrt(head_dim) scale: see README, Task {task}, step {step}.")]
+        for kind, step in steps.items()}
+    layers = [c for c in wrong if "fix that first." in c["message"] and c["name"].startswith("layer")]
+    assert all(named.values()) and layers, failed(record)
+    assert len(wrong) == sum(map(len, named.values())) + len(layers), [c["message"][:120] for c in wrong
+                                                                      if not c["message"].startswith("looks like")]
+    assert any("(sequence " in c["message"] for c in named["check"]), "no padded case diagnosed"
+    assert any(" kv heads" in c["name"] or "MQA" in c["name"] for c in named["check"]), "no grouped case diagnosed"
+    details = grader._details({"task": task, "record": record}, limit=50)
+    assert sum(line.startswith("- FAIL") for line in details) <= 4, details  # each kind once

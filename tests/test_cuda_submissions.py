@@ -193,7 +193,8 @@ def half_submission(tmp_path, *edits):
 
 @needs_solution(4)
 @pytest.mark.parametrize("edit, words", [
-    (H4_O_NOT_RESCALED, "elements differ"),
+    (H4_O_NOT_RESCALED, "looks like acc not rescaled by exp(m_old - m_new) when the maximum grows: see README, Task 4, "
+                        "step 10."),
     (H4_ONE_TILE_SHORT, "elements differ"),
     (H4_V_WITHOUT_TRANS, "elements differ"),
     (H4_NO_ROW_GUARD, "past the end of `out`"),
@@ -246,8 +247,10 @@ def backward_submission(tmp_path, *edits, forward_edits=()):
 
 @needs_solution(4)
 @pytest.mark.parametrize("edits, forward_edits, words", [
-    ((B4_NO_DELTA,), (), "(README, Task 4, steps 13-15)"),
-    ((B4_CAUSAL_START_LATE,), (), "(README, Task 4, steps 13-15)"),
+    ((B4_NO_DELTA,), (), "looks like dS without D (dS = P dP: the D = rowsum(dO * O) term left out of dK): see "
+                         "README, Task 4, step 15."),
+    ((B4_CAUSAL_START_LATE,), (), "looks like dK with the causal skip a query tile late (the first tile that sees a "
+                                  "block's keys skipped): see README, Task 4, step 14."),
     ((B4_DQ_TAIL_UNMASKED,), (), "(README, Task 4, steps 13 and 16)"),
     ((), (B4_LSE_NOT_WRITTEN,), "forward_lse's lse"),
 ], ids=["d_left_out", "causal_start_a_tile_late", "dq_tail_unmasked", "lse_without_the_sum"])

@@ -333,3 +333,33 @@ def test_zeros_a_flipped_sign_or_noise_are_not_called_a_wrong_row_sum():
         assert "looks like" not in diagnosed(4, wrong, q, k, v, False)
     rows = torch.rand(*right.shape[:-1], 1, dtype=right.dtype) * 0.5 + 0.25  # each row scaled: l is off
     assert "l (the row sum) wrong while acc is right" in diagnosed(4, right * rows, q, k, v, False)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_task4_a_slip_in_a_padded_batch_is_named_in_the_sequence_that_shows_it(causal):
+    """Left padding: each sequence is its own problem (its keys tiled from its first real one), so the slip is
+    modelled there, and the sequence is named."""
+    from harness.diagnose import diagnose_sequences, tile_schedules
+    from checks.task4.forward import padded_spans
+
+    q, k, v = inputs(2, 2, 40, 100, 16)
+    starts = [0, 75]  # sequence 1: 25 real keys
+    got = torch.zeros(2, 2, 40, 16)
+    for b, (row, first, end) in enumerate(padded_spans(starts, 40, 100)):
+        got[b:b + 1, :, row:] = online_softmax(q[b:b + 1, :, row:], k[b:b + 1, :, first:end],
+                                               v[b:b + 1, :, first:end], causal, tiles(8), slip="acc")
+    key_start = torch.tensor(starts, dtype=torch.int32)
+    right = attention_float64(q, k, v, causal, None, key_start)[0]
+    result = diagnose_sequences(4, compare(got, right, atol=ATOL, rtol=RTOL), got, q, k, v, causal,
+                                padded_spans(starts, 40, 100), atol=ATOL, rtol=RTOL,
+                                schedules_for=lambda keys: tile_schedules(8))
+    assert result.message.startswith("looks like acc not rescaled") and "Task 4, step 4." in result.message
+    assert "(sequence 0, whose keys are 0 .. 99)" in result.message, result.message
+    # the first sequence right: the second is the one diagnosed, over its own 25 keys
+    got[0] = right[0]
+    result = diagnose_sequences(4, compare(got, right, atol=ATOL, rtol=RTOL), got, q, k, v, causal,
+                                padded_spans(starts, 40, 100), atol=ATOL, rtol=RTOL,
+                                schedules_for=lambda keys: tile_schedules(8), step=10)
+    # its first 15 queries would see only padding (75 - (100 - 40)): zeros, causal or not
+    assert "(sequence 1, whose keys are 75 .. 99 and queries 15 on)" in result.message, result.message
+    assert "acc not rescaled" in result.message and "Task 4, step 10." in result.message  # an optional part's step

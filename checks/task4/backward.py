@@ -15,6 +15,7 @@ import torch
 from harness import cli, gpu_share
 from harness.checks import compare, exact_float32, expect_errors, guard_damage, guarded_input, guarded_output, random_tensor
 from harness.attention_math import attention_gradients, attention_float64
+from harness.diagnose_backward import diagnose_gradient
 from checks.task4.measure import ATOL, RTOL
 from checks.task4.cases import BACKWARD_CASES, BACKWARD_NEGATIVE, NEGATIVE_TOLERANCE
 from checks.task4.forward import grouped_text, make_inputs
@@ -28,12 +29,14 @@ def backward_text(shape) -> str:
         f"backward batch {b} heads {h} seq {sq}x{sk} head_dim {d}"
 
 
-def check_backward_case(worker, shape, causal, seed, shift=0.0):
+def check_backward_case(worker, shape, causal, seed, shift=0.0, tiles=(64, 64)):
     """Step 12 (out and L from forward_lse) against float64, then steps 13-16 (dq, dk, dv from backward, given the
     float64 reference's out and L in float32, so a slip in step 12 is told there and not in the gradients) against
     float64 autograd. Outputs poisoned, guard bands around every tensor. shift: added to q and taken from k (the
     tolerance is then NEGATIVE_TOLERANCE of each tensor's largest |expected|, or twice plain float32 PyTorch's own
-    largest error on these inputs where that is more: a kernel is not held to better than float32 itself)."""
+    largest error on these inputs where that is more: a kernel is not held to better than float32 itself). A wrong
+    gradient is compared with the common mistakes (harness/diagnose_backward.py) under the student's tiles
+    (BLOCK_ROWS, BLOCK_COLS)."""
     def tolerance(expected, pytorch=None):
         if not shift:
             return ATOL, RTOL
@@ -77,6 +80,10 @@ def check_backward_case(worker, shape, causal, seed, shift=0.0):
         if not result.passed:
             beside = (f"; plain float32 PyTorch's largest error on these inputs: "
                       f"{float((own.double() - expected).abs().max()):.2g}") if shift else ""
+            diagnosed = diagnose_gradient(dataclasses.replace(result, message=f"{result.message}{beside}"), got.name,
+                                          got.tensor, q, k, v, d_out, causal, scale, atol=atol, rtol=rtol, tiles=tiles)
+            if diagnosed.message.startswith("looks like"):
+                return diagnosed
             return dataclasses.replace(result, message=f"{result.message}{beside} (README, Task 4, {steps[got.name]})")
         said.append(f"{got.name} {result.message}")
     return True, "; ".join(said), {}
@@ -176,14 +183,15 @@ def check_backward_errors(worker):
                          [(what, (entry, *args, False, 0.125), words) for what, entry, args, words in calls])
 
 
-def backward_part(report, worker, hidden_cases) -> bool:
+def backward_part(report, worker, hidden_cases, constants=None) -> bool:
     """Steps 12-16 (optional): forward_lse and the backward kernels; whether every case passed. The first case whose
-    process crashed or hung ends the part."""
+    process crashed or hung ends the part. constants: the student's attention_backward.cu's (its tiles)."""
+    tiles = tuple((constants or {}).get(name, 64) for name in ("BLOCK_ROWS", "BLOCK_COLS"))
     report.begin_part("backward", (12, 13, 14, 15, 16), optional=True)
     for case in cli.cases(4, "backward", BACKWARD_CASES, hidden_cases, backward_text,
                           causal_ok=lambda s: s[3] <= s[4]):
         before = len(report.cases)
-        report.run(case.name, lambda: check_backward_case(worker, case.shape, case.causal, case.seed))
+        report.run(case.name, lambda: check_backward_case(worker, case.shape, case.causal, case.seed, tiles=tiles))
         if report.process_died_since(before, "the backward part"):
             return report.end_part("backward")
     shape, shift = BACKWARD_NEGATIVE
@@ -191,7 +199,8 @@ def backward_part(report, worker, hidden_cases) -> bool:
         before = len(report.cases)
         report.run(f"{backward_text(shape)}{' causal' if causal else ''}, every score very negative (q + {shift:g}, "
                    f"k - {shift:g})",
-                   lambda: check_backward_case(worker, shape, causal, cli.seed(29 + causal, hidden_cases), shift))
+                   lambda: check_backward_case(worker, shape, causal, cli.seed(29 + causal, hidden_cases), shift,
+                                               tiles))
         if report.process_died_since(before, "the backward part"):
             break
     return report.end_part("backward")

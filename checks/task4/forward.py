@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from harness import cli
-from harness.diagnose import diagnose, tile_schedules
-from harness.checks import compare, exact_float32, expect_errors, guard_damage, guarded_input, guarded_output, random_tensor
+from harness.diagnose import diagnose, diagnose_sequences, tile_schedules
+from harness.checks import builds_on, compare, exact_float32, expect_errors, guard_damage, guarded_input, guarded_output, random_tensor
 from common.layer import mha_weights
 from harness.attention_math import attention_float64, causal_mask, expand_kv_heads
 from checks.task4.measure import ATOL, RTOL
@@ -45,7 +45,7 @@ def make_inputs(shape, seed, magnitude=1.0):
 def check_case(worker, shape, causal, seed, scale=None, magnitude=1.0, constants=None):
     """One case, plain or grouped-query and padded (`grouped`); a wrong output is compared with the common
     mistakes (harness/diagnose.py), the online softmax's slips under the student's BLOCK_COLS (`constants`,
-    read from their file) and other widths. The mistakes are modelled without padding."""
+    read from their file) and other widths; with padding, in the first sequence that fails, over its own keys."""
     heads, starts = grouped(shape)[1], grouped(shape)[6]
     q, k, v = make_inputs(shape, seed, magnitude)
     key_start = None if starts is None else torch.tensor(starts, dtype=torch.int32)
@@ -57,11 +57,22 @@ def check_case(worker, shape, causal, seed, scale=None, magnitude=1.0, constants
     result = compare(out.tensor, attention_float64(q, k, v, causal, scale, key_start)[0], atol=ATOL, rtol=RTOL,
                      poisoned=True)
     damage = guard_damage(*inputs, out)
-    if damage or key_start is not None:
-        return damage or result
+    if damage:
+        return damage
     k, v = expand_kv_heads(k, heads), expand_kv_heads(v, heads)  # the float64 side only
+    widths = (constants or {}).get("BLOCK_COLS")
+    if key_start is not None:
+        spans = padded_spans(starts, q.shape[-2], k.shape[-2])
+        return diagnose_sequences(4, result, out.tensor, q, k, v, causal, spans, atol=ATOL, rtol=RTOL, scale=scale,
+                                  schedules_for=lambda keys: tile_schedules(widths))
     return diagnose(4, result, out.tensor, q, k, v, causal, atol=ATOL, rtol=RTOL, scale=scale,
-                    schedules=tile_schedules((constants or {}).get("BLOCK_COLS")))
+                    schedules=tile_schedules(widths))
+
+
+def padded_spans(starts, seq_q: int, seq_k: int) -> list[tuple[int, int, int]]:
+    """Each sequence's (first query row, first key, end of keys) under left padding: its first starts[b] keys are
+    padding, and the queries that would see only those (the first starts[b] - (seq_k - seq_q)) get zeros."""
+    return [(min(seq_q, max(0, padding - (seq_k - seq_q))), padding, seq_k) for padding in starts]
 
 
 def check_layer(worker, hidden, heads, seq, causal, seed):
@@ -123,9 +134,11 @@ def attention_part(report, worker, hidden_cases, constants):
     report.run("scale 0.3 and large scores (q x 4)",
                lambda: check_case(worker, (2, 2, 150, 150, 64), True, seed, scale=0.3, magnitude=4.0,
                                   constants=constants))
+    failed = sum(not c.passed for c in report.cases[report.part_start:])  # the layer runs the kernel checked above
     for hidden, heads, seq in ((256, 4, 100), (4096, 32, 65)):
         for causal in (False, True):
             report.run(f"layer hidden {hidden} heads {heads} seq {seq}{' causal' if causal else ''} "
                        "vs nn.MultiheadAttention",
-                       lambda: check_layer(worker, hidden, heads, seq, causal, cli.seed(11, hidden_cases)))
+                       lambda: builds_on(check_layer(worker, hidden, heads, seq, causal, cli.seed(11, hidden_cases)),
+                                         failed, "the kernel's own cases"))
     report.end_part("attention")

@@ -11,11 +11,12 @@ import torch
 
 from harness import cli
 from harness.checks import compare, expect_errors, guard_damage, guarded_input, guarded_output
-from harness.attention_math import attention_float64
+from harness.attention_math import attention_float64, expand_kv_heads
+from harness.diagnose import diagnose, diagnose_sequences, tile_schedules
 from checks.task4 import measure
 from checks.task4.measure import HALF_TYPES
 from checks.task4.cases import HALF_CASES, LARGE_SCORES
-from checks.task4.forward import grouped, grouped_text, make_inputs
+from checks.task4.forward import grouped, grouped_text, make_inputs, padded_spans
 
 HALF_CALL_TIMEOUT_S = 60  # a call of the bf16/fp16 part: small cases, so a hang costs a minute, not five
 
@@ -26,10 +27,16 @@ def half_text(shape) -> str:
             else f"batch {b} heads {h} seq {sq}x{sk} head_dim {d}")
 
 
-def check_half_case(worker, shape, causal, seed, dtype, magnitude=1.0):
+# Where the 16-bit kernel makes each of the common mistakes (harness/diagnose.py): the scale, the mask and the
+# online softmax's rescales are all step 10 here
+HALF_MISTAKES_STEP = 10
+
+
+def check_half_case(worker, shape, causal, seed, dtype, magnitude=1.0, constants=None):
     """One case of the bf16/fp16 kernel against float64 on the same 16-bit inputs, within what SDPA's error says
-    the type allows; outputs poisoned, guard bands around every tensor."""
-    starts = grouped(shape)[6]
+    the type allows; outputs poisoned, guard bands around every tensor. A wrong output is compared with the common
+    mistakes within the same allowance, under the student's BLOCK_COLS and BLOCK_COLS_SMALL (`constants`)."""
+    heads, starts = grouped(shape)[1], grouped(shape)[6]
     q, k, v = (t.to(dtype) for t in make_inputs(shape, seed, magnitude))
     key_start = None if starts is None else torch.tensor(starts, dtype=torch.int32)
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -43,7 +50,16 @@ def check_half_case(worker, shape, causal, seed, dtype, magnitude=1.0):
     expected = attention_float64(q, k, v, causal, scale, key_start)[0]
     allowed, said = measure.half_allowance(q, k, v, causal, scale, key_start, expected)
     result = compare(out.tensor, expected, atol=allowed, rtol=0.0, poisoned=True)
-    return dataclasses.replace(result, message=f"{result.message} ({said})")
+    result = dataclasses.replace(result, message=f"{result.message} ({said})")
+    k, v = expand_kv_heads(k, heads), expand_kv_heads(v, heads)  # the float64 side only
+    widths = [(constants or {}).get(name) for name in ("BLOCK_COLS", "BLOCK_COLS_SMALL")]
+    # a mistaken output can be larger than a right one (a single row of V where a mean was meant), and its 16-bit
+    # rounding with it: the allowance, plus one unit in the last place of the type at each value's size
+    how = dict(atol=allowed, rtol=torch.finfo(dtype).eps, scale=scale, step=HALF_MISTAKES_STEP)
+    if key_start is not None:
+        return diagnose_sequences(4, result, out.tensor, q, k, v, causal, padded_spans(starts, q.shape[-2], k.shape[-2]),
+                                  schedules_for=lambda keys: tile_schedules(*widths), **how)
+    return diagnose(4, result, out.tensor, q, k, v, causal, schedules=tile_schedules(*widths), **how)
 
 
 def check_half_errors(worker):
@@ -63,7 +79,7 @@ def check_half_errors(worker):
                          [(what, (*args, False, 0.125), words) for what, (args, words) in bad.items()])
 
 
-def half_part(report, worker, hidden_cases) -> bool:
+def half_part(report, worker, hidden_cases, constants=None) -> bool:
     """Steps 8-11 (optional): the bf16/fp16 kernel in both types; whether every case passed. The first case whose
     process crashed or hung ends the part: the rest would wait as long, and it is said once."""
     report.begin_part("half", (8, 9, 10, 11), optional=True)
@@ -76,7 +92,8 @@ def half_part(report, worker, hidden_cases) -> bool:
              for name, dtype in HALF_TYPES.items()]
     for case, dtype, magnitude in runs:
         before = len(report.cases)
-        report.run(case.name, lambda: check_half_case(worker, case.shape, case.causal, case.seed, dtype, magnitude))
+        report.run(case.name, lambda: check_half_case(worker, case.shape, case.causal, case.seed, dtype, magnitude,
+                                                      constants))
         if report.process_died_since(before, "the bf16/fp16 part"):
             break
     return report.end_part("half")

@@ -116,7 +116,8 @@ def optional_backward(report, worker, args, passes: list) -> bool:
     """Steps 12-16 (optional): the checks, then bad input while its sanitizer pass runs (added to `passes`); every
     case optional, so nothing here moves a point. Whether the checks passed (its training check and benchmarks
     follow the sanitizer passes)."""
-    if not backward_part(report, worker, args.hidden):
+    if not backward_part(report, worker, args.hidden,
+                         kernel_constants("task4/kernels/attention_backward.cu", args.student_dir, args.solution)):
         return False
     passes.append(sanitize.start(report, 4, args, backward_sanitizer_calls(args.hidden), step_of,
                                  BACKWARD_PASS_NAME, kind="optional", part="backward"))
@@ -173,7 +174,8 @@ def optional_half(report, worker, args, passes: list) -> bool:
         report.note(f"the bf16/fp16 part (steps 8-11) needs compute capability 8.0 (Ampere) or newer, for "
                     f"mma.sync.m16n8k16 and cp.async: not run on this GPU ({major}.{minor})")
         return False
-    if not half_part(report, worker, args.hidden):
+    if not half_part(report, worker, args.hidden,
+                     kernel_constants("task4/kernels/attention_half.cu", args.student_dir, args.solution)):
         return False
     passes.append(sanitize.start(report, 4, args, half_sanitizer_calls(args.hidden), step_of, HALF_PASS_NAME,
                                  kind="optional", part="half"))

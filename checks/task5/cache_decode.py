@@ -9,7 +9,7 @@ import math
 import torch
 from torch import nn
 
-from harness.diagnose import decode_schedules, diagnose
+from harness.diagnose import decode_schedules, diagnose, diagnose_sequences
 from harness.checks import (GUARD_BITS, CheckResult, compare, exact_float32, guard_damage, guarded_input,
                             guarded_output, random_tensor)
 from common.layer import mha_weights
@@ -182,7 +182,7 @@ def check_decode(worker, shape, seed, splits, constants=None):
     heads, max_seq, length, head_dim), or grouped-query and padded as `grouped` says."""
     b, h, kvh, max_seq, length, d, starts = grouped(shape)
     if not isinstance(length, int):
-        return check_decode_per_sequence(worker, shape, seed, splits)
+        return check_decode_per_sequence(worker, shape, seed, splits, constants)
     q, k_cache, v_cache = decode_inputs(shape, seed)
     key_start = None if starts is None else torch.tensor(starts, dtype=torch.int32)
     inputs = [guarded_input(name, t) for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))]
@@ -198,11 +198,11 @@ def check_decode(worker, shape, seed, splits, constants=None):
     expected = attention_float64(q, k_seen, v_seen, False, scale, key_start)[0]
     bits = out.tensor.view(torch.int32)
     result = compare(out.tensor, expected, atol=ATOL, rtol=RTOL, poisoned=bool((bits == GUARD_BITS).all()))
-    if result.passed or key_start is not None:  # the known mistakes are modelled without padding
+    if result.passed:
         return result
     used = launcher_splits(worker, shape, splits)
     step = 3 if used > 1 else 2
-    if (torch.isnan(out.tensor) & (bits != GUARD_BITS)).any():  # NaN the kernel computed: from where?
+    if key_start is None and (torch.isnan(out.tensor) & (bits != GUARD_BITS)).any():  # NaN computed: from where?
         if length < max_seq and not nan_without_the_tail(worker, q, k_cache, v_cache, length, scale, splits):
             result.message = (f"looks like a decode that reads past `length` (the cache holds NaN from that position "
                               f"on, and NaN came out; with zeros there, none does): read rows 0 to length - 1 only: "
@@ -215,13 +215,18 @@ def check_decode(worker, shape, seed, splits, constants=None):
                               f"zero output): see README, Task 5, step 3. {used} splits over {length} rows; "
                               f"{result.message}")
             return result
+    if key_start is not None:  # each sequence over its own rows, from its first real one
+        return diagnose_sequences(5, result, out.tensor, q, k_seen, v_seen, False, [(0, s, length) for s in starts],
+                                  atol=ATOL, rtol=RTOL, scale=scale, splits=used,
+                                  schedules_for=lambda rows: decode_schedules(constants or {}, d, rows, used))
     return diagnose(5, result, out.tensor, q, k_seen, v_seen, False, atol=ATOL,
                     rtol=RTOL, scale=scale, splits=used, schedules=decode_schedules(constants or {}, d, length, used))
 
 
-def check_decode_per_sequence(worker, shape, seed, splits):
+def check_decode_per_sequence(worker, shape, seed, splits, constants=None):
     """The decode with one length per sequence, int32 on the GPU: each sequence against the reference over its
-    own rows, and NaN for a sequence whose length or key_start is out of range."""
+    own rows, and NaN for a sequence whose length or key_start is out of range; the first that fails is compared
+    with the common mistakes over its own rows."""
     b, h, kvh, max_seq, lengths, d, starts = grouped(shape)
     q, k_cache, v_cache = decode_inputs(shape, seed)
     inputs = [guarded_input(name, t) for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))]
@@ -247,7 +252,10 @@ def check_decode_per_sequence(worker, shape, seed, splits):
         if not result.passed:
             result.message = (f"{result.message} (its rows are {first} .. {end - 1}: each sequence reads its own "
                               "length from the tensor: README, Task 5, step 2)")
-            return result
+            used = launcher_splits(worker, shape, splits)
+            seen = [expand_kv_heads(c[seq:seq + 1, :, first:end], h) for c in (k_cache, v_cache)]
+            return diagnose(5, result, got[seq:seq + 1], q[seq:seq + 1], *seen, False, atol=ATOL, rtol=RTOL,
+                            scale=scale, splits=used, schedules=decode_schedules(constants or {}, d, end - first, used))
         said.append(result.message)
     return True, f"each sequence over its own rows: {'; '.join(said)}", {}
 

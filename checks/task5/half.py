@@ -11,7 +11,8 @@ import torch
 from harness import cli, sanitize
 from harness.checks import (GUARD_BITS_16, compare, expect_errors, guard_damage, guarded_input, guarded_output,
                             random_tensor)
-from harness.attention_math import attention_float64
+from harness.attention_math import attention_float64, expand_kv_heads
+from harness.diagnose import decode_schedules, diagnose
 from checks.task4 import measure as task4_measure
 from checks.task5.cases import HALF_DECODE_CASES, HALF_UPDATE_CASES
 from checks.task5.cache_decode import (HALF_CALL_LIMIT, check_update, decode_inputs, describe_grouped, grouped, on_gpu,
@@ -49,7 +50,12 @@ def check_half_decode(worker, shape, seed, splits, dtype):
         if not result.passed:
             result.message = (f"{result.message} ({why}; its rows are {first} .. {end - 1}: README, Task 5, "
                               "step 6)")
-            return result
+            # the common mistakes, all made in step 6 here, within the allowance plus one unit in the last place of
+            # the type at each value's size (a mistaken output can be larger than the right one)
+            seen = [expand_kv_heads(r, h) for r in rows]
+            return diagnose(5, result, got[seq:seq + 1], q[seq:seq + 1], *seen, False, atol=allowed,
+                            rtol=torch.finfo(dtype).eps, scale=scale, splits=max(splits, 1), step=6,
+                            schedules=decode_schedules({}, d, end - first, max(splits, 1)))
         said.append(f"{result.message}, {allowed:.1e} allowed")
     return True, (f"each sequence over its own rows, within 2x SDPA's error in {str(dtype)[6:]} on its inputs (or "
                   f"half a unit in the last place): {'; '.join(said)}"), {}

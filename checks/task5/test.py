@@ -32,7 +32,7 @@ from common import impl
 
 from harness import cli, gpu_share, points, sanitize
 from harness.diagnose import kernel_constants
-from harness.checks import compare, exact_float32, expect_errors, random_tensor
+from harness.checks import builds_on, compare, exact_float32, expect_errors, random_tensor
 from harness.records import Report
 from checks.task4 import measure as task4_measure
 from checks.task5 import measure
@@ -281,11 +281,14 @@ def main(argv=None) -> int:
                                       "lengths {} head_dim {} key_start {} splits {}".format(*s)):
                     report.run(case.name, lambda: check_decode_paged(worker, case))
             else:
+                # the layer runs the update and decode checked above
+                failed = sum(not c.passed and c.kind == "check" for c in report.cases)
                 for i, (hidden, heads, max_seq, prompt_len, n) in enumerate(LAYER_CASES):
                     report.run(f"layer hidden {hidden} heads {heads} cache {max_seq}: prefill {prompt_len}, "
                                f"{n} steps vs nn.MultiheadAttention",
-                               lambda: check_layer(worker, hidden, heads, max_seq, prompt_len, n,
-                                                   cli.seed(13 + i, args.hidden), prefill))
+                               lambda: builds_on(check_layer(worker, hidden, heads, max_seq, prompt_len, n,
+                                                             cli.seed(13 + i, args.hidden), prefill),
+                                                 failed, "the cache's and the decode's own cases"))
                 if prefill["by"] == "pytorch":
                     report.note(f"the layer's prefill runs your Task 4 kernel, which failed here ({prefill['why'][:300]}); "
                                 "these checks and the generation benchmark used a prefill in plain PyTorch instead, "

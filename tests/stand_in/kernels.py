@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 
-from harness.attention_math import attention_flops, causal_mask, expand_kv_heads
+from harness.attention_math import attention_flops
 from tests.stand_in import gpu
 from tests.stand_in.gpu import BYTES_PER_S, CAPTURE, FLOPS_PER_S, REPO
 
@@ -96,7 +96,9 @@ class Behaviour:
     build_error: the student's build of these kernels fails with this message;
     half: the bf16/fp16 kernels (task 4's of steps 8-11, task 5's decode of step 6; the float32 ones are right)
     write outputs 1% too large ("wrong"), or nothing ("unwritten", a skeleton's);
-    backward: task 4's backward kernels (steps 13-16) do the same with dk ("wrong", "unwritten").
+    backward: task 4's backward kernels (steps 13-16) do the same with dk ("wrong", "unwritten"), or make one of
+    harness/diagnose_backward.py's mistakes (its `how`, "no D" say);
+    unscaled: the forward and decode kernels (float32 and 16-bit) ignore their scale: a mistake the checks name.
     """
 
     slowdown: float = 1.0
@@ -104,6 +106,7 @@ class Behaviour:
     build_error: str | None = None
     half: str | None = None
     backward: str | None = None
+    unscaled: bool = False
 
 
 class StandInKernels:
@@ -122,6 +125,10 @@ class StandInKernels:
         yield
         seconds *= self.behaviour.slowdown
         gpu.CLOCK.ahead += seconds - (time.perf_counter() - started)
+
+    def applied(self, scale: float) -> float:
+        """The scale a kernel computes with: the one it was given, or none (Behaviour.unscaled)."""
+        return 1.0 if self.behaviour.unscaled else scale
 
     def write(self, out, result):
         if self.behaviour.wrong_head_dim == out.shape[-1]:
@@ -142,26 +149,6 @@ def attention_in_torch(q, k, v, causal, scale, block_rows=128):
             scores[..., keys - n:].masked_fill_(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
         rows.append(torch.softmax(scores, dim=-1) @ v[..., :keys, :])
     return torch.cat(rows, dim=-2)
-
-
-def gradients_in_torch(q, k, v, d_out, causal, scale):
-    """(dq, dk, dv) in float64, written out (not autograd: called as an operator, the stand-in runs where autograd
-    records nothing): dV = P^T dO, dS = P (dO V^T - rowsum(dO O)), dQ = scale dS K, dK = scale dS^T Q; the heads that
-    share a key/value head add up their gradients."""
-    heads, kv_heads = q.shape[1], k.shape[1]
-    q, k, v, d_out = (t.double() for t in (q, k, v, d_out))
-    k_all, v_all = expand_kv_heads(k, heads), expand_kv_heads(v, heads)
-    scores = (q @ k_all.transpose(-2, -1)) * scale
-    if causal:
-        scores = scores.masked_fill(causal_mask(q.shape[-2], k.shape[-2], q.device), -math.inf)
-    p = torch.softmax(scores, dim=-1)
-    out = p @ v_all
-    d_scores = p * (d_out @ v_all.transpose(-2, -1) - (d_out * out).sum(-1, keepdim=True))
-    dq = scale * d_scores @ k_all
-    dk = scale * d_scores.transpose(-2, -1) @ q
-    dv = p.transpose(-2, -1) @ d_out
-    group = lambda t: t.unflatten(1, (kv_heads, heads // kv_heads)).sum(2)  # noqa: E731
-    return dq, group(dk), group(dv)
 
 
 def attention_seconds(q, k, causal):

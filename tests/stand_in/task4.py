@@ -8,10 +8,10 @@ import torch
 
 
 from harness.attention_math import causal_mask, expand_kv_heads
+from harness.diagnose_backward import gradients_with
 from tests.stand_in.gpu import launched
 from tests.stand_in.kernels import (StandInKernels, attention_in_torch, attention_seconds, check_cuda_float32,
-                                    check_dim, check_finite, check_key_start, check_no_overlap, gradients_in_torch,
-                                    with_padding)
+                                    check_dim, check_finite, check_key_start, check_no_overlap, with_padding)
 
 
 class Task4Kernels(StandInKernels):
@@ -76,7 +76,8 @@ class Task4Kernels(StandInKernels):
             return
         q, k, v = q.float(), expand_kv_heads(k, heads).float(), expand_kv_heads(v, heads).float()
         with self.work(attention_seconds(q, k, causal)):
-            self.write(out, with_padding(lambda *qkv: attention_in_torch(*qkv, causal, scale), q, k, v, key_start))
+            self.write(out, with_padding(lambda *qkv: attention_in_torch(*qkv, causal, self.applied(scale)), q, k, v,
+                                         key_start))
 
     @launched
     def forward_lse(self, q, k, v, out, lse, causal, scale):
@@ -90,7 +91,7 @@ class Task4Kernels(StandInKernels):
 
     @launched
     def backward(self, q, k, v, out, dout, lse, dq, dk, dv, causal, scale):
-        """Steps 13-16: the binding's checks, then the gradients written out in float64 (`gradients_in_torch`; they
+        """Steps 13-16: the binding's checks, then the gradients written out in float64 (`gradients_with`; they
         do not depend on out and lse, given that they are the forward's)."""
         self._forward(q, k, v, out.clone(), causal, scale, None, check_cuda_float32)  # q, k, v, out checked alike
         self._check_lse(lse, q, {})
@@ -106,7 +107,8 @@ class Task4Kernels(StandInKernels):
                     check_no_overlap(o, o_name, t, name)
         kept = dk.clone() if self.behaviour.backward == "unwritten" else None
         with self.work(2.5 * attention_seconds(q, expand_kv_heads(k, q.shape[1]), causal)):
-            for got, grad in zip((dq, dk, dv), gradients_in_torch(q, k, v, dout, causal, scale)):
+            how = self.behaviour.backward if self.behaviour.backward not in ("wrong", "unwritten", None) else ""
+            for got, grad in zip((dq, dk, dv), gradients_with(q, k, v, dout, causal, scale, how)):
                 got.copy_(grad)
         if self.behaviour.backward == "wrong":
             dk.mul_(1.01)

@@ -152,12 +152,13 @@ class Task5Kernels(StandInKernels):
                         self.write(out[b:b + 1], torch.full_like(q[b:b + 1], math.nan))
                         continue
                     k, v = (expand_kv_heads(c[b:b + 1, :, first:end], heads) for c in (k_cache, v_cache))
-                    self.write(out[b:b + 1], attention_in_torch(q[b:b + 1], k, v, False, scale))
+                    self.write(out[b:b + 1], attention_in_torch(q[b:b + 1], k, v, False, self.applied(scale)))
             return
         check_key_start(key_start, q.shape[0], length - 1, "length - 1")
         with self.work(2 * k_cache[:, :, :length, 0].numel() * row_bytes / BYTES_PER_S):  # K, V once, each head once
             k, v = (expand_kv_heads(c[:, :, :length], heads) for c in (k_cache, v_cache))
-            self.write(out, with_padding(lambda *qkv: attention_in_torch(*qkv, False, scale), q, k, v, key_start))
+            self.write(out, with_padding(lambda *qkv: attention_in_torch(*qkv, False, self.applied(scale)), q, k, v,
+                                         key_start))
 
     @launched
     def update_cache_paged(self, k_new, v_new, k_pages, v_pages, block_table, pos):

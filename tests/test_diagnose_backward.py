@@ -1,0 +1,49 @@
+"""harness.diagnose_backward: each common mistake of the backward pass, made in the float64 gradients in one place,
+is named with its step; right gradients and unrelated errors get no diagnosis."""
+
+import pytest
+import torch
+
+from harness.attention_math import attention_gradients
+from harness.checks import compare, random_tensor
+from harness.diagnose_backward import MISTAKES, diagnose_gradient, gradients_with
+
+ATOL, RTOL = 2e-5, 1e-4  # task 4's float32 tolerance
+
+
+def inputs(heads=4, kv_heads=2, seq_q=70, seq_k=150, head_dim=16, seed=3):
+    return (random_tensor((1, heads, seq_q, head_dim), seed), random_tensor((1, kv_heads, seq_k, head_dim), seed + 1),
+            random_tensor((1, kv_heads, seq_k, head_dim), seed + 2), random_tensor((1, heads, seq_q, head_dim), seed + 3))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_gradients_written_out_are_autograds(causal):
+    q, k, v, d_out = inputs()
+    for got, expected in zip(gradients_with(q, k, v, d_out, causal, 0.25), attention_gradients(q, k, v, d_out, causal,
+                                                                                                0.25)):
+        assert compare(got, expected, atol=1e-12, rtol=1e-10).passed
+
+
+@pytest.mark.parametrize("mistake", MISTAKES, ids=[f"{m.grad}-{m.how}" for m in MISTAKES])
+def test_each_mistake_is_named_with_its_step_in_the_gradient_it_shows_in(mistake):
+    q, k, v, d_out = inputs()
+    causal, tiles = True, (32, 16)  # the student's own tile sizes
+    which = "dq dk dv".split().index(mistake.grad)
+    for head in (0, -1) if mistake.how == "one head" else (0,):
+        got = gradients_with(q, k, v, d_out, causal, 0.25, mistake.how, tiles, head)[which].float()
+        right = gradients_with(q, k, v, d_out, causal, 0.25)[which]
+        result = compare(got, right, atol=ATOL, rtol=RTOL)
+        assert not result.passed, "this mistake does not show on these inputs"
+        said = diagnose_gradient(result, mistake.grad, got, q, k, v, d_out, causal, 0.25, atol=ATOL, rtol=RTOL,
+                                 tiles=tiles).message
+        assert said.startswith(f"looks like {mistake.says}: see README, Task 4, step {mistake.step}."), said
+
+
+def test_right_gradients_and_noise_get_no_diagnosis():
+    q, k, v, d_out = inputs()
+    for which, name in enumerate(("dq", "dk", "dv")):
+        right = gradients_with(q, k, v, d_out, False, 0.25)[which]
+        noisy = (right + 0.01 * torch.randn_like(right)).float()
+        result = compare(noisy, right, atol=ATOL, rtol=RTOL)
+        assert not diagnose_gradient(result, name, noisy, q, k, v, d_out, False, 0.25, atol=ATOL,
+                                     rtol=RTOL).message.startswith("looks like")
