@@ -394,35 +394,6 @@ def test_a_broken_rule_scores_zero():
     assert score(1, record) == (0.0, "0 points: calls PyTorch's own attention")
 
 
-def test_a_failure_shows_the_lines_after_its_first():
-    message = "compiling task4/kernels/attention.cu failed:\n" + "\n".join(f"attention.cu({i}): error {i}" for i in range(9))
-    record = {"status": "failed", "cases": [{"kind": "check", "passed": False, "name": "build", "message": message}]}
-    details = grader._details({"task": 4, "record": record})
-    assert details[:3] == ["- FAIL build: compiling task4/kernels/attention.cu failed:", "  attention.cu(0): error 0",
-                           "  attention.cu(1): error 1"]
-    assert details[-1] == "  ... and 3 more lines (python -m task4.test shows all)"
-
-
-def test_failures_of_one_kind_are_said_once_with_their_count():
-    """Results.md and results.json group failures as the console does: 32 backward cases failing the same way
-    are one line with a count, not 32 lines (a scored check and an optional one are never one kind)."""
-    diagnosed = ("looks like the backward pass without D = rowsum(dO * O): see README, Task 4, step 15. "
-                 "dk: {n} of 100 elements differ")
-    cases = [{"kind": "optional", "passed": False, "name": f"backward case {i}", "message": diagnosed.format(n=i + 5)}
-             for i in range(32)]
-    cases += [{"kind": "optional", "passed": False, "name": f"half case {i}", "message": f"out: {i} elements differ"}
-              for i in range(3)]
-    cases += [{"kind": "check", "passed": False, "name": "float32 case", "message": "out: 7 elements differ"},
-              {"kind": "check", "passed": True, "name": "fine", "message": "ok"}]
-    details = grader._details({"task": 4, "record": {"status": "failed", "cases": cases}})
-    assert details[0] == ("- FAIL (optional) 32 checks: looks like the backward pass without D = rowsum(dO * O): "
-                          "see README, Task 4, step 15.")
-    assert details[1] == "  the first, backward case 0: dk: 5 of 100 elements differ"
-    assert details[2] == "  also: backward case 1; backward case 2; backward case 3; and 28 more"
-    assert details[3].startswith("- FAIL (optional) 3 checks fail the same way; the first, half case 0: out: 0")
-    assert "- FAIL float32 case: out: 7 elements differ" in details
-
-
 def test_performance_points_need_every_check_and_follow_the_reference_ratio():
     # harness/points.py: full at 0.9x the reference, none at 0.5x or below, in proportion between
     assert score(4, _record([True, True], [0.9, 1.3]))[0] == 4
