@@ -176,6 +176,8 @@ def test_task5_decode_reading_past_length_is_told_so(tmp_path):
 HALF_REFERENCE = "task4/solution/kernels/attention_half.cu"
 H4_O_NOT_RESCALED = ("          o[mt][d][0] *= alpha[0];\n          o[mt][d][1] *= alpha[0];\n"
                      "          o[mt][d][2] *= alpha[1];\n          o[mt][d][3] *= alpha[1];\n", "")
+H4_DIAGONAL_MASKED = ("(causal && key > diagonal + mt * 16 + (e / 2) * 8)",
+                      "(causal && key >= diagonal + mt * 16 + (e / 2) * 8)")
 H4_ONE_TILE_SHORT = ("ceil_div(last_key, COLS) : 0;", "ceil_div(last_key, COLS) - 1 : 0;")
 H4_V_WITHOUT_TRANS = ("ldmatrix_x4_trans(b, v_rows", "ldmatrix_x4(b, v_rows")
 H4_NO_ROW_GUARD = ("      if (row >= seq_q) continue;\n      const float inv", "      const float inv")
@@ -195,10 +197,13 @@ def half_submission(tmp_path, *edits):
 @pytest.mark.parametrize("edit, words", [
     (H4_O_NOT_RESCALED, "looks like acc not rescaled by exp(m_old - m_new) when the maximum grows: see README, Task 4, "
                         "step 10."),
+    (H4_DIAGONAL_MASKED, "looks like a causal mask that hides each query's own key too (triu's diagonal one too low; "
+                         "in a kernel, col >= row + offset where col > row + offset is meant): see README, Task 4, "
+                         "step 10."),
     (H4_ONE_TILE_SHORT, "elements differ"),
     (H4_V_WITHOUT_TRANS, "elements differ"),
     (H4_NO_ROW_GUARD, "past the end of `out`"),
-], ids=["o_not_rescaled", "one_tile_short", "v_without_trans", "no_row_guard"])
+], ids=["o_not_rescaled", "diagonal_masked", "one_tile_short", "v_without_trans", "no_row_guard"])
 def test_task4_half_kernels_that_are_wrong_fail_their_optional_part(edit, words, tmp_path):
     record = run_test(4, half_submission(tmp_path, edit), tmp_path, "--half")
     half = [c for c in record["cases"] if c["kind"] == "optional"]
@@ -221,6 +226,11 @@ def test_task4_half_file_that_does_not_compile_is_left_out_and_its_part_says_why
 BACKWARD_REFERENCE = "task4/solution/kernels/attention_backward.cu"
 B4_NO_DELTA = ("ds_tile[at] = st[i][j] * (dpt[i][j] - delta_tile[tx + j * COL_THREADS]);",
                "ds_tile[at] = st[i][j] * dpt[i][j];")  # dS = P dP: D left out of dK
+B4_DS_WITHOUT_P = ("ds_tile[at] = st[i][j] * (dpt[i][j] - delta_tile[tx + j * COL_THREADS]);",
+                   "ds_tile[at] = dpt[i][j] - delta_tile[tx + j * COL_THREADS];")  # dS = dP - D in dK
+B4_DK_UNSCALED = ("store_rows<D>(dk, dk_acc, scale, kv_start", "store_rows<D>(dk, dk_acc, 1.0f, kv_start")
+B4_DQ_UNSCALED = ("store_rows<D>(dq, dq_acc, scale, q_start", "store_rows<D>(dq, dq_acc, 1.0f, q_start")
+B4_ONE_HEAD_OF_THE_GROUP = ("  for (int g = 0; g < group; ++g) {", "  for (int g = 0; g < 1; ++g) {")
 B4_CAUSAL_START_LATE = ("max(0, kv_start - causal_offset) / BLOCK_COLS * BLOCK_COLS",
                         "(max(0, kv_start - causal_offset) / BLOCK_COLS + 1) * BLOCK_COLS")  # a tile of queries skipped
 B4_DQ_TAIL_UNMASKED = ("    const bool needs_mask = kv_start + BLOCK_COLS > seq_k ||\n                            (causal",
@@ -251,9 +261,18 @@ def backward_submission(tmp_path, *edits, forward_edits=()):
                          "README, Task 4, step 15."),
     ((B4_CAUSAL_START_LATE,), (), "looks like dK with the causal skip a query tile late (the first tile that sees a "
                                   "block's keys skipped): see README, Task 4, step 14."),
+    ((B4_DS_WITHOUT_P,), (), "looks like dS without P (dS = dP - D where P (dP - D) is meant) in dK: see README, "
+                             "Task 4, step 15."),
+    ((B4_DK_UNSCALED,), (), "looks like dK without its scale (write scale * dK at the end): see README, Task 4, "
+                            "step 15."),
+    ((B4_DQ_UNSCALED,), (), "looks like dQ without its scale (write scale * dQ at the end): see README, Task 4, "
+                            "step 16."),
+    ((B4_ONE_HEAD_OF_THE_GROUP,), (), "looks like dK of one query head of each group alone: the heads that share a "
+                                      "key/value head not summed: see README, Task 4, step 14."),
     ((B4_DQ_TAIL_UNMASKED,), (), "(README, Task 4, steps 13 and 16)"),
     ((), (B4_LSE_NOT_WRITTEN,), "forward_lse's lse"),
-], ids=["d_left_out", "causal_start_a_tile_late", "dq_tail_unmasked", "lse_without_the_sum"])
+], ids=["d_left_out", "causal_start_a_tile_late", "ds_without_p", "dk_unscaled", "dq_unscaled", "one_head_of_the_group",
+        "dq_tail_unmasked", "lse_without_the_sum"])
 def test_task4_backward_kernels_that_are_wrong_fail_their_optional_part(edits, forward_edits, words, tmp_path):
     record = run_test(4, backward_submission(tmp_path, *edits, forward_edits=forward_edits), tmp_path, "--backward")
     part = [c for c in record["cases"] if c["kind"] == "optional"]
@@ -398,7 +417,8 @@ EDITS_BY_REFERENCE = {
                                             *PRINTF_2, *CUBLAS_2],
     "task4/solution/kernels/attention.cu": [NO_ROW_GUARD_4, NO_WAIT_FOR_V_4, B4_LSE_NOT_WRITTEN],
     "task5/solution/kernels/decode.cu": [T5_NO_BARRIER, T5_WRITE_PAST, *T5_READ_PAST_LENGTH, T5_PAGED_WITHOUT_TABLE],
-    HALF_REFERENCE: [H4_O_NOT_RESCALED, H4_ONE_TILE_SHORT, H4_V_WITHOUT_TRANS, H4_NO_ROW_GUARD],
-    BACKWARD_REFERENCE: [B4_NO_DELTA, B4_CAUSAL_START_LATE, B4_DQ_TAIL_UNMASKED, B4_NO_BARRIER],
+    HALF_REFERENCE: [H4_O_NOT_RESCALED, H4_DIAGONAL_MASKED, H4_ONE_TILE_SHORT, H4_V_WITHOUT_TRANS, H4_NO_ROW_GUARD],
+    BACKWARD_REFERENCE: [B4_NO_DELTA, B4_CAUSAL_START_LATE, B4_DQ_TAIL_UNMASKED, B4_NO_BARRIER, B4_DS_WITHOUT_P,
+                         B4_DK_UNSCALED, B4_DQ_UNSCALED, B4_ONE_HEAD_OF_THE_GROUP],
     HALF5_REFERENCE: [H5_V_READ_AS_K, H5_ROWS_PAST_THE_END_SCORED, H5_UPDATE_ONE_ROW_LATE],
 }
