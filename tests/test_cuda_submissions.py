@@ -375,6 +375,9 @@ def test_a_kernel_mistake_is_named_with_its_step_in_the_first_lines(name, tmp_pa
     failed = [c["message"] for c in record["cases"] if c["kind"] in ("check", "optional") and not c["passed"]]
     named = [m for m in failed if says in m and f"see README, Task {task}, step {step}." in m]
     assert named, failed
+    if task in (4, 5):  # every scored case it shows in says it: grouped, padded and per-sequence ones too
+        scored = [c["message"] for c in record["cases"] if c["kind"] == "check" and not c["passed"]]
+        assert all(says in m or "fix that first." in m for m in scored), [m[:160] for m in scored if says not in m]
     assert record["status"] == "failed" or flags == ["--split"]  # the optional part does not decide it
     first = "\n".join(lines[:5])  # the test's own first lines: the title, the part, then the failures
     assert says in first and f"see README, Task {task}, step {step}." in first, "\n".join(lines[:30])
