@@ -28,7 +28,7 @@ MAX_ERROR_LINES = 12
 # the target sm_90a, not sm_90) says so on a line of its own near its top, `// nvcc target: sm_90a`. It is compiled
 # for that target on a GPU of that generation, and left out of the build on any other (its part says why).
 TARGET_LINE = re.compile(r"^// nvcc target: sm_(\d+)a[ \t]*$", re.M)
-WARNING = re.compile(r"^(\S+\(\d+\): warning #\d+-D: .*|ptxas warning\s*: .*)$")
+WARNING = re.compile(r"^(.+?\(\d+\): warning #\d+-D: .*|ptxas warning\s*: .*)$")
 
 
 class BuildError(RuntimeError):

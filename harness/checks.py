@@ -143,7 +143,7 @@ def builds_on(result, failed_before: int, what: str):
     passed = result.passed if isinstance(result, CheckResult) else bool(result[0])
     if passed or not failed_before:
         return result
-    lead = f"{what} fail{'s' if failed_before == 1 else ''} above ({failed_before}): fix that first."
+    lead = f"{what} fail above ({failed_before}): fix that first."
     if isinstance(result, CheckResult):
         return dataclasses.replace(result, message=f"{lead} {result.message}")
     return (result[0], f"{lead} {result[1]}", *result[2:])

@@ -363,3 +363,18 @@ def test_task4_a_slip_in_a_padded_batch_is_named_in_the_sequence_that_shows_it(c
     # its first 15 queries would see only padding (75 - (100 - 40)): zeros, causal or not
     assert "(sequence 1, whose keys are 75 .. 99 and queries 15 on)" in result.message, result.message
     assert "acc not rescaled" in result.message and "Task 4, step 10." in result.message  # an optional part's step
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_right_16_bit_output_that_just_misses_its_allowance_gets_no_diagnosis(dtype):
+    """A mistake that does not show on the inputs (acc not rescaled over one tile of 128 keys) must not be named for
+    a right output that misses the tolerance by a hair (found by a review: 0.9 ulp was called 'acc not rescaled')."""
+    from harness.diagnose import tile_schedules
+    q, k, v = (t.to(dtype) for t in inputs(2, 4, 100, 100, 64))
+    right = attention_float64(q, k, v, False)[0]
+    eps = torch.finfo(dtype).eps
+    got = right * (1 + 0.9 * eps * torch.sign(torch.randn_like(right)))
+    allowed = 0.1 * eps  # an allowance the output misses
+    result = diagnose(4, compare(got, right, atol=allowed, rtol=0.0), got, q, k, v, False, atol=allowed, rtol=eps,
+                      schedules=tile_schedules(128), step=10)
+    assert not result.passed and "looks like" not in result.message, result.message

@@ -47,3 +47,20 @@ def test_right_gradients_and_noise_get_no_diagnosis():
         result = compare(noisy, right, atol=ATOL, rtol=RTOL)
         assert not diagnose_gradient(result, name, noisy, q, k, v, d_out, False, 0.25, atol=ATOL,
                                      rtol=RTOL).message.startswith("looks like")
+
+
+def test_zeros_are_no_query_tile_and_a_mistake_that_does_not_show_names_nothing():
+    """A dK/dV of zeros (the skeleton's first_query = seq_q left in) is not 'the causal skip a tile late', though
+    with one query tile that model is zeros too; a gradient within a hair of the right one is no mistake."""
+    q, k, v, d_out = inputs(seq_q=63, seq_k=63)  # one query tile of 64: the late skip leaves nothing either
+    for which, name in ((1, "dk"), (2, "dv")):
+        zeros = torch.zeros_like(gradients_with(q, k, v, d_out, True, 0.25)[which]).float()
+        result = compare(zeros, gradients_with(q, k, v, d_out, True, 0.25)[which], atol=ATOL, rtol=RTOL)
+        said = diagnose_gradient(result, name, zeros, q, k, v, d_out, True, 0.25, atol=ATOL, rtol=RTOL).message
+        assert said.startswith(f"looks like {name[0]}{name[1].upper()} of no query tile at all"), said
+    right = gradients_with(q, k, v, d_out, False, 0.25)[0]
+    close = (right * (1 + 1.5 * RTOL)).float()  # just outside the tolerance
+    result = compare(close, right, atol=0.0, rtol=RTOL)
+    assert not result.passed
+    assert not diagnose_gradient(result, "dq", close, q, k, v, d_out, False, 0.25, atol=0.0,
+                                 rtol=RTOL).message.startswith("looks like")

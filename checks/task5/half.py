@@ -12,14 +12,14 @@ from harness import cli, sanitize
 from harness.checks import (GUARD_BITS_16, compare, expect_errors, guard_damage, guarded_input, guarded_output,
                             random_tensor)
 from harness.attention_math import attention_float64, expand_kv_heads
-from harness.diagnose import decode_schedules, diagnose
+from harness.diagnose import decode_schedules, diagnose, kernel_constants
 from checks.task4 import measure as task4_measure
 from checks.task5.cases import HALF_DECODE_CASES, HALF_UPDATE_CASES
-from checks.task5.cache_decode import (HALF_CALL_LIMIT, check_update, decode_inputs, describe_grouped, grouped, on_gpu,
-                                       out_of_range)
+from checks.task5.cache_decode import (HALF_CALL_LIMIT, check_update, decode_inputs, describe_grouped, grouped,
+                                       launcher_splits, on_gpu, out_of_range)
 
 
-def check_half_decode(worker, shape, seed, splits, dtype):
+def check_half_decode(worker, shape, seed, splits, dtype, constants=None):
     """Step 6: the decode over a 16-bit cache against float64 on the same 16-bit values, each sequence over its
     own rows (NaN for one out of range), within what SDPA's own error on them says the type allows."""
     b, h, kvh, max_seq, length, d, starts = grouped(shape)
@@ -53,9 +53,10 @@ def check_half_decode(worker, shape, seed, splits, dtype):
             # the common mistakes, all made in step 6 here, within the allowance plus one unit in the last place of
             # the type at each value's size (a mistaken output can be larger than the right one)
             seen = [expand_kv_heads(r, h) for r in rows]
+            used = launcher_splits(worker, shape, splits)
             return diagnose(5, result, got[seq:seq + 1], q[seq:seq + 1], *seen, False, atol=allowed,
-                            rtol=torch.finfo(dtype).eps, scale=scale, splits=max(splits, 1), step=6,
-                            schedules=decode_schedules({}, d, end - first, max(splits, 1)))
+                            rtol=torch.finfo(dtype).eps, scale=scale, splits=used, step=6,
+                            schedules=decode_schedules(constants or {}, d, end - first, used, per_lane=8))
         said.append(f"{result.message}, {allowed:.1e} allowed")
     return True, (f"each sequence over its own rows, within 2x SDPA's error in {str(dtype)[6:]} on its inputs (or "
                   f"half a unit in the last place): {'; '.join(said)}"), {}
@@ -117,7 +118,7 @@ HALF_KERNEL_STEPS = {name: "Task 5, step 6 (optional)" for name in
                       "combine_splits_kernel", "block_rows", "write_nan", "first_position")}
 
 
-def half_part(report, worker, hidden_cases) -> bool:
+def half_part(report, worker, hidden_cases, constants=None) -> bool:
     """Step 6 (optional): the 16-bit cache's update and decode in both types; whether every case passed. The
     first case whose process crashed or hung ends the part (the rest would wait as long)."""
     report.begin_part("half", (6,), optional=True)
@@ -126,7 +127,7 @@ def half_part(report, worker, hidden_cases) -> bool:
             for case in cli.cases(5, "half update", HALF_UPDATE_CASES, hidden_cases, causal=(False,),
                                   shape_text=lambda s, n=name: f"{n} update batch {s[0]} heads {s[1]} cache {s[2]} "
                                                                f"pos {s[3]} n_new {s[4]} head_dim {s[5]}")]
-    runs += [(case, lambda c=case, t=dtype: check_half_decode(worker, c.shape[:7], c.seed, c.shape[7], t))
+    runs += [(case, lambda c=case, t=dtype: check_half_decode(worker, c.shape[:7], c.seed, c.shape[7], t, constants))
              for name, dtype in task4_measure.HALF_TYPES.items()
              for case in cli.cases(5, "half decode", HALF_DECODE_CASES, hidden_cases, causal=(False,),
                                    shape_text=lambda s, n=name: f"{n} decode {describe_grouped(s[:7])} splits "
@@ -143,7 +144,8 @@ def optional_half(report, worker, args, passes: list) -> bool:
     """Step 6 (optional): the 16-bit cache's checks, then bad input while its own sanitizer pass runs (added to
     `passes`); every case optional, so nothing here moves a point. Whether the checks passed (then its benchmarks
     come last)."""
-    if not half_part(report, worker, args.hidden):
+    if not half_part(report, worker, args.hidden,
+                     kernel_constants("task5/kernels/decode_half.cu", args.student_dir, args.solution)):
         return False
     passes.append(sanitize.start(report, 5, args, half_sanitizer_calls(args.hidden), HALF_KERNEL_STEPS.get,
                                  HALF_PASS_NAME, kind="optional", part="half"))
