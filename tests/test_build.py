@@ -101,6 +101,7 @@ def test_a_part_asked_for_alone_lists_its_own_steps_left(task, part, steps, caps
     assert f"still marked TODO in your files (README, Task {task}, {asked}):" in said
 
 
+@pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")  # runpy on a module imported before
 @pytest.mark.parametrize("command", ["task4.compile", "task4.test", "task4.tune", "task4.profile", "task7.inference",
                                      "harness.compare", "grader"])
 def test_the_handouts_commands_do_not_offer_solution_and_name_what_to_run(command, monkeypatch, capsys):
