@@ -3,38 +3,15 @@
 // query rows each: S = Q K^T by wgmma from shared memory, the online softmax on the accumulator, P to bf16
 // registers, O += P V by wgmma with A from registers and V read N-major (transposed). No overlap of softmax with the
 // products yet (step 21). Checked against float64 on the CPU, timed with CUDA events.
-#include <cuda.h>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-#include <cudaTypedefs.h>
-
 #include <algorithm>
 #include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <vector>
 
+#include "ptx.cuh"
 #include "wgmma_gen.h"
 
-#define CHECK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1); } } while (0)
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, int phase) {
-  uint32_t done;
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done) : "r"(smem_u32(bar)), "r"(phase) : "memory");
-  return done;
 }
 // A wait that gives up: an experiment's deadlock becomes an error that names the barrier, not a hang.
 // Built with -DWATCHDOG only: its printf costs registers.
@@ -56,12 +33,6 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, i
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
       ::"r"(smem_u32(dst)), "l"(map), "r"(x), "r"(y), "r"(z), "r"(smem_u32(bar)) : "memory");
 }
-// 128-byte swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart (stride byte offset); `leading` is the byte
-// offset between 64-element panels along M or N, used when the operand is read N-major (V).
-__device__ __forceinline__ uint64_t desc_sw128(const void* tile, uint32_t leading = 16) {
-  const uint64_t addr = smem_u32(tile);
-  return ((addr & 0x3FFFF) >> 4) | ((uint64_t)(leading >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
-}
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 // Pins registers in place around wgmma: the compiler must not move a read of an accumulator above the wait that makes
@@ -77,11 +48,6 @@ template <int N> __device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4])
     for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 }
 template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
 template <int D> struct Cfg {
   static constexpr int BM = 128, BN = 128, STAGES = 2, PANELS = D / 64;
   static constexpr int Q_BYTES = BM * D * 2, KV_BYTES = BN * D * 2, PANEL_ROWS_BYTES = BN * 128;
@@ -310,14 +276,6 @@ __global__ void fill(__nv_bfloat16* p, size_t n, uint32_t seed) {
   }
 }
 
-static PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  if (!fn) {
-    cudaDriverEntryPointQueryResult q;
-    CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&fn, 12000, cudaEnableDefault, &q));
-  }
-  return fn;
-}
 static CUtensorMap make_map(const __nv_bfloat16* p, int bh, int seq, int d, int box_rows) {
   CUtensorMap map;
   cuuint64_t dims[3] = {(cuuint64_t)d, (cuuint64_t)seq, (cuuint64_t)bh};

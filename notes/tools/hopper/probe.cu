@@ -1,46 +1,11 @@
 // Probe: one warpgroup computes C (64 x 64, f32) = A (64 x 64) B^T, A and B bf16 K-major, loaded by TMA with
 // 128-byte swizzle and multiplied by wgmma.m64n64k16 from shared-memory descriptors. Checks against the CPU.
-#include <cuda.h>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-#include <cudaTypedefs.h>
-
 #include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <vector>
 
-#define CHECK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1); } } while (0)
+#include "ptx.cuh"
 
 constexpr int M = 64, N = 64, K = 64;
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes));
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, int phase) {
-  asm volatile(
-      "{\n .reg .pred p;\n WAIT:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      " @!p bra WAIT;\n}\n" ::"r"(smem_u32(bar)), "r"(phase));
-}
-__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int x, int y, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-      ::"r"(smem_u32(dst)), "l"(map), "r"(x), "r"(y), "r"(smem_u32(bar)) : "memory");
-}
-
-// Shared-memory matrix descriptor, K-major with the 128-byte swizzle: rows of 128 bytes (64 bf16), 8-row groups
-// 1024 bytes apart (the stride byte offset); the leading byte offset is unused for this layout (1).
-__device__ __forceinline__ uint64_t desc_sw128(const void* tile) {
-  const uint64_t addr = smem_u32(tile);
-  return ((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
-}
 
 __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
   asm volatile(
@@ -61,17 +26,14 @@ __global__ void __launch_bounds__(128) probe_kernel(const __grid_constant__ CUte
   __shared__ alignas(1024) __nv_bfloat16 a_tile[M * K];
   __shared__ alignas(1024) __nv_bfloat16 b_tile[N * K];
   __shared__ alignas(8) uint64_t bar;
-  if (threadIdx.x == 0) {
-    mbar_init(&bar, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  mbar_init_for_block(&bar, 1);
   if (threadIdx.x == 0) {
     mbar_expect_tx(&bar, (M + N) * K * 2);
     tma_load_2d(a_tile, &map_a, 0, 0, &bar);
     tma_load_2d(b_tile, &map_b, 0, 0, &bar);
   }
-  mbar_wait(&bar, 0);
+  while (!mbar_try_wait(&bar, 0)) {
+  }
   float d[32];
   for (int i = 0; i < 32; ++i) d[i] = 0.0f;
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -101,9 +63,7 @@ int main() {
   CHECK(cudaMemcpy(da, a.data(), M * K * 2, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(db, b.data(), N * K * 2, cudaMemcpyHostToDevice));
   CHECK(cudaMemset(dc, 0xff, M * N * 4));
-  PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-  cudaDriverEntryPointQueryResult q;
-  CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000, cudaEnableDefault, &q));
+  PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn();
   CUtensorMap ma, mb;
   for (int which = 0; which < 2; ++which) {
     cuuint64_t dims[2] = {K, (cuuint64_t)(which ? N : M)}, strides[1] = {K * 2};

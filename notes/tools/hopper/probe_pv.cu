@@ -4,50 +4,13 @@
 // probe (probe.cu, Q K^T) did not check is this descriptor: leading byte offset = the stride between 64-column panels
 // of head_dim, stride byte offset = 1024 (8 rows of keys), +2048 bytes per k16 step. Each (leading, stride) pair is
 // tried, the expected one first, so a wrong guess is told apart from a wrong fragment.
-#include <cuda.h>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-#include <cudaTypedefs.h>
-
 #include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <vector>
 
+#include "ptx.cuh"
 #include "wgmma_gen.h"
 
-#define CHECK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1); } } while (0)
-
 constexpr int M = 64, KEYS = 128;
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, int phase) {
-  asm volatile(
-      "{\n .reg .pred p;\n WAIT:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      " @!p bra WAIT;\n}\n" ::"r"(smem_u32(bar)), "r"(phase) : "memory");
-}
-__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int x, int y, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-      ::"r"(smem_u32(dst)), "l"(map), "r"(x), "r"(y), "r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ uint64_t desc_sw128(const void* tile, uint32_t leading, uint32_t stride) {
-  const uint64_t addr = smem_u32(tile);
-  return ((addr & 0x3FFFF) >> 4) | ((uint64_t)((leading >> 4) & 0x3FFF) << 16) |
-         ((uint64_t)((stride >> 4) & 0x3FFF) << 32) | (1ull << 62);
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
 
 // p: (64, 128) float (already bf16-representable); o: (64, D). One warpgroup.
 template <int D>
@@ -56,11 +19,7 @@ __global__ void __launch_bounds__(128) probe_pv(const __grid_constant__ CUtensor
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* v_s = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   __shared__ alignas(8) uint64_t bar;
-  if (threadIdx.x == 0) {
-    mbar_init(&bar, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  mbar_init_for_block(&bar, 1);
   if (threadIdx.x == 0) {
     mbar_expect_tx(&bar, KEYS * D * 2);
     for (int panel = 0; panel < D / 64; ++panel) tma_load_2d(v_s + panel * KEYS * 128, &vmap, 64 * panel, 0, &bar);
@@ -74,7 +33,8 @@ __global__ void __launch_bounds__(128) probe_pv(const __grid_constant__ CUtensor
     a[t][2] = pack_bf16(p[row * KEYS + key + 8], p[row * KEYS + key + 9]);
     a[t][3] = pack_bf16(p[(row + 8) * KEYS + key + 8], p[(row + 8) * KEYS + key + 9]);
   }
-  mbar_wait(&bar, 0);
+  while (!mbar_try_wait(&bar, 0)) {
+  }
   float d[D / 2];
   for (int i = 0; i < D / 2; ++i) d[i] = 0.0f;
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -101,9 +61,7 @@ static int run(uint32_t leading, uint32_t stride, const char* label) {
   CHECK(cudaMemcpy(dp, p.data(), p.size() * 4, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(dv, vb.data(), vb.size() * 2, cudaMemcpyHostToDevice));
   CHECK(cudaMemset(dout, 0xff, M * D * 4));
-  PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-  cudaDriverEntryPointQueryResult q;
-  CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000, cudaEnableDefault, &q));
+  PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn();
   CUtensorMap map;
   cuuint64_t dims[2] = {(cuuint64_t)D, KEYS}, strides[1] = {(cuuint64_t)D * 2};
   cuuint32_t box[2] = {64, KEYS}, estr[2] = {1, 1};
