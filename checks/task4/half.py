@@ -57,7 +57,8 @@ def check_half_case(worker, shape, causal, seed, dtype, magnitude=1.0, constants
     # rounding with it: the allowance, plus one unit in the last place of the type at each value's size
     how = dict(atol=allowed, rtol=torch.finfo(dtype).eps, scale=scale, step=HALF_MISTAKES_STEP)
     if key_start is not None:
-        return diagnose_sequences(4, result, out.tensor, q, k, v, causal, padded_spans(starts, q.shape[-2], k.shape[-2]),
+        spans = padded_spans(starts, q.shape[-2], k.shape[-2])
+        return diagnose_sequences(4, result, out.tensor, q, k, v, causal, spans,
                                   schedules_for=lambda keys: tile_schedules(*widths), **how)
     return diagnose(4, result, out.tensor, q, k, v, causal, schedules=tile_schedules(*widths), **how)
 
