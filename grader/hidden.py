@@ -25,6 +25,8 @@ CASES = {
         # the optional bf16/fp16 kernel, in both types: (batch, heads, kv_heads, seq_q, seq_k, head_dim, key_start)
         "half": [(1, 1, 1, 300, 8192, 64, None), (2, 6, 3, 257, 1029, 112, (0, 900)), (1, 3, 1, 1, 5000, 48, None),
                  (3, 5, 5, 191, 191, 72, None)],
+        # the optional Hopper kernel, in both types, as "half"
+        "hopper": [(1, 1, 1, 300, 4100, 64, None), (2, 6, 3, 257, 1029, 112, (0, 900)), (3, 5, 5, 191, 191, 72, None)],
         # the optional backward pass: (batch, heads, kv_heads, seq_q, seq_k, head_dim)
         "backward": [(2, 3, 3, 191, 250, 72), (1, 8, 2, 96, 96, 128), (3, 2, 1, 40, 33, 40)],
     },

@@ -2,10 +2,13 @@
 // kernels/attention.cu (or solution/kernels/attention.cu) on PyTorch's current stream.
 // Shared by the student build and the reference build; students do not edit it.
 
+#include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/types.h>
+
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled: the driver function that makes a TMA tensor map
 
 #include <cmath>
 #include <cstdint>
@@ -26,6 +29,9 @@ cudaError_t flash_attention_forward(const AttentionParams& p, cudaStream_t strea
 // a build without that file (an earlier term's, or the reference's other kernel folders) still loads, and
 // forward_half then says the kernel is missing.
 __attribute__((weak)) cudaError_t flash_attention_half_forward(const AttentionParams& p, cudaStream_t stream);
+// Defined in kernels/attention_hopper.cu (optional, steps 17-20): the same on Hopper's wgmma and TMA, given the tensor
+// maps this binding makes (device/params.h). Weak, as above.
+__attribute__((weak)) cudaError_t flash_attention_hopper_forward(const HopperAttentionParams& p, cudaStream_t stream);
 // The backward part (optional, steps 12-16), weak as above. In kernels/attention.cu: the forward without padding,
 // also writing p.lse, (batch, heads, seq_q) float32, each row's log-sum-exp of the scaled scores (step 12).
 __attribute__((weak)) cudaError_t flash_attention_forward_lse(const AttentionParams& p, cudaStream_t stream);
@@ -127,13 +133,14 @@ void forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
                "flash_attention_forward");
 }
 
-// The optional bf16/fp16 kernel (steps 8-11): q, k, v and out all bfloat16 or all float16, the rest as forward.
-void forward_half(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                  torch::Tensor& out, bool causal, double scale,
-                  const std::optional<torch::Tensor>& key_start) {
+// The 16-bit kernels' checks: q, k, v and out all bfloat16 or all float16, the rest as forward's. Returns key_start's
+// data, as check_attention.
+static const int* check_attention_half(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                       const torch::Tensor& out, bool causal, double scale,
+                                       const std::optional<torch::Tensor>& key_start, const char* function) {
   const auto type = q.scalar_type();
-  TORCH_CHECK(type == torch::kBFloat16 || type == torch::kHalf, "q must be bfloat16 or float16 for forward_half, got ",
-              dtype_name(type), " (float32 goes to forward)");
+  TORCH_CHECK(type == torch::kBFloat16 || type == torch::kHalf, "q must be bfloat16 or float16 for ", function,
+              ", got ", dtype_name(type), " (float32 goes to forward)");
   const auto same_type = [type](const torch::Tensor& t, const char* name) {
     TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got one on ", t.device().str(),
                 " (move it with .cuda())");
@@ -141,20 +148,90 @@ void forward_half(const torch::Tensor& q, const torch::Tensor& k, const torch::T
                 dtype_name(t.scalar_type()));
     TORCH_CHECK(t.is_contiguous(), name, " must be contiguous (call .contiguous() first)");
   };
-  const int* key_start_data = check_attention(q, k, v, out, causal, scale, key_start, same_type);
+  return check_attention(q, k, v, out, causal, scale, key_start, same_type);
+}
+
+static std::pair<int, int> compute_capability(const torch::Tensor& q) {
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.device().index());
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, q.device().index());
+  return {major, minor};
+}
+
+// The optional bf16/fp16 kernel (steps 8-11): q, k, v and out all bfloat16 or all float16, the rest as forward.
+void forward_half(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                  torch::Tensor& out, bool causal, double scale,
+                  const std::optional<torch::Tensor>& key_start) {
+  const int* key_start_data = check_attention_half(q, k, v, out, causal, scale, key_start, "forward_half");
   TORCH_CHECK(flash_attention_half_forward != nullptr,
               "this build has no bf16/fp16 kernel: task4/kernels/attention_half.cu is missing, did not compile, or "
               "does not define flash_attention_half_forward with the signature above (README, Task 4, step 8)");
   const c10::cuda::CUDAGuard guard(q.device());
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.device().index());
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, q.device().index());
+  const auto [major, minor] = compute_capability(q);
   TORCH_CHECK(major >= 8, "the bf16/fp16 kernel uses mma.sync.m16n8k16 and cp.async, which need compute "
               "capability 8.0 (Ampere) or newer; this GPU is ", num(major), ".", num(minor));
   if (q.numel() == 0) return;
   check_launch(flash_attention_half_forward(attention_params(q, k, v, out, key_start_data, scale, causal),
                                             c10::cuda::getCurrentCUDAStream()),
                "flash_attention_half_forward");
+}
+
+// A TMA tensor map of t, (batch, heads, seq, head_dim) contiguous, 16-byte aligned, head_dim a multiple of 8 (TMA's
+// strides are multiples of 16 bytes): device/params.h says what it describes.
+static CUtensorMap tensor_map(const torch::Tensor& t, const char* name) {
+  static const auto encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                                             &found);
+    TORCH_CHECK(err == cudaSuccess && found == cudaDriverEntryPointSuccess && fn != nullptr,
+                "the CUDA driver has no cuTensorMapEncodeTiled (it needs a driver for CUDA 12 or newer)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  const cuuint64_t head_dim = t.size(3), seq = t.size(2);
+  const cuuint64_t dims[3] = {head_dim, seq, (cuuint64_t)(t.size(0) * t.size(1))};
+  const cuuint64_t strides[2] = {head_dim * 2, seq * head_dim * 2};  // bytes, of dims 1 and 2
+  const cuuint32_t box[3] = {HOPPER_BOX_COLS, HOPPER_BOX_ROWS, 1}, steps[3] = {1, 1, 1};
+  CUtensorMap map;
+  const CUresult result = encode(&map, t.scalar_type() == torch::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                           : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                                 3, t.data_ptr(), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TORCH_CHECK(result == CUDA_SUCCESS, "cuTensorMapEncodeTiled refused ", name, " ", shape(t), " (CUresult ",
+              num(result), ")");
+  return map;
+}
+
+// t as TMA can read it: itself, or a copy with head_dim padded by zeros to a multiple of 8 and 16-byte aligned.
+static torch::Tensor tma_ready(const torch::Tensor& t) {
+  const int64_t head_dim = t.size(3), padded = (head_dim + 7) / 8 * 8;
+  if (padded == head_dim && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0) return t;
+  return at::constant_pad_nd(t, {0, padded - head_dim});  // a new tensor: PyTorch's allocations are aligned
+}
+
+// The optional Hopper kernel (steps 17-20): as forward_half, on compute capability 9.0.
+void forward_hopper(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                    torch::Tensor& out, bool causal, double scale,
+                    const std::optional<torch::Tensor>& key_start) {
+  const int* key_start_data = check_attention_half(q, k, v, out, causal, scale, key_start, "forward_hopper");
+  TORCH_CHECK(flash_attention_hopper_forward != nullptr,
+              "this build has no Hopper kernel: task4/kernels/attention_hopper.cu is missing, did not compile, was "
+              "left out (it is built on compute capability 9.0 only), or does not define "
+              "flash_attention_hopper_forward with the signature above (README, Task 4, step 17)");
+  const c10::cuda::CUDAGuard guard(q.device());
+  const auto [major, minor] = compute_capability(q);
+  TORCH_CHECK(major == 9 && minor == 0, "the Hopper kernel uses wgmma, TMA and setmaxnreg, built for sm_90a: it runs "
+              "on compute capability 9.0 (H100, H200) only; this GPU is ", num(major), ".", num(minor));
+  if (q.numel() == 0) return;
+  const torch::Tensor q_ready = tma_ready(q), k_ready = tma_ready(k), v_ready = tma_ready(v);
+  torch::Tensor out_ready = q_ready.size(3) == q.size(3) && reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0
+                                ? out : torch::empty_like(q_ready);
+  HopperAttentionParams p;
+  p.p = attention_params(q_ready, k_ready, v_ready, out_ready, key_start_data, scale, causal);
+  p.q_map = tensor_map(q_ready, "q"), p.k_map = tensor_map(k_ready, "k"), p.v_map = tensor_map(v_ready, "v");
+  check_launch(flash_attention_hopper_forward(p, c10::cuda::getCurrentCUDAStream()), "flash_attention_hopper_forward");
+  if (!out_ready.is_same(out)) out.copy_(out_ready.narrow(3, 0, out.size(3)));
 }
 
 // lse: (batch, heads, seq_q) float32 on q's device, not sharing memory with the tensors named in others.
@@ -240,6 +317,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("scale"), py::arg("key_start") = py::none());
   m.def("has_half", [] { return flash_attention_half_forward != nullptr; },
         "whether this build holds the bf16/fp16 kernel (task4/kernels/attention_half.cu)");
+  m.def("forward_hopper", &forward_hopper,
+        "forward_half on Hopper's wgmma and TMA, compute capability 9.0 only: README, Task 4, steps 17-20 (optional)",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("causal"),
+        py::arg("scale"), py::arg("key_start") = py::none());
+  m.def("has_hopper", [] { return flash_attention_hopper_forward != nullptr; },
+        "whether this build holds the Hopper kernel (task4/kernels/attention_hopper.cu)");
   m.def("forward_lse", &forward_lse,
         "forward without padding that also writes lse, (batch, heads, seq_q) float32: each row's log-sum-exp of "
         "the scaled scores, what the backward pass needs (README, Task 4, step 12; optional)",
@@ -265,6 +348,8 @@ KIT_OPERATORS(m) {
   m.def("forward(Tensor q, Tensor k, Tensor v, Tensor(a!) out, bool causal, float scale, Tensor? key_start=None) -> ()");
   m.def("forward_half(Tensor q, Tensor k, Tensor v, Tensor(a!) out, bool causal, float scale, "
         "Tensor? key_start=None) -> ()");
+  m.def("forward_hopper(Tensor q, Tensor k, Tensor v, Tensor(a!) out, bool causal, float scale, "
+        "Tensor? key_start=None) -> ()");
   m.def("forward_lse(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) lse, bool causal, float scale) -> ()");
   m.def("backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor dout, Tensor lse, Tensor(a!) dq, Tensor(b!) dk, "
         "Tensor(c!) dv, bool causal, float scale) -> ()");
@@ -273,6 +358,7 @@ KIT_OPERATORS(m) {
 void register_impls(torch::Library& m) {
   m.impl("forward", &forward);
   m.impl("forward_half", &forward_half);
+  m.impl("forward_hopper", &forward_hopper);
   m.impl("forward_lse", &forward_lse);
   m.impl("backward", &backward);
 }

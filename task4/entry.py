@@ -29,6 +29,23 @@ def forward_half(q, k, v, out, causal, scale, key_start=None):
     torch.cuda.synchronize()
 
 
+def forward_hopper(q, k, v, out, causal, scale, key_start=None):
+    """The Hopper kernel of kernels/attention_hopper.cu (steps 17-20, compute capability 9.0)."""
+    from common.build import OPTIONAL_LEFT_OUT
+
+    left_out = OPTIONAL_LEFT_OUT.get("task4/kernels/attention_hopper.cu")
+    if left_out and not ext.has_hopper():
+        raise RuntimeError(f"task4/kernels/attention_hopper.cu was left out of the build (the float32 kernel is "
+                           f"tested without it): {left_out}")
+    ext.forward_hopper(q, k, v, out, causal, scale, key_start)
+    try:
+        torch.cuda.synchronize()
+    except RuntimeError as err:  # a trap: the kernel's own words are all CUDA gives
+        raise RuntimeError(f"{err} (in the Hopper kernel, a trap is most often an mbarrier wait that never "
+                           "completed: a tile never loaded, bytes announced that never came, a wait on the wrong "
+                           "parity; README, Task 4, step 17)") from None
+
+
 def _backward_present():
     """Raises what left the backward part out of this build, where the binding could only say it is absent."""
     from common.build import OPTIONAL_LEFT_OUT
@@ -85,6 +102,13 @@ def run_batch_half(sets, causal, scale):
     torch.cuda.synchronize()
 
 
+def run_batch_hopper(sets, causal, scale):
+    """The Hopper kernel over every set, then wait for the GPU: the checks time this request."""
+    for q, k, v, out in sets:
+        ext.forward_hopper(q, k, v, out, causal, scale)
+    torch.cuda.synchronize()
+
+
 _layer = None
 
 
@@ -134,4 +158,11 @@ def profile_launch_half(batch, heads, seq, head_dim, causal):
     """The same for the bf16 kernel (python -m task4.profile --half)."""
     q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     forward_half(q, k, v, torch.empty_like(q), causal, head_dim ** -0.5)
+    torch.cuda.synchronize()
+
+
+def profile_launch_hopper(batch, heads, seq, head_dim, causal):
+    """The same for the Hopper kernel (python -m task4.profile --hopper)."""
+    q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    forward_hopper(q, k, v, torch.empty_like(q), causal, head_dim ** -0.5)
     torch.cuda.synchronize()

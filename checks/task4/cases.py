@@ -63,6 +63,24 @@ HALF_CASES = [
     (1, 2, 2, 300, 517, 128, None),  # above head_dim 96, blocks of 256 rows: two, the second partial
     (2, 2, 1, 600, 700, 128, (0, 450)),  # padding that skips more than a block of queries
 ]
+# The optional Hopper kernel (steps 17-20), run in both 16-bit types, as HALF_CASES: lengths around its tiles (128
+# queries, 128 keys) and past its ring of two K/V stages, head_dim 64 and 128 (one and two panels) and between
+# (the second panel partly zeros), head_dims the binding pads to a multiple of 8, grouped heads, padding.
+HOPPER_CASES = [
+    (1, 1, 1, 1, 1, 64, None),
+    (2, 4, 4, 128, 128, 64, None),
+    (2, 4, 2, 129, 255, 128, None),
+    (1, 8, 8, 300, 1000, 128, None),  # four K/V tiles: each stage of the ring used twice
+    (3, 2, 1, 127, 127, 32, None),
+    (2, 3, 3, 257, 513, 80, None),
+    (1, 4, 4, 1, 300, 96, None),
+    (1, 2, 2, 300, 100, 64, None),  # more queries than keys (not causal)
+    (1, 2, 2, 50, 50, 33, None),  # padded to 40 by the binding
+    (2, 2, 2, 70, 90, 124, None),  # padded to 128
+    (2, 4, 4, 90, 90, 64, (0, 37)),
+    (2, 4, 2, 30, 200, 128, (5, 199)),
+    (2, 2, 1, 600, 700, 128, (0, 450)),  # padding that skips more than a block of queries
+]
 # The optional backward part (steps 12-16): (batch, heads, kv_heads, seq_q, seq_k, head_dim), each causal and not
 # (causal needs seq_q <= seq_k). Lengths around the 64-row tiles, seq_q != seq_k both ways, grouped heads (dK and dV
 # add up over the query heads that share them), head_dim 17 to 128.

@@ -32,17 +32,19 @@ def half_text(shape) -> str:
 HALF_MISTAKES_STEP = 10
 
 
-def check_half_case(worker, shape, causal, seed, dtype, magnitude=1.0, constants=None):
-    """One case of the bf16/fp16 kernel against float64 on the same 16-bit inputs, within what SDPA's error says
-    the type allows; outputs poisoned, guard bands around every tensor. A wrong output is compared with the common
-    mistakes within the same allowance, under the student's BLOCK_COLS and BLOCK_COLS_SMALL (`constants`)."""
+def check_half_case(worker, shape, causal, seed, dtype, magnitude=1.0, constants=None, call="forward_half",
+                    step=HALF_MISTAKES_STEP):
+    """One case of a 16-bit kernel (`call`: the bf16/fp16 one, or the Hopper one) against float64 on the same
+    16-bit inputs, within what SDPA's error says the type allows; outputs poisoned, guard bands around every
+    tensor. A wrong output is compared with the common mistakes within the same allowance, under the student's
+    BLOCK_COLS and BLOCK_COLS_SMALL (`constants`), and named with `step`."""
     heads, starts = grouped(shape)[1], grouped(shape)[6]
     q, k, v = (t.to(dtype) for t in make_inputs(shape, seed, magnitude))
     key_start = None if starts is None else torch.tensor(starts, dtype=torch.int32)
     scale = 1.0 / math.sqrt(q.shape[-1])
     inputs = [guarded_input(name, t) for name, t in zip("qkv", (q, k, v))]
     out = guarded_output("out", q.shape, dtype=dtype)
-    worker.call("forward_half", *(t.tensor for t in inputs), out.tensor, causal, scale,
+    worker.call(call, *(t.tensor for t in inputs), out.tensor, causal, scale,
                 None if key_start is None else key_start.cuda(), timeout=HALF_CALL_TIMEOUT_S)
     damage = guard_damage(*inputs, out)
     if damage:
@@ -55,7 +57,7 @@ def check_half_case(worker, shape, causal, seed, dtype, magnitude=1.0, constants
     widths = [(constants or {}).get(name) for name in ("BLOCK_COLS", "BLOCK_COLS_SMALL")]
     # a mistaken output can be larger than a right one (a single row of V where a mean was meant), and its 16-bit
     # rounding with it: the allowance, plus one unit in the last place of the type at each value's size
-    how = dict(atol=allowed, rtol=torch.finfo(dtype).eps, scale=scale, step=HALF_MISTAKES_STEP)
+    how = dict(atol=allowed, rtol=torch.finfo(dtype).eps, scale=scale, step=step)
     if key_start is not None:
         spans = padded_spans(starts, q.shape[-2], k.shape[-2])
         return diagnose_sequences(4, result, out.tensor, q, k, v, causal, spans,

@@ -126,14 +126,14 @@ ESTIMATE_TFLOPS = 40.0  # what the reference kernel reaches: sizes a request, no
 ESTIMATE_HALF_TFLOPS = 170.0  # the same for the bf16/fp16 reference
 
 
-def time_student(worker, batch, heads, seq, head_dim, causal, dtype=torch.float32):
+def time_student(worker, batch, heads, seq, head_dim, causal, dtype=torch.float32, entry=None):
     """Your kernel over distinct sets per request, every output checked; (Timing, sets used) or (message, None).
-    dtype: bfloat16 or float16 times the kernel of steps 8-11."""
+    dtype: bfloat16 or float16 times the kernel of steps 8-11 (`entry` "run_batch_hopper": steps 17-20's)."""
     tflops = ESTIMATE_TFLOPS if dtype == torch.float32 else ESTIMATE_HALF_TFLOPS
     estimate_ms = attention_flops(batch, heads, seq, seq, head_dim, causal) / (tflops * 1e9)
     timed = TimedSets(batch, heads, seq, head_dim, estimate_ms, dtype)
     scale = 1.0 / math.sqrt(head_dim)
-    entry = "run_batch" if dtype == torch.float32 else "run_batch_half"
+    entry = entry or ("run_batch" if dtype == torch.float32 else "run_batch_half")
     kept = worker.keep("timed sets", timed.sets)
     try:
         timed.refresh()
@@ -199,22 +199,25 @@ def layer_cases(grading: bool = False) -> list[tuple[int, int, bool]]:
     return [(batch, seq, causal) for batch, seq in sizes for causal in (False, True)]
 
 
-def half_cases() -> list[TimedCase]:
-    """The bf16/fp16 kernel's timed cases (steps 8-11): reported beside SDPA's flash backend, never scored."""
-    return [TimedCase(f"{name} attention batch {b} heads {h} seq {s} head_dim {d}{' causal' if c else ''}", b, h, s, d,
+def half_cases(part: str = "") -> list[TimedCase]:
+    """The bf16/fp16 kernel's timed cases (steps 8-11; part "Hopper ": steps 17-20's): reported beside SDPA's flash
+    backend, never scored."""
+    return [TimedCase(f"{part}{name} attention batch {b} heads {h} seq {s} head_dim {d}{' causal' if c else ''}", b, h, s, d,
                       c) for name in HALF_TYPES for b, h, s, d in HALF_BENCHMARKS for c in (False, True)]
 
 
-def run_half_benchmarks(report, worker, cases):
-    """The bf16/fp16 kernel (steps 8-11) timed in the worker, the worker ended, then the reference and SDPA's flash
-    backend here; each line an optional case: reported, never scored, never the task's status."""
-    student = {c.name: time_student(worker, c.batch, c.heads, c.seq, c.head_dim, c.causal, half_type(c.name))
+def run_half_benchmarks(report, worker, cases, call="forward_half"):
+    """The bf16/fp16 kernel (steps 8-11; `call` "forward_hopper": steps 17-20's) timed in the worker, the worker
+    ended, then the reference and SDPA's flash backend here (and its cuDNN backend beside the Hopper kernel); each
+    line an optional case: reported, never scored, never the task's status."""
+    entry = "run_batch_hopper" if call == "forward_hopper" else None
+    student = {c.name: time_student(worker, c.batch, c.heads, c.seq, c.head_dim, c.causal, half_type(c.name), entry)
                for c in cases}
     worker.stop()
     reference = bench.load_reference(report, 4)
     for c in cases:
         report.run(c.name, lambda: half_result(*student[c.name], reference, c.batch, c.heads, c.seq, c.head_dim,
-                                               c.causal, half_type(c.name)), kind="optional")
+                                               c.causal, half_type(c.name), call), kind="optional")
 
 
 def run_benchmarks(report, worker, cases, layer_cases, with_tensor_cores=False):
@@ -323,12 +326,13 @@ def attention_result(timing, count, reference, batch, heads, seq, head_dim, caus
 
 
 def half_type(name: str) -> torch.dtype:
-    return HALF_TYPES[name.split()[0]]
+    return HALF_TYPES[name.removeprefix("Hopper ").split()[0]]
 
 
-def half_result(timing, count, reference, batch, heads, seq, head_dim, causal, dtype):
-    """A line of the bf16/fp16 kernel against SDPA's flash backend (FlashAttention-2) in the same type: reported,
-    never scored (no metric the grade reads)."""
+def half_result(timing, count, reference, batch, heads, seq, head_dim, causal, dtype, call="forward_half"):
+    """A line of the bf16/fp16 kernel (or the Hopper one: `call`) against SDPA's flash backend (FlashAttention-2)
+    in the same type, and for the Hopper kernel its cuDNN backend too: reported, never scored (no metric the grade
+    reads)."""
     if count is None:
         return False, timing, {}
     scale = 1.0 / math.sqrt(head_dim)
@@ -340,18 +344,25 @@ def half_result(timing, count, reference, batch, heads, seq, head_dim, causal, d
     message = (f"kernel {timing.median_ms:.3f} ms ({tflops:.0f} TFLOP/s, {metrics['half_peak_percent']:.0f}% of the "
                f"{bound:.0f} TFLOP/s bound of 16-bit products on the tensor cores)")
 
-    def flash(q, k, v, o):
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
-    try:
-        t_flash = time_here(flash, batch, heads, seq, head_dim, count, dtype)
-    except RuntimeError as err:  # no flash kernel for this GPU or type: said, the line still counts
-        t_flash = f"not available here ({str(err).splitlines()[0][:120]})"
+    def sdpa(backend):
+        def run(q, k, v, o):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        try:
+            return time_here(run, batch, heads, seq, head_dim, count, dtype)
+        except RuntimeError as err:  # no such kernel for this GPU or type: said, the line still counts
+            return f"not available here ({str(err).splitlines()[0][:120]})"
+    t_flash = sdpa(SDPBackend.FLASH_ATTENTION)
     ratio = bench.ratio(t_flash, timing)
     metrics |= {"sdpa_flash_ms": getattr(t_flash, "median_ms", None), "speedup_vs_sdpa_flash": ratio}
     message += f", SDPA's flash backend {bench.timing_text(t_flash)}" + (f": {ratio:.2f}x its speed" if ratio else "")
+    if call == "forward_hopper":  # the bar of steps 17-20: cuDNN's Hopper kernel
+        t_cudnn = sdpa(SDPBackend.CUDNN_ATTENTION)
+        cudnn_ratio = bench.ratio(t_cudnn, timing)
+        metrics |= {"sdpa_cudnn_ms": getattr(t_cudnn, "median_ms", None), "speedup_vs_sdpa_cudnn": cudnn_ratio}
+        message += f", cuDNN's {bench.timing_text(t_cudnn)}" + (f": {cudnn_ratio:.2f}x its speed" if cudnn_ratio else "")
     if reference is not None:
-        t_ref = time_here(lambda q, k, v, o: reference.forward_half(q, k, v, o, causal, scale), batch, heads, seq,
+        t_ref = time_here(lambda q, k, v, o: getattr(reference, call)(q, k, v, o, causal, scale), batch, heads, seq,
                           head_dim, count, dtype)
         if not isinstance(t_ref, str):
             metrics["half_reference_ms"] = t_ref.median_ms

@@ -39,6 +39,7 @@ from checks.task4 import measure, measure_backward
 from checks.task4.backward import backward_part, backward_text, check_backward_errors, check_training
 from checks.task4.forward import attention_part, check_errors, grouped_text, make_inputs, shape_text
 from checks.task4.half import check_half_errors, half_part, half_text
+from checks.task4.hopper import check_hopper_errors, hopper_part, is_hopper
 
 
 def sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
@@ -79,6 +80,22 @@ def half_sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
     return calls
 
 
+def hopper_sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
+    """The Hopper kernel's pass (steps 17-20): one and two panels, tile edges, a padded head_dim, the ring of stages
+    reused, padding and groups, bf16 and fp16 in turn, causal."""
+    calls = []
+    shapes = [(1, 2, 2, 129, 129, 64, None), (1, 1, 1, 100, 300, 128, None), (1, 2, 1, 257, 513, 80, None),
+              (2, 4, 2, 30, 140, 96, (0, 130)), (1, 1, 1, 40, 40, 33, None)]
+    for i, shape in enumerate(shapes):
+        dtype = (torch.bfloat16, torch.float16)[i % 2]
+        q, k, v = (t.to(dtype) for t in make_inputs(shape, cli.seed(sum(shape[3:6]) + 7 * i, hidden)))
+        extra = () if shape[6] is None else (torch.tensor(shape[6], dtype=torch.int32),)
+        calls.append(sanitize.Call(f"Hopper {str(dtype)[6:]} {half_text(shape)} causal", "forward_hopper",
+                                   (q, k, v, torch.empty_like(q), True, 1 / math.sqrt(shape[5]), *extra),
+                                   ("q", "k", "v", "out") + (("key_start",) if extra else ())))
+    return calls
+
+
 def backward_sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
     """The backward part's pass (steps 12-16): forward_lse and backward at the tile edges, causal and not, a
     head_dim that is not a tile width, grouped heads."""
@@ -103,6 +120,7 @@ def backward_sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
 def step_of(kernel: str):
     return {"flash_attention_kernel": "Task 4, steps 1-6 (step 12 for lse)",
             "flash_attention_half_kernel": "Task 4, steps 8-11 (optional)",
+            "flash_attention_hopper_kernel": "Task 4, steps 17-20 (optional)",
             "delta_kernel": "Task 4, step 13 (optional)",
             "flash_attention_dkdv_kernel": "Task 4, steps 14-15 (optional)",
             "flash_attention_dq_kernel": "Task 4, step 16 (optional)"}.get(kernel)
@@ -110,6 +128,8 @@ def step_of(kernel: str):
 
 HALF_PASS_NAME = f"{sanitize.PASS_NAME}, the bf16/fp16 kernel (optional)"
 BACKWARD_PASS_NAME = f"{sanitize.PASS_NAME}, the backward kernels (optional)"
+HOPPER_PASS_NAME = f"{sanitize.PASS_NAME}, the Hopper kernel (optional)"
+HOPPER_ONLY = "the Hopper part (steps 17-20) runs on compute capability 9.0 only (H100, H200): not run on this GPU"
 
 
 def optional_backward(report, worker, args, passes: list) -> bool:
@@ -184,6 +204,21 @@ def optional_half(report, worker, args, passes: list) -> bool:
     return True
 
 
+def optional_hopper(report, worker, args, passes: list) -> bool:
+    """Steps 17-20 (optional), on compute capability 9.0: the Hopper kernel's checks, then bad input while its
+    sanitizer pass runs (added to `passes`). Whether the checks passed."""
+    if not is_hopper():
+        report.note(f"{HOPPER_ONLY} ({'.'.join(map(str, torch.cuda.get_device_capability()))})")
+        return False
+    if not hopper_part(report, worker, args.hidden):
+        return False
+    passes.append(sanitize.start(report, 4, args, hopper_sanitizer_calls(args.hidden), step_of, HOPPER_PASS_NAME,
+                                 kind="optional", part="hopper"))
+    report.run("bad input to the Hopper kernel raises clear errors (the given binding)",
+               lambda: check_hopper_errors(worker), kind="optional")
+    return True
+
+
 def optional_benchmarks(report, worker, timed: list[tuple[str, object]]) -> None:
     """The optional parts' benchmarks (a student's own run: the grader leaves them out), each part's in a fresh
     process of its own, after the float32 benchmarks."""
@@ -194,7 +229,8 @@ def optional_benchmarks(report, worker, timed: list[tuple[str, object]]) -> None
 
 
 # The README steps of each part (step 7 is the float32 kernel's tuning; step 12, in kernels/attention.cu, the backward's)
-PART_STEPS = {"attention": (1, 2, 3, 4, 5, 6, 7), "half": (8, 9, 10, 11), "backward": (12, 13, 14, 15, 16)}
+PART_STEPS = {"attention": (1, 2, 3, 4, 5, 6, 7), "half": (8, 9, 10, 11), "backward": (12, 13, 14, 15, 16),
+              "hopper": (17, 18, 19, 20)}
 
 
 def main(argv=None) -> int:
@@ -204,6 +240,8 @@ def main(argv=None) -> int:
     parser.add_argument("--half", action="store_true", help="test only README steps 8-11 (optional: bf16/fp16)")
     parser.add_argument("--backward", action="store_true",
                         help="test only README steps 12-16 (optional: the backward pass)")
+    parser.add_argument("--hopper", action="store_true",
+                        help="test only README steps 17-20 (optional: the Hopper kernel, compute capability 9.0)")
     args = parser.parse_args(argv)
     chosen = [p for p in PART_STEPS if getattr(args, p)] or list(PART_STEPS)
     report = Report(4, args.solution, "fused FlashAttention kernel", args.student_dir)
@@ -221,6 +259,9 @@ def main(argv=None) -> int:
             if "backward" in chosen:
                 sanitize.add_to_report(report, 4, args, backward_sanitizer_calls(args.hidden), step_of,
                                        BACKWARD_PASS_NAME, kind="optional")
+            if "hopper" in chosen and is_hopper():
+                sanitize.add_to_report(report, 4, args, hopper_sanitizer_calls(args.hidden), step_of,
+                                       HOPPER_PASS_NAME, kind="optional")
             return report.finish(args.json)
         # Every check first, the timings last: in a grading, the other tasks' tests check side by side with this
         # one, and a timed part waits until none of them is in the middle of its checks (harness/gpu_share.py). Each
@@ -228,7 +269,7 @@ def main(argv=None) -> int:
         passes = []
         if "attention" in chosen:
             float_part(report, worker, args, passes)
-        half_passed = backward_passed = False
+        half_passed = backward_passed = hopper_passed = False
         if "half" in chosen and not report.stopped:
             # In a process of its own (the next call starts one): a crash or a hang in the optional kernel costs
             # its own part, never the float32 checks or the sanitizer pass before it, or the benchmarks after it.
@@ -237,6 +278,9 @@ def main(argv=None) -> int:
         if "backward" in chosen and not report.stopped:
             worker.stop_until_next_call()  # the same: a process of its own
             backward_passed = optional_backward(report, worker, args, passes)
+        if "hopper" in chosen and not report.stopped:
+            worker.stop_until_next_call()  # the same: a process of its own
+            hopper_passed = optional_hopper(report, worker, args, passes)
         training = lambda: report.run("a model trained through your kernels learns as with SDPA",  # noqa: E731
                                       lambda: check_training(worker, args.hidden, write_curves=args.backward,
                                                              timed=not args.grading), kind="optional")
@@ -256,6 +300,9 @@ def main(argv=None) -> int:
         if backward_passed and not args.grading and not report.stopped:
             timed.append(("backward", lambda: measure_backward.run_backward_benchmarks(
                 report, worker, measure_backward.backward_cases())))
+        if hopper_passed and not args.grading and not report.stopped:
+            timed.append(("Hopper", lambda: measure.run_half_benchmarks(report, worker, measure.half_cases("Hopper "),
+                                                                        "forward_hopper")))
         optional_benchmarks(report, worker, timed)
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(4, args.solution, args.student_dir, report.attention_ops), kind="rule")

@@ -24,8 +24,16 @@ class Task4Kernels(StandInKernels):
     @launched
     def forward_half(self, q, k, v, out, causal, scale, key_start=None):
         """The bf16/fp16 kernel: the same checks for one 16-bit type, computed in float32, written in that type."""
+        self._forward_16bit(q, k, v, out, causal, scale, key_start, "forward_half", self.behaviour.half)
+
+    @launched
+    def forward_hopper(self, q, k, v, out, causal, scale, key_start=None):
+        """The Hopper kernel (steps 17-20): forward_half's checks and result; behaviour.hopper as .half."""
+        self._forward_16bit(q, k, v, out, causal, scale, key_start, "forward_hopper", self.behaviour.hopper)
+
+    def _forward_16bit(self, q, k, v, out, causal, scale, key_start, function, behaviour):
         if q.dtype not in (torch.bfloat16, torch.float16):
-            raise RuntimeError(f"q must be bfloat16 or float16 for forward_half, got {str(q.dtype)[6:]} "
+            raise RuntimeError(f"q must be bfloat16 or float16 for {function}, got {str(q.dtype)[6:]} "
                                "(float32 goes to forward)")
 
         def same_type(t, name):
@@ -35,9 +43,9 @@ class Task4Kernels(StandInKernels):
                 raise RuntimeError(f"{name} must be {str(q.dtype)[6:]} like q, got {str(t.dtype)[6:]}")
             if not t.is_contiguous():
                 raise RuntimeError(f"{name} must be contiguous (call .contiguous() first)")
-        kept = out.clone() if self.behaviour.half == "unwritten" else None
+        kept = out.clone() if behaviour == "unwritten" else None
         self._forward(q, k, v, out, causal, scale, key_start, same_type)
-        if self.behaviour.half == "wrong":
+        if behaviour == "wrong":
             out.mul_(1.01)
         elif kept is not None:
             out.copy_(kept)
@@ -127,6 +135,9 @@ class Task4Kernels(StandInKernels):
         return 128
 
     def has_half(self):
+        return True
+
+    def has_hopper(self):
         return True
 
     def has_backward(self):

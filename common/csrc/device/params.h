@@ -5,6 +5,7 @@
 // where a family has a float32 and a 16-bit kernel, and each launcher casts them to its type.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap (HopperAttentionParams)
 #include <cuda_runtime.h>
 
 // Task 5: append new rows of keys and values to the cache (kernels/decode.cu's update_cache, and
@@ -57,6 +58,19 @@ struct AttentionParams {
   float scale = 1.0f;
   bool causal = false;
   float* lse = nullptr;  // step 12 (the backward part): (batch, heads, seq_q), each row's log-sum-exp, written
+};
+
+// Task 4's Hopper part (kernels/attention_hopper.cu, steps 17-20): the forward's parameters, head_dim a multiple
+// of 8 (the binding pads it), and the tensor maps TMA copies Q, K and V through. The binding makes them
+// (cuTensorMapEncodeTiled: a kernel file may not call the driver): each views its tensor as 3-d, (head_dim, seq,
+// batch * heads) innermost first, in boxes of 64 columns (128 bytes) x HOPPER_BOX_ROWS rows, written to shared
+// memory with the 128-byte swizzle; elements outside the tensor arrive as zeros. The launcher passes the struct to
+// the kernel as a __grid_constant__ parameter, so TMA reads the maps where the kernel's parameters live.
+constexpr int HOPPER_BOX_COLS = 64;
+constexpr int HOPPER_BOX_ROWS = 128;
+struct HopperAttentionParams {
+  AttentionParams p;
+  CUtensorMap q_map, k_map, v_map;
 };
 
 // Task 4: the backward pass (kernels/attention_backward.cu's flash_attention_backward), float32; shapes as

@@ -1,0 +1,168 @@
+// Task 4, optional part (README, Task 4, steps 17-20): the fused kernel in bf16 and fp16 on Hopper's own
+// instructions (compute capability 9.0: H100, H200, GH200).
+// nvcc target: sm_90a
+//
+//   out = softmax(scale * Q K^T + mask) V        as kernels/attention_half.cu, same interface
+//
+// What changes from steps 8-11 (FlashAttention-3's design, Shah et al. 2024):
+// - the tensor cores are driven by a warpgroup (4 warps, 128 threads) at a time with wgmma.mma_async: a 64 x N
+//   product per instruction, its operands read straight from shared memory (no ldmatrix), asynchronously (the
+//   warps go on until they wait for it);
+// - tiles are copied by the Tensor Memory Accelerator (TMA): one thread asks for a whole tile, the copy engine
+//   moves it and counts its bytes down on an mbarrier, the consumers wait on that barrier;
+// - warp specialization: warpgroup 0 is the producer (its one thread issues every copy, a ring of STAGES K/V
+//   tiles ahead), warpgroups 1 and 2 are consumers of 64 query rows each; the producer gives its registers
+//   to the consumers (setmaxnreg), which hold O, S and P in registers;
+// - tiles are 64-column panels written with the 128-byte swizzle (head_dim 128: two panels), the layout wgmma
+//   reads without bank conflicts.
+// The online softmax is steps 9-10's on a different accumulator layout; P stays in registers as wgmma's A operand.
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "device/common.cuh"  // WARP, LOG2E, ceil_div
+#include "device/half.cuh"    // Half<T>: bf16 and fp16 to and from float, pack (two floats in one register)
+#include "device/hopper.cuh"  // mbarrier_*, tma_load_box, swizzled_tile, wgmma_*, pin_registers, registers_*
+#include "device/mma.cuh"     // fast_exp2
+#include "device/params.h"    // HopperAttentionParams: the forward's parameters and the tensor maps
+
+namespace {
+
+constexpr int BLOCK_ROWS = HOPPER_BOX_ROWS;  // query rows per block: 64 per consumer warpgroup
+constexpr int BLOCK_COLS = HOPPER_BOX_ROWS;  // keys per K/V tile (S is 64 x 128 per consumer)
+constexpr int STAGES = 2;                    // K/V tiles in flight
+constexpr int WARPGROUP = 4 * WARP;
+constexpr int THREADS = 3 * WARPGROUP;       // the producer and two consumers
+constexpr int PRODUCER_REGISTERS = 24, CONSUMER_REGISTERS = 240;  // 24 x 128 + 2 x 240 x 128 <= 65536
+constexpr int MAX_HEAD_DIM = 128;
+constexpr int PANEL_BYTES = HOPPER_BOX_ROWS * HOPPER_BOX_COLS * 2;  // one 64-column panel of a tile: 16 KB
+
+// Shared memory: Q (PANELS panels), then STAGES K tiles and STAGES V tiles, then the barriers. A swizzled tile
+// starts on a 1024-byte boundary (the swizzle's pattern repeats every 8 rows of 128 bytes).
+template <int PANELS>
+struct Layout {
+  static constexpr int TILE = PANELS * PANEL_BYTES;
+  static constexpr int Q = 0, K = TILE, V = K + STAGES * TILE, BARRIERS = V + STAGES * TILE;
+  static constexpr int BARRIER_COUNT = 1 + 3 * STAGES;  // Q's, then each stage's K full, V full, empty
+  static constexpr int BYTES = 1024 + BARRIERS + 8 * BARRIER_COUNT;  // 1024: room to align the start
+};
+
+// The online softmax on one S tile as the consumer's warp holds it (the accumulator of m64n128: rows row and
+// row + 8, keys key0 + 8 n + 2 (lane % 4) + {0, 1}): scaled, masked, exponentiated in place into P; m, l and
+// alpha (O's rescale) per row, as steps 9-10.
+// `masked`: whether this tile has a key to mask for some row of the block (the last tile, the diagonal's): the
+// others skip the comparisons, two per score.
+template <bool CAUSAL>
+__device__ __forceinline__ void online_softmax(float (&s)[64], bool masked, int key0, int seq_k, int row,
+                                               int causal_offset, float scale_log2, float (&m)[2], float (&l)[2],
+                                               float (&alpha)[2]) {
+  const int lane = threadIdx.x % WARP;
+  // TODO (README, Task 4, step 19: scale, then mask keys past seq_k and past each row's diagonal; m, l, alpha; S into P)
+}
+
+// grid (batch * heads, ceil(seq_q / BLOCK_ROWS)), THREADS threads, Layout<PANELS>::BYTES of shared memory.
+// head_dim <= 64 PANELS; q, out: (batch * heads, seq_q, head_dim); k, v: (batch * kv_heads, seq_k, head_dim),
+// read through the maps.
+template <typename T, int PANELS, bool CAUSAL>
+__global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(const __grid_constant__ HopperAttentionParams hp) {
+  using L = Layout<PANELS>;
+  constexpr int D = PANELS * HOPPER_BOX_COLS;  // the head_dim the products cover (zeros past head_dim)
+  const AttentionParams& p = hp.p;
+  extern __shared__ char smem_raw[];
+  char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  char *q_tile = smem + L::Q, *k_tiles = smem + L::K, *v_tiles = smem + L::V;
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L::BARRIERS);
+  uint64_t *k_full = q_full + 1, *v_full = k_full + STAGES, *empty = v_full + STAGES;
+
+  const int bh = blockIdx.x, batch = bh / p.heads, head = bh % p.heads;
+  const int kv_bh = batch * p.kv_heads + head / (p.heads / p.kv_heads);
+  int q_start = (gridDim.y - 1 - blockIdx.y) * BLOCK_ROWS;  // the longest causal rows first
+  int seq_q = p.seq_q, seq_k = p.seq_k, padding = 0, skip = 0;
+  T* out = static_cast<T*>(p.out) + (size_t)bh * seq_q * p.head_dim;
+  if (p.key_start != nullptr) {  // as steps 8-11: padded queries get zeros, the rest skip the padding
+    padding = p.key_start[batch];
+    skip = min(seq_q, max(0, padding - (seq_k - seq_q)));
+    for (int idx = threadIdx.x; idx < BLOCK_ROWS * p.head_dim; idx += THREADS) {
+      const int row = q_start + idx / p.head_dim;
+      if (row < skip) out[(size_t)row * p.head_dim + idx % p.head_dim] = Half<T>::from_float(0.0f);
+    }
+    seq_k -= padding;
+    seq_q -= skip;
+    out += (size_t)skip * p.head_dim;
+    if (q_start >= seq_q) return;
+  }
+  const int causal_offset = seq_k - seq_q;  // query i sees keys j <= i + causal_offset
+  const int last_key = CAUSAL ? min(seq_k, q_start + BLOCK_ROWS + causal_offset) : seq_k;
+  const int tiles = last_key > 0 ? ceil_div(last_key, BLOCK_COLS) : 0;
+
+  // q_full and each stage's k_full, v_full: one arrival (the producer's, with the bytes); empty: every consumer
+  // thread's
+  mbarrier_init_all(q_full, 1 + 2 * STAGES, 1);
+  mbarrier_init_all(empty, STAGES, 2 * WARPGROUP);
+  const int warpgroup = threadIdx.x / WARPGROUP;
+  if (warpgroup == 0) {
+    // TODO (README, Task 4, step 20: the producer: registers given back, then step 17's loads by one thread)
+    // TODO (README, Task 4, step 17: Q once, then K and V tile by tile into the ring of STAGES, each stage reused once empty)
+    return;
+  }
+
+  // TODO (README, Task 4, step 20: the consumers take the registers the producer gave back)
+  const int consumer = warpgroup - 1, warp = (threadIdx.x % WARPGROUP) / WARP, lane = threadIdx.x % WARP;
+  const char* q_rows = q_tile + consumer * 64 * 128;  // this consumer's 64 rows: 128 bytes each, in every panel
+  const int row = q_start + consumer * 64 + warp * 16 + lane / 4;  // this lane's rows: row and row + 8
+  const float scale_log2 = p.scale * LOG2E;
+  float o[D / 2];  // O, 64 x D, in the accumulator layout
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  for (int j = 0; j < tiles; ++j) {
+    const int stage = j % STAGES, parity = (j / STAGES) % 2;
+    const char* k_tile = k_tiles + stage * L::TILE;
+    const char* v_tile = v_tiles + stage * L::TILE;
+    float s[64];  // S, 64 x 128, in the accumulator layout
+    uint32_t pa[8][4];  // P as 8 A operands of k16 (keys 16t .. 16t + 15)
+    // TODO (README, Task 4, step 18: S = Q K^T once Q and K have landed: one wgmma_m64n128_ss per k16 step, then wait)
+    float alpha[2];
+    const int key0 = j * BLOCK_COLS;
+    const bool masked = key0 + BLOCK_COLS > seq_k || (CAUSAL && key0 + BLOCK_COLS - 1 > q_start + causal_offset);
+    online_softmax<CAUSAL>(s, masked, key0, seq_k, row, causal_offset, scale_log2, m, l, alpha);
+    // TODO (README, Task 4, step 19: O rescaled by alpha, P packed into A operands, O += P V once V has landed)
+    // TODO (README, Task 4, step 20: this thread is done with the stage: an arrival on its empty barrier)
+  }
+  // TODO (README, Task 4, step 20: out = O / l, l summed over the row's 4 lanes; zeros for a row that saw no key)
+}
+
+template <typename T, int PANELS, bool CAUSAL>
+cudaError_t launch(const HopperAttentionParams& hp, cudaStream_t stream) {
+  const auto kernel = flash_attention_hopper_kernel<T, PANELS, CAUSAL>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<PANELS>::BYTES);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(hp.p.batch * hp.p.heads, ceil_div(hp.p.seq_q, BLOCK_ROWS));
+  kernel<<<grid, THREADS, Layout<PANELS>::BYTES, stream>>>(hp);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_for_type(const HopperAttentionParams& hp, cudaStream_t stream) {
+  if (hp.p.head_dim <= HOPPER_BOX_COLS)
+    return hp.p.causal ? launch<T, 1, true>(hp, stream) : launch<T, 1, false>(hp, stream);
+  return hp.p.causal ? launch<T, 2, true>(hp, stream) : launch<T, 2, false>(hp, stream);
+}
+
+}  // namespace
+
+// The forward pass in bf16 or fp16 on Hopper; the parameters are described in device/params.h.
+cudaError_t flash_attention_hopper_forward(const HopperAttentionParams& hp, cudaStream_t stream) {
+  const AttentionParams& p = hp.p;
+  if (p.batch < 0 || p.heads < 1 || p.kv_heads < 1 || p.heads % p.kv_heads != 0 || p.seq_q < 1 || p.seq_k < 1 ||
+      p.head_dim < 8 || p.head_dim % 8 != 0 || p.head_dim > MAX_HEAD_DIM || (p.causal && p.seq_q > p.seq_k) ||
+      p.lse != nullptr || (p.seq_q - 1) / BLOCK_ROWS >= 65535)  // grid.y
+    return cudaErrorInvalidValue;
+  if (p.batch == 0) return cudaSuccess;
+  return p.bf16 ? launch_for_type<__nv_bfloat16>(hp, stream) : launch_for_type<__half>(hp, stream);
+}

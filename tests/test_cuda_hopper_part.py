@@ -1,0 +1,83 @@
+"""Task 4's Hopper part (steps 17-20) graded on the CPU from end to end, with PyTorch standing in for the kernels
+(tests/stand_in/): checked in both 16-bit types, its sanitizer pass, bad input and timings beside SDPA's flash and
+cuDNN backends, all optional; left out, with the reason, on a GPU other than compute capability 9.0."""
+
+import pytest
+
+from grader.rubric import RUBRIC, score
+from tests.conftest import REPO, needs_solution
+from tests.stand_in import HIDDEN, SCORED, Behaviour, failed, stand_in  # noqa: F401
+from tests.stand_in import gpu
+
+pytestmark = [needs_solution(4)]
+
+
+def hopper_checks(record):
+    """The part's checks (named "Hopper bf16 ...", "Hopper fp16 ..."), timings left out."""
+    return [c for c in record["cases"] if c["kind"] == "optional" and c["name"].startswith("Hopper ")
+            and " attention batch " not in c["name"]]
+
+
+def test_the_hopper_part_is_checked_in_both_types_and_scores_nothing(stand_in):
+    from checks.task4 import measure
+    from checks.task4.cases import HOPPER_CASES
+    from checks.task4.measure import HALF_TYPES
+    from checks.task4.test import HOPPER_PASS_NAME
+    from grader.hidden import CASES as HIDDEN_CASES
+
+    record = stand_in.run(4, "--solution", "--hopper", *HIDDEN)
+    checks = hopper_checks(record)
+    shapes = HOPPER_CASES + HIDDEN_CASES[4]["hopper"]
+    causal = sum(1 for s in shapes if s[3] <= s[4])
+    assert len(checks) == len(HALF_TYPES) * (len(shapes) + causal + 1), [c["name"] for c in checks]  # + large scores
+    assert all(c["passed"] and "x SDPA's" in c["message"] for c in checks), failed(record)
+    passes = {c["name"]: c for c in record["cases"] if c["name"].startswith("memory-safe")}
+    assert passes[HOPPER_PASS_NAME]["kind"] == "optional" and passes[HOPPER_PASS_NAME]["passed"], passes
+    errors = [c for c in record["cases"] if c["name"].startswith("bad input to the Hopper kernel")]
+    assert len(errors) == 1 and errors[0]["passed"], errors
+    timed = [c for c in record["cases"] if c["name"].startswith("Hopper ") and " attention batch " in c["name"]]
+    assert len(timed) == len(HALF_TYPES) * len(measure.HALF_BENCHMARKS) * 2, [c["name"] for c in timed]
+    assert all(c["kind"] == "optional" and c["passed"] and c["message"].endswith("not scored")
+               and "flash backend" in c["message"] and "cuDNN's" in c["message"]
+               and "reference kernel" in c["message"] for c in timed), timed
+    assert any("--hopper tests the optional part alone" in n for n in record["notes"]), record["notes"]
+    graded = stand_in.run(4, "--solution", *SCORED[4], "--hopper", "--grading")
+    assert hopper_checks(graded) and not [c for c in graded["cases"] if " attention batch " in c["name"]
+                                          and c["name"].startswith("Hopper ")]
+    assert score(4, graded)[0] == RUBRIC[4].points
+
+
+def test_a_wrong_or_unwritten_hopper_kernel_fails_its_part_only(stand_in, tmp_path):
+    """A kernel 1% off fails the part's cases, each with the allowance, and keeps every point; the skeleton's part
+    says which step is still to do."""
+    from checks.task4.test import HOPPER_PASS_NAME
+
+    for rel in ("task4/kernels/attention.cu", "task4/kernels/attention_hopper.cu"):  # a finished student's files
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text((REPO / rel.replace("kernels/", "solution/kernels/")).read_text())
+    stand_in.student[4] = Behaviour(hopper="wrong")
+    record = stand_in.run(4, "--student-dir", str(tmp_path), *SCORED[4], "--hopper")
+    points, why = score(4, record)
+    assert record["status"] == "passed" and points == RUBRIC[4].points, why
+    wrong = [c for c in hopper_checks(record) if not c["passed"]]
+    assert wrong and all("allowed" in c["message"] for c in wrong), wrong
+    assert HOPPER_PASS_NAME not in {c["name"] for c in record["cases"]}  # the part failed: no pass of its own
+
+    stand_in.student[4] = Behaviour(hopper="unwritten")
+    record = stand_in.run(4, *SCORED[4], "--hopper")  # the handout's skeletons: every step TODO, float32's right
+    assert record["status"] == "passed", failed(record)
+    said = [c["message"] for c in record["cases"] if c["kind"] == "optional" and not c["passed"]]
+    assert len(said) == 1 and "not implemented yet: see README, Task 4, step 17" in said[0], said
+
+
+@pytest.mark.parametrize("capability", [(8, 0), (9, 0)])
+def test_the_hopper_part_runs_on_compute_capability_9_0_alone(stand_in, monkeypatch, capability):
+    """On an A100 (8.0) the part says why it did not run and has no case; the other parts run as ever."""
+    monkeypatch.setattr(gpu.GPU, "major", capability[0])
+    monkeypatch.setattr(gpu.GPU, "minor", capability[1])
+    record = stand_in.run(4, "--solution", "--half", "--hopper")
+    said = [n for n in record["notes"] if "compute capability 9.0 only" in n]
+    assert bool(said) == (capability != (9, 0)) and bool(hopper_checks(record)) == (capability == (9, 0)), said
+    if said:
+        assert said[0].endswith("not run on this GPU (8.0)"), said
+    assert any(c["name"].startswith("bf16 ") and c["passed"] for c in record["cases"]), failed(record)
