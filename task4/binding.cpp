@@ -8,8 +8,6 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/types.h>
 
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled: the driver function that makes a TMA tensor map
-
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -29,9 +27,6 @@ cudaError_t flash_attention_forward(const AttentionParams& p, cudaStream_t strea
 // a build without that file (an earlier term's, or the reference's other kernel folders) still loads, and
 // forward_half then says the kernel is missing.
 __attribute__((weak)) cudaError_t flash_attention_half_forward(const AttentionParams& p, cudaStream_t stream);
-// Defined in kernels/attention_hopper.cu (optional, steps 17-20): the same on Hopper's wgmma and TMA, given the tensor
-// maps this binding makes (device/params.h). Weak, as above.
-__attribute__((weak)) cudaError_t flash_attention_hopper_forward(const HopperAttentionParams& p, cudaStream_t stream);
 // The backward part (optional, steps 12-16), weak as above. In kernels/attention.cu: the forward without padding,
 // also writing p.lse, (batch, heads, seq_q) float32, each row's log-sum-exp of the scaled scores (step 12).
 __attribute__((weak)) cudaError_t flash_attention_forward_lse(const AttentionParams& p, cudaStream_t stream);
@@ -176,14 +171,26 @@ void forward_half(const torch::Tensor& q, const torch::Tensor& k, const torch::T
                "flash_attention_half_forward");
 }
 
+#if CUDART_VERSION >= 12000  // the tensor maps are CUDA 12's (device/params.h)
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled: the driver function that makes a TMA tensor map
+
+// Defined in kernels/attention_hopper.cu (optional, steps 17-20): the same on Hopper's wgmma and TMA, given the tensor
+// maps this binding makes (device/params.h). Weak, as the others.
+__attribute__((weak)) cudaError_t flash_attention_hopper_forward(const HopperAttentionParams& p, cudaStream_t stream);
+static bool has_hopper() { return flash_attention_hopper_forward != nullptr; }
+
 // A TMA tensor map of t, (batch, heads, seq, head_dim) contiguous, 16-byte aligned, head_dim a multiple of 8 (TMA's
 // strides are multiples of 16 bytes): device/params.h says what it describes.
 static CUtensorMap tensor_map(const torch::Tensor& t, const char* name) {
   static const auto encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
     const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
                                                              &found);
+#else
+    const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found);
+#endif
     TORCH_CHECK(err == cudaSuccess && found == cudaDriverEntryPointSuccess && fn != nullptr,
                 "the CUDA driver has no cuTensorMapEncodeTiled (it needs a driver for CUDA 12 or newer)");
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
@@ -215,7 +222,7 @@ void forward_hopper(const torch::Tensor& q, const torch::Tensor& k, const torch:
                     torch::Tensor& out, bool causal, double scale,
                     const std::optional<torch::Tensor>& key_start) {
   const int* key_start_data = check_attention_half(q, k, v, out, causal, scale, key_start, "forward_hopper");
-  TORCH_CHECK(flash_attention_hopper_forward != nullptr,
+  TORCH_CHECK(has_hopper(),
               "this build has no Hopper kernel: task4/kernels/attention_hopper.cu is missing, did not compile, was "
               "left out (it is built on compute capability 9.0 only), or does not define "
               "flash_attention_hopper_forward with the signature above (README, Task 4, step 17)");
@@ -233,6 +240,14 @@ void forward_hopper(const torch::Tensor& q, const torch::Tensor& k, const torch:
   check_launch(flash_attention_hopper_forward(p, c10::cuda::getCurrentCUDAStream()), "flash_attention_hopper_forward");
   if (!out_ready.is_same(out)) out.copy_(out_ready.narrow(3, 0, out.size(3)));
 }
+#else
+static bool has_hopper() { return false; }
+void forward_hopper(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, torch::Tensor&, bool, double,
+                    const std::optional<torch::Tensor>&) {
+  TORCH_CHECK(false, "the Hopper kernel needs CUDA 12 or newer (its TMA tensor maps); this build's CUDA runtime is ",
+              num(CUDART_VERSION));
+}
+#endif
 
 // lse: (batch, heads, seq_q) float32 on q's device, not sharing memory with the tensors named in others.
 static void check_lse(const torch::Tensor& lse, const torch::Tensor& q,
@@ -321,7 +336,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "forward_half on Hopper's wgmma and TMA, compute capability 9.0 only: README, Task 4, steps 17-20 (optional)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("causal"),
         py::arg("scale"), py::arg("key_start") = py::none());
-  m.def("has_hopper", [] { return flash_attention_hopper_forward != nullptr; },
+  m.def("has_hopper", &has_hopper,
         "whether this build holds the Hopper kernel (task4/kernels/attention_hopper.cu)");
   m.def("forward_lse", &forward_lse,
         "forward without padding that also writes lse, (batch, heads, seq_q) float32: each row's log-sum-exp of "

@@ -40,10 +40,13 @@ def forward_hopper(q, k, v, out, causal, scale, key_start=None):
     ext.forward_hopper(q, k, v, out, causal, scale, key_start)
     try:
         torch.cuda.synchronize()
-    except RuntimeError as err:  # a trap: the kernel's own words are all CUDA gives
-        raise RuntimeError(f"{err} (in the Hopper kernel, a trap is most often an mbarrier wait that never "
-                           "completed: a tile never loaded, bytes announced that never came, a wait on the wrong "
-                           "parity; README, Task 4, step 17)") from None
+    except RuntimeError as err:
+        if "unspecified launch failure" not in str(err):
+            raise
+        # a trap: CUDA says no more, and in this kernel it is most often device/hopper.cuh's mbarrier_wait giving up
+        raise RuntimeError(f"{err} (in the Hopper kernel, most often an mbarrier wait that never completed: a copy "
+                           "never issued, bytes announced that never came, a stage never given back; README, Task 4, "
+                           "steps 17-20)") from None
 
 
 def _backward_present():

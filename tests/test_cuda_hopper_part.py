@@ -20,14 +20,14 @@ def hopper_checks(record):
 
 def test_the_hopper_part_is_checked_in_both_types_and_scores_nothing(stand_in):
     from checks.task4 import measure
-    from checks.task4.cases import HOPPER_CASES
+    from checks.task4 import hopper
     from checks.task4.measure import HALF_TYPES
     from checks.task4.test import HOPPER_PASS_NAME
     from grader.hidden import CASES as HIDDEN_CASES
 
     record = stand_in.run(4, "--solution", "--hopper", *HIDDEN)
     checks = hopper_checks(record)
-    shapes = HOPPER_CASES + HIDDEN_CASES[4]["hopper"]
+    shapes = hopper.HOPPER_CASES + HIDDEN_CASES[4]["hopper"]  # the stand-in's few public shapes (tests/stand_in)
     causal = sum(1 for s in shapes if s[3] <= s[4])
     assert len(checks) == len(HALF_TYPES) * (len(shapes) + causal + 1), [c["name"] for c in checks]  # + large scores
     assert all(c["passed"] and "x SDPA's" in c["message"] for c in checks), failed(record)
@@ -48,8 +48,8 @@ def test_the_hopper_part_is_checked_in_both_types_and_scores_nothing(stand_in):
 
 
 def test_a_wrong_or_unwritten_hopper_kernel_fails_its_part_only(stand_in, tmp_path):
-    """A kernel 1% off fails the part's cases, each with the allowance, and keeps every point; the skeleton's part
-    says which step is still to do."""
+    """A kernel 1% off fails the part's cases, each with the allowance, and keeps every point; one that traps ends
+    the part at its first case; the skeleton's part says which step is still to do."""
     from checks.task4.test import HOPPER_PASS_NAME
 
     for rel in ("task4/kernels/attention.cu", "task4/kernels/attention_hopper.cu"):  # a finished student's files
@@ -62,6 +62,13 @@ def test_a_wrong_or_unwritten_hopper_kernel_fails_its_part_only(stand_in, tmp_pa
     wrong = [c for c in hopper_checks(record) if not c["passed"]]
     assert wrong and all("allowed" in c["message"] for c in wrong), wrong
     assert HOPPER_PASS_NAME not in {c["name"] for c in record["cases"]}  # the part failed: no pass of its own
+
+    stand_in.student[4] = Behaviour(hopper="trap")  # a CUDA error ends the part at its first case
+    record = stand_in.run(4, "--student-dir", str(tmp_path), *SCORED[4], "--hopper")
+    assert record["status"] == "passed" and score(4, record)[0] == RUBRIC[4].points, failed(record)
+    trapped = hopper_checks(record)
+    assert len(trapped) == 1 and "unspecified launch failure" in trapped[0]["message"], trapped
+    assert any("the rest of the Hopper part was not run" in n for n in record["notes"]), record["notes"]
 
     stand_in.student[4] = Behaviour(hopper="unwritten")
     record = stand_in.run(4, *SCORED[4], "--hopper")  # the handout's skeletons: every step TODO, float32's right

@@ -51,7 +51,7 @@ def test_task4s_half_precision_part_is_checked_in_both_types_and_scores_nothing(
     graded = stand_in.run(4, "--solution", *SCORED[4], "--half", "--grading")
     assert half_checks(graded) and not [c for c in graded["cases"] if " attention batch " in c["name"]
                                         and c["name"].split()[0] in HALF_TYPES]
-    assert any("the bf16/fp16 kernel against SDPA's flash backend" in n for n in graded["notes"]), graded["notes"]
+    assert any("the bf16/fp16 and Hopper kernels against SDPA" in n for n in graded["notes"]), graded["notes"]
 
     for rel in ("task4/kernels/attention.cu", "task4/kernels/attention_half.cu"):  # a finished student's files
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -291,10 +291,11 @@ def test_task4s_trainable_attention_gives_autograds_gradients(stand_in):
 
 
 @pytest.mark.parametrize("task, flags, steps", [(4, ("--attention", "--half"), {"check": 3, "optional": 10}),
+                                                (4, ("--attention", "--hopper"), {"check": 3, "optional": 19}),
                                                 (5, ("--decode", "--layer", "--half"), {"check": 2, "optional": 6})])
 def test_a_kernel_mistake_is_named_in_every_case_it_shows_in(stand_in, task, flags, steps):
     """Kernels that ignore their scale: every failing case says so with its step, the grouped-query, padded and
-    per-sequence cases and the 16-bit part's too (there, step 10 or 6, within the part's allowance); the layer
+    per-sequence cases and the 16-bit parts' too (there, step 10, 19 or 6, within the part's allowance); the layer
     checks built on those kernels point to them; Results.md says each kind once, with its count."""
     from grader import __main__ as grader
 

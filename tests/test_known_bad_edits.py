@@ -7,9 +7,11 @@ would turn its known-bad variant into an assertion error there, days later. Here
 import pytest
 
 from tests.conftest import REPO, needs_solution
+from tests.test_cuda_hopper_submissions import EDITS as HOPPER_EDITS, HOPPER_REFERENCE
 from tests.test_cuda_submissions import DIAGNOSED, EDITS_BY_REFERENCE
 
-CASES = [(reference, edit) for reference, edits in EDITS_BY_REFERENCE.items() for edit in edits]
+CASES = [(reference, edit) for reference, edits in {**EDITS_BY_REFERENCE, HOPPER_REFERENCE: HOPPER_EDITS}.items()
+         for edit in edits]
 CASES += [(f"task{task}/solution/kernels/{'decode' if task == 5 else 'attention'}.cu", edit)
           for task, edits, *_ in DIAGNOSED.values() for edit in edits]
 

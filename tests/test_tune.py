@@ -131,3 +131,25 @@ def test_the_half_kernel_timed_is_one_the_build_reports(tmp_path):
         name = HALF_PLAN.kernel_name(kernel_configs.tunables(source.read_text()) | config)
         assert built.error is None and name in [k.name for k in built.kernels], (name, [k.name for k in built.kernels])
         assert not next(k for k in built.kernels if k.name == name).spills
+
+
+def test_the_hopper_kernels_knobs_are_constants_of_its_file_and_skeleton():
+    from checks.task4.tune import HOPPER_PLAN
+
+    for path in (REPO / "task4/kernels/attention_hopper.cu", REPO / "task4/solution/kernels/attention_hopper.cu"):
+        text = path.read_text()
+        for config in HOPPER_PLAN.configs:
+            kernel_configs.configure(text, config)  # an unknown name would raise
+        assert HOPPER_PLAN.configs[0].items() <= kernel_configs.tunables(text).items(), "the first row is the file"
+
+
+@needs_nvcc
+def test_the_hopper_kernel_timed_is_one_the_build_reports_at_every_setting(tmp_path):
+    """Built for sm_90a (its `// nvcc target:` line) at each setting: the timed instance is there, and spills nothing."""
+    from checks.task4.tune import HOPPER_PLAN
+
+    source = REPO / "task4/solution/kernels/attention_hopper.cu"
+    for built in kernel_configs.build_configs(source, HOPPER_PLAN.configs, tmp_path, "90", jobs=2):
+        names = [k.name for k in built.kernels]
+        assert built.error is None and HOPPER_PLAN.kernel_name({}) in names, (built.error, names)
+        assert not next(k for k in built.kernels if k.name == HOPPER_PLAN.kernel_name({})).spills

@@ -70,7 +70,7 @@ HOPPER_CASES = [
     (1, 1, 1, 1, 1, 64, None),
     (2, 4, 4, 128, 128, 64, None),
     (2, 4, 2, 129, 255, 128, None),
-    (1, 8, 8, 300, 1000, 128, None),  # four K/V tiles: each stage of the ring used twice
+    (1, 8, 8, 300, 1000, 128, None),  # eight K/V tiles: each stage of the ring used four times
     (3, 2, 1, 127, 127, 32, None),
     (2, 3, 3, 257, 513, 80, None),
     (1, 4, 4, 1, 300, 96, None),

@@ -82,21 +82,32 @@ def check_half_errors(worker):
                          [(what, (*args, False, 0.125), words) for what, (args, words) in bad.items()])
 
 
-def half_part(report, worker, hidden_cases, constants=None) -> bool:
-    """Steps 8-11 (optional): the bf16/fp16 kernel in both types; whether every case passed. The first case whose
-    process crashed or hung ends the part: the rest would wait as long, and it is said once."""
-    report.begin_part("half", (8, 9, 10, 11), optional=True)
+def run_16bit_part(report, worker, part, cases, hidden_cases, prefix, large_seed, what, constants=None, **how):
+    """A 16-bit part's cases: `cases` and the hidden ones in both types (causal too where seq_q <= seq_k), then
+    large scores, each through check_half_case (`how`: its call and step). The first case whose process crashed,
+    hung or met a CUDA error ends the part (after a CUDA error the process can no longer use the GPU): the rest
+    would fail as it did, or wait as long, and it is said once."""
     runs = [(case, dtype, 1.0) for name, dtype in HALF_TYPES.items()
-            for case in cli.cases(4, "half", HALF_CASES, hidden_cases, lambda s: f"{name} {half_text(s)}",
+            for case in cli.cases(4, part, cases, hidden_cases, lambda s: f"{prefix}{name} {half_text(s)}",
                                   causal_ok=lambda s: s[3] <= s[4])]
     shape, magnitude = LARGE_SCORES
-    runs += [(cli.Case("half", shape, True, cli.seed(19, hidden_cases), "cuda",
-                       f"{name} large scores (q x {magnitude:g}) {half_text(shape)}"), dtype, magnitude)
+    runs += [(cli.Case(part, shape, True, cli.seed(large_seed, hidden_cases), "cuda",
+                       f"{prefix}{name} large scores (q x {magnitude:g}) {half_text(shape)}"), dtype, magnitude)
              for name, dtype in HALF_TYPES.items()]
     for case, dtype, magnitude in runs:
         before = len(report.cases)
         report.run(case.name, lambda: check_half_case(worker, case.shape, case.causal, case.seed, dtype, magnitude,
-                                                      constants))
-        if report.process_died_since(before, "the bf16/fp16 part"):
-            break
+                                                      constants, **how))
+        if report.process_died_since(before, what):
+            return
+        if any("CUDA error" in c.message for c in report.cases[before:]):
+            report.note(f"the rest of {what} was not run: {case.name} ended in a CUDA error, and the process running "
+                        "your code cannot use the GPU after one")
+            return
+
+
+def half_part(report, worker, hidden_cases, constants=None) -> bool:
+    """Steps 8-11 (optional): the bf16/fp16 kernel in both types; whether every case passed."""
+    report.begin_part("half", (8, 9, 10, 11), optional=True)
+    run_16bit_part(report, worker, "half", HALF_CASES, hidden_cases, "", 19, "the bf16/fp16 part", constants)
     return report.end_part("half")

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from harness import cli
 from harness.checks import expect_errors
-from checks.task4.cases import HOPPER_CASES, LARGE_SCORES
-from checks.task4.half import check_half_case, half_text
-from checks.task4.measure import HALF_TYPES
+from checks.task4.cases import HOPPER_CASES
+from checks.task4.half import run_16bit_part
 
 # Where the Hopper kernel makes each of the common mistakes (harness/diagnose.py): the scale, the mask and the
 # online softmax are step 19's; its key tiles are 128 wide
@@ -38,25 +36,9 @@ def check_hopper_errors(worker):
 
 
 def hopper_part(report, worker, hidden_cases) -> bool:
-    """Steps 17-20 (optional): the Hopper kernel in both types; whether every case passed. The first case whose
-    process crashed, hung or met a CUDA error ends the part (a barrier that never completes traps after seconds,
-    and leaves the process's CUDA context unusable: each later case would fail the same way)."""
+    """Steps 17-20 (optional): the Hopper kernel in both types; whether every case passed. A barrier that never
+    completes traps after seconds, a CUDA error that ends the part at its first case (run_16bit_part)."""
     report.begin_part("hopper", (17, 18, 19, 20), optional=True)
-    runs = [(case, dtype, 1.0) for name, dtype in HALF_TYPES.items()
-            for case in cli.cases(4, "hopper", HOPPER_CASES, hidden_cases, lambda s: f"Hopper {name} {half_text(s)}",
-                                  causal_ok=lambda s: s[3] <= s[4])]
-    shape, magnitude = LARGE_SCORES
-    runs += [(cli.Case("hopper", shape, True, cli.seed(23, hidden_cases), "cuda",
-                       f"Hopper {name} large scores (q x {magnitude:g}) {half_text(shape)}"), dtype, magnitude)
-             for name, dtype in HALF_TYPES.items()]
-    for case, dtype, magnitude in runs:
-        before = len(report.cases)
-        report.run(case.name, lambda: check_half_case(worker, case.shape, case.causal, case.seed, dtype, magnitude,
-                                                      HOPPER_TILES, call="forward_hopper", step=HOPPER_MISTAKES_STEP))
-        if report.process_died_since(before, "the Hopper part"):
-            break
-        if any("CUDA error" in c.message for c in report.cases[before:]):  # the process's CUDA context is gone
-            report.note(f"the rest of the Hopper part was not run: {case.name} ended in a CUDA error, and every "
-                        "later case would fail with it")
-            break
+    run_16bit_part(report, worker, "hopper", HOPPER_CASES, hidden_cases, "Hopper ", 23, "the Hopper part",
+                   HOPPER_TILES, call="forward_hopper", step=HOPPER_MISTAKES_STEP)
     return report.end_part("hopper")

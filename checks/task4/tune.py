@@ -1,4 +1,4 @@
-"""python -m task4.tune [--half | --backward] [--configs NAME=N,... ...] [--solution] [--build-only] [--jobs N] [--csv PATH]
+"""python -m task4.tune [--half | --backward | --hopper] [--configs NAME=N,... ...] [--solution] [--build-only] [--jobs N] [--csv PATH]
 
 Builds your kernel (task4/kernels/attention.cu) at several settings of its tile constants, side
 by side, then checks each on a few edge cases and times it at batch 8, 32 heads, seq 4096,
@@ -15,6 +15,10 @@ writes task4-half-tune.csv.
 --backward: the optional backward kernels (task4/kernels/attention_backward.cu, steps 12-16), their tile sizes
 (both kernels share them), timed as python -m task4.test --backward times them (the dK/dV kernel's figures in
 the table), with SDPA's backward pass beside; writes task4-backward-tune.csv.
+
+--hopper: the optional Hopper kernel (task4/kernels/attention_hopper.cu, steps 17-20, compute capability 9.0) in bf16,
+its K/V stages and the registers' split between producer and consumers, with SDPA's flash and cuDNN backends timed
+beside the file as it is; writes task4-hopper-tune.csv.
 """
 
 import math
@@ -31,6 +35,7 @@ from checks.task4.measure_backward import BACKWARD_FLOPS, time_sdpa_backward, ti
 from checks.task4.backward import backward_text, check_backward_case
 from checks.task4.forward import check_case, shape_text
 from checks.task4.half import check_half_case
+from checks.task4.hopper import HOPPER_MISTAKES_STEP, HOPPER_TILES
 
 # Each sets every constant, so a row means the same whatever the file says. The first is the
 # skeleton's untuned start; the list covers the tile shapes, the micro-tile per thread, and
@@ -94,17 +99,27 @@ def measure_half(worker) -> tune.Measured:
     return tune.Measured(ms=timing.median_ms, throughput=tflops, share=100 * tflops / half_tensor_core_bound_tflops())
 
 
-def sdpa_flash_beside(worker) -> list[str]:
-    """SDPA's flash backend (FlashAttention-2) at the same case, in bf16"""
-    b, h, s, d = PERF_CASE
+def sdpa_beside(backends):
+    """SDPA's `backends` ((name, SDPBackend) pairs) at the same case, in bf16, one line each."""
+    def lines(worker) -> list[str]:
+        b, h, s, d = PERF_CASE
+        said = []
+        for name, backend in backends:
+            def run(q, k, v, o):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q, k, v, scale=1.0 / math.sqrt(d))
+            try:
+                timing = time_here(run, b, h, s, d, 1, torch.bfloat16)
+            except RuntimeError as err:  # no such kernel for this GPU: said
+                timing = f"not available here ({str(err).splitlines()[0][:120]})"
+            said.append(f"SDPA's {name}, bf16, same case: {bench.timing_text(timing)}"
+                        + (f", {attention_flops(b, h, s, s, d, False) / (timing.median_ms * 1e-3) / 1e12:.0f} TFLOP/s"
+                           if not isinstance(timing, str) else ""))
+        return said
+    return lines
 
-    def flash(q, k, v, o):
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return F.scaled_dot_product_attention(q, k, v, scale=1.0 / math.sqrt(d))
-    t_flash = time_here(flash, b, h, s, d, 1, torch.bfloat16)
-    return [f"SDPA's flash backend (FlashAttention-2), bf16, same case: {bench.timing_text(t_flash)}"
-            + (f", {attention_flops(b, h, s, s, d, False) / (t_flash.median_ms * 1e-3) / 1e12:.0f} TFLOP/s"
-               if not isinstance(t_flash, str) else "")]
+
+sdpa_flash_beside = sdpa_beside([("flash backend (FlashAttention-2)", SDPBackend.FLASH_ATTENTION)])
 
 
 def half_timed_kernel(values: dict[str, int]) -> str:
@@ -124,6 +139,39 @@ HALF_PLAN = tune.Plan(task=4, kernel_file="task4/kernels/attention_half.cu", tim
                       what="bf16, batch {} heads {} seq {} head_dim {}".format(*PERF_CASE), unit="TFLOP/s",
                       limit="16-bit tensor-core bound", configs=HALF_CONFIGS, measure=measure_half,
                       also=sdpa_flash_beside, part="the optional bf16/fp16 kernel")
+
+# The Hopper kernel's knobs (kernels/attention_hopper.cu, steps 17-20): the file's first, then a third K/V stage (it
+# fits beside Q at head_dim 128: 225 KB), and the registers split otherwise between producer and consumers.
+HOPPER_CONFIGS = [
+    {"STAGES": 2, "PRODUCER_REGISTERS": 24, "CONSUMER_REGISTERS": 240},
+    {"STAGES": 3, "PRODUCER_REGISTERS": 24, "CONSUMER_REGISTERS": 240},
+    {"STAGES": 2, "PRODUCER_REGISTERS": 40, "CONSUMER_REGISTERS": 232},
+    {"STAGES": 3, "PRODUCER_REGISTERS": 40, "CONSUMER_REGISTERS": 232},
+]
+
+
+def measure_hopper(worker) -> tune.Measured:
+    for n, (shape, causal) in enumerate(CHECKS):
+        result = check_half_case(worker, shape, causal, seed=900 + 10 * n, dtype=torch.bfloat16,
+                                 constants=HOPPER_TILES, call="forward_hopper", step=HOPPER_MISTAKES_STEP)
+        if not result.passed:
+            return tune.Measured(error=f"wrong at {shape_text(shape)}{' causal' if causal else ''}: "
+                                       f"{result.message.splitlines()[0]}")
+    b, h, s, d = PERF_CASE
+    timing, count = time_student(worker, b, h, s, d, False, dtype=torch.bfloat16, entry="run_batch_hopper")
+    if count is None:
+        return tune.Measured(error=f"timed run failed: {timing.splitlines()[0]}")
+    tflops = attention_flops(b, h, s, s, d, False) / (timing.median_ms * 1e-3) / 1e12
+    return tune.Measured(ms=timing.median_ms, throughput=tflops, share=100 * tflops / half_tensor_core_bound_tflops())
+
+
+HOPPER_PLAN = tune.Plan(task=4, kernel_file="task4/kernels/attention_hopper.cu",
+                        timed_kernel="flash_attention_hopper_kernel<__nv_bfloat16, 2, false>",
+                        what="Hopper, bf16, batch {} heads {} seq {} head_dim {}".format(*PERF_CASE), unit="TFLOP/s",
+                        limit="16-bit tensor-core bound", configs=HOPPER_CONFIGS, measure=measure_hopper,
+                        also=sdpa_beside([("flash backend (FlashAttention-2)", SDPBackend.FLASH_ATTENTION),
+                                          ("cuDNN backend", SDPBackend.CUDNN_ATTENTION)]),
+                        part="the optional Hopper kernel (compute capability 9.0)")
 
 # The backward kernels' tiles (kernels/attention_backward.cu; both kernels share them): the file's first, then
 # other shapes of a thread's piece, more rows a block (each walked tile serves more of them; a thread's accumulators
@@ -170,7 +218,7 @@ BACKWARD_PLAN = tune.Plan(task=4, kernel_file="task4/kernels/attention_backward.
 
 
 def main() -> int:
-    return tune.main(PLAN, half=HALF_PLAN, backward=BACKWARD_PLAN)
+    return tune.main(PLAN, half=HALF_PLAN, backward=BACKWARD_PLAN, hopper=HOPPER_PLAN)
 
 
 if __name__ == "__main__":

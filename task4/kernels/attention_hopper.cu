@@ -38,7 +38,9 @@ constexpr int BLOCK_COLS = HOPPER_BOX_ROWS;  // keys per K/V tile (S is 64 x 128
 constexpr int STAGES = 2;                    // K/V tiles in flight
 constexpr int WARPGROUP = 4 * WARP;
 constexpr int THREADS = 3 * WARPGROUP;       // the producer and two consumers
-constexpr int PRODUCER_REGISTERS = 24, CONSUMER_REGISTERS = 240;  // 24 x 128 + 2 x 240 x 128 <= 65536
+// registers per thread after setmaxnreg: 128 x PRODUCER_REGISTERS + 256 x CONSUMER_REGISTERS <= 65536 (an SM's)
+constexpr int PRODUCER_REGISTERS = 24;
+constexpr int CONSUMER_REGISTERS = 240;
 constexpr int MAX_HEAD_DIM = 128;
 constexpr int PANEL_BYTES = HOPPER_BOX_ROWS * HOPPER_BOX_COLS * 2;  // one 64-column panel of a tile: 16 KB
 
@@ -66,8 +68,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[64], bool masked, int 
 }
 
 // grid (batch * heads, ceil(seq_q / BLOCK_ROWS)), THREADS threads, Layout<PANELS>::BYTES of shared memory.
-// head_dim <= 64 PANELS; q, out: (batch * heads, seq_q, head_dim); k, v: (batch * kv_heads, seq_k, head_dim),
-// read through the maps.
+// PANELS: 64-column panels of head_dim (1 up to 64, else 2). q, k, v are read through the maps; out: (batch * heads,
+// seq_q, head_dim), head_dim a multiple of 8.
 template <typename T, int PANELS, bool CAUSAL>
 __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(const __grid_constant__ HopperAttentionParams hp) {
   using L = Layout<PANELS>;

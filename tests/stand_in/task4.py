@@ -32,6 +32,8 @@ class Task4Kernels(StandInKernels):
         self._forward_16bit(q, k, v, out, causal, scale, key_start, "forward_hopper", self.behaviour.hopper)
 
     def _forward_16bit(self, q, k, v, out, causal, scale, key_start, function, behaviour):
+        if behaviour == "trap":  # a kernel that traps: CUDA's words, and the process's context gone with it
+            raise RuntimeError("CUDA error: unspecified launch failure")
         if q.dtype not in (torch.bfloat16, torch.float16):
             raise RuntimeError(f"q must be bfloat16 or float16 for {function}, got {str(q.dtype)[6:]} "
                                "(float32 goes to forward)")

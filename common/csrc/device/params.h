@@ -5,7 +5,6 @@
 // where a family has a float32 and a 16-bit kernel, and each launcher casts them to its type.
 #pragma once
 
-#include <cuda.h>  // CUtensorMap (HopperAttentionParams)
 #include <cuda_runtime.h>
 
 // Task 5: append new rows of keys and values to the cache (kernels/decode.cu's update_cache, and
@@ -66,12 +65,17 @@ struct AttentionParams {
 // batch * heads) innermost first, in boxes of 64 columns (128 bytes) x HOPPER_BOX_ROWS rows, written to shared
 // memory with the 128-byte swizzle; elements outside the tensor arrive as zeros. The launcher passes the struct to
 // the kernel as a __grid_constant__ parameter, so TMA reads the maps where the kernel's parameters live.
+// CUtensorMap is CUDA 12's: with an older toolkit the struct is left out, and so is the part.
+#if CUDART_VERSION >= 12000
+#include <cuda.h>
+
 constexpr int HOPPER_BOX_COLS = 64;
 constexpr int HOPPER_BOX_ROWS = 128;
 struct HopperAttentionParams {
   AttentionParams p;
   CUtensorMap q_map, k_map, v_map;
 };
+#endif
 
 // Task 4: the backward pass (kernels/attention_backward.cu's flash_attention_backward), float32; shapes as
 // AttentionParams's, dq like q, dk and dv like k.

@@ -1,0 +1,58 @@
+"""Known-bad Hopper kernels (task 4, steps 17-20) on a GPU of compute capability 9.0: each fails its optional part
+with the words that say why, and none of them costs the float32 part anything. The reference with exact edits, as
+tests/test_cuda_submissions.py does for the other parts (tests/test_known_bad_edits.py checks here, on the CPU, that
+each edit still applies)."""
+
+import pytest
+import torch
+
+from tests.conftest import REPO, needs_cuda, needs_solution, run_test, submission
+
+HOPPER_REFERENCE = "task4/solution/kernels/attention_hopper.cu"
+on_hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                               reason="needs a GPU of compute capability 9.0 (H100, H200): the part runs there alone")
+pytestmark = [needs_cuda, on_hopper, needs_solution(4)]
+
+# the consumers never give a stage back: the producer waits for it forever, and the consumers for the tile after
+P4_STAGE_NEVER_EMPTIED = ("    mbarrier_arrive(&empty[stage]);\n", "")
+# V read with the default panel distance: head_dim 128's second 64 columns come from the wrong place
+P4_V_PANELS_WRONG = ("swizzled_tile(v_tile + t * 16 * 128, PANEL_BYTES)", "swizzled_tile(v_tile + t * 16 * 128)")
+# V's copies never announced: its barrier never gets the producer's arrival, and the consumers wait for it forever
+P4_V_NEVER_ANNOUNCED = ("      mbarrier_expect_bytes(&v_full[stage], L::TILE);\n", "")
+# the mask keeps only the causal part: keys past seq_k (TMA's zero rows, scores of 0, not -inf) weigh in
+P4_TAIL_UNMASKED = ("if (key >= seq_k || (CAUSAL && key > r + causal_offset))", "if (CAUSAL && key > r + causal_offset)")
+
+EDITS = [P4_STAGE_NEVER_EMPTIED, P4_V_PANELS_WRONG, P4_V_NEVER_ANNOUNCED, P4_TAIL_UNMASKED]
+
+
+def hopper_submission(tmp_path, *edits):
+    """Task 4's float32 kernel (the reference's: right) and the Hopper kernel with exact edits."""
+    text = (REPO / HOPPER_REFERENCE).read_text()
+    for old, new in edits:
+        assert old in text, f"known-bad variant no longer applies: {old!r} not in {HOPPER_REFERENCE}"
+        text = text.replace(old, new, 1)
+    return submission(tmp_path, {"task4/kernels/attention.cu": (REPO / "task4/solution/kernels/attention.cu").read_text(),
+                                 "task4/kernels/attention_hopper.cu": text})
+
+
+@pytest.mark.parametrize("edit, words", [
+    (P4_STAGE_NEVER_EMPTIED, "an mbarrier wait that never completed"),
+    (P4_V_PANELS_WRONG, "elements differ"),
+    (P4_V_NEVER_ANNOUNCED, "an mbarrier wait that never completed"),
+    (P4_TAIL_UNMASKED, "see README, Task 4, step 19."),
+], ids=["stage_never_emptied", "v_panels_wrong", "v_never_announced", "tail_unmasked"])
+def test_hopper_kernels_that_are_wrong_fail_their_optional_part(edit, words, tmp_path):
+    record = run_test(4, hopper_submission(tmp_path, edit), tmp_path, "--hopper")
+    hopper = [c for c in record["cases"] if c["kind"] == "optional"]
+    wrong = [c["message"] for c in hopper if not c["passed"]]
+    assert hopper and wrong, "every case passed"
+    assert any(words in m for m in wrong), wrong[:3]
+    assert record["status"] == "passed"  # the optional part decides nothing
+
+
+def test_a_hopper_file_that_does_not_compile_is_left_out_and_its_part_says_why(tmp_path):
+    files = {"task4/kernels/attention.cu": (REPO / "task4/solution/kernels/attention.cu").read_text(),
+             "task4/kernels/attention_hopper.cu": "// nvcc target: sm_90a\n__global__ void k() { int x = ; }\n"}
+    record = run_test(4, submission(tmp_path, files), tmp_path, "--hopper")
+    failed = [c["message"] for c in record["cases"] if c["kind"] == "optional" and not c["passed"]]
+    assert failed and "attention_hopper.cu was left out of the build" in failed[0] and "error" in failed[0], failed[:2]
