@@ -65,11 +65,12 @@ def check_half_case(worker, shape, causal, seed, dtype, magnitude=1.0, constants
     return diagnose(4, result, out.tensor, q, k, v, causal, schedules=tile_schedules(*widths), **how)
 
 
-def check_half_errors(worker):
-    """The given binding's errors for the bf16/fp16 kernel (not the student's work: reported, not scored)."""
+def check_half_errors(worker, call="forward_half"):
+    """The given binding's errors for a 16-bit kernel (`call`: the bf16/fp16 one, or the Hopper one, which share
+    them; not the student's work: reported, not scored)."""
     q = torch.randn(1, 2, 8, 64, device="cuda", dtype=torch.bfloat16)
     bad = {
-        "float32 q": ((q.float(), q.float(), q.float(), q.float()), "must be bfloat16 or float16"),
+        "float32 q": ((q.float(), q.float(), q.float(), q.float()), f"must be bfloat16 or float16 for {call}"),
         "k in float16 beside a bfloat16 q": ((q, q.half(), q.clone(), torch.empty_like(q)), "like q"),
         "out in float32": ((q, q.clone(), q.clone(), q.float()), "like q"),
         "CPU tensor": ((q.cpu(), q.cpu(), q.cpu(), q.cpu()), "must be a CUDA tensor"),
@@ -78,7 +79,7 @@ def check_half_errors(worker):
                          "head_dim must be at most 128"),
         "out is q": ((q, q.clone(), q.clone(), q), "must not share memory"),
     }
-    return expect_errors(lambda *args: worker.call("forward_half", *args),
+    return expect_errors(lambda *args: worker.call(call, *args),
                          [(what, (*args, False, 0.125), words) for what, (args, words) in bad.items()])
 
 

@@ -39,7 +39,7 @@ from checks.task4 import measure, measure_backward
 from checks.task4.backward import backward_part, backward_text, check_backward_errors, check_training
 from checks.task4.forward import attention_part, check_errors, grouped_text, make_inputs, shape_text
 from checks.task4.half import check_half_errors, half_part, half_text
-from checks.task4.hopper import check_hopper_errors, hopper_part, is_hopper
+from checks.task4.hopper import hopper_part, is_hopper
 
 
 def sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
@@ -215,7 +215,7 @@ def optional_hopper(report, worker, args, passes: list) -> bool:
     passes.append(sanitize.start(report, 4, args, hopper_sanitizer_calls(args.hidden), step_of, HOPPER_PASS_NAME,
                                  kind="optional", part="hopper"))
     report.run("bad input to the Hopper kernel raises clear errors (the given binding)",
-               lambda: check_hopper_errors(worker), kind="optional")
+               lambda: check_half_errors(worker, "forward_hopper"), kind="optional")
     return True
 
 
