@@ -39,11 +39,22 @@ def test_the_driver_runs_each_configuration_in_a_worker_of_its_own(tmp_path):
         assert worker.restarts == 0, "the worker built for this configuration died before it was measured"
         return tune.Measured(ms=float(heads.shape[1]), throughput=1.0, share=1.0)
 
+    def beside(worker):  # no docstring: the driver names it in its own words
+        return ["SDPA: 1 ms"]
+
     plan = tune.Plan(task=1, kernel_file="task1/attention.py", timed_kernel="none", what="a call", unit="calls/s",
-                     limit="nothing", configs=[], measure=measure)
+                     limit="nothing", configs=[], measure=measure, also=beside)
     source = REPO / "task1/solution/attention.py"
     rows = tune.run(plan, [{}, {"TILE": 2}], student_dir=REPO, solution=True, source=source, root=tmp_path, jobs=2,
                     say=lambda *_: None)
     assert rows[0].ok and rows[0].measured.ms == 3.0 and rows[0].kernel is None and rows[0].occupancy == {}
+    assert rows[0].also == ["SDPA: 1 ms"]
     assert rows[1].error.startswith("TILE: not a top-level `constexpr int`") and not rows[1].ok
     assert len([p for p in tmp_path.iterdir() if p.is_dir()]) == 1  # one folder per configuration that built
+
+
+def test_the_timings_beside_the_file_as_it_is_say_what_they_are():
+    from checks.task4.tune import HALF_PLAN, HOPPER_PLAN
+    assert HALF_PLAN.also.__doc__ == "SDPA's flash backend (FlashAttention-2) at the same case, in bf16"
+    assert HOPPER_PLAN.also.__doc__ == ("SDPA's flash backend (FlashAttention-2) and cuDNN backend at the same case, "
+                                        "in bf16")

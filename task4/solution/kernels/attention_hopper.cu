@@ -96,7 +96,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[64], bool masked, int 
   // END SOLUTION
 }
 
-// grid (batch * heads, ceil(seq_q / BLOCK_ROWS)), THREADS threads, Layout<PANELS>::BYTES of shared memory.
+// grid batch * heads * ceil(seq_q / BLOCK_ROWS), THREADS threads, Layout<PANELS>::BYTES of shared memory.
 // PANELS: 64-column panels of head_dim (1 up to 64, else 2). q, k, v are read through the maps; out: (batch * heads,
 // seq_q, head_dim), head_dim a multiple of 8.
 template <typename T, int PANELS, bool CAUSAL>
@@ -110,9 +110,12 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L::BARRIERS);
   uint64_t *k_full = q_full + 1, *v_full = k_full + STAGES, *empty = v_full + STAGES;
 
-  const int bh = blockIdx.x, batch = bh / p.heads, head = bh % p.heads;
+  // A head's query blocks are neighbours in the grid, so the blocks running at once share their K and V in L2; within
+  // a head the longest causal rows come first.
+  const int q_blocks = ceil_div(p.seq_q, BLOCK_ROWS);
+  const int bh = blockIdx.x / q_blocks, batch = bh / p.heads, head = bh % p.heads;
   const int kv_bh = batch * p.kv_heads + head / (p.heads / p.kv_heads);
-  int q_start = (gridDim.y - 1 - blockIdx.y) * BLOCK_ROWS;  // the longest causal rows first
+  int q_start = (q_blocks - 1 - blockIdx.x % q_blocks) * BLOCK_ROWS;
   int seq_q = p.seq_q, seq_k = p.seq_k, padding = 0, skip = 0;
   T* out = static_cast<T*>(p.out) + (size_t)bh * seq_q * p.head_dim;
   if (p.key_start != nullptr) {  // as steps 8-11: padded queries get zeros, the rest skip the padding
@@ -245,7 +248,7 @@ cudaError_t launch(const HopperAttentionParams& hp, cudaStream_t stream) {
   const auto kernel = flash_attention_hopper_kernel<T, PANELS, CAUSAL>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<PANELS>::BYTES);
   if (err != cudaSuccess) return err;
-  const dim3 grid(hp.p.batch * hp.p.heads, ceil_div(hp.p.seq_q, BLOCK_ROWS));
+  const int grid = hp.p.batch * hp.p.heads * ceil_div(hp.p.seq_q, BLOCK_ROWS);
   kernel<<<grid, THREADS, Layout<PANELS>::BYTES, stream>>>(hp);
   return cudaGetLastError();
 }
@@ -264,7 +267,7 @@ cudaError_t flash_attention_hopper_forward(const HopperAttentionParams& hp, cuda
   const AttentionParams& p = hp.p;
   if (p.batch < 0 || p.heads < 1 || p.kv_heads < 1 || p.heads % p.kv_heads != 0 || p.seq_q < 1 || p.seq_k < 1 ||
       p.head_dim < 8 || p.head_dim % 8 != 0 || p.head_dim > MAX_HEAD_DIM || (p.causal && p.seq_q > p.seq_k) ||
-      p.lse != nullptr || (p.seq_q - 1) / BLOCK_ROWS >= 65535)  // grid.y
+      p.lse != nullptr || (int64_t)p.batch * p.heads * ceil_div(p.seq_q, BLOCK_ROWS) > INT32_MAX)  // grid.x
     return cudaErrorInvalidValue;
   if (p.batch == 0) return cudaSuccess;
   return p.bf16 ? launch_for_type<__nv_bfloat16>(hp, stream) : launch_for_type<__half>(hp, stream);
