@@ -1,4 +1,4 @@
-"""Task 4's Hopper part (steps 17-20) graded on the CPU from end to end, with PyTorch standing in for the kernels
+"""Task 4's Hopper part (steps 17-21) graded on the CPU from end to end, with PyTorch standing in for the kernels
 (tests/stand_in/): checked in both 16-bit types, its sanitizer pass, bad input and timings beside SDPA's flash and
 cuDNN backends, all optional; left out, with the reason, on a GPU other than compute capability 9.0."""
 

@@ -1,4 +1,4 @@
-"""Known-bad Hopper kernels (task 4, steps 17-20) on a GPU of compute capability 9.0: each fails its optional part
+"""Known-bad Hopper kernels (task 4, steps 17-21) on a GPU of compute capability 9.0: each fails its optional part
 with the words that say why, and none of them costs the float32 part anything. The reference with exact edits, as
 tests/test_cuda_submissions.py does for the other parts (tests/test_known_bad_edits.py checks here, on the CPU, that
 each edit still applies)."""
@@ -14,15 +14,17 @@ on_hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_d
 pytestmark = [needs_cuda, on_hopper, needs_solution(4)]
 
 # the consumers never give a stage back: the producer waits for it forever, and the consumers for the tile after
-P4_STAGE_NEVER_EMPTIED = ("    mbarrier_arrive(&empty[stage]);\n", "")
+P4_STAGE_NEVER_EMPTIED = ("      mbarrier_arrive(&empty[before]);\n", "")
 # V read with the default panel distance: head_dim 128's second 64 columns come from the wrong place
 P4_V_PANELS_WRONG = ("swizzled_tile(v_tile + t * 16 * 128, PANEL_BYTES)", "swizzled_tile(v_tile + t * 16 * 128)")
 # V's copies never announced: its barrier never gets the producer's arrival, and the consumers wait for it forever
 P4_V_NEVER_ANNOUNCED = ("      mbarrier_expect_bytes(&v_full[stage], L::TILE);\n", "")
 # the mask keeps only the causal part: keys past seq_k (TMA's zero rows, scores of 0, not -inf) weigh in
 P4_TAIL_UNMASKED = ("if (key >= seq_k || (CAUSAL && key > r + causal_offset))", "if (CAUSAL && key > r + causal_offset)")
+# step 21 without the product after its loop: the last tile's P V never reaches O
+P4_LAST_TILE_DROPPED = ("    issue_pv<T, D>(o, pa, v_tiles + last * L::TILE);\n", "")
 
-EDITS = [P4_STAGE_NEVER_EMPTIED, P4_V_PANELS_WRONG, P4_V_NEVER_ANNOUNCED, P4_TAIL_UNMASKED]
+EDITS = [P4_STAGE_NEVER_EMPTIED, P4_V_PANELS_WRONG, P4_V_NEVER_ANNOUNCED, P4_TAIL_UNMASKED, P4_LAST_TILE_DROPPED]
 
 
 def hopper_submission(tmp_path, *edits):
@@ -40,7 +42,8 @@ def hopper_submission(tmp_path, *edits):
     (P4_V_PANELS_WRONG, "elements differ"),
     (P4_V_NEVER_ANNOUNCED, "an mbarrier wait that never completed"),
     (P4_TAIL_UNMASKED, "see README, Task 4, step 19."),
-], ids=["stage_never_emptied", "v_panels_wrong", "v_never_announced", "tail_unmasked"])
+    (P4_LAST_TILE_DROPPED, "elements differ"),
+], ids=["stage_never_emptied", "v_panels_wrong", "v_never_announced", "tail_unmasked", "last_tile_dropped"])
 def test_hopper_kernels_that_are_wrong_fail_their_optional_part(edit, words, tmp_path):
     record = run_test(4, hopper_submission(tmp_path, edit), tmp_path, "--hopper")
     hopper = [c for c in record["cases"] if c["kind"] == "optional"]

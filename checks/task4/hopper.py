@@ -1,4 +1,4 @@
-"""Task 4's steps 17-20 (optional): the Hopper kernel against float64 on the same 16-bit inputs, and the given
+"""Task 4's steps 17-21 (optional): the Hopper kernel against float64 on the same 16-bit inputs, and the given
 binding's errors for it; run in a process of its own by checks/task4/test.py, on compute capability 9.0 only.
 """
 
@@ -20,9 +20,9 @@ def is_hopper() -> bool:
 
 
 def hopper_part(report, worker, hidden_cases) -> bool:
-    """Steps 17-20 (optional): the Hopper kernel in both types; whether every case passed. A barrier that never
+    """Steps 17-21 (optional): the Hopper kernel in both types; whether every case passed. A barrier that never
     completes traps after seconds, a CUDA error that ends the part at its first case (run_16bit_part)."""
-    report.begin_part("hopper", (17, 18, 19, 20), optional=True)
+    report.begin_part("hopper", (17, 18, 19, 20, 21), optional=True)
     run_16bit_part(report, worker, "hopper", HOPPER_CASES, hidden_cases, "Hopper ", 23, "the Hopper part",
                    HOPPER_TILES, call="forward_hopper", step=HOPPER_MISTAKES_STEP)
     return report.end_part("hopper")

@@ -1,4 +1,4 @@
-// Task 4, optional part (README, Task 4, steps 17-20): the fused kernel in bf16 and fp16 on Hopper's own
+// Task 4, optional part (README, Task 4, steps 17-21): the fused kernel in bf16 and fp16 on Hopper's own
 // instructions (compute capability 9.0: H100, H200, GH200).
 // nvcc target: sm_90a
 //
@@ -14,7 +14,9 @@
 //   tiles ahead), warpgroups 1 and 2 are consumers of 64 query rows each; the producer gives its registers
 //   to the consumers (setmaxnreg), which hold O, S and P in registers;
 // - tiles are 64-column panels written with the 128-byte swizzle (head_dim 128: two panels), the layout wgmma
-//   reads without bank conflicts.
+//   reads without bank conflicts;
+// - step 21: a tile's S = Q K^T issued with the previous tile's O += P V, its softmax run while that product is on
+//   the tensor cores (wgmma groups complete in the order they were committed).
 // The online softmax is steps 9-10's on a different accumulator layout; P stays in registers as wgmma's A operand.
 
 #include <cuda.h>
@@ -41,6 +43,9 @@ constexpr int THREADS = 3 * WARPGROUP;       // the producer and two consumers
 // registers per thread after setmaxnreg: 128 x PRODUCER_REGISTERS + 256 x CONSUMER_REGISTERS <= 65536 (an SM's)
 constexpr int PRODUCER_REGISTERS = 24;
 constexpr int CONSUMER_REGISTERS = 240;
+// Step 21 (1): tile j's S = Q K^T issued with tile j - 1's O += P V, its softmax run while the tensor cores do that
+// product; 0: steps 18-20's loop, each tile's products and softmax one after another
+constexpr int OVERLAP = 0;
 constexpr int MAX_HEAD_DIM = 128;
 constexpr int PANEL_BYTES = HOPPER_BOX_ROWS * HOPPER_BOX_COLS * 2;  // one 64-column panel of a tile: 16 KB
 
@@ -52,6 +57,7 @@ struct Layout {
   static constexpr int Q = 0, K = TILE, V = K + STAGES * TILE, BARRIERS = V + STAGES * TILE;
   static constexpr int BARRIER_COUNT = 1 + 3 * STAGES;  // Q's, then each stage's K full, V full, empty
   static constexpr int BYTES = 1024 + BARRIERS + 8 * BARRIER_COUNT;  // 1024: room to align the start
+  static_assert(BYTES <= 227 * 1024, "Q and STAGES K/V tiles must fit in a block's 227 KB of shared memory");
 };
 
 // The online softmax on one S tile as the consumer's warp holds it (the accumulator of m64n128: rows row and
@@ -65,6 +71,29 @@ __device__ __forceinline__ void online_softmax(float (&s)[64], bool masked, int 
                                                float (&alpha)[2]) {
   const int lane = threadIdx.x % WARP;
   // TODO (README, Task 4, step 19: scale, then mask keys past seq_k and past each row's diagonal; m, l, alpha; S into P)
+}
+
+// Step 18: S = Q K^T of one K tile (this consumer's 64 rows x 128 keys), issued and committed as one group: the
+// caller waits for it (wgmma_wait) before reading s.
+template <typename T, int D>
+__device__ __forceinline__ void issue_scores(float (&s)[64], const char* q_rows, const char* k_tile) {
+  // TODO (README, Task 4, step 18: one wgmma_m64n128_ss per k16 step of head_dim, fenced before and committed after)
+}
+
+// Step 19: O += P V of one V tile, issued and committed as one group; P from registers (pa), V read transposed.
+template <typename T, int D>
+__device__ __forceinline__ void issue_pv(float (&o)[D / 2], uint32_t (&pa)[8][4], const char* v_tile) {
+  // TODO (README, Task 4, step 19: the operands pinned and fenced, one wgmma_rs_transposed per 16 keys, committed)
+}
+
+// Step 19: O's rows rescaled by alpha (the accumulator's rows row and row + 8), and P packed into A operands.
+template <int D>
+__device__ __forceinline__ void rescale(float (&o)[D / 2], const float (&alpha)[2]) {
+  // TODO (README, Task 4, step 19: each row of O times its alpha)
+}
+template <typename T>
+__device__ __forceinline__ void pack_p(uint32_t (&pa)[8][4], const float (&s)[64]) {
+  // TODO (README, Task 4, step 19: P to 16 bits, two neighbouring 8-key chunks of S's accumulator per A fragment)
 }
 
 // grid batch * heads * ceil(seq_q / BLOCK_ROWS), THREADS threads, Layout<PANELS>::BYTES of shared memory.
@@ -124,20 +153,24 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
   float o[D / 2];  // O, 64 x D, in the accumulator layout
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  for (int j = 0; j < tiles; ++j) {
-    const int stage = j % STAGES, parity = (j / STAGES) % 2;
-    const char* k_tile = k_tiles + stage * L::TILE;
-    const char* v_tile = v_tiles + stage * L::TILE;
-    float s[64];  // S, 64 x 128, in the accumulator layout
-    uint32_t pa[8][4];  // P as 8 A operands of k16 (keys 16t .. 16t + 15)
-    // TODO (README, Task 4, step 18: S = Q K^T once Q and K have landed: one wgmma_m64n128_ss per k16 step, then wait)
-    float alpha[2];
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
+  float s[64];        // S, 64 x 128, in the accumulator layout
+  uint32_t pa[8][4];  // P as 8 A operands of k16 (keys 16t .. 16t + 15)
+  // Whether tile j has a key to mask for some row of the block (the last tile, the diagonal's)
+  const auto masked = [&](int j) {
     const int key0 = j * BLOCK_COLS;
-    const bool masked = key0 + BLOCK_COLS > seq_k || (CAUSAL && key0 + BLOCK_COLS - 1 > q_start + causal_offset);
-    online_softmax<CAUSAL>(s, masked, key0, seq_k, row, causal_offset, scale_log2, m, l, alpha);
-    // TODO (README, Task 4, step 19: O rescaled by alpha, P packed into A operands, O += P V once V has landed)
-    // TODO (README, Task 4, step 20: this thread is done with the stage: an arrival on its empty barrier)
+    return key0 + BLOCK_COLS > seq_k || (CAUSAL && key0 + BLOCK_COLS - 1 > q_start + causal_offset);
+  };
+  if (!OVERLAP) {  // steps 18-20: each tile's products and softmax one after another
+    for (int j = 0; j < tiles; ++j) {
+      const int stage = j % STAGES, parity = (j / STAGES) % 2;
+      // TODO (README, Task 4, step 18: S = Q K^T once Q and K have landed, then wait for it)
+      online_softmax<CAUSAL>(s, masked(j), j * BLOCK_COLS, seq_k, row, causal_offset, scale_log2, m, l, alpha);
+      // TODO (README, Task 4, step 19: O rescaled by alpha, P packed, O += P V once V has landed, then wait for it)
+      // TODO (README, Task 4, step 20: this thread is done with the stage: an arrival on its empty barrier)
+    }
+  } else {
+    // TODO (README, Task 4, step 21: tile j's S = Q K^T issued with tile j - 1's O += P V, the softmax while it runs)
   }
   // TODO (README, Task 4, step 20: out = O / l, l summed over the row's 4 lanes; zeros for a row that saw no key)
 }

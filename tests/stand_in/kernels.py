@@ -96,7 +96,7 @@ class Behaviour:
     build_error: the student's build of these kernels fails with this message;
     half: the bf16/fp16 kernels (task 4's of steps 8-11, task 5's decode of step 6; the float32 ones are right)
     write outputs 1% too large ("wrong"), or nothing ("unwritten", a skeleton's); hopper: task 4's Hopper kernel
-    (steps 17-20) the same, or "trap" (a kernel that traps: every call a CUDA error);
+    (steps 17-21) the same, or "trap" (a kernel that traps: every call a CUDA error);
     backward: task 4's backward kernels (steps 13-16) do the same with dk ("wrong", "unwritten"), or make one of
     harness/diagnose_backward.py's mistakes (its `how`, "no D" say);
     unscaled: the forward and decode kernels (float32 and 16-bit) ignore their scale: a mistake the checks name.

@@ -28,7 +28,7 @@ class Task4Kernels(StandInKernels):
 
     @launched
     def forward_hopper(self, q, k, v, out, causal, scale, key_start=None):
-        """The Hopper kernel (steps 17-20): forward_half's checks and result; behaviour.hopper as .half."""
+        """The Hopper kernel (steps 17-21): forward_half's checks and result; behaviour.hopper as .half."""
         self._forward_16bit(q, k, v, out, causal, scale, key_start, "forward_hopper", self.behaviour.hopper)
 
     def _forward_16bit(self, q, k, v, out, causal, scale, key_start, function, behaviour):

@@ -62,7 +62,10 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, int parity) {
   if (mbarrier_try_wait(bar, parity)) return;
   const long long start = clock64();
   while (!mbarrier_try_wait(bar, parity))
-    if (clock64() - start > MBARRIER_PATIENCE) __trap();
+    if (clock64() - start > MBARRIER_PATIENCE) {
+      __trap();
+      return;  // never reached; without it ptxas (CUDA 13.0) spilled step 21's loop and serialized its wgmma's
+    }
 }
 
 // ---- TMA: one thread copies a whole box of a tensor from global to shared memory; the copy's bytes complete on

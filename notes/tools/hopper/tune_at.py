@@ -1,0 +1,26 @@
+"""task4.tune --hopper at another head_dim and mask (device only; the reference solution), OVERLAP and STAGES side by
+side in one run: PYTHONPATH=. python notes/tools/hopper/tune_at.py HEAD_DIM CAUSAL CONFIG... (CONFIG as --configs)."""
+import dataclasses
+import sys
+
+import checks.task4.tune as t
+from checks.task4.measure import time_student
+from harness import tune
+
+head_dim, causal, configs = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3:]
+case = (8, 32, 4096, head_dim)
+
+
+def measure(worker):
+    b, h, s, d = case
+    timing, count = time_student(worker, b, h, s, d, causal, dtype=t.torch.bfloat16, entry="run_batch_hopper")
+    if count is None:
+        return tune.Measured(error=f"timed run failed: {timing.splitlines()[0]}")
+    tflops = t.attention_flops(b, h, s, s, d, causal) / (timing.median_ms * 1e-3) / 1e12
+    return tune.Measured(ms=timing.median_ms, throughput=tflops, share=100 * tflops / t.half_tensor_core_bound_tflops())
+
+
+plan = dataclasses.replace(t.HOPPER_PLAN, measure=measure, also=None,
+                           what="Hopper, bf16, batch {} heads {} seq {} head_dim {}".format(*case)
+                           + (" causal" if causal else ""))
+sys.exit(tune.main(plan, ["--solution", "--csv", f"/tmp/tune_{head_dim}_{int(causal)}.csv", "--configs", *configs]))
