@@ -88,3 +88,12 @@ def test_the_hopper_part_runs_on_compute_capability_9_0_alone(stand_in, monkeypa
     if said:
         assert said[0].endswith("not run on this GPU (8.0)"), said
     assert any(c["name"].startswith("bf16 ") and c["passed"] for c in record["cases"]), failed(record)
+
+
+def test_the_hopper_sanitizer_pass_alone_says_why_it_did_not_run_off_compute_capability_9_0(stand_in, monkeypatch):
+    monkeypatch.setattr(gpu.GPU, "major", 8)
+    monkeypatch.setattr(gpu.GPU, "minor", 0)
+    record = stand_in.run(4, "--solution", "--sanitize", "--hopper")
+    said = [n for n in record["notes"] if "compute capability 9.0 only" in n]
+    assert said and said[0].endswith("not run on this GPU (8.0)"), record["notes"]
+    assert not [c for c in record["cases"] if "Hopper" in c["name"]], record["cases"]

@@ -262,6 +262,8 @@ def main(argv=None) -> int:
             if "hopper" in chosen and is_hopper():
                 sanitize.add_to_report(report, 4, args, hopper_sanitizer_calls(args.hidden), step_of,
                                        HOPPER_PASS_NAME, kind="optional")
+            elif "hopper" in chosen:
+                report.note(f"{HOPPER_ONLY} ({'.'.join(map(str, torch.cuda.get_device_capability()))})")
             return report.finish(args.json)
         # Every check first, the timings last: in a grading, the other tasks' tests check side by side with this
         # one, and a timed part waits until none of them is in the middle of its checks (harness/gpu_share.py). Each

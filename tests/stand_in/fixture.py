@@ -36,7 +36,8 @@ SMALL = {  # module: {name: the small value the stand-in uses}
     "checks.task2.measure": {"TIMING_SHAPE": (2, 3, 96, 32)},
     "checks.task4.measure": {"PERF_CASE": (1, 2, 1024, 24), "HEAD_DIM_CASES": [(1, 2, 256, 64), (1, 2, 200, 80)],
                    "HANDOUT_CASES": [(2, 64)], "HANDOUT_LAYER": (64, 4), "ESTIMATE_TFLOPS": FLOPS_PER_S / 1e12,
-                   "ESTIMATE_HALF_TFLOPS": FLOPS_PER_S / 1e12, "HALF_BENCHMARKS": [(1, 2, 256, 32)]},
+                   "ESTIMATE_HALF_TFLOPS": FLOPS_PER_S / 1e12, "ESTIMATE_HOPPER_TFLOPS": FLOPS_PER_S / 1e12,
+                   "HALF_BENCHMARKS": [(1, 2, 256, 32)]},
     "checks.task4.measure_backward": {"BACKWARD_BENCHMARKS": [(1, 2, 256, 32)]},
     # the Hopper part runs in every task 4 flow here (the stand-in GPU is 9.0): a few of its shapes, each path once
     "checks.task4.hopper": {"HOPPER_CASES": [(1, 1, 1, 1, 1, 64, None), (2, 4, 2, 129, 255, 128, None),
