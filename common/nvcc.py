@@ -28,7 +28,10 @@ MAX_ERROR_LINES = 12
 # the target sm_90a, not sm_90) says so on a line of its own near its top, `// nvcc target: sm_90a`. It is compiled
 # for that target on a GPU of that generation, and left out of the build on any other (its part says why).
 TARGET_LINE = re.compile(r"^// nvcc target: sm_(\d+)a[ \t]*$", re.M)
-WARNING = re.compile(r"^(.+?\(\d+\): warning #\d+-D: .*|ptxas warning\s*: .*)$")
+# nvcc's warnings, ptxas's, and ptxas's notes of a performance loss (C7512: wgmma's serialized for want of registers,
+# what the Hopper kernel's step 21 can run into)
+WARNING = re.compile(r"^(.+?\(\d+\): warning #\d+-D: .*|ptxas warning\s*: .*"
+                     r"|ptxas info\s*: \(C\d+\) Potential Performance Loss: .*)$")
 
 
 class BuildError(RuntimeError):

@@ -177,7 +177,7 @@ def run(plan: Plan, configs: list[dict[str, int]], *, student_dir: Path, solutio
             row.occupancy = _occupancy(worker, row.kernel)
             if plan.also and row.number == 1 and row.ok:
                 # the extra timings fail alone, however they fail: the row keeps its own
-                what = (plan.also.__doc__ or "the timings beside").strip().splitlines()[0]
+                what = ((plan.also.__doc__ or "").strip().splitlines() or ["the timings beside"])[0]
                 say(f"  #1 (the file as it is): {what} ...")
                 try:
                     row.also = plan.also(worker)

@@ -334,3 +334,12 @@ def test_compile_shows_nvccs_warnings_once_each(tmp_path, monkeypatch, capsys):
     assert said[0].startswith("nvcc's warnings, 1 (a variable 'never referenced'"), said
     assert said[1:] == ['  kernels/attention.cu(1): warning #177-D: variable "unused" was declared but never referenced']
     assert nvcc.warnings_said(nvcc.compile_kernels([cu], tmp_path / "build", "90", nvcc.CUDA_FLAGS)) == said  # cached
+
+
+def test_compile_shows_ptxas_performance_losses(tmp_path):
+    """Step 21's hazard: ptxas serializing the wgmma's for want of registers says so only as an 'info' line."""
+    obj = tmp_path / "attention_hopper.o"
+    loss = ("ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+            "insufficient register resources for the function 'k'")
+    obj.with_suffix(".ptxas").write_text(f"ptxas info    : Used 168 registers, used 1 barriers\n{loss}\n")
+    assert nvcc.compiler_warnings([obj]) == [loss]

@@ -15,6 +15,9 @@ pytestmark = [needs_cuda, on_hopper, needs_solution(4)]
 
 # the consumers never give a stage back: the producer waits for it forever, and the consumers for the tile after
 P4_STAGE_NEVER_EMPTIED = ("      mbarrier_arrive(&empty[before]);\n", "")
+# the same in steps 18-20's loop (step 21 turned off)
+P4_NO_OVERLAP = ("constexpr int OVERLAP = 1;", "constexpr int OVERLAP = 0;")
+P4_STAGE_NEVER_EMPTIED_NO_OVERLAP = ("      mbarrier_arrive(&empty[stage]);\n", "")
 # V read with the default panel distance: head_dim 128's second 64 columns come from the wrong place
 P4_V_PANELS_WRONG = ("swizzled_tile(v_tile + t * 16 * 128, PANEL_BYTES)", "swizzled_tile(v_tile + t * 16 * 128)")
 # V's copies never announced: its barrier never gets the producer's arrival, and the consumers wait for it forever
@@ -24,7 +27,8 @@ P4_TAIL_UNMASKED = ("if (key >= seq_k || (CAUSAL && key > r + causal_offset))", 
 # step 21 without the product after its loop: the last tile's P V never reaches O
 P4_LAST_TILE_DROPPED = ("    issue_pv<T, D>(o, pa, v_tiles + last * L::TILE);\n", "")
 
-EDITS = [P4_STAGE_NEVER_EMPTIED, P4_V_PANELS_WRONG, P4_V_NEVER_ANNOUNCED, P4_TAIL_UNMASKED, P4_LAST_TILE_DROPPED]
+EDITS = [P4_STAGE_NEVER_EMPTIED, P4_NO_OVERLAP, P4_STAGE_NEVER_EMPTIED_NO_OVERLAP, P4_V_PANELS_WRONG,
+         P4_V_NEVER_ANNOUNCED, P4_TAIL_UNMASKED, P4_LAST_TILE_DROPPED]
 
 
 def hopper_submission(tmp_path, *edits):
@@ -37,15 +41,17 @@ def hopper_submission(tmp_path, *edits):
                                  "task4/kernels/attention_hopper.cu": text})
 
 
-@pytest.mark.parametrize("edit, words", [
-    (P4_STAGE_NEVER_EMPTIED, "an mbarrier wait that never completed"),
-    (P4_V_PANELS_WRONG, "elements differ"),
-    (P4_V_NEVER_ANNOUNCED, "an mbarrier wait that never completed"),
-    (P4_TAIL_UNMASKED, "see README, Task 4, step 19."),
-    (P4_LAST_TILE_DROPPED, "elements differ"),
-], ids=["stage_never_emptied", "v_panels_wrong", "v_never_announced", "tail_unmasked", "last_tile_dropped"])
-def test_hopper_kernels_that_are_wrong_fail_their_optional_part(edit, words, tmp_path):
-    record = run_test(4, hopper_submission(tmp_path, edit), tmp_path, "--hopper")
+@pytest.mark.parametrize("edits, words", [
+    ([P4_STAGE_NEVER_EMPTIED], "an mbarrier wait that never completed"),
+    ([P4_NO_OVERLAP, P4_STAGE_NEVER_EMPTIED_NO_OVERLAP], "an mbarrier wait that never completed"),
+    ([P4_V_PANELS_WRONG], "elements differ"),
+    ([P4_V_NEVER_ANNOUNCED], "an mbarrier wait that never completed"),
+    ([P4_TAIL_UNMASKED], "see README, Task 4, step 19."),
+    ([P4_LAST_TILE_DROPPED], "elements differ"),
+], ids=["stage_never_emptied", "stage_never_emptied_no_overlap", "v_panels_wrong", "v_never_announced",
+        "tail_unmasked", "last_tile_dropped"])
+def test_hopper_kernels_that_are_wrong_fail_their_optional_part(edits, words, tmp_path):
+    record = run_test(4, hopper_submission(tmp_path, *edits), tmp_path, "--hopper")
     hopper = [c for c in record["cases"] if c["kind"] == "optional"]
     wrong = [c["message"] for c in hopper if not c["passed"]]
     assert hopper and wrong, "every case passed"

@@ -59,6 +59,8 @@ struct Layout {
   static constexpr int BYTES = 1024 + BARRIERS + 8 * BARRIER_COUNT;  // 1024: room to align the start
   static_assert(BYTES <= 227 * 1024, "Q and STAGES K/V tiles must fit in a block's 227 KB of shared memory");
 };
+// Step 21 holds tile j - 1's stage while it waits for tile j's: with one stage it would wait for itself
+static_assert(!OVERLAP || STAGES >= 2, "OVERLAP needs STAGES >= 2");
 
 // The online softmax on one S tile as the consumer's warp holds it (the accumulator of m64n128: rows row and
 // row + 8, keys key0 + 8 n + 2 (lane % 4) + {0, 1}): scaled, masked, exponentiated in place into P; m, l and
