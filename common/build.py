@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from common.impl import REPO, add_solution_flag, label
-from common.nvcc import (CUDA_FLAGS, BuildError, check_plain_cuda, check_toolchain, compile_each,
+from common.nvcc import (CUDA_FLAGS, BuildError, check_plain_cuda, check_toolchain, compile_each, file_target,
                          compile_kernels, compiler_errors, cpp_extension, cuda_arch, find_nvcc,
                          nvcc_version, checkout_path, resource_report, warnings_said)
 
@@ -306,6 +306,15 @@ def compile_main(task: int, argv: list[str] | None = None) -> int:
     return 0
 
 
+def _own_target(src: Path, arch: str) -> str:
+    """' (sm_90a)' after a file built for its own target (`// nvcc target:`), else nothing."""
+    try:
+        target = file_target(src, arch)
+    except BuildError:
+        return ""
+    return f" (sm_{target})" if target != arch else ""
+
+
 def compile_only(task: int, solution: bool, verbose: bool = False, kernels: str | None = None) -> None:
     """Without a GPU (or a CUDA build of PyTorch) but with nvcc: compile the kernel files alone, so their
     compiler errors, the kernel rules and (verbose) their registers show on a laptop. The binding needs
@@ -321,7 +330,7 @@ def compile_only(task: int, solution: bool, verbose: bool = False, kernels: str 
     started = time.perf_counter()
     objects = compile_kernels(sources, folder, arch, CUDA_FLAGS)
     why = ("this PyTorch is a CPU-only build" if torch.version.cuda is None else "no CUDA GPU is visible")
-    compiled = ", ".join(checkout_path(s) for s in sources)
+    compiled = ", ".join(checkout_path(s) + _own_target(s, arch) for s in sources)
     print(f"task {task} ({label(solution)}): compiled {compiled} for sm_{arch} with nvcc "
           f"({time.perf_counter() - started:.1f} s). Only the kernels: {why}, so the binding is built and the "
           f"kernels run on a GPU machine (python -m task{task}.test there).")

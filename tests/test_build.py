@@ -343,3 +343,11 @@ def test_compile_shows_ptxas_performance_losses(tmp_path):
             "insufficient register resources for the function 'k'")
     obj.with_suffix(".ptxas").write_text(f"ptxas info    : Used 168 registers, used 1 barriers\n{loss}\n")
     assert nvcc.compiler_warnings([obj]) == [loss]
+
+
+def test_compile_names_a_file_built_for_its_own_target(tmp_path):
+    own, plain = tmp_path / "attention_hopper.cu", tmp_path / "attention.cu"
+    own.write_text("// nvcc target: sm_90a\n__global__ void k() {}\n")
+    plain.write_text("__global__ void k() {}\n")
+    assert build._own_target(own, "90") == " (sm_90a)" and build._own_target(plain, "90") == ""
+    assert build._own_target(own, "80") == ""  # left out of an A100's build: its part says so

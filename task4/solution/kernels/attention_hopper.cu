@@ -259,6 +259,7 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
       issue_pv<T, D>(o, pa, v_tiles + stage * L::TILE);
       wgmma_wait<0>();
       pin_registers(o);
+      pin_registers(pa);  // read by that wgmma until now
       // END SOLUTION
       // BEGIN SOLUTION "step 20: this thread is done with the stage: an arrival on its empty barrier"
       mbarrier_arrive(&empty[stage]);
