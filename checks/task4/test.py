@@ -132,6 +132,10 @@ HOPPER_PASS_NAME = f"{sanitize.PASS_NAME}, the Hopper kernel (optional)"
 HOPPER_ONLY = "the Hopper part (steps 17-21) runs on compute capability 9.0 only (H100, H200): not run on this GPU"
 
 
+def say_not_hopper(report) -> None:
+    report.note(f"{HOPPER_ONLY} ({'.'.join(map(str, torch.cuda.get_device_capability()))})")
+
+
 def optional_backward(report, worker, args, passes: list) -> bool:
     """Steps 12-16 (optional): the checks, then bad input while its sanitizer pass runs (added to `passes`); every
     case optional, so nothing here moves a point. Whether the checks passed (its training check and benchmarks
@@ -208,7 +212,7 @@ def optional_hopper(report, worker, args, passes: list) -> bool:
     """Steps 17-21 (optional), on compute capability 9.0: the Hopper kernel's checks, then bad input while its
     sanitizer pass runs (added to `passes`). Whether the checks passed."""
     if not is_hopper():
-        report.note(f"{HOPPER_ONLY} ({'.'.join(map(str, torch.cuda.get_device_capability()))})")
+        say_not_hopper(report)
         return False
     if not hopper_part(report, worker, args.hidden):
         return False
@@ -263,7 +267,7 @@ def main(argv=None) -> int:
                 sanitize.add_to_report(report, 4, args, hopper_sanitizer_calls(args.hidden), step_of,
                                        HOPPER_PASS_NAME, kind="optional")
             elif "hopper" in chosen:
-                report.note(f"{HOPPER_ONLY} ({'.'.join(map(str, torch.cuda.get_device_capability()))})")
+                say_not_hopper(report)
             return report.finish(args.json)
         # Every check first, the timings last: in a grading, the other tasks' tests check side by side with this
         # one, and a timed part waits until none of them is in the middle of its checks (harness/gpu_share.py). Each
