@@ -19,11 +19,14 @@ def needs_solution(task: int):
     )
 
 
-def bad_variant(task: int, relative: str, old: str, new: str) -> str:
-    """The reference file with one exact change: a known-bad submission that stays in step with the reference."""
+def bad_variant(task: int, relative: str, old: str, new: str, *more: tuple[str, str]) -> str:
+    """The reference file with one exact change (and each of `more` after it): a known-bad submission that stays
+    in step with the reference."""
     text = (REPO / f"task{task}" / "solution" / relative).read_text()
-    assert old in text, f"known-bad variant no longer applies: {old!r} not in task{task}/solution/{relative}"
-    return text.replace(old, new, 1)
+    for before, after in ((old, new), *more):
+        assert before in text, f"known-bad variant no longer applies: {before!r} not in task{task}/solution/{relative}"
+        text = text.replace(before, after, 1)
+    return text
 
 
 def run_test(task: int, student_dir, tmp_path, *extra) -> dict:

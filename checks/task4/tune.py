@@ -85,18 +85,26 @@ HALF_CONFIGS = [
 ]
 
 
-def measure_half(worker) -> tune.Measured:
+def measure_16bit(worker, call: str = "forward_half") -> tune.Measured:
+    """The bf16/fp16 kernel (`call` "forward_hopper": the Hopper one) on the checks, then timed in bf16."""
+    hopper = call == "forward_hopper"
+    how = dict(constants=HOPPER_TILES, call=call, step=HOPPER_MISTAKES_STEP) if hopper else {}
     for n, (shape, causal) in enumerate(CHECKS):
-        result = check_half_case(worker, shape, causal, seed=900 + 10 * n, dtype=torch.bfloat16)
+        result = check_half_case(worker, shape, causal, seed=900 + 10 * n, dtype=torch.bfloat16, **how)
         if not result.passed:
             return tune.Measured(error=f"wrong at {shape_text(shape)}{' causal' if causal else ''}: "
                                        f"{result.message.splitlines()[0]}")
     b, h, s, d = PERF_CASE
-    timing, count = time_student(worker, b, h, s, d, False, dtype=torch.bfloat16)
+    timing, count = time_student(worker, b, h, s, d, False, dtype=torch.bfloat16,
+                                 entry="run_batch_hopper" if hopper else None)
     if count is None:
         return tune.Measured(error=f"timed run failed: {timing.splitlines()[0]}")
     tflops = attention_flops(b, h, s, s, d, False) / (timing.median_ms * 1e-3) / 1e12
     return tune.Measured(ms=timing.median_ms, throughput=tflops, share=100 * tflops / half_tensor_core_bound_tflops())
+
+
+def measure_half(worker) -> tune.Measured:
+    return measure_16bit(worker)
 
 
 def sdpa_beside(backends):
@@ -154,18 +162,7 @@ HOPPER_CONFIGS = [
 
 
 def measure_hopper(worker) -> tune.Measured:
-    for n, (shape, causal) in enumerate(CHECKS):
-        result = check_half_case(worker, shape, causal, seed=900 + 10 * n, dtype=torch.bfloat16,
-                                 constants=HOPPER_TILES, call="forward_hopper", step=HOPPER_MISTAKES_STEP)
-        if not result.passed:
-            return tune.Measured(error=f"wrong at {shape_text(shape)}{' causal' if causal else ''}: "
-                                       f"{result.message.splitlines()[0]}")
-    b, h, s, d = PERF_CASE
-    timing, count = time_student(worker, b, h, s, d, False, dtype=torch.bfloat16, entry="run_batch_hopper")
-    if count is None:
-        return tune.Measured(error=f"timed run failed: {timing.splitlines()[0]}")
-    tflops = attention_flops(b, h, s, s, d, False) / (timing.median_ms * 1e-3) / 1e12
-    return tune.Measured(ms=timing.median_ms, throughput=tflops, share=100 * tflops / half_tensor_core_bound_tflops())
+    return measure_16bit(worker, "forward_hopper")
 
 
 HOPPER_PLAN = tune.Plan(task=4, kernel_file="task4/kernels/attention_hopper.cu",
