@@ -4,8 +4,10 @@ Given: not graded; edits here are not submitted (you write kernels/attention.cu)
 
 `flash_attention` hands (batch, heads, seq, head_dim) tensors to the CUDA kernel in
 kernels/attention.cu (built on first use; `python -m task4.compile` builds it
-ahead). `FlashMultiHeadAttention` is a whole layer: projections in PyTorch, the
-kernel for attention, the output projection.
+ahead), bf16 and fp16 ones to kernels/attention_half.cu's, or on an H100/H200 to
+kernels/attention_hopper.cu's once its steps are written (`uses_hopper`).
+`FlashMultiHeadAttention` is a whole layer: projections in PyTorch, the kernel for
+attention, the output projection.
 """
 
 from __future__ import annotations
@@ -22,18 +24,51 @@ from common.layer import AttentionLayer
 extension = TaskExtension(4)
 
 
+# The largest head_dim of the Hopper kernel (kernels/attention_hopper.cu's MAX_HEAD_DIM)
+HOPPER_MAX_HEAD_DIM = 128
+# Whether each build's Hopper kernel is written: (solution, the module) -> bool, asked once a build
+_hopper_written: dict[tuple[bool, int], bool] = {}
+
+
+def uses_hopper(q, solution: bool = False) -> bool:
+    """Whether flash_attention sends these 16-bit tensors to the Hopper kernel (kernels/attention_hopper.cu, steps
+    17-22) rather than to steps 8-11's: on a GPU of compute capability 9.0, head_dim up to 128, with the Hopper kernel
+    in the build and, in yours, no step of the file still marked TODO (until then your 16-bit models run steps 8-11's
+    kernel, and tasks 5-7 with them)."""
+    if q.dtype not in (torch.bfloat16, torch.float16) or q.shape[-1] > HOPPER_MAX_HEAD_DIM:
+        return False
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability(q.device if q.is_cuda else None) != (9, 0):
+        return False  # (a tensor on the host: either binding refuses it)
+    module = extension(solution)
+    key = (solution, id(module))
+    if key not in _hopper_written:
+        from common.build import kernel_folder
+        from harness.skeleton import remaining_todos
+
+        file = kernel_folder(4, solution) / "attention_hopper.cu"
+        _hopper_written[key] = bool(module.has_hopper()) and (solution or not remaining_todos(file))
+    return _hopper_written[key]
+
+
 def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, out=None, solution: bool = False,
-                    key_start=None):
+                    key_start=None, hopper: bool | None = None):
     """softmax(scale * q k^T + mask) v in one kernel; q (B, H, Sq, D), k and v (B, KVH, Sk, D), float32 on CUDA,
-    or all bfloat16 or all float16 (the tensor-core kernel of kernels/attention_half.cu, steps 8-11).
+    or all bfloat16 or all float16 (the tensor-core kernel of kernels/attention_half.cu, steps 8-11, or on an
+    H100/H200 the Hopper kernel of kernels/attention_hopper.cu, steps 17-22, once written: `uses_hopper`; hopper=True
+    or False picks one of the two).
 
     KVH may be any divisor of H (grouped-query attention: query head h reads key/value head h // (H // KVH)).
     key_start, int32 (B,) on the GPU: each sequence's first valid key (a batch padded on the left); the
     queries before it are padding, and their rows of the output are zeros."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     out = torch.empty_like(q) if out is None else out
-    half = q.dtype in (torch.bfloat16, torch.float16)
-    function(extension(solution), "forward_half" if half else "forward")(q, k, v, out, causal, scale, key_start)
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        name = "forward"
+    elif hopper if hopper is not None else uses_hopper(q, solution):
+        name = "forward_hopper"
+    else:
+        name = "forward_half"
+    function(extension(solution), name)(q, k, v, out, causal, scale, key_start)
     return out
 
 

@@ -174,7 +174,7 @@ void forward_half(const torch::Tensor& q, const torch::Tensor& k, const torch::T
 #if CUDART_VERSION >= 12000  // the tensor maps are CUDA 12's (device/params.h)
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled: the driver function that makes a TMA tensor map
 
-// Defined in kernels/attention_hopper.cu (optional, steps 17-21): the same on Hopper's wgmma and TMA, given the tensor
+// Defined in kernels/attention_hopper.cu (optional, steps 17-22): the same on Hopper's wgmma and TMA, given the tensor
 // maps this binding makes (device/params.h). Weak, as the others.
 __attribute__((weak)) cudaError_t flash_attention_hopper_forward(const HopperAttentionParams& p, cudaStream_t stream);
 static bool has_hopper() { return flash_attention_hopper_forward != nullptr; }
@@ -217,7 +217,7 @@ static torch::Tensor tma_ready(const torch::Tensor& t) {
   return at::constant_pad_nd(t, {0, padded - head_dim});  // a new tensor: PyTorch's allocations are aligned
 }
 
-// The optional Hopper kernel (steps 17-21): as forward_half, on compute capability 9.0.
+// The optional Hopper kernel (steps 17-22): as forward_half, on compute capability 9.0.
 void forward_hopper(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                     torch::Tensor& out, bool causal, double scale,
                     const std::optional<torch::Tensor>& key_start) {
@@ -333,7 +333,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("has_half", [] { return flash_attention_half_forward != nullptr; },
         "whether this build holds the bf16/fp16 kernel (task4/kernels/attention_half.cu)");
   m.def("forward_hopper", &forward_hopper,
-        "forward_half on Hopper's wgmma and TMA, compute capability 9.0 only: README, Task 4, steps 17-21 (optional)",
+        "forward_half on Hopper's wgmma and TMA, compute capability 9.0 only: README, Task 4, steps 17-22 (optional)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("causal"),
         py::arg("scale"), py::arg("key_start") = py::none());
   m.def("has_hopper", &has_hopper,

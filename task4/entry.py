@@ -30,7 +30,7 @@ def forward_half(q, k, v, out, causal, scale, key_start=None):
 
 
 def forward_hopper(q, k, v, out, causal, scale, key_start=None):
-    """The Hopper kernel of kernels/attention_hopper.cu (steps 17-21, compute capability 9.0)."""
+    """The Hopper kernel of kernels/attention_hopper.cu (steps 17-22, compute capability 9.0)."""
     from common.build import OPTIONAL_LEFT_OUT
 
     left_out = OPTIONAL_LEFT_OUT.get("task4/kernels/attention_hopper.cu")
@@ -46,7 +46,7 @@ def forward_hopper(q, k, v, out, causal, scale, key_start=None):
         # a trap: CUDA says no more, and in this kernel it is most often device/hopper.cuh's mbarrier_wait giving up
         raise RuntimeError(f"{err} (in the Hopper kernel, most often an mbarrier wait that never completed: a copy "
                            "never issued, bytes announced that never came, a stage never given back; README, Task 4, "
-                           "steps 17-21)") from None
+                           "steps 17-22)") from None
 
 
 def _backward_present():

@@ -6,7 +6,7 @@ schedulers issued, the warps resident per SM and what limits them, why warps wai
 shared-memory bank conflicts. README, Task 4, step 7. --half: the optional bf16 kernel of
 kernels/attention_half.cu (steps 8-11) instead, same size. --backward: the dK/dV kernel of
 kernels/attention_backward.cu (steps 12-16), out and L from your forward_lse, same size. --hopper: the Hopper
-kernel of kernels/attention_hopper.cu (steps 17-21, compute capability 9.0) in bf16, same size.
+kernel of kernels/attention_hopper.cu (steps 17-22, compute capability 9.0) in bf16, same size.
 """
 
 import sys

@@ -1,4 +1,4 @@
-"""Task 4's Hopper part (steps 17-21) graded on the CPU from end to end, with PyTorch standing in for the kernels
+"""Task 4's Hopper part (steps 17-22) graded on the CPU from end to end, with PyTorch standing in for the kernels
 (tests/stand_in/): checked in both 16-bit types, its sanitizer pass, bad input and timings beside SDPA's flash and
 cuDNN backends, all optional; left out, with the reason, on a GPU other than compute capability 9.0."""
 
@@ -6,7 +6,7 @@ import pytest
 
 from grader.rubric import RUBRIC, score
 from tests.conftest import REPO, needs_solution
-from tests.stand_in import HIDDEN, SCORED, Behaviour, failed, stand_in  # noqa: F401
+from tests.stand_in import HIDDEN, SCORED, Behaviour, CudaOnTheCpu, failed, stand_in  # noqa: F401
 from tests.stand_in import gpu
 
 pytestmark = [needs_solution(4)]
@@ -47,20 +47,30 @@ def test_the_hopper_part_is_checked_in_both_types_and_scores_nothing(stand_in):
     assert score(4, graded)[0] == RUBRIC[4].points
 
 
-def test_a_wrong_or_unwritten_hopper_kernel_fails_its_part_only(stand_in, tmp_path):
-    """A kernel 1% off fails the part's cases, each with the allowance, and keeps every point; one that traps ends
-    the part at its first case; the skeleton's part says which step is still to do."""
+def test_a_wrong_or_unwritten_hopper_kernel_fails_its_part_only(stand_in, monkeypatch, tmp_path):
+    """A kernel 1% off fails the part's cases, each with the allowance, and keeps every point; one that traps or
+    hangs ends the part at its first case (a hang with where hangs come from); the skeleton's part says which step
+    is still to do."""
     from checks.task4.test import HOPPER_PASS_NAME
 
     for rel in ("task4/kernels/attention.cu", "task4/kernels/attention_hopper.cu"):  # a finished student's files
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text((REPO / rel.replace("kernels/", "solution/kernels/")).read_text())
     stand_in.student[4] = Behaviour(hopper="wrong")
+    from checks.task4 import half
+    compared = []
+    for name in ("diagnose", "diagnose_sequences"):  # counted as they are called
+        original = getattr(half, name)
+        monkeypatch.setattr(half, name, lambda *a, _call=original, **k: compared.append(1) or _call(*a, **k))
     record = stand_in.run(4, "--student-dir", str(tmp_path), *SCORED[4], "--hopper")
     points, why = score(4, record)
     assert record["status"] == "passed" and points == RUBRIC[4].points, why
     wrong = [c for c in hopper_checks(record) if not c["passed"]]
     assert wrong and all("allowed" in c["message"] for c in wrong), wrong
+    from checks.task4.half import DIAGNOSED_FAILURES  # the rest are not compared with the mistakes: said once
+    said = f"the {len(wrong) - DIAGNOSED_FAILURES} failed case(s) after the first {DIAGNOSED_FAILURES} were not compared"
+    assert any(said in n for n in record["notes"]), record["notes"]
+    assert len(compared) == DIAGNOSED_FAILURES, len(compared)
     assert HOPPER_PASS_NAME not in {c["name"] for c in record["cases"]}  # the part failed: no pass of its own
 
     stand_in.student[4] = Behaviour(hopper="trap")  # a CUDA error ends the part at its first case
@@ -69,6 +79,14 @@ def test_a_wrong_or_unwritten_hopper_kernel_fails_its_part_only(stand_in, tmp_pa
     trapped = hopper_checks(record)
     assert len(trapped) == 1 and "unspecified launch failure" in trapped[0]["message"], trapped
     assert any("the rest of the Hopper part was not run" in n for n in record["notes"]), record["notes"]
+
+    stand_in.student[4] = Behaviour(hopper="hang")  # a turn that never comes (step 22): no trap, the call's time
+    record = stand_in.run(4, "--student-dir", str(tmp_path), *SCORED[4], "--hopper")
+    assert record["status"] == "passed" and score(4, record)[0] == RUBRIC[4].points, failed(record)
+    hung = hopper_checks(record)
+    assert len(hung) == 1 and "did not answer within 60 s" in hung[0]["message"], hung
+    assert any("the rest of the Hopper part was not run" in n for n in record["notes"]), record["notes"]
+    assert any("step 22" in n and "step 20" in n for n in record["notes"]), record["notes"]
 
     stand_in.student[4] = Behaviour(hopper="unwritten")
     record = stand_in.run(4, *SCORED[4], "--hopper")  # the handout's skeletons: every step TODO, float32's right
@@ -97,3 +115,54 @@ def test_the_hopper_sanitizer_pass_alone_says_why_it_did_not_run_off_compute_cap
     said = [n for n in record["notes"] if "compute capability 9.0 only" in n]
     assert said and said[0].endswith("not run on this GPU (8.0)"), record["notes"]
     assert not [c for c in record["cases"] if "Hopper" in c["name"]], record["cases"]
+
+
+def test_flash_attention_sends_16_bit_tensors_to_the_hopper_kernel_once_it_is_written(stand_in, monkeypatch, tmp_path):
+    """On compute capability 9.0 the reference's bf16/fp16 attention (and with it tasks 5-7's 16-bit models) runs
+    the Hopper kernel; a student's only once kernels/attention_hopper.cu marks no step TODO; float32, another GPU,
+    a head_dim past 128 or hopper=False keep their kernels."""
+    import torch
+
+    from common import build
+    from task4 import attention
+
+    called = []
+
+    def spied(solution):
+        module = attention.extension(solution)
+        for name in ("forward", "forward_half", "forward_hopper"):
+            if not hasattr(getattr(module, name), "spied"):
+                def spy(*args, _name=name, _call=getattr(module, name), **kwargs):
+                    called.append(_name)
+                    return _call(*args, **kwargs)
+                spy.spied = True
+                monkeypatch.setattr(module, name, spy)
+
+    def kernel(dtype=torch.bfloat16, head_dim=64, solution=True, **how):
+        monkeypatch.setattr(attention, "_hopper_written", {})  # asked again: the file or the GPU changed
+        spied(solution)
+        with CudaOnTheCpu():
+            q, k, v = (torch.randn(1, 2, 70, head_dim, device="cuda", dtype=dtype) for _ in range(3))
+            out = attention.flash_attention(q, k, v, True, solution=solution, **how)
+        expected = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+        assert torch.allclose(out.float(), expected, atol=2e-2), (out.float() - expected).abs().max()
+        return called.pop()
+
+    assert kernel() == kernel(torch.float16) == "forward_hopper"
+    assert kernel(torch.float32) == "forward"
+    assert kernel(hopper=False) == "forward_half"
+    monkeypatch.setattr(attention, "HOPPER_MAX_HEAD_DIM", 32)  # the Hopper kernel's largest, standing in for 128
+    assert kernel() == "forward_half"
+    monkeypatch.setattr(attention, "HOPPER_MAX_HEAD_DIM", 128)
+    monkeypatch.setattr(gpu.GPU, "major", 8)
+    assert kernel() == "forward_half"
+    monkeypatch.setattr(gpu.GPU, "major", 9)
+
+    student = tmp_path / "task4" / "kernels"  # the student's folder: the skeleton, then a finished file
+    student.mkdir(parents=True)
+    monkeypatch.setattr(build, "kernel_folder", lambda task, solution, kernels=None: student)
+    stand_in.worker_started(4, solution=False)  # the student's build, as a worker loads it
+    (student / "attention_hopper.cu").write_text((REPO / "task4/kernels/attention_hopper.cu").read_text())
+    assert kernel(solution=False) == "forward_half"
+    (student / "attention_hopper.cu").write_text((REPO / "task4/solution/kernels/attention_hopper.cu").read_text())
+    assert kernel(solution=False) == "forward_hopper"

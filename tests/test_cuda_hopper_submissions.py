@@ -1,4 +1,4 @@
-"""Known-bad Hopper kernels (task 4, steps 17-21) on a GPU of compute capability 9.0: each fails its optional part
+"""Known-bad Hopper kernels (task 4, steps 17-22) on a GPU of compute capability 9.0: each fails its optional part
 with the words that say why, and none of them costs the float32 part anything. The reference with exact edits, as
 tests/test_cuda_submissions.py does for the other parts (tests/test_known_bad_edits.py checks here, on the CPU, that
 each edit still applies)."""
@@ -15,7 +15,8 @@ pytestmark = [needs_cuda, on_hopper, needs_solution(4)]
 
 # the consumers never give a stage back: the producer waits for it forever, and the consumers for the tile after
 P4_STAGE_NEVER_EMPTIED = ("      mbarrier_arrive(&empty[before]);\n", "")
-# the same in steps 18-20's loop (step 21 turned off)
+# the same in steps 18-20's loop (steps 21 and 22 turned off)
+P4_NO_PINGPONG = ("constexpr int PINGPONG = 1;", "constexpr int PINGPONG = 0;")
 P4_NO_OVERLAP = ("constexpr int OVERLAP = 1;", "constexpr int OVERLAP = 0;")
 P4_STAGE_NEVER_EMPTIED_NO_OVERLAP = ("      mbarrier_arrive(&empty[stage]);\n", "")
 # V read with the default panel distance: head_dim 128's second 64 columns come from the wrong place
@@ -26,9 +27,12 @@ P4_V_NEVER_ANNOUNCED = ("      mbarrier_expect_bytes(&v_full[stage], L::TILE);\n
 P4_TAIL_UNMASKED = ("if (key >= seq_k || (CAUSAL && key > r + causal_offset))", "if (CAUSAL && key > r + causal_offset)")
 # step 21 without the product after its loop: the last tile's P V never reaches O
 P4_LAST_TILE_DROPPED = ("    issue_pv<T, D>(o, pa, v_tiles + last * L::TILE);\n", "")
+# step 22 without consumer 1's first arrival: each consumer waits for the other's turn to end, forever (a named
+# barrier does not trap: the case runs into its minute)
+P4_TURNS_NEVER_STARTED = ("  if (PINGPONG && consumer == 1) named_barrier_arrive(1, 2 * WARPGROUP);\n", "")
 
-EDITS = [P4_STAGE_NEVER_EMPTIED, P4_NO_OVERLAP, P4_STAGE_NEVER_EMPTIED_NO_OVERLAP, P4_V_PANELS_WRONG,
-         P4_V_NEVER_ANNOUNCED, P4_TAIL_UNMASKED, P4_LAST_TILE_DROPPED]
+EDITS = [P4_STAGE_NEVER_EMPTIED, P4_NO_PINGPONG, P4_NO_OVERLAP, P4_STAGE_NEVER_EMPTIED_NO_OVERLAP, P4_V_PANELS_WRONG,
+         P4_V_NEVER_ANNOUNCED, P4_TAIL_UNMASKED, P4_LAST_TILE_DROPPED, P4_TURNS_NEVER_STARTED]
 
 
 def hopper_submission(tmp_path, *edits):
@@ -40,19 +44,22 @@ def hopper_submission(tmp_path, *edits):
 
 @pytest.mark.parametrize("edits, words", [
     ([P4_STAGE_NEVER_EMPTIED], "an mbarrier wait that never completed"),
-    ([P4_NO_OVERLAP, P4_STAGE_NEVER_EMPTIED_NO_OVERLAP], "an mbarrier wait that never completed"),
+    ([P4_NO_PINGPONG, P4_NO_OVERLAP, P4_STAGE_NEVER_EMPTIED_NO_OVERLAP], "an mbarrier wait that never completed"),
     ([P4_V_PANELS_WRONG], "elements differ"),
     ([P4_V_NEVER_ANNOUNCED], "an mbarrier wait that never completed"),
     ([P4_TAIL_UNMASKED], "see README, Task 4, step 19."),
     ([P4_LAST_TILE_DROPPED], "elements differ"),
+    ([P4_TURNS_NEVER_STARTED], "did not answer within"),
 ], ids=["stage_never_emptied", "stage_never_emptied_no_overlap", "v_panels_wrong", "v_never_announced",
-        "tail_unmasked", "last_tile_dropped"])
+        "tail_unmasked", "last_tile_dropped", "turns_never_started"])
 def test_hopper_kernels_that_are_wrong_fail_their_optional_part(edits, words, tmp_path):
     record = run_test(4, hopper_submission(tmp_path, *edits), tmp_path, "--hopper")
     hopper = [c for c in record["cases"] if c["kind"] == "optional"]
     wrong = [c["message"] for c in hopper if not c["passed"]]
     assert hopper and wrong, "every case passed"
     assert any(words in m for m in wrong), wrong[:3]
+    if P4_TURNS_NEVER_STARTED in edits:
+        assert any("step 22" in n for n in record["notes"]), record["notes"]
     assert record["status"] == "passed"  # the optional part decides nothing
 
 

@@ -63,7 +63,7 @@ HALF_CASES = [
     (1, 2, 2, 300, 517, 128, None),  # above head_dim 96, blocks of 256 rows: two, the second partial
     (2, 2, 1, 600, 700, 128, (0, 450)),  # padding that skips more than a block of queries
 ]
-# The optional Hopper kernel (steps 17-21), run in both 16-bit types, as HALF_CASES: lengths around its tiles (128
+# The optional Hopper kernel (steps 17-22), run in both 16-bit types, as HALF_CASES: lengths around its tiles (128
 # queries, 128 keys) and past its ring of K/V stages (3 in the reference, 2 in the skeleton), head_dim 64 and 128 (one and two panels) and between
 # (the second panel partly zeros), head_dims the binding pads to a multiple of 8, grouped heads, padding.
 HOPPER_CASES = [

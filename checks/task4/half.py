@@ -33,11 +33,11 @@ HALF_MISTAKES_STEP = 10
 
 
 def check_half_case(worker, shape, causal, seed, dtype, magnitude=1.0, constants=None, call="forward_half",
-                    step=HALF_MISTAKES_STEP):
+                    step=HALF_MISTAKES_STEP, diagnosed=True):
     """One case of a 16-bit kernel (`call`: the bf16/fp16 one, or the Hopper one) against float64 on the same
     16-bit inputs, within what SDPA's error says the type allows; outputs poisoned, guard bands around every
     tensor. A wrong output is compared with the common mistakes within the same allowance, under the student's
-    BLOCK_COLS and BLOCK_COLS_SMALL (`constants`), and named with `step`."""
+    BLOCK_COLS and BLOCK_COLS_SMALL (`constants`), and named with `step` (unless not `diagnosed`)."""
     heads, starts = grouped(shape)[1], grouped(shape)[6]
     q, k, v = (t.to(dtype) for t in make_inputs(shape, seed, magnitude))
     key_start = None if starts is None else torch.tensor(starts, dtype=torch.int32)
@@ -53,6 +53,8 @@ def check_half_case(worker, shape, causal, seed, dtype, magnitude=1.0, constants
     allowed, said = measure.half_allowance(q, k, v, causal, scale, key_start, expected)
     result = compare(out.tensor, expected, atol=allowed, rtol=0.0, poisoned=True)
     result = dataclasses.replace(result, message=f"{result.message} ({said})")
+    if not diagnosed:
+        return result
     k, v = expand_kv_heads(k, heads), expand_kv_heads(v, heads)  # the float64 side only
     widths = [(constants or {}).get(name) for name in ("BLOCK_COLS", "BLOCK_COLS_SMALL")]
     # a mistaken output can be larger than a right one (a single row of V where a mean was meant), and its 16-bit
@@ -83,11 +85,17 @@ def check_half_errors(worker, call="forward_half"):
                          [(what, (*args, False, 0.125), words) for what, (args, words) in bad.items()])
 
 
+# Failed cases of a 16-bit part compared with the common mistakes: each comparison computes every mistake in float64
+# on the CPU (seconds on a large padded case), so a kernel that fails everything would pay it dozens of times
+DIAGNOSED_FAILURES = 3
+
+
 def run_16bit_part(report, worker, part, cases, hidden_cases, prefix, large_seed, what, constants=None, **how):
     """A 16-bit part's cases: `cases` and the hidden ones in both types (causal too where seq_q <= seq_k), then
     large scores, each through check_half_case (`how`: its call and step). The first case whose process crashed,
     hung or met a CUDA error ends the part (after a CUDA error the process can no longer use the GPU): the rest
-    would fail as it did, or wait as long, and it is said once."""
+    would fail as it did, or wait as long, and it is said once. The first DIAGNOSED_FAILURES failures are
+    compared with the common mistakes; a note counts the failures after them."""
     runs = [(case, dtype, 1.0) for name, dtype in HALF_TYPES.items()
             for case in cli.cases(4, part, cases, hidden_cases, lambda s: f"{prefix}{name} {half_text(s)}",
                                   causal_ok=lambda s: s[3] <= s[4])]
@@ -95,16 +103,21 @@ def run_16bit_part(report, worker, part, cases, hidden_cases, prefix, large_seed
     runs += [(cli.Case(part, shape, True, cli.seed(large_seed, hidden_cases), "cuda",
                        f"{prefix}{name} large scores (q x {magnitude:g}) {half_text(shape)}"), dtype, magnitude)
              for name, dtype in HALF_TYPES.items()]
+    failures = 0
     for case, dtype, magnitude in runs:
         before = len(report.cases)
         report.run(case.name, lambda: check_half_case(worker, case.shape, case.causal, case.seed, dtype, magnitude,
-                                                      constants, **how))
+                                                      constants, **how, diagnosed=failures < DIAGNOSED_FAILURES))
+        failures += sum(not c.passed for c in report.cases[before:])
         if report.process_died_since(before, what):
             return
         if any("CUDA error" in c.message for c in report.cases[before:]):
             report.note(f"the rest of {what} was not run: {case.name} ended in a CUDA error, and the process running "
                         "your code cannot use the GPU after one")
             return
+    if failures > DIAGNOSED_FAILURES:
+        report.note(f"{what}: the {failures - DIAGNOSED_FAILURES} failed case(s) after the first {DIAGNOSED_FAILURES} "
+                    "were not compared with the common mistakes (each comparison takes seconds): fix the first ones")
 
 
 def half_part(report, worker, hidden_cases, constants=None) -> bool:

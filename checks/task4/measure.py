@@ -124,12 +124,12 @@ class TimedSets:
 
 ESTIMATE_TFLOPS = 40.0  # what the reference kernel reaches: sizes a request, nothing else
 ESTIMATE_HALF_TFLOPS = 170.0  # the same for the bf16/fp16 reference
-ESTIMATE_HOPPER_TFLOPS = 500.0  # and for the Hopper reference (steps 17-21)
+ESTIMATE_HOPPER_TFLOPS = 500.0  # and for the Hopper reference (steps 17-22)
 
 
 def time_student(worker, batch, heads, seq, head_dim, causal, dtype=torch.float32, entry=None):
     """Your kernel over distinct sets per request, every output checked; (Timing, sets used) or (message, None).
-    dtype: bfloat16 or float16 times the kernel of steps 8-11 (`entry` "run_batch_hopper": steps 17-21's)."""
+    dtype: bfloat16 or float16 times the kernel of steps 8-11 (`entry` "run_batch_hopper": steps 17-22's)."""
     tflops = (ESTIMATE_TFLOPS if dtype == torch.float32 else
               ESTIMATE_HOPPER_TFLOPS if entry == "run_batch_hopper" else ESTIMATE_HALF_TFLOPS)
     estimate_ms = attention_flops(batch, heads, seq, seq, head_dim, causal) / (tflops * 1e9)
@@ -202,14 +202,14 @@ def layer_cases(grading: bool = False) -> list[tuple[int, int, bool]]:
 
 
 def half_cases(part: str = "") -> list[TimedCase]:
-    """The bf16/fp16 kernel's timed cases (steps 8-11; part "Hopper ": steps 17-21's): reported beside SDPA's flash
+    """The bf16/fp16 kernel's timed cases (steps 8-11; part "Hopper ": steps 17-22's): reported beside SDPA's flash
     backend, never scored."""
     return [TimedCase(f"{part}{name} attention batch {b} heads {h} seq {s} head_dim {d}{' causal' if c else ''}", b, h, s, d,
                       c) for name in HALF_TYPES for b, h, s, d in HALF_BENCHMARKS for c in (False, True)]
 
 
 def run_half_benchmarks(report, worker, cases, call="forward_half"):
-    """The bf16/fp16 kernel (steps 8-11; `call` "forward_hopper": steps 17-21's) timed in the worker, the worker
+    """The bf16/fp16 kernel (steps 8-11; `call` "forward_hopper": steps 17-22's) timed in the worker, the worker
     ended, then the reference and SDPA's flash backend here (and its cuDNN backend beside the Hopper kernel); each
     line an optional case: reported, never scored, never the task's status."""
     entry = "run_batch_hopper" if call == "forward_hopper" else None
@@ -358,7 +358,7 @@ def half_result(timing, count, reference, batch, heads, seq, head_dim, causal, d
     ratio = bench.ratio(t_flash, timing)
     metrics |= {"sdpa_flash_ms": getattr(t_flash, "median_ms", None), "speedup_vs_sdpa_flash": ratio}
     message += f", SDPA's flash backend {bench.timing_text(t_flash)}" + (f": {ratio:.2f}x its speed" if ratio else "")
-    if call == "forward_hopper":  # the bar of steps 17-21: cuDNN's Hopper kernel
+    if call == "forward_hopper":  # the bar of steps 17-22: cuDNN's Hopper kernel
         t_cudnn = sdpa(SDPBackend.CUDNN_ATTENTION)
         cudnn_ratio = bench.ratio(t_cudnn, timing)
         metrics |= {"sdpa_cudnn_ms": getattr(t_cudnn, "median_ms", None), "speedup_vs_sdpa_cudnn": cudnn_ratio}

@@ -81,7 +81,7 @@ def half_sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
 
 
 def hopper_sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
-    """The Hopper kernel's pass (steps 17-21): one and two panels, tile edges, a padded head_dim, the ring of stages
+    """The Hopper kernel's pass (steps 17-22): one and two panels, tile edges, a padded head_dim, the ring of stages
     reused, padding and groups, bf16 and fp16 in turn, causal."""
     calls = []
     shapes = [(1, 2, 2, 129, 129, 64, None), (1, 1, 1, 100, 300, 128, None), (1, 2, 1, 257, 513, 80, None),
@@ -120,7 +120,7 @@ def backward_sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
 def step_of(kernel: str):
     return {"flash_attention_kernel": "Task 4, steps 1-6 (step 12 for lse)",
             "flash_attention_half_kernel": "Task 4, steps 8-11 (optional)",
-            "flash_attention_hopper_kernel": "Task 4, steps 17-21 (optional)",
+            "flash_attention_hopper_kernel": "Task 4, steps 17-22 (optional)",
             "delta_kernel": "Task 4, step 13 (optional)",
             "flash_attention_dkdv_kernel": "Task 4, steps 14-15 (optional)",
             "flash_attention_dq_kernel": "Task 4, step 16 (optional)"}.get(kernel)
@@ -129,7 +129,7 @@ def step_of(kernel: str):
 HALF_PASS_NAME = f"{sanitize.PASS_NAME}, the bf16/fp16 kernel (optional)"
 BACKWARD_PASS_NAME = f"{sanitize.PASS_NAME}, the backward kernels (optional)"
 HOPPER_PASS_NAME = f"{sanitize.PASS_NAME}, the Hopper kernel (optional)"
-HOPPER_ONLY = "the Hopper part (steps 17-21) runs on compute capability 9.0 only (H100, H200): not run on this GPU"
+HOPPER_ONLY = "the Hopper part (steps 17-22) runs on compute capability 9.0 only (H100, H200): not run on this GPU"
 
 
 def say_not_hopper(report) -> None:
@@ -209,7 +209,7 @@ def optional_half(report, worker, args, passes: list) -> bool:
 
 
 def optional_hopper(report, worker, args, passes: list) -> bool:
-    """Steps 17-21 (optional), on compute capability 9.0: the Hopper kernel's checks, then bad input while its
+    """Steps 17-22 (optional), on compute capability 9.0: the Hopper kernel's checks, then bad input while its
     sanitizer pass runs (added to `passes`). Whether the checks passed."""
     if not is_hopper():
         say_not_hopper(report)
@@ -234,7 +234,7 @@ def optional_benchmarks(report, worker, timed: list[tuple[str, object]]) -> None
 
 # The README steps of each part (step 7 is the float32 kernel's tuning; step 12, in kernels/attention.cu, the backward's)
 PART_STEPS = {"attention": (1, 2, 3, 4, 5, 6, 7), "half": (8, 9, 10, 11), "backward": (12, 13, 14, 15, 16),
-              "hopper": (17, 18, 19, 20, 21)}
+              "hopper": (17, 18, 19, 20, 21, 22)}
 
 
 def main(argv=None) -> int:
@@ -245,7 +245,7 @@ def main(argv=None) -> int:
     parser.add_argument("--backward", action="store_true",
                         help="test only README steps 12-16 (optional: the backward pass)")
     parser.add_argument("--hopper", action="store_true",
-                        help="test only README steps 17-21 (optional: the Hopper kernel, compute capability 9.0)")
+                        help="test only README steps 17-22 (optional: the Hopper kernel, compute capability 9.0)")
     args = parser.parse_args(argv)
     chosen = [p for p in PART_STEPS if getattr(args, p)] or list(PART_STEPS)
     report = Report(4, args.solution, "fused FlashAttention kernel", args.student_dir)

@@ -16,7 +16,7 @@ writes task4-half-tune.csv.
 (both kernels share them), timed as python -m task4.test --backward times them (the dK/dV kernel's figures in
 the table), with SDPA's backward pass beside; writes task4-backward-tune.csv.
 
---hopper: the optional Hopper kernel (task4/kernels/attention_hopper.cu, steps 17-21, compute capability 9.0) in bf16,
+--hopper: the optional Hopper kernel (task4/kernels/attention_hopper.cu, steps 17-22, compute capability 9.0) in bf16,
 its K/V stages, step 21's overlap and the registers' split between producer and consumers, with SDPA's flash and
 cuDNN backends timed beside the file as it is; writes task4-hopper-tune.csv.
 """
@@ -149,15 +149,16 @@ HALF_PLAN = tune.Plan(task=4, kernel_file="task4/kernels/attention_half.cu", tim
                       limit="16-bit tensor-core bound", configs=HALF_CONFIGS, measure=measure_half,
                       also=sdpa_flash_beside, part="the optional bf16/fp16 kernel")
 
-# The Hopper kernel's knobs (kernels/attention_hopper.cu, steps 17-21): the skeleton's first, then a third K/V stage
-# (it fits beside Q at head_dim 128: 225 KB), step 21's overlap, and the registers split otherwise between producer
-# and consumers.
+# The Hopper kernel's knobs (kernels/attention_hopper.cu, steps 17-22): the skeleton's first, then a third K/V stage
+# (it fits beside Q at head_dim 128: 225 KB), step 21's overlap, step 22's turns, and the registers split otherwise
+# between producer and consumers.
 HOPPER_CONFIGS = [
-    {"STAGES": 2, "PRODUCER_REGISTERS": 24, "CONSUMER_REGISTERS": 240, "OVERLAP": 0},
-    {"STAGES": 3, "PRODUCER_REGISTERS": 24, "CONSUMER_REGISTERS": 240, "OVERLAP": 0},
-    {"STAGES": 2, "PRODUCER_REGISTERS": 24, "CONSUMER_REGISTERS": 240, "OVERLAP": 1},
-    {"STAGES": 3, "PRODUCER_REGISTERS": 24, "CONSUMER_REGISTERS": 240, "OVERLAP": 1},
-    {"STAGES": 3, "PRODUCER_REGISTERS": 40, "CONSUMER_REGISTERS": 232, "OVERLAP": 1},
+    {"STAGES": 2, "PRODUCER_REGISTERS": 24, "CONSUMER_REGISTERS": 240, "OVERLAP": 0, "PINGPONG": 0},
+    {"STAGES": 3, "PRODUCER_REGISTERS": 24, "CONSUMER_REGISTERS": 240, "OVERLAP": 0, "PINGPONG": 0},
+    {"STAGES": 3, "PRODUCER_REGISTERS": 24, "CONSUMER_REGISTERS": 240, "OVERLAP": 1, "PINGPONG": 0},
+    {"STAGES": 2, "PRODUCER_REGISTERS": 24, "CONSUMER_REGISTERS": 240, "OVERLAP": 1, "PINGPONG": 1},
+    {"STAGES": 3, "PRODUCER_REGISTERS": 24, "CONSUMER_REGISTERS": 240, "OVERLAP": 1, "PINGPONG": 1},
+    {"STAGES": 3, "PRODUCER_REGISTERS": 40, "CONSUMER_REGISTERS": 232, "OVERLAP": 1, "PINGPONG": 1},
 ]
 
 

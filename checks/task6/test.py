@@ -128,8 +128,9 @@ def check_teacher_forced(worker, case, vocab: int, graph: bool = False, dtype=to
     elif not passed and case.device == "cuda":
         message += ("; on the GPU the model runs your Task 4 and Task 5 kernels: if the CPU cases pass, "
                     "check python -m task4.test and python -m task5.test" +
-                    (" (in 16 bits, their optional parts: python -m task4.test --half and python -m task5.test "
-                     "--half)" if same_type is not None else ""))
+                    (" (in 16 bits, their optional parts: python -m task4.test --half, or on an H100/H200 --hopper "
+                     "once its steps are all written, and python -m task5.test --half)" if same_type is not None
+                     else ""))
     return passed, message, metrics
 
 

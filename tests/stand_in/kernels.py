@@ -18,6 +18,11 @@ from tests.stand_in.gpu import BYTES_PER_S, CAPTURE, FLOPS_PER_S, REPO
 
 # -- the kernels: the bindings' checks, then PyTorch ------------------------------------------
 
+class Hang(Exception):
+    """A stand-in kernel that never returns: the stand-in worker answers as a real one that ran past its call's
+    time (harness/sandbox.py: the worker stopped, WorkerDied timed out)."""
+
+
 def check_cuda_float32(t, name):
     if getattr(t, "on_host", False):
         raise RuntimeError(f"{name} must be a CUDA tensor, got one on cpu (move it with .cuda())")
@@ -96,7 +101,8 @@ class Behaviour:
     build_error: the student's build of these kernels fails with this message;
     half: the bf16/fp16 kernels (task 4's of steps 8-11, task 5's decode of step 6; the float32 ones are right)
     write outputs 1% too large ("wrong"), or nothing ("unwritten", a skeleton's); hopper: task 4's Hopper kernel
-    (steps 17-21) the same, or "trap" (a kernel that traps: every call a CUDA error);
+    (steps 17-22) the same, or "trap" (a kernel that traps: every call a CUDA error), or "hang" (one that never
+    returns, as a named barrier no one arrives on);
     backward: task 4's backward kernels (steps 13-16) do the same with dk ("wrong", "unwritten"), or make one of
     harness/diagnose_backward.py's mistakes (its `how`, "no D" say);
     unscaled: the forward and decode kernels (float32 and 16-bit) ignore their scale: a mistake the checks name.

@@ -10,7 +10,7 @@ import torch
 from harness.attention_math import causal_mask, expand_kv_heads
 from harness.diagnose_backward import gradients_with
 from tests.stand_in.gpu import launched
-from tests.stand_in.kernels import (StandInKernels, attention_in_torch, attention_seconds, check_cuda_float32,
+from tests.stand_in.kernels import (Hang, StandInKernels, attention_in_torch, attention_seconds, check_cuda_float32,
                                     check_dim, check_finite, check_key_start, check_no_overlap, with_padding)
 
 
@@ -28,12 +28,14 @@ class Task4Kernels(StandInKernels):
 
     @launched
     def forward_hopper(self, q, k, v, out, causal, scale, key_start=None):
-        """The Hopper kernel (steps 17-21): forward_half's checks and result; behaviour.hopper as .half."""
+        """The Hopper kernel (steps 17-22): forward_half's checks and result; behaviour.hopper as .half."""
         self._forward_16bit(q, k, v, out, causal, scale, key_start, "forward_hopper", self.behaviour.hopper)
 
     def _forward_16bit(self, q, k, v, out, causal, scale, key_start, function, behaviour):
         if behaviour == "trap":  # a kernel that traps: CUDA's words, and the process's context gone with it
             raise RuntimeError("CUDA error: unspecified launch failure")
+        if behaviour == "hang":
+            raise Hang()
         if q.dtype not in (torch.bfloat16, torch.float16):
             raise RuntimeError(f"q must be bfloat16 or float16 for {function}, got {str(q.dtype)[6:]} "
                                "(float32 goes to forward)")

@@ -11,9 +11,11 @@ import torch
 
 from common import wire
 
-from harness.sandbox import WorkerDied, WorkerError
+from harness.outcome import Cause
+from harness.sandbox import CALL_TIMEOUT_S, WorkerDied, WorkerError
 from common.worker import _resolve
 from tests.stand_in.gpu import REPO
+from tests.stand_in.kernels import Hang
 
 
 KERNELS_OF = {5: (5, 4), 6: (5, 4), 7: (5, 4)}  # the kernels a task's worker builds: task 5's layer runs task 4's
@@ -69,6 +71,10 @@ class InProcessWorker:
             raise WorkerDied("the worker is not running")
         try:
             value = getattr(self.entry, name)(*_resolve(args, self.kept), **_resolve(kwargs, self.kept))
+        except Hang:  # as the real worker after its call's time: stopped, and the words it says
+            self.stop()
+            raise WorkerDied(f"your code did not answer within {timeout or CALL_TIMEOUT_S:.0f} s (an endless loop, "
+                             "or a hang?)", Cause.TIMED_OUT) from None
         except Exception as err:  # noqa: BLE001  a student's exception is an answer
             raise WorkerError(type(err).__name__, str(err), "") from None
         reply = wire.decode_reply(wire.encode_reply(value))  # what a real worker's reply becomes

@@ -1,8 +1,9 @@
 // The device library (see common.cuh): the Hopper instructions task 4's Hopper kernel (kernels/attention_hopper.cu,
-// steps 17-21) is built on, each wrapped in a function that says what it does: the mbarrier (a barrier in shared
+// steps 17-22) is built on, each wrapped in a function that says what it does: the mbarrier (a barrier in shared
 // memory that counts arrivals and bytes), the Tensor Memory Accelerator's tile copy (TMA, completing on an
 // mbarrier), the shared-memory matrix descriptor of the 128-byte swizzle, the warpgroup's asynchronous product
-// (wgmma.mma_async) with its fence, commit and wait, and the register reallocation between warpgroups (setmaxnreg).
+// (wgmma.mma_async) with its fence, commit and wait, the register reallocation between warpgroups (setmaxnreg) and
+// the named barriers two warpgroups take turns with.
 // PTX ISA: "Parallel Synchronization and Communication Instructions: mbarrier", "Data Movement and Conversion
 // Instructions: cp.async.bulk.tensor", "Asynchronous Warpgroup Level Matrix Multiply-Accumulate Instructions".
 // wgmma and setmaxnreg exist for the target sm_90a alone: a file including this says `// nvcc target: sm_90a`.
@@ -170,4 +171,14 @@ __device__ __forceinline__ void registers_release() {
 template <int REGISTERS>
 __device__ __forceinline__ void registers_take() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGISTERS));
+}
+
+// ---- Named barriers: 16 hardware barriers a block (id 0 is __syncthreads'), each completing when `threads` (a
+// multiple of 32) have reached it, some waiting (sync) and some only announcing (arrive, which does not wait). Two
+// warpgroups take turns with two of them: each waits on its own before its turn and arrives on the other's after.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }

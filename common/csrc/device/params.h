@@ -59,7 +59,7 @@ struct AttentionParams {
   float* lse = nullptr;  // step 12 (the backward part): (batch, heads, seq_q), each row's log-sum-exp, written
 };
 
-// Task 4's Hopper part (kernels/attention_hopper.cu, steps 17-21): the forward's parameters, head_dim a multiple
+// Task 4's Hopper part (kernels/attention_hopper.cu, steps 17-22): the forward's parameters, head_dim a multiple
 // of 8 (the binding pads it), and the tensor maps TMA copies Q, K and V through. The binding makes them
 // (cuTensorMapEncodeTiled: a kernel file may not call the driver): each views its tensor as 3-d, (head_dim, seq,
 // batch * heads) innermost first, in boxes of 64 columns (128 bytes) x HOPPER_BOX_ROWS rows, written to shared

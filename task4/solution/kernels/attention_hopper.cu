@@ -1,4 +1,4 @@
-// Task 4, optional part (README, Task 4, steps 17-21): the fused kernel in bf16 and fp16 on Hopper's own
+// Task 4, optional part (README, Task 4, steps 17-22): the fused kernel in bf16 and fp16 on Hopper's own
 // instructions (compute capability 9.0: H100, H200, GH200).
 // nvcc target: sm_90a
 //
@@ -16,7 +16,9 @@
 // - tiles are 64-column panels written with the 128-byte swizzle (head_dim 128: two panels), the layout wgmma
 //   reads without bank conflicts;
 // - step 21: a tile's S = Q K^T issued with the previous tile's O += P V, its softmax run while that product is on
-//   the tensor cores (wgmma groups complete in the order they were committed).
+//   the tensor cores (wgmma groups complete in the order they were committed);
+// - step 22: the two consumers take turns issuing their products (named barriers), so that one's softmax runs while
+//   the other's products are on the tensor cores (FlashAttention-3's ping-pong).
 // The online softmax is steps 9-10's on a different accumulator layout; P stays in registers as wgmma's A operand.
 
 #include <cuda.h>
@@ -46,6 +48,9 @@ constexpr int CONSUMER_REGISTERS = 240;
 // Step 21 (1): tile j's S = Q K^T issued with tile j - 1's O += P V, its softmax run while the tensor cores do that
 // product; 0: steps 18-20's loop, each tile's products and softmax one after another
 constexpr int OVERLAP = 1;  // [skeleton: 0]
+// Step 22 (1): the two consumers take turns issuing their products, so that one's softmax runs while the other's
+// products are on the tensor cores (named barriers 1 and 2); 0: each issues as soon as its tiles have landed
+constexpr int PINGPONG = 1;  // [skeleton: 0]
 constexpr int MAX_HEAD_DIM = 128;
 constexpr int PANEL_BYTES = HOPPER_BOX_ROWS * HOPPER_BOX_COLS * 2;  // one 64-column panel of a tile: 16 KB
 
@@ -61,6 +66,27 @@ struct Layout {
 };
 // Step 21 holds tile j - 1's stage while it waits for tile j's: with one stage it would wait for itself
 static_assert(!OVERLAP || STAGES >= 2, "OVERLAP needs STAGES >= 2");
+static_assert(!PINGPONG || OVERLAP, "PINGPONG takes turns in step 21's loop: it needs OVERLAP");
+
+// Step 22: consumer c's turns. Before each, it waits on named barrier 1 + c; after each, it arrives on the other's,
+// 2 - c (256 threads a phase: the 128 of the one waiting and the 128 of the one arriving). Consumer 1 arrives on
+// consumer 0's once before its first turn, so consumer 0 goes first; after its last turn it does not arrive, as
+// consumer 0 has no turn left to wait for (an arrival no one waits for would be left on the barrier).
+__device__ __forceinline__ void turns_start(int consumer) {
+  // BEGIN SOLUTION "step 22: consumer 1 lets consumer 0 go first"
+  if (PINGPONG && consumer == 1) named_barrier_arrive(1, 2 * WARPGROUP);
+  // END SOLUTION
+}
+__device__ __forceinline__ void turn_begin(int consumer) {
+  // BEGIN SOLUTION "step 22: wait for this consumer's turn"
+  if (PINGPONG) named_barrier_sync(1 + consumer, 2 * WARPGROUP);
+  // END SOLUTION
+}
+__device__ __forceinline__ void turn_end(int consumer, bool last) {
+  // BEGIN SOLUTION "step 22: hand the turn to the other consumer"
+  if (PINGPONG && !(last && consumer == 1)) named_barrier_arrive(2 - consumer, 2 * WARPGROUP);
+  // END SOLUTION
+}
 
 // The online softmax on one S tile as the consumer's warp holds it (the accumulator of m64n128: rows row and
 // row + 8, keys key0 + 8 n + 2 (lane % 4) + {0, 1}): scaled, masked, exponentiated in place into P; m, l and
@@ -268,9 +294,12 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
   } else {
     // BEGIN SOLUTION "step 21: tile j's S = Q K^T issued with tile j - 1's O += P V, the softmax while it runs"
     // tiles >= 1 here: a block whose rows see no key returned above
+    turns_start(consumer);
     mbarrier_wait(q_full, 0);
     mbarrier_wait(&k_full[0], 0);
+    turn_begin(consumer);  // step 22: a turn is the products issued between these two calls
     issue_scores<T, D>(s, q_rows, k_tiles);
+    turn_end(consumer, false);
     wgmma_wait<0>();
     pin_registers(s);
     online_softmax<CAUSAL>(s, masked(0), 0, seq_k, row, causal_offset, scale_log2, m, l, alpha);
@@ -278,9 +307,11 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
     for (int j = 1; j < tiles; ++j) {
       const int stage = j % STAGES, before = (j - 1) % STAGES;
       mbarrier_wait(&k_full[stage], (j / STAGES) % 2);
-      issue_scores<T, D>(s, q_rows, k_tiles + stage * L::TILE);
       mbarrier_wait(&v_full[before], ((j - 1) / STAGES) % 2);
+      turn_begin(consumer);
+      issue_scores<T, D>(s, q_rows, k_tiles + stage * L::TILE);
       issue_pv<T, D>(o, pa, v_tiles + before * L::TILE);
+      turn_end(consumer, false);
       wgmma_wait<1>();  // S of tile j is ready; O += P V of tile j - 1 may still run, beside this softmax
       pin_registers(s);
       online_softmax<CAUSAL>(s, masked(j), j * BLOCK_COLS, seq_k, row, causal_offset, scale_log2, m, l, alpha);
@@ -293,7 +324,9 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
     }
     const int last = (tiles - 1) % STAGES;
     mbarrier_wait(&v_full[last], ((tiles - 1) / STAGES) % 2);
+    turn_begin(consumer);
     issue_pv<T, D>(o, pa, v_tiles + last * L::TILE);
+    turn_end(consumer, true);
     wgmma_wait<0>();
     pin_registers(o);
     mbarrier_arrive(&empty[last]);
