@@ -7,9 +7,13 @@ student.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+
+# The line a skeleton (harness/skeleton.py) puts where a student has a step to write
+TODO = re.compile(r"TODO \(README, Task (?P<task>\d+), (?P<step>step \d+: .*)\)$")
 
 # PyTorch's own attention: a task that asks you to write attention must not call it.
 PYTORCH_ATTENTION = ("scaled_dot_product_attention", "multi_head_attention_forward", "MultiheadAttention(")
@@ -88,3 +92,12 @@ def check_own_work(task: int, solution: bool, student_dir: Path, attention_ops=(
         return False, "uses PyTorch's own attention or the reference solution, which this task asks you to " \
                       "write yourself: " + "; ".join(found[:10]), {}
     return True, "none found in your code", {}
+
+
+def remaining_todos(path: Path) -> list[str]:
+    """The README steps a student file still marks as TODO, e.g. ['step 2: ...']. Here, not in harness/, as the
+    worker runs it too (task4/attention.py's uses_hopper)."""
+    if not path.is_file() or path.is_symlink():
+        return []
+    text = path.read_bytes()[:2_000_000].decode("utf-8", errors="replace")  # a student's file: any bytes
+    return [m["step"] for m in map(TODO.search, text.splitlines()) if m]

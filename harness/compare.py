@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from common.impl import REPO, add_solution_flag
 from harness.checks import exact_float32
 from harness.attention_math import attention_flops, attention_float64, naive_attention
-from harness.skeleton import remaining_todos
+from common.impl import remaining_todos
 from harness import bench, sandbox
 from harness.sandbox import WorkerDied, WorkerError
 

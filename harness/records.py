@@ -25,11 +25,10 @@ from pathlib import Path
 import torch
 
 from harness.checks import CheckResult, index_ranges
-from common.impl import REPO, label
+from common.impl import REPO, label, remaining_todos
 from harness.outcome import Cause, Kind, Status
 from harness.sandbox import WorkerDied, WorkerError
 from common.wire import short_traceback
-from harness.skeleton import remaining_todos
 from common.tasks import student_files
 
 # the lines that are not checks, counted apart so the summary adds up to the lines shown
@@ -92,7 +91,7 @@ def _json_safe(value):
 
 
 def step_number(step: str) -> int:
-    """2 for 'step 2: split the heads', as harness/skeleton.py's remaining_todos gives the steps."""
+    """2 for 'step 2: split the heads', as common/impl.py's remaining_todos gives the steps."""
     return int(step.split(":")[0].removeprefix("step "))
 
 

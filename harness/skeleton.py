@@ -53,7 +53,6 @@ ANY_MARKER = re.compile(r"^\s*(#|//) (BEGIN SOLUTION|SKELETON|END SOLUTION)\b")
 UNTUNED = re.compile(r"^(?P<head>\s*constexpr int \w+ = )\d+(?P<rest>;.*?)\s*\[skeleton: (?P<value>\d+)\]\s*$")
 EMPTY_COMMENT = re.compile(r"\s*//\s*$")
 REFERENCE_ONLY = "[reference only]"
-TODO = re.compile(r"TODO \(README, Task (?P<task>\d+), (?P<step>step \d+: .*)\)$")
 
 
 class MarkerError(ValueError):
@@ -165,14 +164,6 @@ def generate(repo: Path = REPO) -> dict[Path, str]:
             text, task_number(rel), COMMENT[src.suffix], where=str(rel)
         )
     return result
-
-
-def remaining_todos(path: Path) -> list[str]:
-    """The README steps a student file still marks as TODO, e.g. ['step 2: ...']."""
-    if not path.is_file() or path.is_symlink():
-        return []
-    text = path.read_bytes()[:2_000_000].decode("utf-8", errors="replace")  # a student's file: any bytes
-    return [m["step"] for m in map(TODO.search, text.splitlines()) if m]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,7 +43,7 @@ def uses_hopper(q, solution: bool = False) -> bool:
     key = (solution, id(module))
     if key not in _hopper_written:
         from common.build import kernel_folder
-        from harness.skeleton import remaining_todos
+        from common.impl import remaining_todos
 
         file = kernel_folder(4, solution) / "attention_hopper.cu"
         _hopper_written[key] = bool(module.has_hopper()) and (solution or not remaining_todos(file))

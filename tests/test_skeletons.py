@@ -2,7 +2,8 @@
 
 import pytest
 
-from harness.skeleton import REPO, MarkerError, generate, make_skeleton, remaining_todos
+from common.impl import remaining_todos
+from harness.skeleton import REPO, MarkerError, generate, make_skeleton
 
 
 def test_committed_skeletons_match_the_generator():
