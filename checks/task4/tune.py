@@ -17,8 +17,8 @@ writes task4-half-tune.csv.
 the table), with SDPA's backward pass beside; writes task4-backward-tune.csv.
 
 --hopper: the optional Hopper kernel (task4/kernels/attention_hopper.cu, steps 17-22, compute capability 9.0) in bf16,
-its K/V stages, step 21's overlap and the registers' split between producer and consumers, with SDPA's flash and
-cuDNN backends timed beside the file as it is; writes task4-hopper-tune.csv.
+its K/V stages, step 21's overlap, step 22's turns and the registers' split between producer and consumers, with
+SDPA's flash and cuDNN backends timed beside the file as it is; writes task4-hopper-tune.csv.
 """
 
 import math
