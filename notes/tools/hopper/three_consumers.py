@@ -24,14 +24,15 @@ SWAPS = [
     ("static constexpr int Q = 0, K = TILE,", "static constexpr int Q = 0, K = Q_BOXES * TILE,"),
     ("mbarrier_init_all(empty, STAGES, 2 * WARPGROUP);", "mbarrier_init_all(empty, STAGES, CONSUMERS * WARPGROUP);"),
     ("    mbarrier_expect_bytes(q_full, L::TILE);\n    for (int panel = 0; panel < PANELS; ++panel)\n"
-     "      tma_load_box(q_tile + panel * PANEL_BYTES, &hp.q_map, panel * HOPPER_BOX_COLS, skip + q_start, bh, q_full);\n",
+     "      tma_load_box(q_tile + panel * PANEL_BYTES, &hp.q_map, panel * HOPPER_BOX_COLS, skip + q_start, bh, "
+     "q_full);\n",
      "    mbarrier_expect_bytes(q_full, Q_BOXES * L::TILE);\n    for (int box = 0; box < Q_BOXES; ++box)\n"
      "      for (int panel = 0; panel < PANELS; ++panel)\n"
      "        tma_load_box(q_tile + (box * PANELS + panel) * PANEL_BYTES, &hp.q_map, panel * HOPPER_BOX_COLS,\n"
      "                     skip + q_start + box * HOPPER_BOX_ROWS, bh, q_full);\n"),
     ("  if (hp.p.head_dim <= HOPPER_BOX_COLS)\n    return hp.p.causal ? launch<T, 1, true>(hp, stream) : "
-     "launch<T, 1, false>(hp, stream);\n  return hp.p.causal ? launch<T, 2, true>(hp, stream) : launch<T, 2, false>(hp, "
-     "stream);\n",
+     "launch<T, 1, false>(hp, stream);\n  return hp.p.causal ? launch<T, 2, true>(hp, stream) : "
+     "launch<T, 2, false>(hp, stream);\n",
      "  if (hp.p.head_dim <= HOPPER_BOX_COLS)\n    return hp.p.causal ? launch<T, 1, true>(hp, stream) : "
      "launch<T, 1, false>(hp, stream);\n  return cudaErrorInvalidValue;  // the experiment: head_dim 64 alone\n"),
 ]
