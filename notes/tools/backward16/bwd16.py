@@ -1,0 +1,144 @@
+"""Experiment (issue 58; device only): bwd16.cu's 16-bit backward built, checked against float64 autograd on the same
+16-bit inputs, then timed beside SDPA's flash backward (FlashAttention-2's) in one run.
+
+    PYTHONPATH=. python notes/tools/backward16/bwd16.py [check] [time] [--block-m 32|64]
+
+check: each gradient within 2x SDPA's own 16-bit error on the same inputs against the same float64, or half a unit
+in the last place of its largest value (the forward's rule, steps 8-11); outputs poisoned with NaN first.
+time: CUDA events, median of 20 after 3 warm-ups; TFLOP/s as 2.5x the forward's FLOPs (FlashAttention's count)."""
+import argparse
+import math
+import statistics
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.cpp_extension import load
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+CHECKS = [  # batch, heads, kv_heads, seq_q, seq_k, head_dim, causal, magnitude
+    (1, 2, 2, 128, 128, 64, False, 1), (2, 4, 2, 100, 300, 64, True, 1), (1, 2, 1, 257, 513, 128, False, 1),
+    (1, 2, 1, 257, 513, 128, True, 1), (2, 3, 3, 1, 65, 128, False, 1), (1, 2, 2, 70, 70, 64, True, 1),
+    (1, 4, 1, 200, 200, 128, True, 1), (1, 2, 2, 150, 150, 64, True, 25),  # 25: very negative (and large) scores
+]
+TIMED = [(4, 32, 2048, 64), (4, 32, 2048, 128), (2, 16, 4096, 64), (2, 16, 4096, 128)]
+
+
+def build():
+    return load(name="bwd16_experiment", sources=[str(HERE / "binding.cpp"), str(HERE / "bwd16.cu")],
+                extra_include_paths=[str(REPO / "common/csrc"), str(HERE)],
+                extra_cuda_cflags=["-O3", "-std=c++17", "-Xptxas", "-v"], verbose=False)
+
+
+def reference(q, k, v, dout, causal, scale):
+    """float64 autograd on the 16-bit values: dq, dk, dv (grouped heads summed), out, lse."""
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    ke, ve = k64.repeat_interleave(group, 1), v64.repeat_interleave(group, 1)
+    s = q64 @ ke.transpose(-1, -2) * scale
+    if causal:
+        seq_q, seq_k = q.shape[2], k.shape[2]
+        future = torch.ones(seq_q, seq_k, dtype=torch.bool, device=q.device).triu(seq_k - seq_q + 1)
+        s = s.masked_fill(future, -math.inf)
+    lse = torch.logsumexp(s, -1)
+    out = torch.softmax(s, -1) @ ve
+    dq, dk, dv = torch.autograd.grad(out, (q64, k64, v64), dout.double())
+    return dq, dk, dv, out.detach(), lse.detach()
+
+
+def sdpa_grads(q, k, v, dout, causal, scale):
+    """SDPA's own 16-bit backward on the same inputs (flash where it runs; a causal mask aligned to the end, which
+    SDPA's is_causal is not when seq_q != seq_k, as an explicit mask: its efficient or math backend)."""
+    group = q.shape[1] // k.shape[1]
+    qs, ks, vs = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    seq_q, seq_k = q.shape[2], k.shape[2]
+    mask = None
+    if causal and seq_q != seq_k:
+        mask = torch.ones(seq_q, seq_k, dtype=torch.bool, device=q.device).tril(seq_k - seq_q)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        out = F.scaled_dot_product_attention(qs, ks.repeat_interleave(group, 1), vs.repeat_interleave(group, 1),
+                                             attn_mask=mask, is_causal=causal and mask is None, scale=scale)
+    return torch.autograd.grad(out, (qs, ks, vs), dout)
+
+
+def check(ext, block_m):
+    failures = 0
+    for case in CHECKS:
+        b, h, kvh, sq, sk, d, causal, magnitude = case
+        for name, dtype in TYPES.items():
+            gen = torch.Generator(device="cuda").manual_seed(hash(case) % 1000 + len(name))
+            q = (torch.randn(b, h, sq, d, device="cuda", generator=gen) * magnitude).to(dtype)
+            k, v = (torch.randn(b, kvh, sk, d, device="cuda", generator=gen).to(dtype) for _ in range(2))
+            dout = torch.randn(b, h, sq, d, device="cuda", generator=gen).to(dtype)
+            scale = d ** -0.5
+            dq64, dk64, dv64, out64, lse64 = reference(q, k, v, dout, causal, scale)
+            out = out64.to(dtype)
+            dq, dk, dv = (torch.full_like(t, math.nan) for t in (q, k, v))
+            ext.backward(q, k, v, out, dout, lse64.float(), dq, dk, dv, causal, scale, block_m)
+            torch.cuda.synchronize()
+            theirs = sdpa_grads(q, k, v, dout, causal, scale)
+            words = []
+            for i, (label, mine, exact) in enumerate((("dq", dq, dq64), ("dk", dk, dk64), ("dv", dv, dv64))):
+                err = (mine.double() - exact).abs().max().item()
+                big = exact.abs().max().item()
+                ulp = big * torch.finfo(dtype).eps / 2
+                sdpa_err = (theirs[i].double() - exact).abs().max().item()
+                allowed, said = max(2 * sdpa_err, ulp), f"SDPA {sdpa_err:.1e}"
+                ok = err <= allowed  # NaN fails
+                failures += not ok
+                words.append(f"{label} {err:.1e} ({said}) {'ok' if ok else 'FAIL'}")
+            print(f"{name} b{b} h{h}/{kvh} sq{sq} sk{sk} d{d}{' causal' if causal else ''} x{magnitude}: "
+                  + "; ".join(words), flush=True)
+    print(f"checks: {failures} failed", flush=True)
+    return failures
+
+
+def median_ms(fn, runs=20):
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(runs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def time_cases(ext, block_m):
+    for b, h, s, d in TIMED:
+        for causal in (False, True):
+            q, k, v, dout = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            scale = d ** -0.5
+            qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale)
+            flash = median_ms(lambda: torch.autograd.grad(out, (qs, ks, vs), dout, retain_graph=True))
+            scores = (q.float() @ k.float().transpose(-1, -2)) * scale  # L, as the forward would save it
+            if causal:
+                scores.masked_fill_(torch.ones(s, s, dtype=torch.bool, device="cuda").triu(1), -math.inf)
+            lse = torch.logsumexp(scores, -1)
+            del scores
+            dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+            mine = median_ms(lambda: ext.backward(q, k, v, out.detach(), dout, lse, dq, dk, dv,
+                                                  causal, scale, block_m))
+            flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+            print(f"bf16 b{b} h{h} s{s} d{d}{' causal' if causal else ''}: mine {mine:.3f} ms "
+                  f"({flops / mine / 1e9:.0f} TFLOP/s), SDPA flash {flash:.3f} ms ({flops / flash / 1e9:.0f}): "
+                  f"{flash / mine:.2f}x its speed", flush=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("what", nargs="*", default=["check", "time"])
+    parser.add_argument("--block-m", type=int, default=64)
+    args = parser.parse_args()
+    ext = build()
+    failed = check(ext, args.block_m) if "check" in args.what else 0
+    if "time" in args.what and not failed:
+        time_cases(ext, args.block_m)
