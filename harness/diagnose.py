@@ -258,6 +258,11 @@ def _say(result: CheckResult, task: int, mistake: Mistake | str, step: int | Non
     return result
 
 
+def named(message: str) -> bool:
+    """Whether a case's message names a mistake (_say's words lead it)."""
+    return message.startswith("looks like ")
+
+
 def _candidates(task: int, made_in: tuple[str, ...]):
     return [m for m in MISTAKES if task in m.steps and m.made_in in made_in]
 

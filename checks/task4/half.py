@@ -12,7 +12,7 @@ import torch
 from harness import cli
 from harness.checks import compare, expect_errors, guard_damage, guarded_input, guarded_output
 from harness.attention_math import attention_float64, expand_kv_heads
-from harness.diagnose import diagnose, diagnose_sequences, tile_schedules
+from harness.diagnose import diagnose, diagnose_sequences, named, tile_schedules
 from checks.task4 import measure
 from checks.task4.measure import HALF_TYPES
 from checks.task4.cases import HALF_CASES, LARGE_SCORES
@@ -85,8 +85,9 @@ def check_half_errors(worker, call="forward_half"):
                          [(what, (*args, False, 0.125), words) for what, (args, words) in bad.items()])
 
 
-# Failed cases of a 16-bit part compared with the common mistakes: each comparison computes every mistake in float64
-# on the CPU (seconds on a large padded case), so a kernel that fails everything would pay it dozens of times
+# Failed cases of a 16-bit part that no common mistake explains, compared with them all the same: each comparison
+# computes every mistake in float64 on the CPU (seconds on a large padded case), so a kernel wrong in some other way
+# would pay it in every case. Cases a mistake explains go on being compared (they stop at the mistake they match).
 DIAGNOSED_FAILURES = 3
 
 
@@ -94,8 +95,8 @@ def run_16bit_part(report, worker, part, cases, hidden_cases, prefix, large_seed
     """A 16-bit part's cases: `cases` and the hidden ones in both types (causal too where seq_q <= seq_k), then
     large scores, each through check_half_case (`how`: its call and step). The first case whose process crashed,
     hung or met a CUDA error ends the part (after a CUDA error the process can no longer use the GPU): the rest
-    would fail as it did, or wait as long, and it is said once. The first DIAGNOSED_FAILURES failures are
-    compared with the common mistakes; a note counts the failures after them."""
+    would fail as it did, or wait as long, and it is said once. Failures are compared with the common mistakes until
+    DIAGNOSED_FAILURES of them matched none; a note counts the failures not compared after that."""
     runs = [(case, dtype, 1.0) for name, dtype in HALF_TYPES.items()
             for case in cli.cases(4, part, cases, hidden_cases, lambda s: f"{prefix}{name} {half_text(s)}",
                                   causal_ok=lambda s: s[3] <= s[4])]
@@ -103,21 +104,27 @@ def run_16bit_part(report, worker, part, cases, hidden_cases, prefix, large_seed
     runs += [(cli.Case(part, shape, True, cli.seed(large_seed, hidden_cases), "cuda",
                        f"{prefix}{name} large scores (q x {magnitude:g}) {half_text(shape)}"), dtype, magnitude)
              for name, dtype in HALF_TYPES.items()]
-    failures = 0
-    for case, dtype, magnitude in runs:
-        before = len(report.cases)
-        report.run(case.name, lambda: check_half_case(worker, case.shape, case.causal, case.seed, dtype, magnitude,
-                                                      constants, **how, diagnosed=failures < DIAGNOSED_FAILURES))
-        failures += sum(not c.passed for c in report.cases[before:])
-        if report.process_died_since(before, what):
-            return
-        if any("CUDA error" in c.message for c in report.cases[before:]):
-            report.note(f"the rest of {what} was not run: {case.name} ended in a CUDA error, and the process running "
-                        "your code cannot use the GPU after one")
-            return
-    if failures > DIAGNOSED_FAILURES:
-        report.note(f"{what}: the {failures - DIAGNOSED_FAILURES} failed case(s) after the first {DIAGNOSED_FAILURES} "
-                    "were not compared with the common mistakes (each comparison takes seconds): fix the first ones")
+    unexplained = not_compared = 0  # failures no mistake named; failures left uncompared after that
+    try:
+        for case, dtype, magnitude in runs:
+            before = len(report.cases)
+            compared = unexplained < DIAGNOSED_FAILURES
+            report.run(case.name, lambda: check_half_case(worker, case.shape, case.causal, case.seed, dtype,
+                                                          magnitude, constants, **how, diagnosed=compared))
+            failed = [c for c in report.cases[before:] if not c.passed]
+            unexplained += sum(compared and not named(c.message) for c in failed)
+            not_compared += 0 if compared else len(failed)
+            if report.process_died_since(before, what):
+                return
+            if any("CUDA error" in c.message for c in report.cases[before:]):
+                report.note(f"the rest of {what} was not run: {case.name} ended in a CUDA error, and the process "
+                            "running your code cannot use the GPU after one")
+                return
+    finally:
+        if not_compared:
+            report.note(f"{what}: {not_compared} failed case(s) were not compared with the common mistakes, after "
+                        f"{DIAGNOSED_FAILURES} that matched none of them (each comparison takes seconds): fix those "
+                        "first")
 
 
 def half_part(report, worker, hidden_cases, constants=None) -> bool:
