@@ -1,5 +1,7 @@
-"""task4.tune --hopper at another head_dim and mask (device only; the reference solution), OVERLAP and STAGES side by
-side in one run: PYTHONPATH=. python notes/tools/hopper/tune_at.py HEAD_DIM CAUSAL CONFIG... (CONFIG as --configs)."""
+"""task4.tune --hopper at another head_dim, mask and size (device only; the reference solution), the file's
+configuration and CONFIG... side by side in one run, each timed output checked:
+PYTHONPATH=. python notes/tools/hopper/tune_at.py HEAD_DIM CAUSAL [--shape BATCH,HEADS,SEQ] CONFIG... (CONFIG as
+--configs; the shape 8,32,4096 unless given: issue 57 also asks for 1,32,16384 and 16,32,1024)."""
 import dataclasses
 import sys
 
@@ -8,7 +10,10 @@ from checks.task4.measure import time_student
 from harness import tune
 
 head_dim, causal, configs = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3:]
-case = (8, 32, 4096, head_dim)
+shape = (8, 32, 4096)
+if configs[:1] == ["--shape"]:
+    shape, configs = tuple(int(n) for n in configs[1].split(",")), configs[2:]
+case = (*shape, head_dim)
 
 
 def measure(worker):
