@@ -1,0 +1,25 @@
+#!/bin/bash
+# The device work the 2026-12-04 stop left owed (notes/hopper-plan.md "Next", notes/backward16-plan.md), as device
+# calls from the repository root (bubblewrap's .deb carried in .dev/; logs under $OUT): bash notes/tools/owed.sh MODE.
+# backward16: issue 58's experiment, checked and timed, 64- then 32-query tiles (one build serves both).
+# sizes: issue 57's other sizes (B1 H32 S16384, B16 H32 S1024), head_dim 64 and 128, with SDPA's backends beside.
+# known-bad: the Hopper known-bad variants under the comparison cap of eccbe68 (the tail-unmasked one's time).
+export PYTHONUNBUFFERED=1 PYTHONPATH=.
+dpkg -x .dev/bubblewrap_*.deb / 2>/dev/null
+case "$1" in
+backward16)
+  ( time timeout 400 python notes/tools/backward16/bwd16.py check time --block-m 64 ) > $OUT/bwd16_64.log 2>&1
+  ( time timeout 150 python notes/tools/backward16/bwd16.py check time --block-m 32 ) > $OUT/bwd16_32.log 2>&1
+  grep -E "FAIL|checks:|TFLOP|real|rror" $OUT/bwd16_64.log $OUT/bwd16_32.log | tail -40 ;;
+sizes)
+  for shape in 1,32,16384 16,32,1024; do
+    for d in 64 128; do
+      ( timeout 70 python notes/tools/hopper/tune_at.py $d 0 --shape $shape PINGPONG=0 ) > $OUT/size_${shape}_$d.log 2>&1
+      grep -E "^\*|^ +[0-9] |SDPA" $OUT/size_${shape}_$d.log
+    done
+  done ;;
+known-bad)
+  KB_FILES=tests/test_cuda_hopper_submissions.py KB_JOBS=8 KB_LIMIT=400 timeout 420 bash notes/tools/checks.sh known-bad
+  mkdir -p $OUT/kb && cp /tmp/logs/kb_*.log $OUT/kb/ 2>/dev/null
+  grep -h "passed\|failed" $OUT/kb/*.log | tail -12 ;;
+esac
