@@ -4,6 +4,7 @@
 # backward16: issue 58's experiment, checked and timed, 64- then 32-query tiles (one build serves both).
 # sizes: issue 57's other sizes (B1 H32 S16384, B16 H32 S1024), head_dim 64 and 128, with SDPA's backends beside.
 # known-bad: the Hopper known-bad variants under the comparison cap of eccbe68 (the tail-unmasked one's time).
+# backward32: the float32 backward with dQ by atomics beside the dQ kernel (task4.tune --backward, checked first).
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 dpkg -x .dev/bubblewrap_*.deb / 2>/dev/null
 case "$1" in
@@ -22,4 +23,7 @@ known-bad)
   KB_FILES=tests/test_cuda_hopper_submissions.py KB_JOBS=8 KB_LIMIT=400 timeout 420 bash notes/tools/checks.sh known-bad
   mkdir -p $OUT/kb && cp /tmp/logs/kb_*.log $OUT/kb/ 2>/dev/null
   grep -h "passed\|failed" $OUT/kb/*.log | tail -12 ;;
+backward32)
+  ( time timeout 500 python notes/tools/backward32_dq_atomic.py ) > $OUT/backward32.log 2>&1
+  tail -25 $OUT/backward32.log ;;
 esac
