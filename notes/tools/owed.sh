@@ -5,6 +5,7 @@
 # sizes: issue 57's other sizes (B1 H32 S16384, B16 H32 S1024), head_dim 64 and 128, with SDPA's backends beside.
 # known-bad: the Hopper known-bad variants under the comparison cap of eccbe68 (the tail-unmasked one's time).
 # backward32: the float32 backward with dQ by atomics beside the dQ kernel (task4.tune --backward, checked first).
+# wide: issue 57's 192-key tiles at head_dim 64 against 128, then three consumers again, causal and not.
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 dpkg -x .dev/bubblewrap_*.deb / 2>/dev/null
 case "$1" in
@@ -23,6 +24,11 @@ known-bad)
   KB_FILES=tests/test_cuda_hopper_submissions.py KB_JOBS=8 KB_LIMIT=400 timeout 420 bash notes/tools/checks.sh known-bad
   mkdir -p $OUT/kb && cp /tmp/logs/kb_*.log $OUT/kb/ 2>/dev/null
   grep -h "passed\|failed" $OUT/kb/*.log | tail -12 ;;
+wide)
+  for causal in 0 1; do
+    ( timeout 100 python notes/tools/hopper/wide_tiles.py 64 $causal ) > $OUT/wide_$causal.log 2>&1
+    grep -E "^\*|^ +[0-9] |SDPA|rror" $OUT/wide_$causal.log
+  done ;;
 backward32)
   ( time timeout 500 python notes/tools/backward32_dq_atomic.py ) > $OUT/backward32.log 2>&1
   tail -25 $OUT/backward32.log ;;
