@@ -5,7 +5,7 @@
 # sizes: issue 57's other sizes (B1 H32 S16384, B16 H32 S1024), head_dim 64 and 128, with SDPA's backends beside.
 # known-bad: the Hopper known-bad variants under the comparison cap of eccbe68 (the tail-unmasked one's time).
 # backward32: the float32 backward with dQ by atomics beside the dQ kernel (task4.tune --backward, checked first).
-# wide: issue 57's 192-key tiles at head_dim 64 against 128, then three consumers again, causal and not.
+# wide: issue 57's 192-key tiles at head_dim 64 against 128, causal and not.
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 dpkg -x .dev/bubblewrap_*.deb / 2>/dev/null
 case "$1" in
