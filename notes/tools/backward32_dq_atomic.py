@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from patch_experiment import compile_variants, patch_once  # notes/tools, this script's folder
+
 REFERENCE = Path("task4/solution/kernels/attention_backward.cu")
 SWAPS = [
     ("constexpr int MAX_HEAD_DIM = 128;\n",
@@ -94,28 +96,9 @@ SWAPS = [
 ]
 
 
-def patched(text: str) -> str:
-    for old, new in SWAPS:
-        assert text.count(old) == 1, old
-        text = text.replace(old, new, 1)
-    return text
-
-
-root = Path(__file__).resolve().parents[2]
 if sys.argv[1:] == ["--compile"]:
-    copy = Path("/tmp/backward32_dq_atomic/attention_backward.cu")
-    copy.parent.mkdir(exist_ok=True)
-    for atomic in (1, 0):
-        copy.write_text(patched((root / REFERENCE).read_text())
-                        .replace("constexpr int DQ_ATOMIC = 1;", f"constexpr int DQ_ATOMIC = {atomic};"))
-        out = subprocess.run(["nvcc", "-c", "-std=c++17", "-O3", "-gencode", "arch=compute_90,code=sm_90",
-                              f"-I{root}/common/csrc", str(copy), "-o", "/tmp/backward32_dq_atomic/x.o",
-                              "-Xptxas", "-v"], capture_output=True, text=True)
-        lines = [line for line in out.stderr.splitlines() if "spill" in line or "error" in line or "Used" in line]
-        print(f"DQ_ATOMIC {atomic} (rc {out.returncode}):", *sorted(set(lines)), sep="\n  ")
+    compile_variants(REFERENCE, SWAPS, "DQ_ATOMIC", (1, 0), "90")
     sys.exit(0)
-text = REFERENCE.read_text()
-if "DQ_ATOMIC" not in text:  # patched once per copy
-    REFERENCE.write_text(patched(text))
+patch_once(REFERENCE, SWAPS, "DQ_ATOMIC")
 sys.exit(subprocess.call([sys.executable, "-m", "task4.tune", "--backward", "--solution", "--configs",
                           "DQ_ATOMIC=0", *sys.argv[1:]]))

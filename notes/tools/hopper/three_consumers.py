@@ -12,6 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from patch_experiment import compile_variants, patch_once  # noqa: E402  (notes/tools)
+
 REFERENCE = Path("task4/solution/kernels/attention_hopper.cu")
 SWAPS = [
     ("constexpr int BLOCK_ROWS = HOPPER_BOX_ROWS;  // query rows per block: 64 per consumer warpgroup\n",
@@ -38,29 +41,10 @@ SWAPS = [
 ]
 
 
-def patched(text: str) -> str:
-    for old, new in SWAPS:
-        assert text.count(old) == 1, old
-        text = text.replace(old, new, 1)
-    return text
-
-
 if sys.argv[1:] == ["--compile"]:
-    copy = Path("/tmp/three_consumers/attention_hopper.cu")
-    copy.parent.mkdir(exist_ok=True)
-    root = Path(__file__).resolve().parents[3]
-    for consumers in (3, 2):
-        copy.write_text(patched(REFERENCE.read_text() if REFERENCE.exists() else (root / REFERENCE).read_text())
-                        .replace("constexpr int CONSUMERS = 3;", f"constexpr int CONSUMERS = {consumers};"))
-        out = subprocess.run(["nvcc", "-c", "-std=c++17", "-O3", "-gencode", "arch=compute_90a,code=sm_90a",
-                              f"-I{root}/common/csrc", str(copy), "-o", "/tmp/three_consumers/x.o", "-Xptxas", "-v"],
-                             capture_output=True, text=True)
-        lines = [line for line in out.stderr.splitlines() if "spill" in line or "C75" in line or "error" in line]
-        print(f"CONSUMERS {consumers}:", *sorted(set(lines)), sep="\n  ")
+    compile_variants(REFERENCE, SWAPS, "CONSUMERS", (3, 2), "90a")
     sys.exit(0)
-text = REFERENCE.read_text()
-if "CONSUMERS" not in text:  # patched once per copy
-    REFERENCE.write_text(patched(text))
+patch_once(REFERENCE, SWAPS, "CONSUMERS")
 head_dim, causal, *rest = sys.argv[1:]
 tune_at = Path(__file__).with_name("tune_at.py")
 sys.exit(subprocess.call([sys.executable, str(tune_at), head_dim, causal, "CONSUMERS=2", *rest]))

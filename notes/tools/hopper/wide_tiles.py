@@ -12,8 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from patch_experiment import compile_variants, patch_once  # noqa: E402  (notes/tools)
+
 REFERENCE = Path("task4/solution/kernels/attention_hopper.cu")
-SWAPS = [  # (old, new, count): count 0 replaces every occurrence (at least one)
+SWAPS = [  # (old, new, count): patch_experiment.patched
     ("constexpr int BLOCK_COLS = HOPPER_BOX_ROWS;  // keys per K/V tile (S is 64 x 128 per consumer)\n",
      "constexpr int BLOCK_COLS = 192;  // keys per K/V tile: 128 (one box) or 192 (two)\n"
      "constexpr int KV_BOXES = (BLOCK_COLS + HOPPER_BOX_ROWS - 1) / HOPPER_BOX_ROWS;\n"
@@ -69,30 +72,10 @@ SWAPS = [  # (old, new, count): count 0 replaces every occurrence (at least one)
 ]
 
 
-def patched(text: str) -> str:
-    for old, new, count in SWAPS:
-        found = text.count(old)
-        assert found == count if count else found >= 1, (found, old)
-        text = text.replace(old, new)
-    return text
-
-
 if sys.argv[1:] == ["--compile"]:
-    root = Path(__file__).resolve().parents[3]
-    copy = Path("/tmp/wide_tiles/attention_hopper.cu")
-    copy.parent.mkdir(exist_ok=True)
-    for cols in (192, 128):
-        copy.write_text(patched((root / REFERENCE).read_text())
-                        .replace("constexpr int BLOCK_COLS = 192;", f"constexpr int BLOCK_COLS = {cols};"))
-        out = subprocess.run(["nvcc", "-c", "-std=c++17", "-O3", "-gencode", "arch=compute_90a,code=sm_90a",
-                              f"-I{root}/common/csrc", str(copy), "-o", "/tmp/wide_tiles/x.o", "-Xptxas", "-v"],
-                             capture_output=True, text=True)
-        lines = [line for line in out.stderr.splitlines() if "spill" in line or "C75" in line or "rror" in line]
-        print(f"BLOCK_COLS {cols} (rc {out.returncode}):", *sorted(set(lines)), sep="\n  ")
+    compile_variants(REFERENCE, SWAPS, "BLOCK_COLS", (192, 128), "90a")
     sys.exit(0)
-text = REFERENCE.read_text()
-if "KV_BOXES" not in text:  # patched once per copy
-    REFERENCE.write_text(patched(text))
+patch_once(REFERENCE, SWAPS, "KV_BOXES")
 head_dim, causal, *rest = sys.argv[1:]
 tune_at = Path(__file__).with_name("tune_at.py")
 sys.exit(subprocess.call([sys.executable, str(tune_at), head_dim, causal, "BLOCK_COLS=128", *rest]))
