@@ -4,6 +4,26 @@
 #include <torch/extension.h>
 
 #include "bwd16.h"
+#include "device/params.h"
+
+// forward_lse.py's patched copy of the reference's 16-bit forward (step 23), built beside bwd16.cu
+cudaError_t flash_attention_half_forward(const AttentionParams& p, cudaStream_t stream);
+
+void forward_lse16(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& out,
+                   torch::Tensor& lse, bool causal, double scale) {
+  for (const torch::Tensor* t : {&q, &k, &v, &out}) {
+    TORCH_CHECK(t->is_cuda() && t->is_contiguous() && t->dim() == 4 && t->scalar_type() == q.scalar_type(),
+                "q, k, v, out: contiguous 4-d CUDA tensors of one 16-bit type");
+  }
+  TORCH_CHECK(lse.is_cuda() && lse.is_contiguous() && lse.scalar_type() == torch::kFloat32, "lse: float32");
+  AttentionParams p;
+  p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr(), p.out = out.data_ptr();
+  p.bf16 = q.scalar_type() == torch::kBFloat16;
+  p.batch = q.size(0), p.heads = q.size(1), p.kv_heads = k.size(1), p.seq_q = q.size(2), p.seq_k = k.size(2);
+  p.head_dim = q.size(3), p.scale = (float)scale, p.causal = causal, p.lse = lse.data_ptr<float>();
+  const cudaError_t err = flash_attention_half_forward(p, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "flash_attention_half_forward: ", cudaGetErrorString(err));
+}
 
 void backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& out,
               const torch::Tensor& dout, const torch::Tensor& lse, torch::Tensor& dq, torch::Tensor& dk,
@@ -28,4 +48,7 @@ void backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tenso
   TORCH_CHECK(err == cudaSuccess, "backward16: ", cudaGetErrorString(err));
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("backward", &backward); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("backward", &backward);
+  m.def("forward_lse16", &forward_lse16);
+}

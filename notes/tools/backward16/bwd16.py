@@ -1,5 +1,6 @@
-"""Experiment (issue 58; device only): bwd16.cu's 16-bit backward built, checked against float64 autograd on the same
-16-bit inputs, then timed beside SDPA's flash backward (FlashAttention-2's) in one run.
+"""Experiment (issue 58; device only): bwd16.cu's 16-bit backward and forward_lse.py's 16-bit forward with L (steps
+23-26) built, the pair checked against float64 autograd on the same 16-bit inputs (the forward's out and L feed the
+backward, as in training), then the backward timed beside SDPA's flash backward (FlashAttention-2's) in one run.
 
     PYTHONPATH=. python notes/tools/backward16/bwd16.py [check] [time] [--block-m 32|64]
 
@@ -28,7 +29,10 @@ TIMED = [(4, 32, 2048, 64), (4, 32, 2048, 128), (2, 16, 4096, 64), (2, 16, 4096,
 
 
 def build():
-    return load(name="bwd16_experiment", sources=[str(HERE / "binding.cpp"), str(HERE / "bwd16.cu")],
+    import forward_lse
+
+    half = forward_lse.write(Path("/tmp/backward16/attention_half_lse.cu"))
+    return load(name="bwd16_experiment", sources=[str(HERE / "binding.cpp"), str(HERE / "bwd16.cu"), str(half)],
                 extra_include_paths=[str(REPO / "common/csrc"), str(HERE)],
                 extra_cuda_cflags=["-O3", "-std=c++17", "-Xptxas", "-v"], verbose=False)
 
@@ -75,10 +79,12 @@ def check(ext, block_m):
             dout = torch.randn(b, h, sq, d, device="cuda", generator=gen).to(dtype)
             scale = d ** -0.5
             dq64, dk64, dv64, out64, lse64 = reference(q, k, v, dout, causal, scale)
-            out = out64.to(dtype)
+            out, lse = torch.full_like(q, math.nan), torch.full(q.shape[:3], math.nan, device="cuda")
+            ext.forward_lse16(q, k, v, out, lse, causal, scale)
             dq, dk, dv = (torch.full_like(t, math.nan) for t in (q, k, v))
-            ext.backward(q, k, v, out, dout, lse64.float(), dq, dk, dv, causal, scale, block_m)
+            ext.backward(q, k, v, out, dout, lse, dq, dk, dv, causal, scale, block_m)
             torch.cuda.synchronize()
+            lse_err = (lse.double() - lse64).abs().max().item()  # reported: its allowance is for the device run to set
             theirs = sdpa_grads(q, k, v, dout, causal, scale)
             words = []
             for i, (label, mine, exact) in enumerate((("dq", dq, dq64), ("dk", dk, dk64), ("dv", dv, dv64))):
@@ -91,7 +97,7 @@ def check(ext, block_m):
                 failures += not ok
                 words.append(f"{label} {err:.1e} ({said}) {'ok' if ok else 'FAIL'}")
             print(f"{name} b{b} h{h}/{kvh} sq{sq} sk{sk} d{d}{' causal' if causal else ''} x{magnitude}: "
-                  + "; ".join(words), flush=True)
+                  + "; ".join(words) + f"; L {lse_err:.1e}", flush=True)
     print(f"checks: {failures} failed", flush=True)
     return failures
 
@@ -119,13 +125,10 @@ def time_cases(ext, block_m):
             with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
                 out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale)
             flash = median_ms(lambda: torch.autograd.grad(out, (qs, ks, vs), dout, retain_graph=True))
-            scores = (q.float() @ k.float().transpose(-1, -2)) * scale  # L, as the forward would save it
-            if causal:
-                scores.masked_fill_(torch.ones(s, s, dtype=torch.bool, device="cuda").triu(1), -math.inf)
-            lse = torch.logsumexp(scores, -1)
-            del scores
+            mine_out, lse = torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+            ext.forward_lse16(q, k, v, mine_out, lse, causal, scale)  # L as the forward saves it
             dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-            mine = median_ms(lambda: ext.backward(q, k, v, out.detach(), dout, lse, dq, dk, dv,
+            mine = median_ms(lambda: ext.backward(q, k, v, mine_out, dout, lse, dq, dk, dv,
                                                   causal, scale, block_m))
             flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
             print(f"bf16 b{b} h{h} s{s} d{d}{' causal' if causal else ''}: mine {mine:.3f} ms "
