@@ -107,21 +107,21 @@ def measure_half(worker) -> tune.Measured:
     return measure_16bit(worker)
 
 
-def sdpa_beside(backends):
-    """SDPA's `backends` ((name, SDPBackend) pairs) at the same case, in bf16, one line each."""
+def sdpa_beside(backends, case=PERF_CASE, causal=False):
+    """SDPA's `backends` ((name, SDPBackend) pairs) at the same case and mask, in bf16, one line each."""
     def lines(worker) -> list[str]:
-        b, h, s, d = PERF_CASE
+        b, h, s, d = case
         said = []
         for name, backend in backends:
             def run(q, k, v, o):
                 with sdpa_kernel(backend):
-                    return F.scaled_dot_product_attention(q, k, v, scale=1.0 / math.sqrt(d))
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=1.0 / math.sqrt(d))
             try:
                 timing = time_here(run, b, h, s, d, 1, torch.bfloat16)
             except RuntimeError as err:  # no such kernel for this GPU: said
                 timing = f"not available here ({str(err).splitlines()[0][:120]})"
             said.append(f"SDPA's {name}, bf16, same case: {bench.timing_text(timing)}"
-                        + (f", {attention_flops(b, h, s, s, d, False) / (timing.median_ms * 1e-3) / 1e12:.0f} TFLOP/s"
+                        + (f", {attention_flops(b, h, s, s, d, causal) / (timing.median_ms * 1e-3) / 1e12:.0f} TFLOP/s"
                            if not isinstance(timing, str) else ""))
         return said
     lines.__doc__ = "SDPA's " + " and ".join(name for name, _ in backends) + " at the same case, in bf16"

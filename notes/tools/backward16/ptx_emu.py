@@ -51,15 +51,17 @@ class Smem:
     def read_matrix(self, base, ld, rows, cols):
         return np.stack([bits_f(self.w[base + i * ld: base + i * ld + cols]) for i in range(rows)])
 
+    def _check(self, addr, width, region, what):
+        """Each lane's access of `width` 16-bit words: aligned to its size, and inside `region` (lo, hi) if given."""
+        if np.any(addr % width):
+            self.events.append(f"MISALIGNED {what}: {addr[addr % width != 0]}")
+        if region is not None and (np.any(addr < region[0]) or np.any(addr + width > region[1])):
+            self.events.append(f"OUT OF REGION {what}")
+
     def ldmatrix_x4(self, addr, trans=False, region=None, what=""):
         addr = np.asarray(addr, dtype=np.int64)
         assert addr.shape == (32,)
-        if np.any(addr % 8):
-            self.events.append(f"MISALIGNED ldmatrix row address (not 16 B) in {what}: {addr[addr % 8 != 0]}")
-        if region is not None:
-            lo, hi = region
-            if np.any(addr < lo) or np.any(addr + 8 > hi):
-                self.events.append(f"OUT OF REGION ldmatrix in {what}")
+        self._check(addr, 8, region, f"ldmatrix row address (16 B) in {what}")
         # bank conflicts: each of the 4 phases (one matrix, 8 rows of 16 B) should hit 8 distinct 16-byte groups
         for i in range(4):
             groups = (addr[8 * i: 8 * i + 8] * 2 // 16) % 8
@@ -78,12 +80,7 @@ class Smem:
     def store_u32(self, addr, val, region=None, what=""):
         """Each lane stores one 32-bit register at element address addr (must be 4-byte aligned)."""
         addr = np.asarray(addr, dtype=np.int64)
-        if np.any(addr % 2):
-            self.events.append(f"MISALIGNED 32-bit shared store in {what}")
-        if region is not None:
-            lo, hi = region
-            if np.any(addr < lo) or np.any(addr + 2 > hi):
-                self.events.append(f"OUT OF REGION 32-bit store in {what}")
+        self._check(addr, 2, region, f"32-bit shared store in {what}")
         words = (addr // 2) % 32
         if len(set(words.tolist())) != 32:
             self.events.append(f"bank conflict 32-bit store in {what}")

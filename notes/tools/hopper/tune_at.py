@@ -5,12 +5,11 @@ PYTHONPATH=. python notes/tools/hopper/tune_at.py HEAD_DIM CAUSAL [--shape BATCH
 import dataclasses
 import sys
 
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend
 
 import checks.task4.tune as t
-from checks.task4.measure import time_here, time_student
-from harness import bench, tune
+from checks.task4.measure import time_student
+from harness import tune
 
 head_dim, causal, configs = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3:]
 shape = (8, 32, 4096)
@@ -28,28 +27,9 @@ def measure(worker):
     return tune.Measured(ms=timing.median_ms, throughput=tflops, share=100 * tflops / t.half_tensor_core_bound_tflops())
 
 
-def sdpa_lines(worker) -> list[str]:
-    b, h, s, d = case
-    said = []
-    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cuDNN", SDPBackend.CUDNN_ATTENTION)):
-        def run(q, k, v, o, backend=backend):
-            with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=d ** -0.5)
-        try:
-            timing = time_here(run, b, h, s, d, 1, t.torch.bfloat16)
-        except RuntimeError as err:  # no such kernel for this GPU
-            said.append(f"SDPA's {name} backend: not available here ({str(err).splitlines()[0][:120]})")
-            continue
-        if isinstance(timing, str):  # timed, but not to be trusted: bench says why
-            said.append(f"SDPA's {name} backend, bf16, same case: {timing}")
-            continue
-        tflops = t.attention_flops(b, h, s, s, d, causal) / (timing.median_ms * 1e-3) / 1e12
-        said.append(f"SDPA's {name} backend, bf16, same case: {bench.timing_text(timing)}, {tflops:.0f} TFLOP/s")
-    return said
-
-
-sdpa_lines.__doc__ = "SDPA's flash and cuDNN backends at the same case and mask, in bf16"
-plan = dataclasses.replace(t.HOPPER_PLAN, measure=measure, also=sdpa_lines,
+also = t.sdpa_beside([("flash backend", SDPBackend.FLASH_ATTENTION), ("cuDNN backend", SDPBackend.CUDNN_ATTENTION)],
+                     case, causal)
+plan = dataclasses.replace(t.HOPPER_PLAN, measure=measure, also=also,
                            what="Hopper, bf16, batch {} heads {} seq {} head_dim {}".format(*case)
                            + (" causal" if causal else ""))
 sys.exit(tune.main(plan, ["--solution", "--csv", f"/tmp/tune_{head_dim}_{int(causal)}.csv", "--configs", *configs]))
