@@ -181,7 +181,7 @@ static bool has_hopper() { return flash_attention_hopper_forward != nullptr; }
 
 // A TMA tensor map of t, (batch, heads, seq, head_dim) contiguous, 16-byte aligned, head_dim a multiple of 8 (TMA's
 // strides are multiples of 16 bytes): device/params.h says what it describes.
-static CUtensorMap tensor_map(const torch::Tensor& t, const char* name) {
+static CUtensorMap tensor_map(const torch::Tensor& t, const char* name, cuuint32_t box_rows) {
   static const auto encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found;
@@ -198,7 +198,7 @@ static CUtensorMap tensor_map(const torch::Tensor& t, const char* name) {
   const cuuint64_t head_dim = t.size(3), seq = t.size(2);
   const cuuint64_t dims[3] = {head_dim, seq, (cuuint64_t)(t.size(0) * t.size(1))};
   const cuuint64_t strides[2] = {head_dim * 2, seq * head_dim * 2};  // bytes, of dims 1 and 2
-  const cuuint32_t box[3] = {HOPPER_BOX_COLS, HOPPER_BOX_ROWS, 1}, steps[3] = {1, 1, 1};
+  const cuuint32_t box[3] = {HOPPER_BOX_COLS, box_rows, 1}, steps[3] = {1, 1, 1};
   CUtensorMap map;
   const CUresult result = encode(&map, t.scalar_type() == torch::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
@@ -236,7 +236,8 @@ void forward_hopper(const torch::Tensor& q, const torch::Tensor& k, const torch:
                                 ? out : torch::empty_like(q_ready);
   HopperAttentionParams p;
   p.p = attention_params(q_ready, k_ready, v_ready, out_ready, key_start_data, scale, causal);
-  p.q_map = tensor_map(q_ready, "q"), p.k_map = tensor_map(k_ready, "k"), p.v_map = tensor_map(v_ready, "v");
+  p.q_map = tensor_map(q_ready, "q", HOPPER_Q_BOX_ROWS);
+  p.k_map = tensor_map(k_ready, "k", HOPPER_KV_BOX_ROWS), p.v_map = tensor_map(v_ready, "v", HOPPER_KV_BOX_ROWS);
   check_launch(flash_attention_hopper_forward(p, c10::cuda::getCurrentCUDAStream()), "flash_attention_hopper_forward");
   if (!out_ready.is_same(out)) out.copy_(out_ready.narrow(3, 0, out.size(3)));
 }

@@ -20,13 +20,14 @@ P4_NO_PINGPONG = ("constexpr int PINGPONG = 1;", "constexpr int PINGPONG = 0;")
 P4_NO_OVERLAP = ("constexpr int OVERLAP = 1;", "constexpr int OVERLAP = 0;")
 P4_STAGE_NEVER_EMPTIED_NO_OVERLAP = ("      mbarrier_arrive(&empty[stage]);\n", "")
 # V read with the default panel distance: head_dim 128's second 64 columns come from the wrong place
-P4_V_PANELS_WRONG = ("swizzled_tile(v_tile + t * 16 * 128, PANEL_BYTES)", "swizzled_tile(v_tile + t * 16 * 128)")
+P4_V_PANELS_WRONG = ("swizzled_tile(v_tile + t * 16 * ROW_BYTES, N * ROW_BYTES)",
+                     "swizzled_tile(v_tile + t * 16 * ROW_BYTES)")
 # V's copies never announced: its barrier never gets the producer's arrival, and the consumers wait for it forever
-P4_V_NEVER_ANNOUNCED = ("      mbarrier_expect_bytes(&v_full[stage], L::TILE);\n", "")
+P4_V_NEVER_ANNOUNCED = ("      mbarrier_expect_bytes(&v_full[stage], L::KV_TILE);\n", "")
 # the mask keeps only the causal part: keys past seq_k (TMA's zero rows, scores of 0, not -inf) weigh in
 P4_TAIL_UNMASKED = ("if (key >= seq_k || (CAUSAL && key > r + causal_offset))", "if (CAUSAL && key > r + causal_offset)")
 # step 21 without the product after its loop: the last tile's P V never reaches O
-P4_LAST_TILE_DROPPED = ("    issue_pv<T, D>(o, pa, v_tiles + last * L::TILE);\n", "")
+P4_LAST_TILE_DROPPED = ("    issue_pv<T, D, COLS>(o, pa, v_tiles + last * L::KV_TILE);\n", "")
 # step 22 without consumer 1's first arrival: each consumer waits for the other's turn to end, forever (a named
 # barrier does not trap: the case runs into its minute)
 P4_TURNS_NEVER_STARTED = ("  if (PINGPONG && consumer == 1) named_barrier_arrive(1, 2 * WARPGROUP);\n", "")

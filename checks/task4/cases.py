@@ -64,13 +64,15 @@ HALF_CASES = [
     (2, 2, 1, 600, 700, 128, (0, 450)),  # padding that skips more than a block of queries
 ]
 # The optional Hopper kernel (steps 17-22), run in both 16-bit types, as HALF_CASES: lengths around its tiles (128
-# queries, 128 keys) and past its ring of K/V stages (3 in the reference, 2 in the skeleton), head_dim 64 and 128 (one and two panels) and between
-# (the second panel partly zeros), head_dims the binding pads to a multiple of 8, grouped heads, padding.
+# queries; 192 keys up to head_dim 64, 128 above) and past its ring of K/V stages (3 in the reference, 2 in the
+# skeleton), head_dim 64 and 128 (one and two panels) and between (the second panel partly zeros), head_dims the
+# binding pads to a multiple of 8, grouped heads, padding.
 HOPPER_CASES = [
     (1, 1, 1, 1, 1, 64, None),
     (2, 4, 4, 128, 128, 64, None),
     (2, 4, 2, 129, 255, 128, None),
     (1, 8, 8, 300, 1000, 128, None),  # eight K/V tiles: every stage of the ring reused, 2 or 3 stages
+    (1, 4, 2, 193, 1000, 64, None),  # head_dim 64's 192-key tiles: six, the last partial, every stage reused
     (3, 2, 1, 127, 127, 32, None),
     (2, 3, 3, 257, 513, 80, None),
     (1, 4, 4, 1, 300, 96, None),

@@ -37,7 +37,8 @@ def check_half_case(worker, shape, causal, seed, dtype, magnitude=1.0, constants
     """One case of a 16-bit kernel (`call`: the bf16/fp16 one, or the Hopper one) against float64 on the same
     16-bit inputs, within what SDPA's error says the type allows; outputs poisoned, guard bands around every
     tensor. A wrong output is compared with the common mistakes within the same allowance, under the student's
-    BLOCK_COLS and BLOCK_COLS_SMALL (`constants`), and named with `step` (unless not `diagnosed`)."""
+    key tiles (`constants`: BLOCK_COLS, and BLOCK_COLS_SMALL or BLOCK_COLS_LARGE_D), and named with `step` (unless
+    not `diagnosed`)."""
     heads, starts = grouped(shape)[1], grouped(shape)[6]
     q, k, v = (t.to(dtype) for t in make_inputs(shape, seed, magnitude))
     key_start = None if starts is None else torch.tensor(starts, dtype=torch.int32)
@@ -56,7 +57,7 @@ def check_half_case(worker, shape, causal, seed, dtype, magnitude=1.0, constants
     if not diagnosed:
         return result
     k, v = expand_kv_heads(k, heads), expand_kv_heads(v, heads)  # the float64 side only
-    widths = [(constants or {}).get(name) for name in ("BLOCK_COLS", "BLOCK_COLS_SMALL")]
+    widths = [(constants or {}).get(name) for name in ("BLOCK_COLS", "BLOCK_COLS_SMALL", "BLOCK_COLS_LARGE_D")]
     # a mistaken output can be larger than a right one (a single row of V where a mean was meant), and its 16-bit
     # rounding with it: the allowance, plus one unit in the last place of the type at each value's size
     how = dict(atol=allowed, rtol=torch.finfo(dtype).eps, scale=scale, step=step)

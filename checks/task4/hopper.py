@@ -10,9 +10,9 @@ from checks.task4.cases import HOPPER_CASES
 from checks.task4.half import run_16bit_part
 
 # Where the Hopper kernel makes each of the common mistakes (harness/diagnose.py): the scale, the mask and the
-# online softmax are step 19's; its key tiles are 128 wide
+# online softmax are step 19's; its key tiles are the reference's widths unless the student's file says otherwise
 HOPPER_MISTAKES_STEP = 19
-HOPPER_TILES = {"BLOCK_COLS": 128}
+HOPPER_TILES = {"BLOCK_COLS": 192, "BLOCK_COLS_LARGE_D": 128}
 
 
 # An mbarrier wait traps after seconds (device/hopper.cuh); these two wait forever
@@ -24,14 +24,15 @@ def is_hopper() -> bool:
     return torch.cuda.get_device_capability() == (9, 0)
 
 
-def hopper_part(report, worker, hidden_cases) -> bool:
+def hopper_part(report, worker, hidden_cases, constants=None) -> bool:
     """Steps 17-22 (optional): the Hopper kernel in both types; whether every case passed. An mbarrier that never
     completes traps after seconds, a CUDA error that ends the part at its first case (run_16bit_part); a kernel
-    that hangs without trapping ends it too, and a note says where such hangs come from."""
+    that hangs without trapping ends it too, and a note says where such hangs come from. constants: the student's
+    attention_hopper.cu's (its key tiles, BLOCK_COLS and BLOCK_COLS_LARGE_D)."""
     report.begin_part("hopper", (17, 18, 19, 20, 21, 22), optional=True)
     before = len(report.cases)
     run_16bit_part(report, worker, "hopper", HOPPER_CASES, hidden_cases, "Hopper ", 23, "the Hopper part",
-                   HOPPER_TILES, call="forward_hopper", step=HOPPER_MISTAKES_STEP)
+                   {**HOPPER_TILES, **(constants or {})}, call="forward_hopper", step=HOPPER_MISTAKES_STEP)
     if any("did not answer within" in c.message for c in report.cases[before:]):
         report.note(HUNG)
     return report.end_part("hopper")

@@ -214,7 +214,8 @@ def optional_hopper(report, worker, args, passes: list) -> bool:
     if not is_hopper():
         say_not_hopper(report)
         return False
-    if not hopper_part(report, worker, args.hidden):
+    if not hopper_part(report, worker, args.hidden,
+                       kernel_constants("task4/kernels/attention_hopper.cu", args.student_dir, args.solution)):
         return False
     passes.append(sanitize.start(report, 4, args, hopper_sanitizer_calls(args.hidden), step_of, HOPPER_PASS_NAME,
                                  kind="optional", part="hopper"))

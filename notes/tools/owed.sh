@@ -16,8 +16,8 @@ backward16)
 sizes)
   for shape in 1,32,16384 16,32,1024; do
     for d in 64 128; do
-      ( timeout 70 python notes/tools/hopper/tune_at.py $d 0 --shape $shape PINGPONG=0 ) > $OUT/size_${shape}_$d.log 2>&1
-      grep -E "^\*|^ +[0-9] |SDPA" $OUT/size_${shape}_$d.log
+      ( timeout 70 python notes/tools/hopper/tune_at.py $d 0 --shape $shape PINGPONG=0 ) > $OUT/size_${shape//,/x}_$d.log 2>&1
+      grep -E "^\*|^ +[0-9] |SDPA" $OUT/size_${shape//,/x}_$d.log
     done
   done ;;
 known-bad)

@@ -37,8 +37,12 @@
 
 namespace {
 
-constexpr int BLOCK_ROWS = HOPPER_BOX_ROWS;  // query rows per block: 64 per consumer warpgroup
-constexpr int BLOCK_COLS = HOPPER_BOX_ROWS;  // keys per K/V tile (S is 64 x 128 per consumer)
+constexpr int BLOCK_ROWS = HOPPER_Q_BOX_ROWS;  // query rows per block: 64 per consumer warpgroup
+// Keys per K/V tile, a multiple of HOPPER_KV_BOX_ROWS that wgmma_ss takes (128 or 192). Up to head_dim 64, 192: S
+// (64 x 192 a consumer), P and O still fit in registers, and a tile's fixed costs (its barrier waits, the row maxima's
+// shuffles, O's rescale) spread over more keys; above, 128, beside an O of 64 x 128.
+constexpr int BLOCK_COLS = 192;
+constexpr int BLOCK_COLS_LARGE_D = 128;
 constexpr int STAGES = 2;                    // K/V tiles in flight
 constexpr int WARPGROUP = 4 * WARP;
 constexpr int THREADS = 3 * WARPGROUP;       // the producer and two consumers
@@ -52,17 +56,21 @@ constexpr int OVERLAP = 0;
 // products are on the tensor cores (named barriers 1 and 2); 0: each issues as soon as its tiles have landed
 constexpr int PINGPONG = 0;
 constexpr int MAX_HEAD_DIM = 128;
-constexpr int PANEL_BYTES = HOPPER_BOX_ROWS * HOPPER_BOX_COLS * 2;  // one 64-column panel of a tile: 16 KB
+constexpr int ROW_BYTES = HOPPER_BOX_COLS * 2;        // a row of a 64-column panel: 128 bytes
+constexpr int Q_PANEL_BYTES = BLOCK_ROWS * ROW_BYTES;  // one 64-column panel of Q's tile: 16 KB
 
-// Shared memory: Q (PANELS panels), then STAGES K tiles and STAGES V tiles, then the barriers. A swizzled tile
-// starts on a 1024-byte boundary (the swizzle's pattern repeats every 8 rows of 128 bytes).
+// Shared memory: Q (PANELS panels), then STAGES K tiles and STAGES V tiles (PANELS panels of COLS rows each), then
+// the barriers. A swizzled tile starts on a 1024-byte boundary (the swizzle's pattern repeats every 8 rows of 128
+// bytes), and so does each box within it: boxes one after another make one swizzled tile of all their rows.
 template <int PANELS>
 struct Layout {
-  static constexpr int TILE = PANELS * PANEL_BYTES;
-  static constexpr int Q = 0, K = TILE, V = K + STAGES * TILE, BARRIERS = V + STAGES * TILE;
+  static constexpr int COLS = PANELS == 1 ? BLOCK_COLS : BLOCK_COLS_LARGE_D;  // keys per K/V tile
+  static constexpr int KV_PANEL = COLS * ROW_BYTES, Q_TILE = PANELS * Q_PANEL_BYTES, KV_TILE = PANELS * KV_PANEL;
+  static constexpr int Q = 0, K = Q_TILE, V = K + STAGES * KV_TILE, BARRIERS = V + STAGES * KV_TILE;
   static constexpr int BARRIER_COUNT = 1 + 3 * STAGES;  // Q's, then each stage's K full, V full, empty
   static constexpr int BYTES = 1024 + BARRIERS + 8 * BARRIER_COUNT;  // 1024: room to align the start
   static_assert(BYTES <= 227 * 1024, "Q and STAGES K/V tiles must fit in a block's 227 KB of shared memory");
+  static_assert(COLS % HOPPER_KV_BOX_ROWS == 0, "a K/V tile is whole boxes of HOPPER_KV_BOX_ROWS rows");
 };
 // Step 21 holds tile j - 1's stage while it waits for tile j's: with one stage it would wait for itself
 static_assert(!OVERLAP || STAGES >= 2, "OVERLAP needs STAGES >= 2");
@@ -82,29 +90,30 @@ __device__ __forceinline__ void turn_end(int consumer, bool last) {
   // TODO (README, Task 4, step 22: hand the turn to the other consumer)
 }
 
-// The online softmax on one S tile as the consumer's warp holds it (the accumulator of m64n128: rows row and
+// The online softmax on one S tile of N keys as the consumer's warp holds it (the accumulator of m64nN: rows row and
 // row + 8, keys key0 + 8 n + 2 (lane % 4) + {0, 1}): scaled, masked, exponentiated in place into P; m, l and
 // alpha (O's rescale) per row, as steps 9-10.
 // `masked`: whether this tile has a key to mask for some row of the block (the last tile, the diagonal's): the
 // others skip the comparisons, two per score.
-template <bool CAUSAL>
-__device__ __forceinline__ void online_softmax(float (&s)[64], bool masked, int key0, int seq_k, int row,
+template <bool CAUSAL, int N>
+__device__ __forceinline__ void online_softmax(float (&s)[N / 2], bool masked, int key0, int seq_k, int row,
                                                int causal_offset, float scale_log2, float (&m)[2], float (&l)[2],
                                                float (&alpha)[2]) {
   const int lane = threadIdx.x % WARP;
   // TODO (README, Task 4, step 19: scale, then mask keys past seq_k and past each row's diagonal; m, l, alpha; S into P)
 }
 
-// Step 18: S = Q K^T of one K tile (this consumer's 64 rows x 128 keys), issued and committed as one group: the
+// Step 18: S = Q K^T of one K tile (this consumer's 64 rows x N keys), issued and committed as one group: the
 // caller waits for it (wgmma_wait) before reading s.
-template <typename T, int D>
-__device__ __forceinline__ void issue_scores(float (&s)[64], const char* q_rows, const char* k_tile) {
-  // TODO (README, Task 4, step 18: one wgmma_m64n128_ss per k16 step of head_dim, fenced before and committed after)
+template <typename T, int D, int N>
+__device__ __forceinline__ void issue_scores(float (&s)[N / 2], const char* q_rows, const char* k_tile) {
+  // TODO (README, Task 4, step 18: one wgmma_ss per k16 step of head_dim, fenced before and committed after)
 }
 
-// Step 19: O += P V of one V tile, issued and committed as one group; P from registers (pa), V read transposed.
-template <typename T, int D>
-__device__ __forceinline__ void issue_pv(float (&o)[D / 2], uint32_t (&pa)[8][4], const char* v_tile) {
+// Step 19: O += P V of one V tile of N keys, issued and committed as one group; P from registers (pa), V read
+// transposed.
+template <typename T, int D, int N>
+__device__ __forceinline__ void issue_pv(float (&o)[D / 2], uint32_t (&pa)[N / 16][4], const char* v_tile) {
   // TODO (README, Task 4, step 19: the operands pinned and fenced, one wgmma_rs_transposed per 16 keys, committed)
 }
 
@@ -113,8 +122,8 @@ template <int D>
 __device__ __forceinline__ void rescale(float (&o)[D / 2], const float (&alpha)[2]) {
   // TODO (README, Task 4, step 19: each row of O times its alpha)
 }
-template <typename T>
-__device__ __forceinline__ void pack_p(uint32_t (&pa)[8][4], const float (&s)[64]) {
+template <typename T, int N>
+__device__ __forceinline__ void pack_p(uint32_t (&pa)[N / 16][4], const float (&s)[N / 2]) {
   // TODO (README, Task 4, step 19: P to 16 bits, two neighbouring 8-key chunks of S's accumulator per A fragment)
 }
 
@@ -125,6 +134,7 @@ template <typename T, int PANELS, bool CAUSAL>
 __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(const __grid_constant__ HopperAttentionParams hp) {
   using L = Layout<PANELS>;
   constexpr int D = PANELS * HOPPER_BOX_COLS;  // the head_dim the products cover (zeros past head_dim)
+  constexpr int COLS = L::COLS;                 // keys per K/V tile
   const AttentionParams& p = hp.p;
   extern __shared__ char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -154,7 +164,7 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
   }
   const int causal_offset = seq_k - seq_q;  // query i sees keys j <= i + causal_offset
   const int last_key = CAUSAL ? min(seq_k, q_start + BLOCK_ROWS + causal_offset) : seq_k;
-  const int tiles = last_key > 0 ? ceil_div(last_key, BLOCK_COLS) : 0;
+  const int tiles = last_key > 0 ? ceil_div(last_key, COLS) : 0;
 
   // q_full and each stage's k_full, v_full: one arrival (the producer's, with the bytes); empty: every consumer
   // thread's
@@ -169,25 +179,25 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
 
   // TODO (README, Task 4, step 20: the consumers take the registers the producer gave back)
   const int consumer = warpgroup - 1, warp = (threadIdx.x % WARPGROUP) / WARP, lane = threadIdx.x % WARP;
-  const char* q_rows = q_tile + consumer * 64 * 128;  // this consumer's 64 rows: 128 bytes each, in every panel
+  const char* q_rows = q_tile + consumer * 64 * ROW_BYTES;  // this consumer's 64 rows, in every panel
   const int row = q_start + consumer * 64 + warp * 16 + lane / 4;  // this lane's rows: row and row + 8
   const float scale_log2 = p.scale * LOG2E;
   float o[D / 2];  // O, 64 x D, in the accumulator layout
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
-  float s[64];        // S, 64 x 128, in the accumulator layout
-  uint32_t pa[8][4];  // P as 8 A operands of k16 (keys 16t .. 16t + 15)
+  float s[COLS / 2];         // S, 64 x COLS, in the accumulator layout
+  uint32_t pa[COLS / 16][4];  // P as A operands of k16 (keys 16t .. 16t + 15)
   // Whether tile j has a key to mask for some row of the block (the last tile, the diagonal's)
   const auto masked = [&](int j) {
-    const int key0 = j * BLOCK_COLS;
-    return key0 + BLOCK_COLS > seq_k || (CAUSAL && key0 + BLOCK_COLS - 1 > q_start + causal_offset);
+    const int key0 = j * COLS;
+    return key0 + COLS > seq_k || (CAUSAL && key0 + COLS - 1 > q_start + causal_offset);
   };
   if (!OVERLAP) {  // steps 18-20: each tile's products and softmax one after another
     for (int j = 0; j < tiles; ++j) {
       const int stage = j % STAGES, parity = (j / STAGES) % 2;
       // TODO (README, Task 4, step 18: S = Q K^T once Q and K have landed, then wait for it)
-      online_softmax<CAUSAL>(s, masked(j), j * BLOCK_COLS, seq_k, row, causal_offset, scale_log2, m, l, alpha);
+      online_softmax<CAUSAL, COLS>(s, masked(j), j * COLS, seq_k, row, causal_offset, scale_log2, m, l, alpha);
       // TODO (README, Task 4, step 19: O rescaled by alpha, P packed, O += P V once V has landed, then wait for it)
       // TODO (README, Task 4, step 20: this thread is done with the stage: an arrival on its empty barrier)
     }

@@ -122,10 +122,13 @@ __device__ __forceinline__ void pin_registers(uint32_t (&r)[N][4]) {
                     "+f"(d[i + 6]), "+f"(d[i + 7])
 #define KIT_ACC32 KIT_ACC8(0), KIT_ACC8(8), KIT_ACC8(16), KIT_ACC8(24)
 #define KIT_ACC64 KIT_ACC32, KIT_ACC8(32), KIT_ACC8(40), KIT_ACC8(48), KIT_ACC8(56)
+#define KIT_ACC96 KIT_ACC64, KIT_ACC8(64), KIT_ACC8(72), KIT_ACC8(80), KIT_ACC8(88)
 #define KIT_NAMES32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
                     "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define KIT_NAMES64 KIT_NAMES32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, " \
                     "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define KIT_NAMES96 KIT_NAMES64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+                    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
 // A and B both from shared memory, both K-major (16 values of k contiguous: Q and K as stored).
 #define KIT_WGMMA_SS(N, TYPE, NAMES, A, B, KEEP, ACC)                                                             \
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %" KEEP ", 0;\n wgmma.mma_async.sync.aligned.m64n" #N          \
@@ -138,13 +141,19 @@ __device__ __forceinline__ void pin_registers(uint32_t (&r)[N][4]) {
                "k16.f32." TYPE "." TYPE " {" NAMES "}, {" A "}, %" B ", p, 1, 1, 1;\n}\n"                         \
                : ACC : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)))
 
-// d (64 x 128) = (accumulate ? d : 0) + A B^T, A and B 16-bit tiles in shared memory given by their descriptors.
-template <typename T>
-__device__ __forceinline__ void wgmma_m64n128_ss(float (&d)[64], uint64_t a, uint64_t b, bool accumulate) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+// d (64 x N) = (accumulate ? d : 0) + A B^T, A (64 x 16) and B (N x 16) 16-bit tiles in shared memory given by
+// their descriptors; N = 128 or 192 (the keys of a K tile).
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t a, uint64_t b, bool accumulate) {
+  static_assert(N == 128 || N == 192, "wgmma_ss: N is 128 or 192");
+  if constexpr (N == 128 && std::is_same_v<T, __nv_bfloat16>)
     KIT_WGMMA_SS(128, "bf16", KIT_NAMES64, "64", "65", "66", KIT_ACC64);
-  else
+  else if constexpr (N == 128)
     KIT_WGMMA_SS(128, "f16", KIT_NAMES64, "64", "65", "66", KIT_ACC64);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    KIT_WGMMA_SS(192, "bf16", KIT_NAMES96, "96", "97", "98", KIT_ACC96);
+  else
+    KIT_WGMMA_SS(192, "f16", KIT_NAMES96, "96", "97", "98", KIT_ACC96);
 }
 
 // d (64 x N) += A B, A (64 x 16) from registers, B (16 x N) read transposed from shared memory; N = 64 or 128.

@@ -62,15 +62,17 @@ struct AttentionParams {
 // Task 4's Hopper part (kernels/attention_hopper.cu, steps 17-22): the forward's parameters, head_dim a multiple
 // of 8 (the binding pads it), and the tensor maps TMA copies Q, K and V through. The binding makes them
 // (cuTensorMapEncodeTiled: a kernel file may not call the driver): each views its tensor as 3-d, (head_dim, seq,
-// batch * heads) innermost first, in boxes of 64 columns (128 bytes) x HOPPER_BOX_ROWS rows, written to shared
-// memory with the 128-byte swizzle; elements outside the tensor arrive as zeros. The launcher passes the struct to
+// batch * heads) innermost first, in boxes of 64 columns (128 bytes) x HOPPER_Q_BOX_ROWS rows (q: a block's
+// queries) or HOPPER_KV_BOX_ROWS rows (k and v: a K/V tile is one or more boxes, so its width is the kernel's
+// choice), written to shared memory with the 128-byte swizzle; elements outside the tensor arrive as zeros. The launcher passes the struct to
 // the kernel as a __grid_constant__ parameter, so TMA reads the maps where the kernel's parameters live.
 // CUtensorMap is CUDA 12's: with an older toolkit the struct is left out, and so is the part.
 #if CUDART_VERSION >= 12000
 #include <cuda.h>
 
 constexpr int HOPPER_BOX_COLS = 64;
-constexpr int HOPPER_BOX_ROWS = 128;
+constexpr int HOPPER_Q_BOX_ROWS = 128;
+constexpr int HOPPER_KV_BOX_ROWS = 64;
 struct HopperAttentionParams {
   AttentionParams p;
   CUtensorMap q_map, k_map, v_map;

@@ -37,8 +37,12 @@
 
 namespace {
 
-constexpr int BLOCK_ROWS = HOPPER_BOX_ROWS;  // query rows per block: 64 per consumer warpgroup
-constexpr int BLOCK_COLS = HOPPER_BOX_ROWS;  // keys per K/V tile (S is 64 x 128 per consumer)
+constexpr int BLOCK_ROWS = HOPPER_Q_BOX_ROWS;  // query rows per block: 64 per consumer warpgroup
+// Keys per K/V tile, a multiple of HOPPER_KV_BOX_ROWS that wgmma_ss takes (128 or 192). Up to head_dim 64, 192: S
+// (64 x 192 a consumer), P and O still fit in registers, and a tile's fixed costs (its barrier waits, the row maxima's
+// shuffles, O's rescale) spread over more keys; above, 128, beside an O of 64 x 128.
+constexpr int BLOCK_COLS = 192;
+constexpr int BLOCK_COLS_LARGE_D = 128;
 constexpr int STAGES = 3;                    // K/V tiles in flight [skeleton: 2]
 constexpr int WARPGROUP = 4 * WARP;
 constexpr int THREADS = 3 * WARPGROUP;       // the producer and two consumers
@@ -52,17 +56,21 @@ constexpr int OVERLAP = 1;  // [skeleton: 0]
 // products are on the tensor cores (named barriers 1 and 2); 0: each issues as soon as its tiles have landed
 constexpr int PINGPONG = 1;  // [skeleton: 0]
 constexpr int MAX_HEAD_DIM = 128;
-constexpr int PANEL_BYTES = HOPPER_BOX_ROWS * HOPPER_BOX_COLS * 2;  // one 64-column panel of a tile: 16 KB
+constexpr int ROW_BYTES = HOPPER_BOX_COLS * 2;        // a row of a 64-column panel: 128 bytes
+constexpr int Q_PANEL_BYTES = BLOCK_ROWS * ROW_BYTES;  // one 64-column panel of Q's tile: 16 KB
 
-// Shared memory: Q (PANELS panels), then STAGES K tiles and STAGES V tiles, then the barriers. A swizzled tile
-// starts on a 1024-byte boundary (the swizzle's pattern repeats every 8 rows of 128 bytes).
+// Shared memory: Q (PANELS panels), then STAGES K tiles and STAGES V tiles (PANELS panels of COLS rows each), then
+// the barriers. A swizzled tile starts on a 1024-byte boundary (the swizzle's pattern repeats every 8 rows of 128
+// bytes), and so does each box within it: boxes one after another make one swizzled tile of all their rows.
 template <int PANELS>
 struct Layout {
-  static constexpr int TILE = PANELS * PANEL_BYTES;
-  static constexpr int Q = 0, K = TILE, V = K + STAGES * TILE, BARRIERS = V + STAGES * TILE;
+  static constexpr int COLS = PANELS == 1 ? BLOCK_COLS : BLOCK_COLS_LARGE_D;  // keys per K/V tile
+  static constexpr int KV_PANEL = COLS * ROW_BYTES, Q_TILE = PANELS * Q_PANEL_BYTES, KV_TILE = PANELS * KV_PANEL;
+  static constexpr int Q = 0, K = Q_TILE, V = K + STAGES * KV_TILE, BARRIERS = V + STAGES * KV_TILE;
   static constexpr int BARRIER_COUNT = 1 + 3 * STAGES;  // Q's, then each stage's K full, V full, empty
   static constexpr int BYTES = 1024 + BARRIERS + 8 * BARRIER_COUNT;  // 1024: room to align the start
   static_assert(BYTES <= 227 * 1024, "Q and STAGES K/V tiles must fit in a block's 227 KB of shared memory");
+  static_assert(COLS % HOPPER_KV_BOX_ROWS == 0, "a K/V tile is whole boxes of HOPPER_KV_BOX_ROWS rows");
 };
 // Step 21 holds tile j - 1's stage while it waits for tile j's: with one stage it would wait for itself
 static_assert(!OVERLAP || STAGES >= 2, "OVERLAP needs STAGES >= 2");
@@ -88,31 +96,31 @@ __device__ __forceinline__ void turn_end(int consumer, bool last) {
   // END SOLUTION
 }
 
-// The online softmax on one S tile as the consumer's warp holds it (the accumulator of m64n128: rows row and
+// The online softmax on one S tile of N keys as the consumer's warp holds it (the accumulator of m64nN: rows row and
 // row + 8, keys key0 + 8 n + 2 (lane % 4) + {0, 1}): scaled, masked, exponentiated in place into P; m, l and
 // alpha (O's rescale) per row, as steps 9-10.
 // `masked`: whether this tile has a key to mask for some row of the block (the last tile, the diagonal's): the
 // others skip the comparisons, two per score.
-template <bool CAUSAL>
-__device__ __forceinline__ void online_softmax(float (&s)[64], bool masked, int key0, int seq_k, int row,
+template <bool CAUSAL, int N>
+__device__ __forceinline__ void online_softmax(float (&s)[N / 2], bool masked, int key0, int seq_k, int row,
                                                int causal_offset, float scale_log2, float (&m)[2], float (&l)[2],
                                                float (&alpha)[2]) {
   const int lane = threadIdx.x % WARP;
   // BEGIN SOLUTION "step 19: scale, then mask keys past seq_k and past each row's diagonal; m, l, alpha; S into P"
 #pragma unroll
-  for (int i = 0; i < 64; ++i) s[i] *= scale_log2;  // scale, then mask: -inf is never multiplied (0 x -inf is NaN)
+  for (int i = 0; i < N / 2; ++i) s[i] *= scale_log2;  // scale, then mask: -inf is never multiplied (0 x -inf is NaN)
   if (masked) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
+    for (int i = 0; i < N / 2; ++i) {
       const int key = key0 + 8 * (i / 4) + 2 * (lane % 4) + i % 2, r = row + 8 * ((i % 4) / 2);
       if (key >= seq_k || (CAUSAL && key > r + causal_offset)) s[i] = -INFINITY;
     }
   }
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {  // the row's 32 values of this lane (2 per 8 keys), then the row's 4 lanes
+  for (int h = 0; h < 2; ++h) {  // the row's N / 4 values of this lane (2 per 8 keys), then the row's 4 lanes
     float row_max = m[h];
 #pragma unroll
-    for (int n = 0; n < 16; ++n) row_max = fmaxf(row_max, fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]));
+    for (int n = 0; n < N / 8; ++n) row_max = fmaxf(row_max, fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]));
     row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffff, row_max, 1));
     row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffff, row_max, 2));
     const float shift = row_max == -INFINITY ? 0.0f : row_max;  // a row with no key yet: exp2(-inf) = 0
@@ -120,7 +128,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[64], bool masked, int 
     m[h] = row_max;
     float sum = 0.0f;
 #pragma unroll
-    for (int n = 0; n < 16; ++n) {
+    for (int n = 0; n < N / 8; ++n) {
       s[4 * n + 2 * h] = fast_exp2(s[4 * n + 2 * h] - shift);
       s[4 * n + 2 * h + 1] = fast_exp2(s[4 * n + 2 * h + 1] - shift);
       sum += s[4 * n + 2 * h] + s[4 * n + 2 * h + 1];
@@ -130,31 +138,33 @@ __device__ __forceinline__ void online_softmax(float (&s)[64], bool masked, int 
   // END SOLUTION
 }
 
-// Step 18: S = Q K^T of one K tile (this consumer's 64 rows x 128 keys), issued and committed as one group: the
+// Step 18: S = Q K^T of one K tile (this consumer's 64 rows x N keys), issued and committed as one group: the
 // caller waits for it (wgmma_wait) before reading s.
-template <typename T, int D>
-__device__ __forceinline__ void issue_scores(float (&s)[64], const char* q_rows, const char* k_tile) {
-  // BEGIN SOLUTION "step 18: one wgmma_m64n128_ss per k16 step of head_dim, fenced before and committed after"
+template <typename T, int D, int N>
+__device__ __forceinline__ void issue_scores(float (&s)[N / 2], const char* q_rows, const char* k_tile) {
+  // BEGIN SOLUTION "step 18: one wgmma_ss per k16 step of head_dim, fenced before and committed after"
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {  // k16 step kk: panel kk / 4, 32 bytes per step within it
-    const int at = (kk / 4) * PANEL_BYTES + (kk % 4) * 32;
-    wgmma_m64n128_ss<T>(s, swizzled_tile(q_rows + at), swizzled_tile(k_tile + at), kk > 0);
+  for (int kk = 0; kk < D / 16; ++kk) {  // k16 step kk: panel kk / 4, 32 bytes per step within its rows
+    const int panel = kk / 4, at = (kk % 4) * 32;
+    wgmma_ss<T, N>(s, swizzled_tile(q_rows + panel * Q_PANEL_BYTES + at),
+                   swizzled_tile(k_tile + panel * N * ROW_BYTES + at), kk > 0);
   }
   wgmma_commit();
   // END SOLUTION
 }
 
-// Step 19: O += P V of one V tile, issued and committed as one group; P from registers (pa), V read transposed.
-template <typename T, int D>
-__device__ __forceinline__ void issue_pv(float (&o)[D / 2], uint32_t (&pa)[8][4], const char* v_tile) {
+// Step 19: O += P V of one V tile of N keys, issued and committed as one group; P from registers (pa), V read
+// transposed.
+template <typename T, int D, int N>
+__device__ __forceinline__ void issue_pv(float (&o)[D / 2], uint32_t (&pa)[N / 16][4], const char* v_tile) {
   // BEGIN SOLUTION "step 19: the operands pinned and fenced, one wgmma_rs_transposed per 16 keys, committed"
   pin_registers(o);
   pin_registers(pa);
   wgmma_fence();
 #pragma unroll
-  for (int t = 0; t < 8; ++t)  // keys 16t ..: 16 rows of 128 bytes into the tile; panels PANEL_BYTES apart
-    wgmma_rs_transposed<T, D>(o, pa[t], swizzled_tile(v_tile + t * 16 * 128, PANEL_BYTES));
+  for (int t = 0; t < N / 16; ++t)  // keys 16t ..: 16 rows into the tile; its panels N rows apart
+    wgmma_rs_transposed<T, D>(o, pa[t], swizzled_tile(v_tile + t * 16 * ROW_BYTES, N * ROW_BYTES));
   wgmma_commit();
   // END SOLUTION
 }
@@ -170,11 +180,11 @@ __device__ __forceinline__ void rescale(float (&o)[D / 2], const float (&alpha)[
   }
   // END SOLUTION
 }
-template <typename T>
-__device__ __forceinline__ void pack_p(uint32_t (&pa)[8][4], const float (&s)[64]) {
+template <typename T, int N>
+__device__ __forceinline__ void pack_p(uint32_t (&pa)[N / 16][4], const float (&s)[N / 2]) {
   // BEGIN SOLUTION "step 19: P to 16 bits, two neighbouring 8-key chunks of S's accumulator per A fragment"
 #pragma unroll
-  for (int t = 0; t < 8; ++t)
+  for (int t = 0; t < N / 16; ++t)
 #pragma unroll
     for (int r = 0; r < 4; ++r) pa[t][r] = Half<T>::pack(s[8 * t + 2 * r], s[8 * t + 2 * r + 1]);
   // END SOLUTION
@@ -187,6 +197,7 @@ template <typename T, int PANELS, bool CAUSAL>
 __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(const __grid_constant__ HopperAttentionParams hp) {
   using L = Layout<PANELS>;
   constexpr int D = PANELS * HOPPER_BOX_COLS;  // the head_dim the products cover (zeros past head_dim)
+  constexpr int COLS = L::COLS;                 // keys per K/V tile
   const AttentionParams& p = hp.p;
   extern __shared__ char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -216,7 +227,7 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
   }
   const int causal_offset = seq_k - seq_q;  // query i sees keys j <= i + causal_offset
   const int last_key = CAUSAL ? min(seq_k, q_start + BLOCK_ROWS + causal_offset) : seq_k;
-  const int tiles = last_key > 0 ? ceil_div(last_key, BLOCK_COLS) : 0;
+  const int tiles = last_key > 0 ? ceil_div(last_key, COLS) : 0;
 
   // q_full and each stage's k_full, v_full: one arrival (the producer's, with the bytes); empty: every consumer
   // thread's
@@ -229,21 +240,24 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
     if (threadIdx.x != 0) return;
     // END SOLUTION
     // BEGIN SOLUTION "step 17: Q once, then K and V tile by tile into the ring of STAGES, each stage reused once empty"
-    mbarrier_expect_bytes(q_full, L::TILE);
+    mbarrier_expect_bytes(q_full, L::Q_TILE);
     for (int panel = 0; panel < PANELS; ++panel)
-      tma_load_box(q_tile + panel * PANEL_BYTES, &hp.q_map, panel * HOPPER_BOX_COLS, skip + q_start, bh, q_full);
+      tma_load_box(q_tile + panel * Q_PANEL_BYTES, &hp.q_map, panel * HOPPER_BOX_COLS, skip + q_start, bh, q_full);
     for (int j = 0; j < tiles; ++j) {
       const int stage = j % STAGES;
       if (j >= STAGES) mbarrier_wait(&empty[stage], (j / STAGES + 1) % 2);  // the consumers of tile j - STAGES
-      const int key = padding + j * BLOCK_COLS;
-      mbarrier_expect_bytes(&k_full[stage], L::TILE);
+      const int key = padding + j * COLS;
+      char *k_tile = k_tiles + stage * L::KV_TILE, *v_tile = v_tiles + stage * L::KV_TILE;
+      mbarrier_expect_bytes(&k_full[stage], L::KV_TILE);
       for (int panel = 0; panel < PANELS; ++panel)
-        tma_load_box(k_tiles + stage * L::TILE + panel * PANEL_BYTES, &hp.k_map, panel * HOPPER_BOX_COLS, key, kv_bh,
-                     &k_full[stage]);
-      mbarrier_expect_bytes(&v_full[stage], L::TILE);
+        for (int box = 0; box < COLS / HOPPER_KV_BOX_ROWS; ++box)  // rows box * 64 .. of the panel
+          tma_load_box(k_tile + panel * L::KV_PANEL + box * HOPPER_KV_BOX_ROWS * ROW_BYTES, &hp.k_map,
+                       panel * HOPPER_BOX_COLS, key + box * HOPPER_KV_BOX_ROWS, kv_bh, &k_full[stage]);
+      mbarrier_expect_bytes(&v_full[stage], L::KV_TILE);
       for (int panel = 0; panel < PANELS; ++panel)
-        tma_load_box(v_tiles + stage * L::TILE + panel * PANEL_BYTES, &hp.v_map, panel * HOPPER_BOX_COLS, key, kv_bh,
-                     &v_full[stage]);
+        for (int box = 0; box < COLS / HOPPER_KV_BOX_ROWS; ++box)
+          tma_load_box(v_tile + panel * L::KV_PANEL + box * HOPPER_KV_BOX_ROWS * ROW_BYTES, &hp.v_map,
+                       panel * HOPPER_BOX_COLS, key + box * HOPPER_KV_BOX_ROWS, kv_bh, &v_full[stage]);
     }
     // END SOLUTION
     return;
@@ -253,19 +267,19 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
   registers_take<CONSUMER_REGISTERS>();
   // END SOLUTION
   const int consumer = warpgroup - 1, warp = (threadIdx.x % WARPGROUP) / WARP, lane = threadIdx.x % WARP;
-  const char* q_rows = q_tile + consumer * 64 * 128;  // this consumer's 64 rows: 128 bytes each, in every panel
+  const char* q_rows = q_tile + consumer * 64 * ROW_BYTES;  // this consumer's 64 rows, in every panel
   const int row = q_start + consumer * 64 + warp * 16 + lane / 4;  // this lane's rows: row and row + 8
   const float scale_log2 = p.scale * LOG2E;
   float o[D / 2];  // O, 64 x D, in the accumulator layout
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
-  float s[64];        // S, 64 x 128, in the accumulator layout
-  uint32_t pa[8][4];  // P as 8 A operands of k16 (keys 16t .. 16t + 15)
+  float s[COLS / 2];         // S, 64 x COLS, in the accumulator layout
+  uint32_t pa[COLS / 16][4];  // P as A operands of k16 (keys 16t .. 16t + 15)
   // Whether tile j has a key to mask for some row of the block (the last tile, the diagonal's)
   const auto masked = [&](int j) {
-    const int key0 = j * BLOCK_COLS;
-    return key0 + BLOCK_COLS > seq_k || (CAUSAL && key0 + BLOCK_COLS - 1 > q_start + causal_offset);
+    const int key0 = j * COLS;
+    return key0 + COLS > seq_k || (CAUSAL && key0 + COLS - 1 > q_start + causal_offset);
   };
   if (!OVERLAP) {  // steps 18-20: each tile's products and softmax one after another
     for (int j = 0; j < tiles; ++j) {
@@ -273,16 +287,16 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
       // BEGIN SOLUTION "step 18: S = Q K^T once Q and K have landed, then wait for it"
       if (j == 0) mbarrier_wait(q_full, 0);
       mbarrier_wait(&k_full[stage], parity);
-      issue_scores<T, D>(s, q_rows, k_tiles + stage * L::TILE);
+      issue_scores<T, D, COLS>(s, q_rows, k_tiles + stage * L::KV_TILE);
       wgmma_wait<0>();
       pin_registers(s);
       // END SOLUTION
-      online_softmax<CAUSAL>(s, masked(j), j * BLOCK_COLS, seq_k, row, causal_offset, scale_log2, m, l, alpha);
+      online_softmax<CAUSAL, COLS>(s, masked(j), j * COLS, seq_k, row, causal_offset, scale_log2, m, l, alpha);
       // BEGIN SOLUTION "step 19: O rescaled by alpha, P packed, O += P V once V has landed, then wait for it"
       rescale<D>(o, alpha);
-      pack_p<T>(pa, s);
+      pack_p<T, COLS>(pa, s);
       mbarrier_wait(&v_full[stage], parity);
-      issue_pv<T, D>(o, pa, v_tiles + stage * L::TILE);
+      issue_pv<T, D, COLS>(o, pa, v_tiles + stage * L::KV_TILE);
       wgmma_wait<0>();
       pin_registers(o);
       pin_registers(pa);  // read by that wgmma until now
@@ -298,34 +312,34 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
     mbarrier_wait(q_full, 0);
     mbarrier_wait(&k_full[0], 0);
     turn_begin(consumer);  // step 22: a turn is the products issued between these two calls
-    issue_scores<T, D>(s, q_rows, k_tiles);
+    issue_scores<T, D, COLS>(s, q_rows, k_tiles);
     turn_end(consumer, false);
     wgmma_wait<0>();
     pin_registers(s);
-    online_softmax<CAUSAL>(s, masked(0), 0, seq_k, row, causal_offset, scale_log2, m, l, alpha);
-    pack_p<T>(pa, s);  // O is zero: nothing to rescale
+    online_softmax<CAUSAL, COLS>(s, masked(0), 0, seq_k, row, causal_offset, scale_log2, m, l, alpha);
+    pack_p<T, COLS>(pa, s);  // O is zero: nothing to rescale
     for (int j = 1; j < tiles; ++j) {
       const int stage = j % STAGES, before = (j - 1) % STAGES;
       mbarrier_wait(&k_full[stage], (j / STAGES) % 2);
       mbarrier_wait(&v_full[before], ((j - 1) / STAGES) % 2);
       turn_begin(consumer);
-      issue_scores<T, D>(s, q_rows, k_tiles + stage * L::TILE);
-      issue_pv<T, D>(o, pa, v_tiles + before * L::TILE);
+      issue_scores<T, D, COLS>(s, q_rows, k_tiles + stage * L::KV_TILE);
+      issue_pv<T, D, COLS>(o, pa, v_tiles + before * L::KV_TILE);
       turn_end(consumer, false);
       wgmma_wait<1>();  // S of tile j is ready; O += P V of tile j - 1 may still run, beside this softmax
       pin_registers(s);
-      online_softmax<CAUSAL>(s, masked(j), j * BLOCK_COLS, seq_k, row, causal_offset, scale_log2, m, l, alpha);
+      online_softmax<CAUSAL, COLS>(s, masked(j), j * COLS, seq_k, row, causal_offset, scale_log2, m, l, alpha);
       wgmma_wait<0>();
       pin_registers(o);
       pin_registers(pa);  // read by that wgmma until now: no other value may take their registers before
       mbarrier_arrive(&empty[before]);
       rescale<D>(o, alpha);  // O had tile j - 1's maximum; now tile j's
-      pack_p<T>(pa, s);
+      pack_p<T, COLS>(pa, s);
     }
     const int last = (tiles - 1) % STAGES;
     mbarrier_wait(&v_full[last], ((tiles - 1) / STAGES) % 2);
     turn_begin(consumer);
-    issue_pv<T, D>(o, pa, v_tiles + last * L::TILE);
+    issue_pv<T, D, COLS>(o, pa, v_tiles + last * L::KV_TILE);
     turn_end(consumer, true);
     wgmma_wait<0>();
     pin_registers(o);
