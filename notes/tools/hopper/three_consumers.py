@@ -1,4 +1,6 @@
-"""Experiment (issue 57, head_dim 64 at 0.83x cuDNN): three consumer warpgroups, 192 query rows a block, as
+"""Patches d90da69's reference (before the 192-key tiles of 2026-12-04): check that commit's file out first.
+
+Experiment (issue 57, head_dim 64 at 0.83x cuDNN): three consumer warpgroups, 192 query rows a block, as
 FlashAttention-3 sizes its head_dim-64 tiles (192 query rows; its tile_size_fwd_sm90). Each K/V tile then serves
 1.5x the rows, and the softmax of three consumers hides behind the others' products. The cost: 512 threads, so the
 consumers get 160 registers (S, P and O of 64 x 128, 64 x 128 and 64 x 64 are 128 of them), and no ping-pong

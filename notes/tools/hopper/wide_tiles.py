@@ -1,4 +1,6 @@
-"""Experiment (issue 57, head_dim 64 at 0.83x cuDNN): K/V tiles of 192 keys, FlashAttention-3's width at head_dim 64
+"""In the kernel since 2026-12-04 (64-row K/V boxes): this patch applies to d90da69's reference only.
+
+Experiment (issue 57, head_dim 64 at 0.83x cuDNN): K/V tiles of 192 keys, FlashAttention-3's width at head_dim 64
 (its tile_size_fwd_sm90, read, not copied), against the reference's 128. Per tile, the products grow by half and the
 fixed costs (barrier waits, the row maxima's shuffles, the rescale of O) stay. S becomes 64 x 192 a consumer (96
 registers a thread: with P's 48 and O's 32, 176 of the 240), issued as an m64n128 and an m64n64 wgmma per k16 step.
