@@ -26,8 +26,9 @@ extension = TaskExtension(4)
 
 # The largest head_dim of the Hopper kernel (kernels/attention_hopper.cu's MAX_HEAD_DIM)
 HOPPER_MAX_HEAD_DIM = 128
-# Whether each build's Hopper kernel is written: (solution, the module) -> bool, asked once a build
-_hopper_written: dict[tuple[bool, int], bool] = {}
+# Whether each build's Hopper kernel is written: (solution, the module) -> bool, asked once a build (the module
+# itself in the key: kept alive, its id is never another's)
+_hopper_written: dict[tuple[bool, object], bool] = {}
 
 
 def uses_hopper(q, solution: bool = False) -> bool:
@@ -37,10 +38,17 @@ def uses_hopper(q, solution: bool = False) -> bool:
     kernel, and tasks 5-7 with them)."""
     if q.dtype not in (torch.bfloat16, torch.float16) or q.shape[-1] > HOPPER_MAX_HEAD_DIM:
         return False
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability(q.device if q.is_cuda else None) != (9, 0):
-        return False  # (a tensor on the host: either binding refuses it)
+    return _hopper_ready(solution, q.device.index if q.is_cuda else None)  # (on the host: either binding refuses q)
+
+
+@torch.compiler.assume_constant_result
+def _hopper_ready(solution: bool, device: int | None) -> bool:
+    """The GPU and the build's part of uses_hopper. It reads files, so torch.compile must not trace it: it calls it
+    once while tracing and takes the answer as a constant (the build and the GPU do not change under a graph)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability(device) != (9, 0):
+        return False
     module = extension(solution)
-    key = (solution, id(module))
+    key = (solution, module)
     if key not in _hopper_written:
         from common.build import kernel_folder
         from common.impl import remaining_todos

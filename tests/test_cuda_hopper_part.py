@@ -166,3 +166,31 @@ def test_flash_attention_sends_16_bit_tensors_to_the_hopper_kernel_once_it_is_wr
     assert kernel(solution=False) == "forward_half"
     (student / "attention_hopper.cu").write_text((REPO / "task4/solution/kernels/attention_hopper.cu").read_text())
     assert kernel(solution=False) == "forward_hopper"
+
+
+def test_the_hopper_route_is_a_constant_to_torch_compile(monkeypatch, tmp_path):
+    """uses_hopper asks the build and reads the student's file (its TODO lines): under torch.compile(fullgraph=True)
+    that part is called once while tracing and its answer taken as a constant, never traced (a file read in the
+    trace would break the graph, which fullgraph refuses)."""
+    import torch
+
+    from common import build
+    from task4 import attention
+
+    class Built:  # the build: its Hopper kernel is there
+        def has_hopper(self):
+            return True
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # an H100 (torch.compile keeps its RNG state too)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.random.get_rng_state())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": None)
+    monkeypatch.setattr(attention, "extension", lambda solution=False: Built())
+    monkeypatch.setattr(build, "kernel_folder", lambda task, solution, kernels=None: tmp_path)
+    monkeypatch.setattr(attention, "_hopper_written", {})
+    (tmp_path / "attention_hopper.cu").write_text("// every step written\n")
+    torch._dynamo.reset()
+    route = torch.compile(lambda q: q * 2 if attention.uses_hopper(q) else q + 1, fullgraph=True)
+    q = torch.ones(1, 2, 3, 64, dtype=torch.bfloat16)
+    assert torch.equal(route(q), q * 2)
+    torch._dynamo.reset()

@@ -8,6 +8,7 @@ import torch
 
 from checks.task4.cases import HOPPER_CASES
 from checks.task4.half import run_16bit_part
+from harness.outcome import Cause
 
 # Where the Hopper kernel makes each of the common mistakes (harness/diagnose.py): the scale, the mask and the
 # online softmax are step 19's; its key tiles are the reference's widths unless the student's file says otherwise
@@ -33,6 +34,6 @@ def hopper_part(report, worker, hidden_cases, constants=None) -> bool:
     before = len(report.cases)
     run_16bit_part(report, worker, "hopper", HOPPER_CASES, hidden_cases, "Hopper ", 23, "the Hopper part",
                    {**HOPPER_TILES, **(constants or {})}, call="forward_hopper", step=HOPPER_MISTAKES_STEP)
-    if any("did not answer within" in c.message for c in report.cases[before:]):
+    if any(c.cause == Cause.TIMED_OUT for c in report.cases[before:]):
         report.note(HUNG)
     return report.end_part("hopper")
