@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from harness import bench
-from harness.checks import HALF_TYPES
+from harness.checks import HALF_TYPES, HUNG_16BIT, MODEL_16BIT_CALL_TIMEOUT_S
 from grader.rubric import RUBRIC, score
 from tests.conftest import REPO, needs_solution
 from tests.stand_in import HIDDEN, SCORED, Behaviour, CudaOnTheCpu, failed, stand_in  # noqa: F401
@@ -176,6 +176,13 @@ def test_task7s_16_bit_models_fail_on_a_wrong_16_bit_kernel_and_cost_no_point(st
     wrong = [c["message"] for c in half if not c["passed"]]
     assert wrong and all("allowed" in m and "--half" in m for m in wrong), wrong
 
+    stand_in.student[4] = Behaviour(half="hang")  # a 16-bit kernel that hangs: the part ends after its first call
+    record = stand_in.run(7, "--student-dir", str(tmp_path), *HIDDEN, "--grading")
+    assert record["status"] == "passed" and score(7, record)[0] == RUBRIC[7].points, failed(record)
+    hung = [c["message"] for c in record["cases"] if c["name"].split()[0] in HALF_TYPES and not c["passed"]]
+    assert len(hung) == 1 and f"did not answer within {MODEL_16BIT_CALL_TIMEOUT_S} s" in hung[0], hung
+    assert HUNG_16BIT in record["notes"], record["notes"]
+
 
 @needs_solution(6)
 def test_task6s_16_bit_model_fails_on_a_wrong_16_bit_kernel_and_costs_no_point(stand_in, monkeypatch, tmp_path):
@@ -198,6 +205,14 @@ def test_task6s_16_bit_model_fails_on_a_wrong_16_bit_kernel_and_costs_no_point(s
     assert wrong and all("allowed" in m and "--half" in m for m in wrong), wrong
     assert not any("in bfloat16" in c["name"] for c in record["cases"])  # no 16-bit generation run
     assert any("generation run in 16 bits is skipped" in n for n in record["notes"]), record["notes"]
+
+    stand_in.student[5] = Behaviour()
+    stand_in.student[4] = Behaviour(half="hang")  # task 4's 16-bit kernel hangs: the part ends after its first call
+    record = stand_in.run(6, "--student-dir", str(tmp_path), "--size", "small")
+    assert record["status"] == "passed" and score(6, record)[0] == RUBRIC[6].points, failed(record)
+    hung = [c["message"] for c in record["cases"] if c["name"].split(":")[0] in HALF_TYPES and not c["passed"]]
+    assert len(hung) == 1 and f"did not answer within {MODEL_16BIT_CALL_TIMEOUT_S} s" in hung[0], hung
+    assert HUNG_16BIT in record["notes"], record["notes"]
 
 
 def backward_checks(record):

@@ -29,7 +29,9 @@ import torch
 
 from common import impl
 from harness import cli, gpu_share
-from harness.checks import HALF_TYPES, compare_logits, exact_float32, expect_errors, half_logits_atol
+from harness.checks import (HALF_TYPES, HUNG_16BIT, MODEL_16BIT_CALL_TIMEOUT_S, compare_logits, exact_float32,
+                            expect_errors, half_logits_atol)
+from harness.outcome import Cause
 from harness.records import NeedsCuda, Report
 from harness.sandbox import WorkerError
 from checks.task6.measure import (BUILD_TIMEOUT_S, HANDOUT, HINTS, FullAttention, choose_size, not_capturable,
@@ -101,7 +103,8 @@ def check_teacher_forced(worker, case, vocab: int, graph: bool = False, dtype=to
     key_start = None if padding is None else torch.tensor(padding, dtype=torch.int32)
     worker.call("make_model", config.as_dict(), case.seed, case.device, str(dtype)[6:], timeout=BUILD_TIMEOUT_S)
     try:
-        got = worker.call("teacher_force", tokens, prompt_len, key_start, graph)
+        got = worker.call("teacher_force", tokens, prompt_len, key_start, graph,
+                          **({} if dtype == torch.float32 else {"timeout": MODEL_16BIT_CALL_TIMEOUT_S}))
     except WorkerError as err:
         if not graph or err.kind == "NotImplementedError":  # a step still to write is said as such
             raise
@@ -197,6 +200,8 @@ def check_half(report, worker, args, types: dict) -> bool:
         for case in cli.cases(6, "half", HALF_CASES, args.hidden, shape_text, causal=(False,)):
             report.run(f"{name}: {case.name}", lambda: check_teacher_forced(worker, case, GPU_VOCAB, dtype=dtype))
             if report.process_died_since(before, "the bf16/fp16 part"):
+                if report.cases[-1].cause == Cause.TIMED_OUT:
+                    report.note(HUNG_16BIT)
                 report.end_part("half")
                 return False
     passed = report.end_part("half")

@@ -29,7 +29,9 @@ import torch
 from common import impl
 
 from harness import bench, cli, gpu_share
-from harness.checks import HALF_TYPES, compare_logits, decided, exact_float32, expect_errors, half_logits_atol
+from harness.checks import (HALF_TYPES, HUNG_16BIT, MODEL_16BIT_CALL_TIMEOUT_S, compare_logits, decided, exact_float32,
+                            expect_errors, half_logits_atol)
+from harness.outcome import Cause
 from harness.records import NeedsCuda, Report
 from task7 import gpt2
 
@@ -62,9 +64,10 @@ def reference_of(model, device):
     return reference
 
 
-def generated(worker, prompt, new_tokens, mask, vocab):
-    """The worker's (tokens, logits), or a message when it returned anything else."""
-    reply = worker.call("generate", prompt, new_tokens, mask)
+def generated(worker, prompt, new_tokens, mask, vocab, timeout=None):
+    """The worker's (tokens, logits), or a message when it returned anything else. timeout: the call's, when not the
+    default (a 16-bit model's)."""
+    reply = worker.call("generate", prompt, new_tokens, mask, **({} if timeout is None else {"timeout": timeout}))
     batch = prompt.shape[0]
     if (not isinstance(reply, list) or len(reply) != 2 or not all(isinstance(t, torch.Tensor) for t in reply)
             or tuple(reply[0].shape) != (batch, new_tokens) or reply[0].dtype != torch.long
@@ -83,7 +86,8 @@ def check_generation(worker, model, config: dict, prompt: torch.Tensor, new_toke
     the tokens it got in the batch. dtype: the model's (bf16 or fp16: the optional 16-bit part)."""
     worker.call("make_model", config, model.state_dict(), device, str(dtype)[6:], timeout=BUILD_TIMEOUT_S)
     vocab = model.config.vocab_size
-    reply = generated(worker, prompt, new_tokens, mask, vocab)
+    timeout = None if dtype == torch.float32 else MODEL_16BIT_CALL_TIMEOUT_S
+    reply = generated(worker, prompt, new_tokens, mask, vocab, timeout)
     if isinstance(reply, str):
         return False, reply, {}
     tokens, logits = reply
@@ -99,7 +103,7 @@ def check_generation(worker, model, config: dict, prompt: torch.Tensor, new_toke
                                               hints=HINTS, atol=atol)
     message += said
     if passed and mask is not None:
-        passed, alone = each_alone(worker, prompt, mask, tokens, expected, vocab, atol)
+        passed, alone = each_alone(worker, prompt, mask, tokens, expected, vocab, atol, timeout)
         message += f"; {alone}"
     if not passed and device == "cuda":
         message += ("; on the GPU the model runs your Task 4 and Task 5 kernels: if the CPU cases pass, check "
@@ -120,13 +124,13 @@ def teacher_forced(model, ids, mask, new_tokens: int, device: str) -> torch.Tens
                             for b in range(ids.shape[0])])
 
 
-def each_alone(worker, prompt, mask, tokens, expected, vocab, atol=None) -> tuple[bool, str]:
+def each_alone(worker, prompt, mask, tokens, expected, vocab, atol=None, timeout=None) -> tuple[bool, str]:
     """Each padded sequence generated alone, without padding, must give the batch's tokens up to the first
-    near-tie of the reference's logits (there float32 may pick either, and the two runs part; atol: a 16-bit
-    model's tolerance)."""
+    near-tie of the reference's logits (there float32 may pick either, and the two runs part; atol and timeout: a
+    16-bit model's tolerance and call time)."""
     new_tokens, settled = tokens.shape[1], decided(expected, atol)
     for b in range(prompt.shape[0]):
-        alone = generated(worker, prompt[b:b + 1, mask[b] == 1], new_tokens, None, vocab)
+        alone = generated(worker, prompt[b:b + 1, mask[b] == 1], new_tokens, None, vocab, timeout)
         if isinstance(alone, str):
             return False, f"sequence {b} generated alone: {alone}"
         differ = (alone[0][0] != tokens[b]).nonzero().flatten()
@@ -244,6 +248,8 @@ def run_cases(report, worker, cases, first_seed: int, device: str, hidden: cli.H
                    lambda: check_generation(worker, gpt2.random_model(config, seed), config, prompt, n, device, mask,
                                             HALF_TYPES.get(dtype, torch.float32)))
         if dtype and report.process_died_since(before, "the bf16/fp16 part"):
+            if report.cases[-1].cause == Cause.TIMED_OUT:
+                report.note(HUNG_16BIT)
             return False
     return True
 

@@ -12,7 +12,7 @@ import torch
 from common import wire
 
 from harness.outcome import Cause
-from harness.sandbox import CALL_TIMEOUT_S, WorkerDied, WorkerError
+from harness.sandbox import CALL_TIMEOUT_S, MAX_RESTARTS, WorkerDied, WorkerError
 from common.worker import _resolve
 from tests.stand_in.gpu import REPO
 from tests.stand_in.kernels import Hang
@@ -33,6 +33,7 @@ class InProcessWorker:
         self.file_notes, self.notes, self.attention_ops = [], [], set()
         self.last_ranges, self.sanitizer_log, self.exit_code = [], bytearray(), None
         self.entry, self.kept, self.resume = None, {}, False
+        self.died, self.restarts = False, 0  # a hang ended the process: the next call starts another, as the real one
 
     def start(self):
         self.harness.worker_started(self.task, self.solution)
@@ -67,12 +68,18 @@ class InProcessWorker:
         if self.entry is None and self.resume:
             self.resume = False
             self.start()
+        if self.entry is None and self.died:  # harness.sandbox.Worker's _ensure_running after a crash
+            if self.restarts >= MAX_RESTARTS:
+                raise WorkerDied(f"not run: the process running your code crashed {MAX_RESTARTS} times already")
+            self.restarts, self.died = self.restarts + 1, False
+            self.start()
         if self.entry is None:
             raise WorkerDied("the worker is not running")
         try:
             value = getattr(self.entry, name)(*_resolve(args, self.kept), **_resolve(kwargs, self.kept))
         except Hang:  # as the real worker after its call's time: stopped, and the words it says
             self.stop()
+            self.died = True
             raise WorkerDied(f"your code did not answer within {timeout or CALL_TIMEOUT_S:.0f} s (an endless loop, "
                              "or a hang?)", Cause.TIMED_OUT) from None
         except Exception as err:  # noqa: BLE001  a student's exception is an answer
