@@ -24,6 +24,10 @@ P4_V_PANELS_WRONG = ("swizzled_tile(v_tile + t * 16 * ROW_BYTES, N * ROW_BYTES)"
                      "swizzled_tile(v_tile + t * 16 * ROW_BYTES)")
 # V's copies never announced: its barrier never gets the producer's arrival, and the consumers wait for it forever
 P4_V_NEVER_ANNOUNCED = ("      mbarrier_expect_bytes(&v_full[stage], L::KV_TILE);\n", "")
+# K's boxes all copied from the tile's first 64 rows (step 17's box loop without its row offset): keys 64 .. of every
+# tile score as keys 0-63 (three boxes a tile up to head_dim 64, two above)
+P4_K_BOXES_SAME_ROWS = ("panel * HOPPER_BOX_COLS, key + box * HOPPER_KV_BOX_ROWS, kv_bh, &k_full[stage]);",
+                        "panel * HOPPER_BOX_COLS, key, kv_bh, &k_full[stage]);")
 # the mask keeps only the causal part: keys past seq_k (TMA's zero rows, scores of 0, not -inf) weigh in
 P4_TAIL_UNMASKED = ("if (key >= seq_k || (CAUSAL && key > r + causal_offset))", "if (CAUSAL && key > r + causal_offset)")
 # step 21 without the product after its loop: the last tile's P V never reaches O
@@ -33,7 +37,7 @@ P4_LAST_TILE_DROPPED = ("    issue_pv<T, D, COLS>(o, pa, v_tiles + last * L::KV_
 P4_TURNS_NEVER_STARTED = ("  if (PINGPONG && consumer == 1) named_barrier_arrive(1, 2 * WARPGROUP);\n", "")
 
 EDITS = [P4_STAGE_NEVER_EMPTIED, P4_NO_PINGPONG, P4_NO_OVERLAP, P4_STAGE_NEVER_EMPTIED_NO_OVERLAP, P4_V_PANELS_WRONG,
-         P4_V_NEVER_ANNOUNCED, P4_TAIL_UNMASKED, P4_LAST_TILE_DROPPED, P4_TURNS_NEVER_STARTED]
+         P4_V_NEVER_ANNOUNCED, P4_K_BOXES_SAME_ROWS, P4_TAIL_UNMASKED, P4_LAST_TILE_DROPPED, P4_TURNS_NEVER_STARTED]
 
 
 def hopper_submission(tmp_path, *edits):
@@ -48,11 +52,12 @@ def hopper_submission(tmp_path, *edits):
     ([P4_NO_PINGPONG, P4_NO_OVERLAP, P4_STAGE_NEVER_EMPTIED_NO_OVERLAP], "an mbarrier wait that never completed"),
     ([P4_V_PANELS_WRONG], "elements differ"),
     ([P4_V_NEVER_ANNOUNCED], "an mbarrier wait that never completed"),
+    ([P4_K_BOXES_SAME_ROWS], "elements differ"),
     ([P4_TAIL_UNMASKED], "see README, Task 4, step 19."),
     ([P4_LAST_TILE_DROPPED], "elements differ"),
     ([P4_TURNS_NEVER_STARTED], "did not answer within"),
 ], ids=["stage_never_emptied", "stage_never_emptied_no_overlap", "v_panels_wrong", "v_never_announced",
-        "tail_unmasked", "last_tile_dropped", "turns_never_started"])
+        "k_boxes_same_rows", "tail_unmasked", "last_tile_dropped", "turns_never_started"])
 def test_hopper_kernels_that_are_wrong_fail_their_optional_part(edits, words, tmp_path):
     record = run_test(4, hopper_submission(tmp_path, *edits), tmp_path, "--hopper")
     hopper = [c for c in record["cases"] if c["kind"] == "optional"]

@@ -33,7 +33,9 @@ class InProcessWorker:
         self.file_notes, self.notes, self.attention_ops = [], [], set()
         self.last_ranges, self.sanitizer_log, self.exit_code = [], bytearray(), None
         self.entry, self.kept, self.resume = None, {}, False
-        self.died, self.restarts = False, 0  # a hang ended the process: the next call starts another, as the real one
+        # a hang ended the process: the next call starts another, as the real one (never under a sanitizer: one
+        # process makes one report there)
+        self.died, self.restarts = False, MAX_RESTARTS if sanitize else 0
 
     def start(self):
         self.harness.worker_started(self.task, self.solution)

@@ -64,8 +64,9 @@ struct AttentionParams {
 // (cuTensorMapEncodeTiled: a kernel file may not call the driver): each views its tensor as 3-d, (head_dim, seq,
 // batch * heads) innermost first, in boxes of 64 columns (128 bytes) x HOPPER_Q_BOX_ROWS rows (q: a block's
 // queries) or HOPPER_KV_BOX_ROWS rows (k and v: a K/V tile is one or more boxes, so its width is the kernel's
-// choice), written to shared memory with the 128-byte swizzle; elements outside the tensor arrive as zeros. The launcher passes the struct to
-// the kernel as a __grid_constant__ parameter, so TMA reads the maps where the kernel's parameters live.
+// choice), written to shared memory with the 128-byte swizzle; elements outside the tensor arrive as zeros. The
+// launcher passes the struct to the kernel as a __grid_constant__ parameter, so TMA reads the maps where the
+// kernel's parameters live.
 // CUtensorMap is CUDA 12's: with an older toolkit the struct is left out, and so is the part.
 #if CUDART_VERSION >= 12000
 #include <cuda.h>

@@ -40,7 +40,8 @@ namespace {
 constexpr int BLOCK_ROWS = HOPPER_Q_BOX_ROWS;  // query rows per block: 64 per consumer warpgroup
 // Keys per K/V tile, a multiple of HOPPER_KV_BOX_ROWS that wgmma_ss takes (128 or 192). Up to head_dim 64, 192: S
 // (64 x 192 a consumer), P and O still fit in registers, and a tile's fixed costs (its barrier waits, the row maxima's
-// shuffles, O's rescale) spread over more keys; above, 128, beside an O of 64 x 128.
+// shuffles, O's rescale) spread over more keys; above, 128: three stages of 192-key tiles beside Q would not fit in
+// shared memory.
 constexpr int BLOCK_COLS = 192;
 constexpr int BLOCK_COLS_LARGE_D = 128;
 constexpr int STAGES = 3;                    // K/V tiles in flight [skeleton: 2]
