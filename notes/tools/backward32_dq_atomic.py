@@ -5,11 +5,10 @@ patched once), then task4.tune --backward times DQ_ATOMIC 0 and 1 side by side, 
 
 Here (no GPU): python notes/tools/backward32_dq_atomic.py --compile  (patches a copy in /tmp, nvcc, spills)
 On the device: PYTHONPATH=. python notes/tools/backward32_dq_atomic.py"""
-import subprocess
 import sys
 from pathlib import Path
 
-from patch_experiment import compile_variants, patch_once  # notes/tools, this script's folder
+from patch_experiment import run  # notes/tools, this script's folder
 
 REFERENCE = Path("task4/solution/kernels/attention_backward.cu")
 SWAPS = [
@@ -96,9 +95,6 @@ SWAPS = [
 ]
 
 
-if sys.argv[1:] == ["--compile"]:
-    compile_variants(REFERENCE, SWAPS, "DQ_ATOMIC", (1, 0), "90")
-    sys.exit(0)
-patch_once(REFERENCE, SWAPS, "DQ_ATOMIC")
-sys.exit(subprocess.call([sys.executable, "-m", "task4.tune", "--backward", "--solution", "--configs",
-                          "DQ_ATOMIC=0", *sys.argv[1:]]))
+sys.exit(run(REFERENCE, SWAPS, "DQ_ATOMIC", "DQ_ATOMIC", (1, 0), "90",
+             lambda: [sys.executable, "-m", "task4.tune", "--backward", "--solution", "--configs", "DQ_ATOMIC=0",
+                      *sys.argv[1:]]))

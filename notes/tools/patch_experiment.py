@@ -3,6 +3,7 @@ backward32_dq_atomic.py): the patch, applied once to the device's copy, and here
 knob compiled by nvcc with ptxas's spills and notes printed."""
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
@@ -39,3 +40,14 @@ def compile_variants(reference: Path, swaps, knob: str, values, arch: str) -> No
                              capture_output=True, text=True)
         lines = [line for line in out.stderr.splitlines() if "spill" in line or "C75" in line or "rror" in line]
         print(f"{knob} {value} (nvcc's exit status {out.returncode}):", *sorted(set(lines)), sep="\n  ")
+
+
+def run(reference: Path, swaps, marker: str, knob: str, values, arch: str, command) -> int:
+    """An experiment's command line. `--compile`: each of the knob's values compiled here (compile_variants);
+    otherwise, on the device, the copy's reference patched once and `command()` (the timing run's argv, built from
+    sys.argv) called; its exit status."""
+    if sys.argv[1:] == ["--compile"]:
+        compile_variants(reference, swaps, knob, values, arch)
+        return 0
+    patch_once(reference, swaps, marker)
+    return subprocess.call(command())

@@ -10,12 +10,11 @@ Only head_dim <= 64 is built (three consumers and Q's two boxes do not fit besid
 Here (no GPU): python notes/tools/hopper/three_consumers.py --compile  (patches a copy in /tmp, nvcc, spills)
 On the device: PYTHONPATH=. python notes/tools/hopper/three_consumers.py 64 CAUSAL  (patches this copy's reference
 once, then task4.tune at head_dim 64 with CONSUMERS 3 and 2 side by side, every timed output checked)."""
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from patch_experiment import compile_variants, patch_once  # noqa: E402  (notes/tools)
+from patch_experiment import run  # noqa: E402  (notes/tools)
 
 REFERENCE = Path("task4/solution/kernels/attention_hopper.cu")
 SWAPS = [
@@ -43,10 +42,6 @@ SWAPS = [
 ]
 
 
-if sys.argv[1:] == ["--compile"]:
-    compile_variants(REFERENCE, SWAPS, "CONSUMERS", (3, 2), "90a")
-    sys.exit(0)
-patch_once(REFERENCE, SWAPS, "CONSUMERS")
-head_dim, causal, *rest = sys.argv[1:]
-tune_at = Path(__file__).with_name("tune_at.py")
-sys.exit(subprocess.call([sys.executable, str(tune_at), head_dim, causal, "CONSUMERS=2", *rest]))
+tune_at = Path(__file__).with_name("tune_at.py")  # HEAD_DIM CAUSAL [its options], against CONSUMERS=2
+sys.exit(run(REFERENCE, SWAPS, "CONSUMERS", "CONSUMERS", (3, 2), "90a",
+             lambda: [sys.executable, str(tune_at), *sys.argv[1:3], "CONSUMERS=2", *sys.argv[3:]]))

@@ -10,12 +10,11 @@ The binding's maps keep their 128-row box: a 192-key tile is two boxes (rows key
 Here (no GPU): python notes/tools/hopper/wide_tiles.py --compile  (patches a copy in /tmp, nvcc, spills)
 On the device: PYTHONPATH=. python notes/tools/hopper/wide_tiles.py 64 CAUSAL  (patches this copy's reference once,
 then task4.tune at head_dim 64 with BLOCK_COLS 192 and 128 side by side, every timed output checked)."""
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from patch_experiment import compile_variants, patch_once  # noqa: E402  (notes/tools)
+from patch_experiment import run  # noqa: E402  (notes/tools)
 
 REFERENCE = Path("task4/solution/kernels/attention_hopper.cu")
 SWAPS = [  # (old, new, count): patch_experiment.patched
@@ -74,10 +73,6 @@ SWAPS = [  # (old, new, count): patch_experiment.patched
 ]
 
 
-if sys.argv[1:] == ["--compile"]:
-    compile_variants(REFERENCE, SWAPS, "BLOCK_COLS", (192, 128), "90a")
-    sys.exit(0)
-patch_once(REFERENCE, SWAPS, "KV_BOXES")
-head_dim, causal, *rest = sys.argv[1:]
-tune_at = Path(__file__).with_name("tune_at.py")
-sys.exit(subprocess.call([sys.executable, str(tune_at), head_dim, causal, "BLOCK_COLS=128", *rest]))
+tune_at = Path(__file__).with_name("tune_at.py")  # HEAD_DIM CAUSAL [its options], against BLOCK_COLS=128
+sys.exit(run(REFERENCE, SWAPS, "KV_BOXES", "BLOCK_COLS", (192, 128), "90a",
+             lambda: [sys.executable, str(tune_at), *sys.argv[1:3], "BLOCK_COLS=128", *sys.argv[3:]]))
