@@ -45,7 +45,7 @@ def uses_hopper(q, solution: bool = False) -> bool:
 def _hopper_ready(solution: bool, device: int | None) -> bool:
     """The GPU and the build's part of uses_hopper. It reads files, so torch.compile must not trace it: it calls it
     once while tracing and takes the answer as a constant (the build and the GPU do not change under a graph)."""
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability(device) != (9, 0):
+    if not _is_hopper_gpu(device):
         return False
     module = extension(solution)
     key = (solution, module)
@@ -56,6 +56,10 @@ def _hopper_ready(solution: bool, device: int | None) -> bool:
         file = kernel_folder(4, solution) / "attention_hopper.cu"
         _hopper_written[key] = bool(module.has_hopper()) and (solution or not remaining_todos(file))
     return _hopper_written[key]
+
+
+def _is_hopper_gpu(device: int | None) -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability(device) == (9, 0)
 
 
 def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, out=None, solution: bool = False,
