@@ -42,19 +42,48 @@ def padded_queries(key_start, seq_q: int, seq_k: int) -> torch.Tensor:
     return (positions < key_start.long()[:, None]).view(-1, 1, seq_q, 1)
 
 
-def attention_float64(q, k, v, causal: bool = False, scale: float | None = None, key_start=None):
+def window_mask(seq_q: int, seq_k: int, window_left: int, device=None) -> torch.Tensor:
+    """Boolean (seq_q, seq_k), True where a key is before query i's sliding window: j < i + offset - window_left
+    (the causal mask hides the keys after it)."""
+    return torch.ones(seq_q, seq_k, dtype=torch.bool, device=device).tril(diagonal=seq_k - seq_q - window_left - 1)
+
+
+def document_mask(documents, device=None) -> torch.Tensor:
+    """Boolean (seq, seq), True where a key is in another document than the query (documents: cu_seqlens,
+    0 = c_0 < ... < c_n = seq). Built here from the lengths, not with common/masks.py's helper the students use."""
+    ids = torch.cat([torch.full((b - a,), d) for d, (a, b) in enumerate(zip(documents, documents[1:]))])
+    return (ids[:, None] != ids[None, :]).to(device)
+
+
+def masked_scores(q, k, causal: bool, scale: float, *, window_left=None, documents=None, softcap=None):
+    """scale * q k^T (k with q's heads), soft-capped where softcap is given, then -inf where a mask hides a key:
+    causal (aligned to the end), a sliding window (window_left, with causal), packed documents (cu_seqlens)."""
+    scores = (q @ k.transpose(-2, -1)) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    seq_q, seq_k = q.shape[-2], k.shape[-2]
+    if causal:
+        scores = scores.masked_fill(causal_mask(seq_q, seq_k, q.device), -math.inf)
+    if window_left is not None:
+        scores = scores.masked_fill(window_mask(seq_q, seq_k, window_left, q.device), -math.inf)
+    if documents is not None:
+        scores = scores.masked_fill(document_mask(documents, q.device), -math.inf)
+    return scores
+
+
+def attention_float64(q, k, v, causal: bool = False, scale: float | None = None, key_start=None, *,
+                      window_left=None, documents=None, softcap=None):
     """softmax(scale * q k^T + mask) v in float64; returns (out, logsumexp) in float64.
 
     k and v may have fewer heads than q (grouped-query attention). key_start: each sequence's first valid
-    key (left padding); the padded queries' rows are zeros, their logsumexp -inf."""
+    key (left padding); the padded queries' rows are zeros, their logsumexp -inf. window_left, documents
+    (cu_seqlens as a list) and softcap: the masks beyond causal of Task 3's steps 9-12 (masked_scores)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     with exact_float32():
         q, k, v = (t.detach().double() for t in (q, k, v))
         if q.dim() >= 3:
             k, v = expand_kv_heads(k, q.shape[-3]), expand_kv_heads(v, q.shape[-3])
-        scores = (q @ k.transpose(-2, -1)) * scale
-        if causal:
-            scores = scores.masked_fill(causal_mask(q.shape[-2], k.shape[-2], q.device), -math.inf)
+        scores = masked_scores(q, k, causal, scale, window_left=window_left, documents=documents, softcap=softcap)
         if key_start is None:
             return torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1)
         key_start = key_start.to(q.device)
@@ -65,7 +94,8 @@ def attention_float64(q, k, v, causal: bool = False, scale: float | None = None,
         return out, torch.logsumexp(scores, dim=-1).masked_fill(padded[..., 0], -math.inf)
 
 
-def attention_gradients(q, k, v, d_out, causal: bool = False, scale: float | None = None, dtype=torch.float64):
+def attention_gradients(q, k, v, d_out, causal: bool = False, scale: float | None = None, dtype=torch.float64, *,
+                        window_left=None, documents=None, softcap=None):
     """(dq, dk, dv) in float64: autograd through softmax(scale q k^T + mask) v on float64 copies, for the
     gradient d_out of the output (the backward passes of tasks 3 and 4 are checked against it). k and v may have
     fewer heads than q (grouped-query attention): their gradients add up over the query heads that share them.
@@ -75,9 +105,8 @@ def attention_gradients(q, k, v, d_out, causal: bool = False, scale: float | Non
     with exact_float32(), torch.enable_grad():
         q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
         heads = q.shape[-3]
-        scores = (q @ expand_kv_heads(k, heads).transpose(-2, -1)) * scale
-        if causal:
-            scores = scores.masked_fill(causal_mask(q.shape[-2], k.shape[-2], q.device), -math.inf)
+        scores = masked_scores(q, expand_kv_heads(k, heads), causal, scale, window_left=window_left,
+                               documents=documents, softcap=softcap)
         (torch.softmax(scores, dim=-1) @ expand_kv_heads(v, heads)).backward(d_out.detach().to(dtype))
         return q.grad, k.grad, v.grad
 

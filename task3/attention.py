@@ -1,5 +1,6 @@
-"""Task 3: FlashAttention-2 in PyTorch: the forward pass (Algorithm 1 of Dao, 2023), and the backward pass
-(Algorithm 2, optional: steps 6-8, at the end of the file).
+"""Task 3: FlashAttention-2 in PyTorch: the forward pass (Algorithm 1 of Dao, 2023), the backward pass
+(Algorithm 2, optional: steps 6-8, after it) and the masks beyond causal (optional: steps 9-12: a sliding
+window, packed documents and soft-capped scores, in both passes).
 
 Shapes: q is (batch, heads, seq_q, head_dim); k and v are (batch, heads, seq_k, head_dim).
 The loop walks over query tiles of `block_rows` (Br) rows and, inside, key/value
@@ -18,7 +19,32 @@ import math
 
 import torch
 
+from common.masks import check_masks, document_ids, document_of
 from common.validate import check_qkv
+
+
+def cap_scores(s: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """The scores soft-capped: softcap * tanh(S / softcap), or S itself without softcap (steps 3 and 8 call it)."""
+    # TODO (README, Task 3, step 11: soft-capping: softcap * tanh(S / softcap))
+    if softcap is None:
+        return s
+    raise NotImplementedError("see README, Task 3, step 11: soft-capping: softcap * tanh(S / softcap)")
+
+
+def mask_tile(s, row_start, col_start, offset, causal, window_left=None, doc_ids=None):
+    """The tile of scores s (.., rows, cols) whose first query is row_start and first key col_start, with -inf
+    where a query must not see a key (steps 3, 9 and 10; steps 3 and 8 call it)."""
+    rows = torch.arange(row_start, row_start + s.shape[-2], device=s.device)[:, None]
+    cols = torch.arange(col_start, col_start + s.shape[-1], device=s.device)[None, :]
+    # TODO (README, Task 3, step 3: the causal mask: -inf where a key is in a query's future)
+    raise NotImplementedError("see README, Task 3, step 3: the causal mask: -inf where a key is in a query's future")
+    # TODO (README, Task 3, step 9: the sliding window: -inf where a key is before a query's window)
+    if window_left is not None:
+        raise NotImplementedError("see README, Task 3, step 9: the sliding window: -inf where a key is before a query's window")
+    # TODO (README, Task 3, step 10: packed documents: -inf where a key is in another document than its query)
+    if doc_ids is not None:
+        raise NotImplementedError("see README, Task 3, step 10: packed documents: -inf where a key is in another document than its query")
+    return s
 
 
 def flash_attention(
@@ -29,15 +55,23 @@ def flash_attention(
     block_rows: int = 64,
     block_cols: int = 64,
     return_lse: bool = False,
+    window_left: int | None = None,
+    cu_seqlens=None,
+    softcap: float | None = None,
 ):
     """softmax(q k^T / sqrt(d) + mask) v, tile by tile. Returns out, or (out, lse) with lse (batch, heads, seq_q).
 
     Causal masking is aligned to the end: query i sees key j when j <= i + (seq_k - seq_q).
+    The masks beyond causal (optional, steps 9-12; common/masks.py): window_left, a sliding window (with causal:
+    query i sees keys i + offset - window_left .. i + offset); cu_seqlens, packed documents (0 = c_0 < c_1 < ...
+    < c_n = seq: a query sees the keys of its own document only); softcap, scores softcap * tanh(S / softcap).
     """
     check_qkv(q, k, v, dims=4, seq_dim=2, causal=causal)
     if block_rows < 1 or block_cols < 1:
         raise ValueError(f"block_rows and block_cols must be positive, got {block_rows} and {block_cols}")
     seq_q, seq_k, head_dim = q.shape[2], k.shape[2], q.shape[3]
+    window_left, documents, softcap = check_masks(seq_q, seq_k, causal, window_left, cu_seqlens, softcap)
+    doc_ids = None if documents is None else document_ids(documents, q.device)  # each position's document
     scale = 1.0 / math.sqrt(head_dim)
     offset = seq_k - seq_q  # query i is aligned with key i + offset
     out = torch.empty_like(q)
@@ -50,11 +84,18 @@ def flash_attention(
 
         # TODO (README, Task 3, step 2: stop the key loop after the last tile a causal query tile can see)
         col_stop = seq_k
-        for col_start in range(0, col_stop, block_cols):
+        col_begin = 0
+        # TODO (README, Task 3, step 9: begin the key loop at the tile of the first key the tile's first query's window holds)
+        if window_left is not None:
+            raise NotImplementedError("see README, Task 3, step 9: begin the key loop at the tile of the first key the tile's first query's window holds")
+        # TODO (README, Task 3, step 10: the key loop from the first query's document to the end of the last query's)
+        if documents is not None:
+            raise NotImplementedError("see README, Task 3, step 10: the key loop from the first query's document to the end of the last query's")
+        for col_start in range(col_begin, col_stop, block_cols):
             col_end = min(col_start + block_cols, seq_k)
             k_j, v_j = k[:, :, col_start:col_end], v[:, :, col_start:col_end]  # (B, H, Bc, d)
-            # TODO (README, Task 3, step 3: scores S_ij = scale * Q_i K_j^T, masked where a key is in a query's future)
-            raise NotImplementedError("see README, Task 3, step 3: scores S_ij = scale * Q_i K_j^T, masked where a key is in a query's future")
+            # TODO (README, Task 3, step 3: scores S_ij = scale * Q_i K_j^T, through cap_scores, then mask_tile)
+            raise NotImplementedError("see README, Task 3, step 3: scores S_ij = scale * Q_i K_j^T, through cap_scores, then mask_tile")
 
             # TODO (README, Task 3, step 4: online softmax: new max, rescale l_i and acc by exp(m_old - m_new), add P_ij V_j)
             raise NotImplementedError("see README, Task 3, step 4: online softmax: new max, rescale l_i and acc by exp(m_old - m_new), add P_ij V_j")
@@ -78,8 +119,12 @@ def flash_attention_backward(
     causal: bool = False,
     block_rows: int = 64,
     block_cols: int = 64,
+    window_left: int | None = None,
+    cu_seqlens=None,
+    softcap: float | None = None,
 ):
-    """dq, dk, dv of out = flash_attention(q, k, v, causal) for d_out = dLoss/d out (Algorithm 2 of the paper).
+    """dq, dk, dv of out = flash_attention(q, k, v, causal, ...) for d_out = dLoss/d out (Algorithm 2 of the paper),
+    with the same masks (steps 9-12).
 
     Tile by tile, as the forward pass: each tile of the probabilities P is computed again from the saved
     log-sum-exp (P_ij = exp(S_ij - L_i)), so neither the full score matrix nor P is ever held. The outer loop
@@ -90,6 +135,8 @@ def flash_attention_backward(
     if block_rows < 1 or block_cols < 1:
         raise ValueError(f"block_rows and block_cols must be positive, got {block_rows} and {block_cols}")
     seq_q, seq_k, head_dim = q.shape[2], k.shape[2], q.shape[3]
+    window_left, documents, softcap = check_masks(seq_q, seq_k, causal, window_left, cu_seqlens, softcap)
+    doc_ids = None if documents is None else document_ids(documents, q.device)
     scale = 1.0 / math.sqrt(head_dim)
     offset = seq_k - seq_q  # query i is aligned with key i + offset
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -102,7 +149,11 @@ def flash_attention_backward(
         dk_j, dv_j = torch.zeros_like(k_j), torch.zeros_like(v_j)
         # TODO (README, Task 3, step 7: with a causal mask, start at the first query tile this key tile reaches)
         row_begin = 0
-        for row_start in range(row_begin, seq_q, block_rows):
+        row_stop = seq_q
+        # TODO (README, Task 3, step 12: the query tiles a key tile's window and documents reach, and no others)
+        if window_left is not None or documents is not None:
+            raise NotImplementedError("see README, Task 3, step 12: the query tiles a key tile's window and documents reach, and no others")
+        for row_start in range(row_begin, row_stop, block_rows):
             row_end = min(row_start + block_rows, seq_q)
             q_i, do_i = q[:, :, row_start:row_end], d_out[:, :, row_start:row_end]  # (B, H, Br, d)
             lse_i, delta_i = lse[:, :, row_start:row_end], delta[:, :, row_start:row_end]  # (B, H, Br)
@@ -113,12 +164,21 @@ def flash_attention_backward(
     return dq, dk, dv
 
 
+def cap_gradient(ds: torch.Tensor, s: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """dS through the cap (step 8 calls it): the gradient with respect to the scores before cap_scores, given the
+    capped scores s; ds itself without softcap."""
+    # TODO (README, Task 3, step 12: through the cap: d(softcap * tanh(x / softcap)) / dx = 1 - (S / softcap)^2)
+    if softcap is None:
+        return ds
+    raise NotImplementedError("see README, Task 3, step 12: through the cap: d(softcap * tanh(x / softcap)) / dx = 1 - (S / softcap)^2")
+
+
 class FlashAttention(torch.autograd.Function):
     """flash_attention as a PyTorch operation with a gradient: the forward pass saves q, k, v, the output and the
     log-sum-exp (one number per query row, never P), and the backward pass is flash_attention_backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal=False, block_rows=64, block_cols=64):
+    def forward(ctx, q, k, v, causal=False, block_rows=64, block_cols=64, masks=None):
         # TODO (README, Task 3, step 6: run the forward, and save q, k, v, out and the log-sum-exp for the backward)
         raise NotImplementedError("see README, Task 3, step 6: run the forward, and save q, k, v, out and the log-sum-exp for the backward")
 
@@ -128,6 +188,6 @@ class FlashAttention(torch.autograd.Function):
         raise NotImplementedError("see README, Task 3, step 6: the backward: dq, dk, dv from the saved tensors (None for the other arguments)")
 
 
-def flash_attention_trainable(q, k, v, causal: bool = False, block_rows: int = 64, block_cols: int = 64):
-    """flash_attention that autograd can differentiate (given)."""
-    return FlashAttention.apply(q, k, v, causal, block_rows, block_cols)
+def flash_attention_trainable(q, k, v, causal: bool = False, block_rows: int = 64, block_cols: int = 64, **masks):
+    """flash_attention that autograd can differentiate (given); masks: window_left, cu_seqlens, softcap (steps 9-12)."""
+    return FlashAttention.apply(q, k, v, causal, block_rows, block_cols, masks)

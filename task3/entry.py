@@ -5,26 +5,49 @@ your code; the checks (checks/task3/test.py) run in another process and only see
 functions return.
 """
 
+import inspect
+
 import torch
 
 from common.student_module import load_student_module
 
 student = load_student_module("task3.attention")
 
+MASK_STEPS = {"window_left": 9, "cu_seqlens": 10, "softcap": 11}  # the masks beyond causal: where each is written
 
-def flash(q, k, v, causal, block_rows, block_cols, return_lse):
+
+def _masked(fn, masks, step=None):
+    """masks (window_left, cu_seqlens, softcap: those a case uses), once fn takes them: a file from before the
+    masks were in the handout is told what to copy rather than failing with a TypeError."""
+    masks = masks or {}
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return masks
+    if any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
+        return masks
+    missing = [name for name in masks if name not in parameters]
+    if missing:
+        raise NotImplementedError(
+            f"see README, Task 3, step {step or MASK_STEPS[missing[0]]}: your {fn.__name__} takes no {missing[0]} "
+            f"argument: copy the new signature (window_left, cu_seqlens, softcap) from the handout's task3/attention.py")
+    return masks
+
+
+def flash(q, k, v, causal, block_rows, block_cols, return_lse, masks=None):
     return student.flash_attention(q, k, v, causal=causal, block_rows=block_rows, block_cols=block_cols,
-                                   return_lse=return_lse)
+                                   return_lse=return_lse, **_masked(student.flash_attention, masks))
 
 
-def flash_one_thread(q, k, v, causal, block_rows, block_cols, times=1):
+def flash_one_thread(q, k, v, causal, block_rows, block_cols, times=1, masks=None):
     """Run `times` times on one CPU thread, returning nothing: the causal-skip check reads the CPU time this
     takes, and with more threads their spin-waiting, which varies with the machine's load, would be counted too."""
+    masks = _masked(student.flash_attention, masks)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         for _ in range(times):
-            student.flash_attention(q, k, v, causal=causal, block_rows=block_rows, block_cols=block_cols)
+            student.flash_attention(q, k, v, causal=causal, block_rows=block_rows, block_cols=block_cols, **masks)
     finally:
         torch.set_num_threads(threads)
 
@@ -59,9 +82,11 @@ def saved_by(grad_fn):
     return saved, others
 
 
-def _forward(q, k, v, causal, block_rows, block_cols):
+def _forward(q, k, v, causal, block_rows, block_cols, masks=None):
+    trainable = _trainable()
+    masks = _masked(trainable, masks, step=12)
     with torch.enable_grad():
-        out = _trainable()(q, k, v, causal=causal, block_rows=block_rows, block_cols=block_cols)
+        out = trainable(q, k, v, causal=causal, block_rows=block_rows, block_cols=block_cols, **masks)
     if not isinstance(out, torch.Tensor) or out.grad_fn is None:
         raise TypeError("flash_attention_trainable must return a tensor autograd can differentiate (one made by "
                         "FlashAttention.apply), got " + (f"{type(out).__name__}" if not isinstance(out, torch.Tensor)
@@ -69,17 +94,17 @@ def _forward(q, k, v, causal, block_rows, block_cols):
     return out
 
 
-def flash_saved(q, k, v, causal, block_rows, block_cols):
+def flash_saved(q, k, v, causal, block_rows, block_cols, masks=None):
     """The forward pass alone: what it kept for the backward pass (saved_by)."""
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    out = _forward(q, k, v, causal, block_rows, block_cols)  # alive while its saved tensors are read: one is itself
+    out = _forward(q, k, v, causal, block_rows, block_cols, masks)  # alive while its saved tensors are read: one is itself
     return saved_by(out.grad_fn)
 
 
-def flash_backward(q, k, v, d_out, causal, block_rows, block_cols):
+def flash_backward(q, k, v, d_out, causal, block_rows, block_cols, masks=None):
     """out = flash_attention_trainable(q, k, v), then out.backward(d_out): (out, dq, dk, dv)."""
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    out = _forward(q, k, v, causal, block_rows, block_cols)
+    out = _forward(q, k, v, causal, block_rows, block_cols, masks)
     out.backward(d_out)
     return out.detach(), q.grad, k.grad, v.grad
 
@@ -93,13 +118,14 @@ def flash_backward_shapes(q, k, v, d_out, causal, block_rows, block_cols):
 _prepared = {}  # flash_backward_prepare's forward pass, for flash_backward_one_thread
 
 
-def flash_backward_prepare(q, k, v, causal, block_rows, block_cols):
+def flash_backward_prepare(q, k, v, causal, block_rows, block_cols, masks=None):
     """The forward pass whose out and lse flash_backward_one_thread differentiates: a call of its own, so that the
     CPU time the causal-skip check reads around that one is the backward pass's alone."""
     _trainable()
     out, lse = student.flash_attention(q, k, v, causal=causal, block_rows=block_rows, block_cols=block_cols,
-                                       return_lse=True)
+                                       return_lse=True, **_masked(student.flash_attention, masks))
     _prepared["args"] = (q, k, v, out, lse, torch.ones_like(q), causal, block_rows, block_cols)
+    _prepared["masks"] = _masked(student.flash_attention_backward, masks, step=12)
 
 
 def flash_backward_one_thread(times=1):
@@ -108,7 +134,7 @@ def flash_backward_one_thread(times=1):
     torch.set_num_threads(1)
     try:
         for _ in range(times):
-            student.flash_attention_backward(*_prepared["args"])
+            student.flash_attention_backward(*_prepared["args"], **_prepared["masks"])
     finally:
         torch.set_num_threads(threads)
 

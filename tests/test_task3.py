@@ -20,9 +20,15 @@ def test_reference_passes(tmp_path):
     assert any(c["kind"] == "rule" and "full score matrix" in c["name"] and c["passed"] for c in record["cases"])
     from harness.cli import devices
 
-    backward = [c for c in record["cases"] if c["kind"] == "optional"]  # the backward pass, steps 6-8
+    optional = [c for c in record["cases"] if c["kind"] == "optional"]
+    backward = [c for c in optional if c["name"].startswith("backward")]  # the backward pass, steps 6-8
     assert len(backward) == 12 * len(devices()) + 3, [c["name"] for c in backward]  # 6 shapes x causal, 3 checks
-    assert all(c["passed"] for c in backward), [c["message"] for c in backward if not c["passed"]]
+    masks = [c for c in optional if c["name"].startswith("masks:")]  # steps 9-11: 10 cases, 2 skip checks
+    assert len(masks) == 10 * len(devices()) + 2, [c["name"] for c in masks]
+    masks_backward = [c for c in optional if c["name"].startswith("masks backward")]  # step 12: 6 cases, 1 skip check
+    assert len(masks_backward) == 6 * len(devices()) + 1, [c["name"] for c in masks_backward]
+    assert len(optional) == len(backward) + len(masks) + len(masks_backward)
+    assert all(c["passed"] for c in optional), [c["message"] for c in optional if not c["passed"]]
 
 
 def test_skeleton_reports_the_first_missing_step(capsys, tmp_path):
@@ -165,3 +171,149 @@ def test_an_old_file_without_the_backward_pass_is_told_what_to_copy(tmp_path):
     assert record["status"] == "passed"
     said = [c["message"] for c in optional(record) if not c["passed"]]
     assert said and "copy the backward pass's part of the handout's file" in said[0], said
+
+
+# -- the optional masks beyond causal (steps 9-12): each known-bad version is named with its step, never costs the task --
+
+def masks_record(tmp_path, *edits, backward=False):
+    text = (REPO_SOLUTION / "attention.py").read_text()
+    for old, new in edits:
+        assert old in text, f"known-bad variant no longer applies: {old!r} not in task3/solution/attention.py"
+        text = text.replace(old, new, 1)
+    record = run_test(3, submission(tmp_path, {"task3/attention.py": text}), tmp_path, "--masks",
+                      *(["--backward"] if backward else []))
+    assert record["status"] == "passed", "an optional part never decides the task"
+    return record
+
+
+def said(record, words):
+    return next(c for c in record["cases"] if c["kind"] == "optional" and words in c["name"])
+
+
+def skeleton_of_steps(steps) -> str:
+    """The reference with only the regions of `steps` turned into the skeleton's TODOs (a student who wrote the rest)."""
+    import re
+
+    from harness.skeleton import make_skeleton
+
+    kept, inside = [], None
+    for line in (REPO_SOLUTION / "attention.py").read_text().splitlines(keepends=True):
+        begin = re.match(r'\s*# BEGIN SOLUTION "step (\d+)', line)
+        if begin:
+            inside = int(begin[1]) in steps
+            skipping = False
+        if inside is False:  # a written step: its solution lines, without the markers or the skeleton's
+            if begin:
+                continue
+            if line.strip() == "# SKELETON":
+                skipping = True
+                continue
+            if line.strip() == "# END SOLUTION":
+                inside = None
+                continue
+            if not skipping:
+                kept.append(line)
+            continue
+        if inside and line.strip() == "# END SOLUTION":
+            kept.append(line)
+            inside = None
+            continue
+        kept.append(line)
+    return make_skeleton("".join(kept), 3, "#")
+
+
+def test_the_skeletons_masks_say_step_9_and_the_task_still_passes(tmp_path):
+    text = skeleton_of_steps({9, 10, 11, 12})
+    assert "step 9" in text and "step 3: scores" not in text
+    record = run_test(3, submission(tmp_path, {"task3/attention.py": text}), tmp_path, "--masks")
+    assert record["status"] == "passed"
+    failed = [c["message"] for c in record["cases"] if c["kind"] == "optional" and not c["passed"]]
+    assert len(failed) == 1 and "not implemented yet: see README, Task 3, step 9" in failed[0], failed
+
+
+def test_the_window_off_by_one_a_document_boundary_crossed_and_the_cap_twice_are_named(tmp_path):
+    record = masks_record(
+        tmp_path,
+        ("s = s.masked_fill(cols < rows + offset - window_left, -math.inf)",
+         "s = s.masked_fill(cols <= rows + offset - window_left, -math.inf)"),
+        # cu_seqlens read as each document's last position, not the next one's first: every boundary one key late
+        ("    doc_ids = None if documents is None else document_ids(documents, q.device)  # each position's document",
+         "    if documents is not None:\n"
+         "        documents = [0] + [c + 1 for c in documents[1:-1]] + [documents[-1]]\n"
+         "    doc_ids = None if documents is None else document_ids(documents, q.device)"),
+        ("s_ij = cap_scores((q_i @ k_j.transpose(-2, -1)) * scale, softcap)  # (B, H, Br, Bc)",
+         "s_ij = cap_scores(cap_scores((q_i @ k_j.transpose(-2, -1)) * scale, softcap), softcap)"))
+    window = said(record, "seq 129x129 head_dim 32 tiles 32x16 causal window 40")
+    assert not window["passed"] and "window one key too narrow" in window["message"] and "step 9" in window["message"]
+    documents = said(record, "documents 1+40+32+77")
+    assert not documents["passed"] and "a document boundary crossed" in documents["message"], documents["message"]
+    assert "step 10" in documents["message"]
+    cap = said(record, "tiles 64x32 softcap 1")
+    assert not cap["passed"] and "the cap applied twice" in cap["message"] and "step 11" in cap["message"]
+
+
+def test_masked_tiles_computed_not_skipped_are_named(tmp_path):
+    record = masks_record(
+        tmp_path,
+        ("col_begin = max(0, row_start + offset - window_left) // block_cols * block_cols",
+         "col_begin = 0"),
+        ("col_begin = max(col_begin, documents[document_of(documents, row_start)] // block_cols * block_cols)\n"
+         "            col_stop = min(col_stop, documents[document_of(documents, row_end - 1) + 1])",
+         "pass"))
+    values = [c for c in record["cases"] if c["name"].startswith("masks: cpu")]
+    assert values and all(c["passed"] for c in values), [c["message"] for c in values if not c["passed"]]
+    window, documents = said(record, "the window skips"), said(record, "the documents skip")
+    assert not window["passed"] and "step 9" in window["message"]
+    assert not documents["passed"] and "step 10" in documents["message"]
+
+
+def test_a_row_that_has_seen_no_key_yet_is_named_when_it_turns_nan(tmp_path):
+    record = masks_record(tmp_path, ("m_sub = m_new.masked_fill(m_new == -math.inf, 0.0)", "m_sub = m_new"))
+    assert all(c["passed"] for c in record["cases"] if c["kind"] == "check")  # causal alone never meets such a row
+    window = said(record, "seq 129x129 head_dim 32 tiles 32x16 causal window 40")
+    assert not window["passed"] and "NaN" in window["message"] and "step 9" in window["message"]
+
+
+def test_the_cap_left_out_of_the_gradient_is_named(tmp_path):
+    record = masks_record(
+        tmp_path, ("return ds if softcap is None else ds * (1 - (s / softcap) ** 2)", "return ds"), backward=True)
+    assert all(c["passed"] for c in record["cases"] if c["name"].startswith("masks: cpu"))
+    cap = said(record, "masks backward: cpu batch 2 heads 2 seq 129x129 head_dim 32 tiles 64x32 softcap 1")
+    assert not cap["passed"] and "cap's slope" in cap["message"] and "step 12" in cap["message"], cap["message"]
+    window = said(record, "masks backward: cpu batch 2 heads 2 seq 129x129 head_dim 32 tiles 32x16 causal window 40")
+    assert window["passed"]
+
+
+def test_a_file_from_before_the_masks_is_told_to_copy_the_signature(tmp_path):
+    record = masks_record(tmp_path, (
+        "    window_left: int | None = None,\n    cu_seqlens=None,\n    softcap: float | None = None,\n):\n"
+        '    """softmax(q k^T',
+        '):\n    window_left = cu_seqlens = softcap = None\n    """softmax(q k^T'))
+    window = said(record, "causal window 40")
+    assert not window["passed"] and "takes no window_left" in window["message"] and "step 9" in window["message"]
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"window_left": 3}, "needs causal=True"), ({"causal": True, "window_left": -1}, "window_left must be"),
+    ({"cu_seqlens": [0, 2, 4]}, "seq_q == seq_k"), ({"softcap": 0.0}, "softcap must be"),
+])
+def test_bad_mask_arguments(kwargs, words):
+    import torch
+
+    from task3.solution.attention import flash_attention
+
+    q, k = torch.randn(1, 1, 3, 8), torch.randn(1, 1, 4, 8)
+    with pytest.raises(ValueError, match=words):
+        flash_attention(q, k, k, **kwargs)
+
+
+@pytest.mark.parametrize("cu_seqlens, words", [([0, 3, 3, 4], "rise from 0"), ([1, 4], "rise from 0"),
+                                               ([0.0, 4.0], "list of ints"), ("0,4", "list of ints")])
+def test_bad_documents(cu_seqlens, words):
+    import torch
+
+    from task3.solution.attention import flash_attention
+
+    q = torch.randn(1, 1, 4, 8)
+    with pytest.raises((ValueError, TypeError), match=words):
+        flash_attention(q, q, q, cu_seqlens=cu_seqlens)

@@ -1,0 +1,134 @@
+"""The common mistakes of the masks beyond causal (Task 3, steps 9-12), each computed in float64 and compared with
+what failed, so a failure says which one it is and the step to fix.
+
+A mistake is named only where it shows on the case's inputs (its result differs from the right one by more than
+the tolerance) and the student's output matches it; otherwise the failure stays as the comparison said it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from harness.attention_math import attention_float64, attention_gradients, expand_kv_heads, masked_scores
+from harness.checks import CheckResult, exact_float32
+
+
+def capped_twice(q, k, v, causal, scale, window_left, documents, softcap):
+    """The scores capped twice (cap_scores called on what was already capped)."""
+    scores = masked_scores(q, k, False, scale, softcap=softcap)
+    scores = softcap * torch.tanh(scores / softcap)
+    return _masked_attention(scores, v, causal, window_left, documents)
+
+
+def capped_before_scale(q, k, v, causal, scale, window_left, documents, softcap):
+    """softcap * tanh(Q K^T / softcap) first, the scale after it."""
+    scores = masked_scores(q, k, False, 1.0, softcap=softcap) * scale
+    return _masked_attention(scores, v, causal, window_left, documents)
+
+
+def _masked_attention(scores, v, causal, window_left, documents):
+    from harness.attention_math import causal_mask, document_mask, window_mask
+
+    seq_q, seq_k = scores.shape[-2:]
+    if causal:
+        scores = scores.masked_fill(causal_mask(seq_q, seq_k, scores.device), -math.inf)
+    if window_left is not None:
+        scores = scores.masked_fill(window_mask(seq_q, seq_k, window_left, scores.device), -math.inf)
+    if documents is not None:
+        scores = scores.masked_fill(document_mask(documents, scores.device), -math.inf)
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def forward_mistakes(causal, window_left, documents, softcap):
+    """(what, step, masks) for each mistake that applies: masks are attention_float64's keyword arguments, or a
+    function of (q, k, v, causal, scale, window_left, documents, softcap) for the ones it cannot express."""
+    right = {"window_left": window_left, "documents": documents, "softcap": softcap}
+    found = []
+    if window_left is not None:
+        found.append(("the window one key too wide (window_left + 1 keys before the query: < where <= belongs, or "
+                      "the edge off by one)", 9, right | {"window_left": window_left + 1}))
+        if window_left > 0:
+            found.append(("the window one key too narrow (window_left - 1 keys before the query)", 9,
+                          right | {"window_left": window_left - 1}))
+        found.append(("no window at all: the keys before it were seen (mask_tile's window, or the tiles it crosses "
+                      "left unmasked)", 9, right | {"window_left": None}))
+    if documents is not None:
+        found.append(("no document mask: queries saw the keys of other documents", 10, right | {"documents": None}))
+        for shift in (1, -1):
+            moved = [documents[0]] + [c + shift for c in documents[1:-1]] + [documents[-1]]
+            if all(a < b for a, b in zip(moved, moved[1:])):
+                found.append((f"a document boundary crossed: each document {'ends one key late' if shift > 0 else 'ends one key early'} "
+                              f"(cu_seqlens[d + 1] is the first position of the next document)", 10,
+                              right | {"documents": moved}))
+    if softcap is not None:
+        found.append(("the scores not soft-capped (cap_scores not called in step 3, or returning S)", 11,
+                      right | {"softcap": None}))
+        found.append(("the cap applied twice", 11, capped_twice))
+        found.append(("the cap applied before the scale (softcap * tanh(Q K^T / softcap), then times the scale)", 11,
+                      capped_before_scale))
+    return found
+
+
+def _result(how, q, k, v, causal, scale, window_left, documents, softcap):
+    if callable(how):
+        with exact_float32():
+            q, k, v = (t.detach().double() for t in (q, k, v))
+            k, v = expand_kv_heads(k, q.shape[-3]), expand_kv_heads(v, q.shape[-3])
+            return how(q, k, v, causal, scale, window_left, documents, softcap)
+    return attention_float64(q, k, v, causal, scale, **how)[0]
+
+
+def _close(got, want, atol, rtol) -> bool:
+    return bool(torch.isfinite(got).all()) and bool(((got - want).abs() <= atol + rtol * want.abs()).all())
+
+
+def diagnose_masked(result: CheckResult, got, q, k, v, causal, *, window_left, documents, softcap, atol, rtol,
+                    scale=None) -> CheckResult:
+    """A failed output of a masked case (out, not lse), with the mistake it matches named, or as it was."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if not isinstance(got, torch.Tensor) or got.shape != q.shape:
+        return result
+    got = got.detach().double().cpu()
+    if torch.isnan(got).any():
+        rows = int(torch.isnan(got).any(dim=-1).sum())
+        result.message += (f": {rows} output rows are NaN: a row whose keys in a tile are all masked has m_new = -inf "
+                           f"there, and exp(-inf - (-inf)) is NaN; subtract 0 for such a row (README, Task 3, step 9)")
+        return result
+    right = attention_float64(q, k, v, causal, scale, window_left=window_left, documents=documents, softcap=softcap)[0]
+    for what, step, how in forward_mistakes(causal, window_left, documents, softcap):
+        wrong = _result(how, q, k, v, causal, scale, window_left, documents, softcap)
+        if not _close(wrong, right, 2 * atol, 2 * rtol) and _close(got, wrong, atol, rtol):
+            result.message += f": it matches {what} (README, Task 3, step {step})"
+            return result
+    result.message += " (README, Task 3, steps 9-11)"
+    return result
+
+
+def gradients_without_cap_slope(q, k, v, d_out, causal, scale, window_left, documents, softcap):
+    """The gradients with dS passed through the cap as if its slope were 1 (cap_gradient returning ds)."""
+    with exact_float32(), torch.enable_grad():
+        q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
+        heads = q.shape[-3]
+        raw = (q @ expand_kv_heads(k, heads).transpose(-2, -1)) * scale
+        capped = raw + (softcap * torch.tanh(raw / softcap) - raw).detach()  # the cap's value, slope 1
+        out = _masked_attention(capped, expand_kv_heads(v, heads), causal, window_left, documents)
+        out.backward(d_out.detach().double())
+        return q.grad, k.grad, v.grad
+
+
+def diagnose_masked_gradient(message: str, name: str, got, q, k, v, d_out, causal, *, window_left, documents,
+                             softcap, atol, rtol, scale=None) -> str:
+    """A failed gradient of a masked case: the cap's slope left out, named, else the steps to look at."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    index = ("dq", "dk", "dv").index(name)
+    if softcap is not None and isinstance(got, torch.Tensor):
+        right = attention_gradients(q, k, v, d_out, causal, scale, window_left=window_left, documents=documents,
+                                    softcap=softcap)[index]
+        wrong = gradients_without_cap_slope(q, k, v, d_out, causal, scale, window_left, documents, softcap)[index]
+        got = got.detach().double().cpu()
+        if wrong.shape == got.shape and not _close(wrong, right, 2 * atol, 2 * rtol) and _close(got, wrong, atol, rtol):
+            return (f"{message}: it matches dS not multiplied by the cap's slope 1 - (S / softcap)^2 "
+                    f"(cap_gradient, README, Task 3, step 12)")
+    return f"{message} (README, Task 3, steps 8 and 12: the masks in step 8, the loops' bounds and cap_gradient)"
