@@ -157,8 +157,8 @@ def flash_attention_backward(
             row_end = min(row_start + block_rows, seq_q)
             q_i, do_i = q[:, :, row_start:row_end], d_out[:, :, row_start:row_end]  # (B, H, Br, d)
             lse_i, delta_i = lse[:, :, row_start:row_end], delta[:, :, row_start:row_end]  # (B, H, Br)
-            # TODO (README, Task 3, step 8: P_ij = exp(S_ij - L_i) again, then dV_j, dP_ij, dS_ij, and the parts of dQ_i and dK_j)
-            raise NotImplementedError("see README, Task 3, step 8: P_ij = exp(S_ij - L_i) again, then dV_j, dP_ij, dS_ij, and the parts of dQ_i and dK_j")
+            # TODO (README, Task 3, step 8: S_ij as in step 3, P_ij = exp(S_ij - L_i), dV_j, dP_ij, dS_ij (cap_gradient), the parts of dQ_i and dK_j)
+            raise NotImplementedError("see README, Task 3, step 8: S_ij as in step 3, P_ij = exp(S_ij - L_i), dV_j, dP_ij, dS_ij (cap_gradient), the parts of dQ_i and dK_j")
         dk[:, :, col_start:col_end] = dk_j
         dv[:, :, col_start:col_end] = dv_j
     return dq, dk, dv

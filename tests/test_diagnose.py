@@ -99,9 +99,9 @@ def test_task1_steps_are_checked_one_by_one_and_their_mistakes_named(tmp_path, o
 
 
 TASK3 = [  # (old, new, causal, what the message says, step, of)
-    ("s_ij = (q_i @ k_j.transpose(-2, -1)) * scale", "s_ij = q_i @ k_j.transpose(-2, -1)", True,
-     "without the 1/sqrt(head_dim) scale", 3, "out"),
-    ("s_ij = s_ij.masked_fill(cols > rows + offset, -math.inf)", "pass", True, "no causal mask at all", 3, "out"),
+    ("cap_scores((q_i @ k_j.transpose(-2, -1)) * scale, softcap)", "cap_scores(q_i @ k_j.transpose(-2, -1), softcap)",
+     True, "without the 1/sqrt(head_dim) scale", 3, "out"),
+    ("s = s.masked_fill(cols > rows + offset, -math.inf)", "pass", True, "no causal mask at all", 3, "out"),
     ("acc = correction[..., None] * acc + p_ij @ v_j", "acc = acc + p_ij @ v_j", False, "acc not rescaled", 4, "out"),
     ("l_i = correction * l_i + p_ij.sum(dim=-1)", "l_i = l_i + p_ij.sum(dim=-1)", True, "l_i not rescaled", 4, "out"),
     ("if causal else seq_k\n", "if causal else seq_k // block_cols * block_cols\n", False, "partial key tile", 2,

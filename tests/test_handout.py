@@ -55,7 +55,7 @@ def test_handout_has_no_solutions_and_blank_results(handout):
         text = path.read_text()
         leaked = [line for line in solution if line in text]
         assert not leaked, f"{path.relative_to(dest)} holds reference lines: {leaked[:3]}"
-        assert "correction = torch.exp(m_i - m_new)" not in text and "bad_variant(" not in text.replace(
+        assert "correction = torch.exp(m_i - m_sub)" not in text and "bad_variant(" not in text.replace(
             "def bad_variant(", "")
 
     # the handout grades on its own: skeletons not implemented, no crash, no hidden cases needed

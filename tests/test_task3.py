@@ -60,7 +60,7 @@ def test_full_matrix_breaks_the_rule(tmp_path, old, new):
 
 
 def test_the_papers_erratum_gives_wrong_values(tmp_path):
-    record = variant_record(tmp_path, "correction = torch.exp(m_i - m_new)", "correction = 1 / torch.exp(m_i - m_new)")
+    record = variant_record(tmp_path, "correction = torch.exp(m_i - m_sub)", "correction = 1 / torch.exp(m_i - m_sub)")
     assert not case(record, "seq 129x129")["passed"]
 
 
@@ -143,8 +143,9 @@ def test_saving_p_and_not_skipping_causal_tiles_are_both_named(tmp_path):
 def test_a_tensor_kept_on_ctx_and_the_full_matrix_in_the_backward_pass_are_both_caught(tmp_path):
     record = backward_record(
         tmp_path,
-        ("        ctx.causal, ctx.block_rows, ctx.block_cols = causal, block_rows, block_cols\n",
-         "        ctx.causal, ctx.block_rows, ctx.block_cols = causal, block_rows, block_cols\n        ctx.kept = [lse * 2]\n"),
+        ("        ctx.causal, ctx.block_rows, ctx.block_cols, ctx.masks = causal, block_rows, block_cols, masks\n",
+         "        ctx.causal, ctx.block_rows, ctx.block_cols, ctx.masks = causal, block_rows, block_cols, masks\n"
+         "        ctx.kept = [lse * 2]\n"),
         ("    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)\n",
          "    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)\n"
          "    block_rows, block_cols = seq_q, seq_k  # one tile: the whole matrix at once\n"))
@@ -156,7 +157,8 @@ def test_a_tensor_kept_on_ctx_and_the_full_matrix_in_the_backward_pass_are_both_
 
 def test_autograd_inside_the_backward_pass_is_named(tmp_path):
     record = backward_record(tmp_path, (
-        "        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, d_out, ctx.causal, ctx.block_rows, ctx.block_cols)\n",
+        "        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, d_out, ctx.causal, ctx.block_rows, ctx.block_cols,\n"
+        "                                              **ctx.masks)\n",
         "        with torch.enable_grad():  # autograd through the tiled forward pass instead of Algorithm 2\n"
         "            leaves = [t.detach().requires_grad_() for t in (q, k, v)]\n"
         "            again = flash_attention(*leaves, ctx.causal, ctx.block_rows, ctx.block_cols)\n"

@@ -17,8 +17,6 @@ Your code runs in a worker process (task3/entry.py); this file only checks what 
 
 from __future__ import annotations
 
-import itertools
-import statistics
 import time
 
 import torch
@@ -28,12 +26,15 @@ from common import impl
 from harness import cli, gpu_share
 from harness.checks import compare, random_tensor
 from harness.diagnose import diagnose
-from harness.diagnose_masks import diagnose_masked, diagnose_masked_gradient
 from harness.outcome import Kind
 from harness.records import Report
 from harness.attention_math import attention_gradients, attention_float64
 from harness.sandbox import Worker, WorkerDied, WorkerError
 from harness.timing import summarize
+
+from checks.task3.cases import (ATOL, BACKWARD_CALL_TIMEOUT_S, RTOL, SKIP_CHECK_RUNS, causal_cpu_ratio, inputs,
+                                 saved_wrong)
+from checks.task3.masks import run_masks
 
 # (batch, heads, seq_q, seq_k, head_dim, block_rows, block_cols)
 CASES = [
@@ -46,12 +47,10 @@ CASES = [
     (1, 2, 200, 200, 80, 128, 128),
     (1, 1, 70, 70, 8, 1, 7),
 ]
-ATOL, RTOL = 2e-5, 1e-4
 FORWARD_STEPS, BACKWARD_STEPS = (1, 2, 3, 4, 5), (6, 7, 8)
 # The optional backward pass (steps 6-8), same layout. Its gradients are held to the forward's tolerance: the reference's
 # worst error on these cases is 3e-6 (dv, seq 129 causal, |dv| up to 6), PyTorch's own float32 autograd through naive
 # attention 2.5e-6 on the same inputs: a wrong step is off by far more.
-BACKWARD_CALL_TIMEOUT_S = 60  # a call of the backward part: small cases, so a hang costs a minute, not five
 BACKWARD_CASES = [
     (1, 1, 1, 1, 16, 64, 64),
     (2, 3, 127, 127, 32, 16, 16),
@@ -60,34 +59,6 @@ BACKWARD_CASES = [
     (1, 2, 1, 257, 64, 64, 64),
     (1, 1, 70, 70, 8, 1, 7),
 ]
-# The masks beyond causal (steps 9-12): (batch, heads, seq_q, seq_k, head_dim, block_rows, block_cols, causal,
-# window_left, the documents' lengths, softcap); None where a mask is not used. The scores of random_tensor inputs
-# reach about 3 at head_dim 32, so a softcap of 1 or 2 binds.
-MASK_STEPS, MASK_BACKWARD_STEPS = (9, 10, 11), (12,)
-MASK_CASES = [
-    (2, 2, 129, 129, 32, 32, 16, True, 40, None, None),  # the window's edge inside tiles; rows of no key yet
-    (1, 2, 100, 300, 32, 64, 64, True, 70, None, None),  # seq_q != seq_k
-    (1, 2, 97, 97, 16, 16, 16, True, 0, None, None),  # a window of one key, the query's own
-    (1, 1, 70, 70, 16, 16, 32, True, 500, None, None),  # a window past the sequence's start: causal's values
-    (2, 2, 150, 150, 32, 32, 32, False, None, (1, 40, 32, 77), None),  # documents, not causal; one of length 1
-    (2, 2, 150, 150, 32, 32, 16, True, None, (60, 1, 89), None),  # documents, causal inside them
-    (1, 2, 150, 150, 32, 48, 32, True, 20, (50, 100), None),  # a window inside documents
-    (2, 2, 129, 129, 32, 64, 32, False, None, None, 1.0),  # soft-capping
-    (1, 2, 100, 300, 32, 64, 64, True, None, None, 2.0),
-    (1, 2, 150, 150, 32, 32, 32, True, 30, (70, 16, 64), 1.0),  # all three
-]
-MASK_BACKWARD_CASES = [
-    (2, 2, 129, 129, 32, 32, 16, True, 40, None, None),
-    (1, 2, 100, 300, 32, 64, 64, True, 70, None, None),
-    (2, 2, 150, 150, 32, 32, 16, True, None, (60, 1, 89), None),
-    (2, 2, 150, 150, 32, 32, 32, False, None, (1, 40, 32, 77), None),
-    (2, 2, 129, 129, 32, 64, 32, False, None, None, 1.0),
-    (1, 2, 150, 150, 32, 32, 32, True, 30, (70, 16, 64), 1.0),
-]
-# The skip checks' masks, each against causal on the same (1, 2, 2048, 2048, 32) inputs and 128 x 128 tiles: a
-# window of 128 keys visits 31 of causal's 136 tiles (23%), documents of 128 positions 16 (12%).
-SKIP_WINDOW, SKIP_DOCUMENTS = 128, (128,) * 16
-
 TIMING_SHAPES = {"cpu": (2, 8, 512, 64), "cuda": (4, 32, 1024, 128)}  # (batch, heads, seq, head_dim)
 
 
@@ -99,13 +70,6 @@ MEMORY_LIMIT = 1 << 30  # address space your code may add to the worker's (PyTor
 
 def shape_text(shape) -> str:
     return "batch {} heads {} seq {}x{} head_dim {} tiles {}x{}".format(*shape)
-
-
-def inputs(shape, seed, dtype=torch.float32):
-    batch, heads, seq_q, seq_k, d = shape[:5]
-    return (random_tensor((batch, heads, seq_q, d), seed, dtype=dtype),
-            random_tensor((batch, heads, seq_k, d), seed + 1, dtype=dtype),
-            random_tensor((batch, heads, seq_k, d), seed + 2, dtype=dtype))
 
 
 def check_values(worker, case):
@@ -129,125 +93,6 @@ def check_values(worker, case):
         return diagnose(3, checked_lse, lse, q, k, v, case.causal, atol=ATOL, rtol=RTOL, tiles=tiles, of="lse")
     checked.message = f"out {checked.message}; lse {checked_lse.message}"
     return checked
-
-
-def mask_text(shape) -> str:
-    b, h, sq, sk, d, br, bc, causal, window_left, lengths, softcap = shape
-    text = f"batch {b} heads {h} seq {sq}x{sk} head_dim {d} tiles {br}x{bc}" + " causal" * causal
-    if window_left is not None:
-        text += f" window {window_left}"
-    if lengths is not None:  # a run of three or more documents of one length said once: 1 (x10)+150
-        runs = [(n, len(list(same))) for n, same in itertools.groupby(lengths)]
-        text += " documents " + "+".join(f"{n} (x{count})" if count > 2 else "+".join([str(n)] * count)
-                                         for n, count in runs)
-    if softcap is not None:
-        text += f" softcap {softcap:g}"
-    return text
-
-
-def mask_arguments(shape) -> tuple[bool, dict]:
-    """causal, and the masks as flash_attention's keyword arguments (cu_seqlens from the documents' lengths)."""
-    *_, causal, window_left, lengths, softcap = shape
-    masks = {}
-    if window_left is not None:
-        masks["window_left"] = window_left
-    if lengths is not None:
-        masks["cu_seqlens"] = [sum(lengths[:i]) for i in range(len(lengths) + 1)]
-    if softcap is not None:
-        masks["softcap"] = softcap
-    return causal, masks
-
-
-def float64_masks(masks: dict) -> dict:
-    return {"window_left": masks.get("window_left"), "documents": masks.get("cu_seqlens"),
-            "softcap": masks.get("softcap")}
-
-
-def check_masked_values(worker, case):
-    """Steps 9-11: out and lse of a masked case against float64, with the mistake a failure matches named."""
-    q, k, v = inputs(case.shape, case.seed)
-    causal, masks = mask_arguments(case.shape)
-    on = lambda t: t.to(case.device)  # noqa: E731
-    result = worker.call("flash", on(q), on(k), on(v), causal, *case.shape[5:7], True, masks)
-    if not (isinstance(result, tuple) and len(result) == 2):
-        return False, "with return_lse=True, flash_attention must return (out, lse)", {}
-    out, lse = result
-    ref_out, ref_lse = attention_float64(q, k, v, causal, **float64_masks(masks))
-    checked = compare(out, ref_out, atol=ATOL, rtol=RTOL, name="out", device=case.device)
-    if not checked.passed:
-        return diagnose_masked(checked, out, q, k, v, causal, atol=ATOL, rtol=RTOL, **float64_masks(masks))
-    checked_lse = compare(lse, ref_lse, atol=ATOL, rtol=RTOL, name="lse", device=case.device)
-    if not checked_lse.passed:
-        checked_lse.message += " (the output is right: the log-sum-exp, README, Task 3, step 5, with the masks)"
-        return checked_lse
-    checked.message = f"out {checked.message}; lse {checked_lse.message}"
-    return checked
-
-
-def check_masked_backward(worker, case):
-    """Step 12: dq, dk, dv of a masked case through flash_attention_trainable against float64 autograd."""
-    q, k, v = inputs(case.shape, case.seed)
-    d_out = random_tensor(q.shape, case.seed + 3)
-    causal, masks = mask_arguments(case.shape)
-    tiles = case.shape[5:7]
-    on = lambda t: t.to(case.device)  # noqa: E731
-    said = saved_wrong(worker.call("flash_saved", on(q), on(k), on(v), causal, *tiles, masks,
-                                   timeout=BACKWARD_CALL_TIMEOUT_S), q.shape, k.shape)
-    if said:
-        return False, said + " (README, Task 3, steps 6 and 12)", {}
-    result = worker.call("flash_backward", on(q), on(k), on(v), on(d_out), causal, *tiles, masks,
-                         timeout=BACKWARD_CALL_TIMEOUT_S)
-    if not (isinstance(result, tuple) and len(result) == 4):
-        return False, "the backward check's call returned something else than (out, dq, dk, dv)", {}
-    out, *grads = result
-    ref = float64_masks(masks)
-    checked = compare(out, attention_float64(q, k, v, causal, **ref)[0], atol=ATOL, rtol=RTOL, name="out",
-                      device=case.device)
-    if not checked.passed:
-        return False, (f"{checked.message} (flash_attention_trainable's forward pass with the masks: pass them on to "
-                       f"flash_attention, README, Task 3, steps 6 and 12)"), {}
-    messages = []
-    expected = attention_gradients(q, k, v, d_out, causal, **ref)
-    for name, got, want in zip(("dq", "dk", "dv"), grads, expected):
-        checked = compare(got, want, atol=ATOL, rtol=RTOL, name=name, device=case.device)
-        if not checked.passed:
-            return False, diagnose_masked_gradient(checked.message, name, got, q, k, v, d_out, causal, atol=ATOL,
-                                                   rtol=RTOL, **ref), {}
-        messages.append(f"{name} {checked.message}")
-    return True, "; ".join(messages), {}
-
-
-def check_masks_skip_tiles(worker, seed, what: str, backward: bool = False):
-    """The tiles a window or the documents hide are skipped (steps 9-10, 12 in the backward pass): the CPU time
-    of the masked run against causal's on the same inputs, as the causal-skip check measures it."""
-    q, k, v = inputs((1, 2, 2048, 2048, 32), seed)
-    if what == "window":
-        masks, visited, step = {"window_left": SKIP_WINDOW}, 31, 12 if backward else 9
-    else:
-        masks = {"cu_seqlens": [sum(SKIP_DOCUMENTS[:i]) for i in range(len(SKIP_DOCUMENTS) + 1)]}
-        visited, step = 16, 12 if backward else 10
-
-    def cpu_seconds(masked):
-        chosen = masks if masked else None
-        if backward:
-            worker.call("flash_backward_prepare", q, k, v, True, 128, 128, chosen, timeout=BACKWARD_CALL_TIMEOUT_S)
-            before = worker.cpu_seconds()
-            worker.call("flash_backward_one_thread", SKIP_CHECK_RUNS, timeout=BACKWARD_CALL_TIMEOUT_S)
-        else:
-            before = worker.cpu_seconds()
-            worker.call("flash_one_thread", q, k, v, True, 128, 128, SKIP_CHECK_RUNS, chosen)
-        return worker.cpu_seconds() - before
-
-    ratio, masked, causal = causal_cpu_ratio(cpu_seconds)
-    name = f"a window of {SKIP_WINDOW} keys" if what == "window" else f"documents of {SKIP_DOCUMENTS[0]} positions"
-    message = (f"{'backward passes' if backward else 'runs'} with {name} took {ratio:.0%} of causal's CPU time "
-               f"({masked:.2f} s vs {causal:.2f} s for {SKIP_CHECK_RUNS}; {visited} of 136 tiles is "
-               f"{visited / 136:.0%})")
-    if ratio > 0.6:
-        hidden = "query" if backward else "key"
-        return False, (f"{message}: the {hidden} tiles the {what} hides are computed and masked, not skipped "
-                       f"(README, Task 3, step {step})"), {}
-    return True, message, {f"{'backward_' if backward else ''}{what}_cpu_fraction_of_causal": ratio}
 
 
 def check_backward(worker, case):
@@ -275,26 +120,6 @@ def check_backward(worker, case):
             return False, f"{checked.message} (README, Task 3, steps 7-8)", {}
         messages.append(f"{name} {checked.message}")
     return True, "; ".join(messages) + "; saved q, k, v, out and the log-sum-exp", {}
-
-
-def saved_wrong(saved, q_shape, k_shape) -> str | None:
-    """What is wrong with what the forward pass saved (the worker's description of ctx), or None.
-
-    Exactly q, k, v, the output and one (batch, heads, seq_q) tensor, the log-sum-exp, with
-    ctx.save_for_backward; no other tensor on ctx (P, or the scores, kept aside).
-    """
-    if not (isinstance(saved, tuple) and len(saved) == 2 and all(isinstance(x, list) for x in saved)):
-        return "the forward pass's saved tensors could not be read"
-    tensors, others = saved
-    if others:
-        kept = ", ".join(f"ctx.{name} {tuple(shape)}" for name, shape in others[:3])
-        return (f"the forward pass keeps tensors on ctx besides ctx.save_for_backward: {kept}; save q, k, v, the "
-                f"output and the log-sum-exp with ctx.save_for_backward, nothing else")
-    expected = sorted([tuple(q_shape), tuple(k_shape), tuple(k_shape), tuple(q_shape), tuple(q_shape[:3])])
-    if sorted(tuple(s) for s in tensors) != expected:
-        return (f"the forward pass saved tensors of shapes {[tuple(s) for s in tensors]}; expected q, k, v, the output "
-                f"and the log-sum-exp: {expected} in any order (never P: the backward pass computes it again)")
-    return None
 
 
 def check_backward_causal_skips_tiles(worker, seed):
@@ -365,24 +190,6 @@ def check_no_full_matrix(report, args, seed, backward=False):
         return
     report.add(name, True, f"{what} ran within {limit_gib:.1f} GiB of memory; the full score matrix would need {full_gib:.0f} GiB",
                kind=kind)
-
-
-# The causal-skip check measures pairs of requests, a full run and a causal one back to back (in turn first),
-# each request SKIP_CHECK_RUNS runs, and takes the median of the pairs' ratios. One run is about 0.1 s of CPU
-# (10 ticks of the clock /proc counts in), and a machine's load changes the CPU time a run takes: on 2 loaded
-# cores, the smallest of three single runs each gave ratios of 38-76% over 25 checks, near the 80% that fails
-# it; the median of five pairs of two runs gave 53-65% over 20 (about 2 s of CPU per check).
-SKIP_CHECK_RUNS, SKIP_CHECK_PAIRS = 2, 5
-
-
-def causal_cpu_ratio(cpu_seconds) -> tuple[float, float, float]:
-    """The median over SKIP_CHECK_PAIRS pairs of cpu_seconds(True) / cpu_seconds(False), and each one's median."""
-    pairs = []
-    for i in range(SKIP_CHECK_PAIRS):
-        spent = {causal: cpu_seconds(causal) for causal in ((False, True) if i % 2 == 0 else (True, False))}
-        pairs.append((spent[True], spent[False]))
-    return (statistics.median(causal / max(full, 1e-9) for causal, full in pairs),
-            statistics.median(c for c, _ in pairs), statistics.median(f for _, f in pairs))
 
 
 def check_causal_skips_tiles(worker, seed):
@@ -469,43 +276,6 @@ def check_no_autograd_inside(student_dir, solution):
         return False, (f"task3/attention.py runs autograd ({', '.join(found[:3])}): the backward pass computes dq, "
                        f"dk and dv itself, tile by tile (README, Task 3, steps 7-8)"), {}
     return True, "no autograd run inside the backward pass", {}
-
-
-def run_masks(report, worker, args, backward_passed: bool) -> None:
-    """The optional masks (steps 9-11), once the forward pass passes everything; in the backward pass (step 12)
-    once that part passes too."""
-    report.begin_part("masks beyond causal: a sliding window, packed documents, soft-capping", MASK_STEPS,
-                      optional=True)
-    before = len(report.cases)
-    for case in cli.cases(3, "masks", MASK_CASES, args.hidden, mask_text, devices=cli.devices(), causal=(False,)):
-        report.run(f"masks: {case.name}", lambda: check_masked_values(worker, case))
-        if report.process_died_since(before, "the masks part"):
-            report.end_part("masks")
-            return
-    if not report.stopped and all(c.passed for c in report.cases[before:]):
-        for what, seed in (("window", 995), ("documents", 994)):
-            said = "the window skips the tiles it hides" if what == "window" else "the documents skip the tiles they hide"
-            report.run(f"masks: {said}",
-                       lambda: check_masks_skip_tiles(worker, cli.seed(seed, args.hidden), what))
-    forward_passed = report.end_part("masks")
-    if args.masks and not args.backward:
-        return
-    if not (forward_passed and backward_passed):
-        report.note("the masks in the backward pass (step 12) are checked once the masks part and the backward "
-                    "part pass")
-        return
-    report.begin_part("masks in the backward pass", MASK_BACKWARD_STEPS, optional=True)
-    before = len(report.cases)
-    for case in cli.cases(3, "masks_backward", MASK_BACKWARD_CASES, args.hidden, mask_text, devices=cli.devices(),
-                          causal=(False,)):
-        report.run(f"masks backward: {case.name}", lambda: check_masked_backward(worker, case))
-        if report.process_died_since(before, "the masks in the backward pass"):
-            report.end_part("masks backward")
-            return
-    if not report.stopped and all(c.passed for c in report.cases[before:]):
-        report.run("masks backward: the window skips the query tiles it hides",
-                   lambda: check_masks_skip_tiles(worker, cli.seed(993, args.hidden), "window", backward=True))
-    report.end_part("masks backward")
 
 
 def main(argv=None) -> int:
