@@ -44,11 +44,13 @@ def generate_only(ids, new_tokens):
         torch.cuda.synchronize()
 
 
-def attend(query, key, value, attention_mask, scaling, dropout):
-    """Your function on its own, as GPT-2's attention module would call it (the checks' bad inputs)."""
+def attend(query, key, value, attention_mask, scaling, dropout, extra=None):
+    """Your function on its own, as GPT-2's attention module would call it (the checks' bad inputs); extra: the
+    keyword arguments other models add (Gemma 2's softcap, Mistral's sliding_window)."""
     module = SimpleNamespace(is_causal=True, scaling=key.shape[-1] ** -0.5, training=False)
     device = _model.device if _model is not None else "cpu"
     out, _ = student.kernel_attention(module, query.to(device), key.to(device), value.to(device),
                                       None if attention_mask is None else attention_mask.to(device),
-                                      scaling=scaling, dropout=dropout, kernels=_kernels or PyTorchKernels())
+                                      scaling=scaling, dropout=dropout, kernels=_kernels or PyTorchKernels(),
+                                      **(extra or {}))
     return out.cpu()

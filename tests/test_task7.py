@@ -186,6 +186,8 @@ def test_reference_passes_and_skeleton_names_step_1(tmp_path, capsys):
     ('bool(getattr(module, "is_causal", True))', "False", "small GPT-2: batch 2", "in the prompt"),
     ("key_start = None if attention_mask is None else key_start_of(attention_mask, q_len, kv_len)",
      "key_start = None", "small GPT-2, padded", "logits"),
+    # Gemma 2's soft-capped scores taken without a word (a file from before the refusal): silently wrong logits
+    ('    if kwargs.get("softcap"):\n', "    if False:\n", "refuses", "soft-capped scores: no error was raised"),
 ])
 def test_known_bad_functions_fail(tmp_path, old, new, case_words, words):
     text = bad_variant(7, "attention.py", old, new)

@@ -9,7 +9,7 @@ tolerance (Task 6's rule). A batch of prompts of different lengths, padded on th
 also give each sequence the tokens it gets generated alone.
 - on the CPU, PyTorch plays the kernels: small random GPT-2s and Llamas (grouped-query
   attention), a layer-dependent scale, a one-token prompt, padded batches, and what must be
-  refused (a mask that is not left padding, dropout, several new tokens);
+  refused (a mask that is not left padding, dropout, several new tokens, soft-capping, a sliding window);
 - on the GPU, your Task 4 and Task 5 kernels: the same, 4 prompts of 5 to 40 tokens padded, a
   Llama with Llama 3.2 1B's attention (32 query heads over 8 key/value heads), and GPT-2 itself
   (124M parameters) with its real weights when they are in the Hugging Face cache (tests never
@@ -163,6 +163,10 @@ def check_refusals(worker):
         ("a mask hiding a key in the middle", ("attend", q, q, q, holed, None, 0.0), "padded on the left"),
         ("dropout in training", ("attend", q, q, q, None, None, 0.1), "dropout"),
         ("three new tokens after two cached", ("attend", q[:, :, :3], q, q, None, None, 0.0), "new tokens"),
+        # what Gemma 2 and Mistral pass beside: a model run without it would give wrong logits, with no error
+        ("Gemma 2's soft-capped scores", ("attend", q, q, q, None, None, 0.0, {"softcap": 50.0}), "softcap"),
+        ("a sliding window of 3 over 5 keys", ("attend", q, q, q, None, None, 0.0, {"sliding_window": 3}),
+         "sliding_window"),
     ])
 
 

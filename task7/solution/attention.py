@@ -28,6 +28,14 @@ def kernel_attention(module, query, key, value, attention_mask=None, scaling=Non
     # BEGIN SOLUTION "step 1: the mask as each sequence's first real key (left padding); refuse what the kernels cannot do (dropout, any other mask, several new tokens after a prompt)"
     if dropout:
         raise ValueError(f"dropout = {dropout}: the kernels have no dropout; run the model in eval mode (model.eval())")
+    # Gemma 2 soft-caps its scores and Mistral's and Gemma's local layers see a sliding window: the kernels do
+    # neither (yet), and a model run without them would give wrong logits with no error
+    if kwargs.get("softcap"):
+        raise ValueError(f"softcap = {kwargs['softcap']}: the kernels do not soft-cap the scores (Gemma 2's "
+                         "attn_logit_softcapping); run this model with its own attention")
+    if kwargs.get("sliding_window") is not None and kwargs["sliding_window"] < kv_len:
+        raise ValueError(f"sliding_window = {kwargs['sliding_window']} over {kv_len} keys: the kernels attend to "
+                         "every earlier key, not a window; run this model with its own attention")
     key_start = None if attention_mask is None else key_start_of(attention_mask, q_len, kv_len)  # raises for others
     if q_len not in (1, kv_len):
         raise ValueError(f"{q_len} new tokens after {kv_len - q_len} cached ones: the kernels take a whole prompt "
