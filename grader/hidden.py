@@ -18,7 +18,7 @@ CASES = {
     # (batch, heads, seq_q, seq_k, head_dim, block_rows, block_cols)
     3: {"attention": [(2, 3, 65, 65, 48, 32, 48), (1, 2, 3, 190, 24, 16, 64), (1, 1, 33, 33, 16, 33, 1)],
         "backward": [(2, 2, 65, 97, 48, 32, 48), (1, 3, 33, 33, 16, 33, 5)],  # the optional backward pass
-        # the optional masks (steps 9-11), as checks/task3/test.py's MASK_CASES: windows of 2 keys, of one tile and
+        # the optional masks (steps 9-11), as checks/task3/masks.py's MASK_CASES: windows of 2 keys, of one tile and
         # past the start; many short documents, one of one position; documents of one tile; a cap that binds
         "masks": [(1, 2, 200, 200, 24, 64, 48, True, 1, None, None), (2, 1, 130, 130, 16, 32, 32, True, 31, None, 0.7),
                   (1, 2, 160, 160, 16, 16, 16, False, None, (1,) * 10 + (150,), None),

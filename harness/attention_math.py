@@ -61,13 +61,18 @@ def masked_scores(q, k, causal: bool, scale: float, *, window_left=None, documen
     scores = (q @ k.transpose(-2, -1)) * scale
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
-    seq_q, seq_k = q.shape[-2], k.shape[-2]
+    return apply_masks(scores, causal, window_left, documents)
+
+
+def apply_masks(scores, causal: bool, window_left=None, documents=None):
+    """scores (.., seq_q, seq_k) with -inf where causal, the window or the documents hide a key."""
+    (seq_q, seq_k), device = scores.shape[-2:], scores.device
     if causal:
-        scores = scores.masked_fill(causal_mask(seq_q, seq_k, q.device), -math.inf)
+        scores = scores.masked_fill(causal_mask(seq_q, seq_k, device), -math.inf)
     if window_left is not None:
-        scores = scores.masked_fill(window_mask(seq_q, seq_k, window_left, q.device), -math.inf)
+        scores = scores.masked_fill(window_mask(seq_q, seq_k, window_left, device), -math.inf)
     if documents is not None:
-        scores = scores.masked_fill(document_mask(documents, q.device), -math.inf)
+        scores = scores.masked_fill(document_mask(documents, device), -math.inf)
     return scores
 
 

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from harness.attention_math import attention_float64, attention_gradients, expand_kv_heads, masked_scores
+from harness.attention_math import apply_masks, attention_float64, attention_gradients, expand_kv_heads, masked_scores
 from harness.checks import CheckResult, exact_float32
 
 
@@ -19,26 +19,13 @@ def capped_twice(q, k, v, causal, scale, window_left, documents, softcap):
     """The scores capped twice (cap_scores called on what was already capped)."""
     scores = masked_scores(q, k, False, scale, softcap=softcap)
     scores = softcap * torch.tanh(scores / softcap)
-    return _masked_attention(scores, v, causal, window_left, documents)
+    return torch.softmax(apply_masks(scores, causal, window_left, documents), dim=-1) @ v
 
 
 def capped_before_scale(q, k, v, causal, scale, window_left, documents, softcap):
     """softcap * tanh(Q K^T / softcap) first, the scale after it."""
     scores = masked_scores(q, k, False, 1.0, softcap=softcap) * scale
-    return _masked_attention(scores, v, causal, window_left, documents)
-
-
-def _masked_attention(scores, v, causal, window_left, documents):
-    from harness.attention_math import causal_mask, document_mask, window_mask
-
-    seq_q, seq_k = scores.shape[-2:]
-    if causal:
-        scores = scores.masked_fill(causal_mask(seq_q, seq_k, scores.device), -math.inf)
-    if window_left is not None:
-        scores = scores.masked_fill(window_mask(seq_q, seq_k, window_left, scores.device), -math.inf)
-    if documents is not None:
-        scores = scores.masked_fill(document_mask(documents, scores.device), -math.inf)
-    return torch.softmax(scores, dim=-1) @ v
+    return torch.softmax(apply_masks(scores, causal, window_left, documents), dim=-1) @ v
 
 
 def forward_mistakes(causal, window_left, documents, softcap):
@@ -47,11 +34,11 @@ def forward_mistakes(causal, window_left, documents, softcap):
     right = {"window_left": window_left, "documents": documents, "softcap": softcap}
     found = []
     if window_left is not None:
-        found.append(("the window one key too wide (window_left + 1 keys before the query: < where <= belongs, or "
-                      "the edge off by one)", 9, right | {"window_left": window_left + 1}))
+        found.append(("the window one key too wide (window_left + 1 keys before the query: the edge one key early)",
+                      9, right | {"window_left": window_left + 1}))
         if window_left > 0:
-            found.append(("the window one key too narrow (window_left - 1 keys before the query)", 9,
-                          right | {"window_left": window_left - 1}))
+            found.append(("the window one key too narrow (window_left - 1 keys before the query: `<=` where "
+                          "j < i + offset - window_left has `<`)", 9, right | {"window_left": window_left - 1}))
         found.append(("no window at all: the keys before it were seen (mask_tile's window, or the tiles it crosses "
                       "left unmasked)", 9, right | {"window_left": None}))
     if documents is not None:
@@ -59,9 +46,9 @@ def forward_mistakes(causal, window_left, documents, softcap):
         for shift in (1, -1):
             moved = [documents[0]] + [c + shift for c in documents[1:-1]] + [documents[-1]]
             if all(a < b for a, b in zip(moved, moved[1:])):
-                found.append((f"a document boundary crossed: each document {'ends one key late' if shift > 0 else 'ends one key early'} "
-                              f"(cu_seqlens[d + 1] is the first position of the next document)", 10,
-                              right | {"documents": moved}))
+                ends = "ends one key late" if shift > 0 else "ends one key early"
+                found.append((f"a document boundary crossed: each document {ends} (cu_seqlens[d + 1] is the first "
+                              f"position of the next document)", 10, right | {"documents": moved}))
     if softcap is not None:
         found.append(("the scores not soft-capped (cap_scores not called in step 3, or returning S)", 11,
                       right | {"softcap": None}))
@@ -91,10 +78,17 @@ def diagnose_masked(result: CheckResult, got, q, k, v, causal, *, window_left, d
     if not isinstance(got, torch.Tensor) or got.shape != q.shape:
         return result
     got = got.detach().double().cpu()
-    if torch.isnan(got).any():
-        rows = int(torch.isnan(got).any(dim=-1).sum())
-        result.message += (f": {rows} output rows are NaN: a row whose keys in a tile are all masked has m_new = -inf "
-                           f"there, and exp(-inf - (-inf)) is NaN; subtract 0 for such a row (README, Task 3, step 9)")
+    nan_rows = torch.isnan(got).any(dim=-1)
+    if nan_rows.any():
+        rows = int(nan_rows.sum())
+        if window_left == 0 and bool(nan_rows.all()):  # a window of the query's own key, hidden too
+            result.message += (": every output row is NaN: with window_left = 0 a query sees its own key alone, and "
+                               "the window's mask hid it too (`<=` where j < i + offset - window_left has `<`; "
+                               "README, Task 3, step 9)")
+        else:
+            result.message += (f": {rows} output rows are NaN: a row whose keys in a tile are all masked (its window "
+                               f"or document starts in a later tile) has m_new = -inf there, and exp(-inf - (-inf)) "
+                               f"is NaN; subtract 0 for such a row (README, Task 3, step 4)")
         return result
     right = attention_float64(q, k, v, causal, scale, window_left=window_left, documents=documents, softcap=softcap)[0]
     for what, step, how in forward_mistakes(causal, window_left, documents, softcap):
@@ -113,8 +107,8 @@ def gradients_without_cap_slope(q, k, v, d_out, causal, scale, window_left, docu
         heads = q.shape[-3]
         raw = (q @ expand_kv_heads(k, heads).transpose(-2, -1)) * scale
         capped = raw + (softcap * torch.tanh(raw / softcap) - raw).detach()  # the cap's value, slope 1
-        out = _masked_attention(capped, expand_kv_heads(v, heads), causal, window_left, documents)
-        out.backward(d_out.detach().double())
+        probabilities = torch.softmax(apply_masks(capped, causal, window_left, documents), dim=-1)
+        (probabilities @ expand_kv_heads(v, heads)).backward(d_out.detach().double())
         return q.grad, k.grad, v.grad
 
 
@@ -123,6 +117,10 @@ def diagnose_masked_gradient(message: str, name: str, got, q, k, v, d_out, causa
     """A failed gradient of a masked case: the cap's slope left out, named, else the steps to look at."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     index = ("dq", "dk", "dv").index(name)
+    if softcap is not None and isinstance(got, torch.Tensor) and torch.isnan(got).any():
+        return (f"{message}: NaN where a key is masked: cap_gradient was given the masked scores, whose -inf has "
+                f"no slope (1 - (-inf / softcap)^2 is -inf, times dS = 0 is NaN); give it the capped scores before "
+                f"mask_tile (README, Task 3, step 12)")
     if softcap is not None and isinstance(got, torch.Tensor):
         right = attention_gradients(q, k, v, d_out, causal, scale, window_left=window_left, documents=documents,
                                     softcap=softcap)[index]

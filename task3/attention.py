@@ -31,11 +31,13 @@ def cap_scores(s: torch.Tensor, softcap: float | None) -> torch.Tensor:
     raise NotImplementedError("see README, Task 3, step 11: soft-capping: softcap * tanh(S / softcap)")
 
 
-def mask_tile(s, row_start, col_start, offset, causal, window_left=None, doc_ids=None):
+def mask_tile(s: torch.Tensor, row_start: int, col_start: int, offset: int, causal: bool,
+              window_left: int | None = None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
     """The tile of scores s (.., rows, cols) whose first query is row_start and first key col_start, with -inf
     where a query must not see a key (steps 3, 9 and 10; steps 3 and 8 call it)."""
-    rows = torch.arange(row_start, row_start + s.shape[-2], device=s.device)[:, None]
-    cols = torch.arange(col_start, col_start + s.shape[-1], device=s.device)[None, :]
+    row_end, col_end = row_start + s.shape[-2], col_start + s.shape[-1]
+    rows = torch.arange(row_start, row_end, device=s.device)[:, None]
+    cols = torch.arange(col_start, col_end, device=s.device)[None, :]
     # TODO (README, Task 3, step 3: the causal mask: -inf where a key is in a query's future)
     raise NotImplementedError("see README, Task 3, step 3: the causal mask: -inf where a key is in a query's future")
     # TODO (README, Task 3, step 9: the sliding window: -inf where a key is before a query's window)
@@ -166,7 +168,8 @@ def flash_attention_backward(
 
 def cap_gradient(ds: torch.Tensor, s: torch.Tensor, softcap: float | None) -> torch.Tensor:
     """dS through the cap (step 8 calls it): the gradient with respect to the scores before cap_scores, given the
-    capped scores s; ds itself without softcap."""
+    capped scores s, before mask_tile (a masked -inf has no slope: 1 - inf is -inf, and 0 * -inf is NaN); ds itself
+    without softcap."""
     # TODO (README, Task 3, step 12: through the cap: d(softcap * tanh(x / softcap)) / dx = 1 - (S / softcap)^2)
     if softcap is None:
         return ds
@@ -190,4 +193,6 @@ class FlashAttention(torch.autograd.Function):
 
 def flash_attention_trainable(q, k, v, causal: bool = False, block_rows: int = 64, block_cols: int = 64, **masks):
     """flash_attention that autograd can differentiate (given); masks: window_left, cu_seqlens, softcap (steps 9-12)."""
+    if isinstance(masks.get("cu_seqlens"), torch.Tensor):  # kept on ctx, where a tensor would be one more saved
+        masks["cu_seqlens"] = masks["cu_seqlens"].tolist()
     return FlashAttention.apply(q, k, v, causal, block_rows, block_cols, masks)

@@ -30,7 +30,8 @@ def _masked(fn, masks, step=None):
     if missing:
         raise NotImplementedError(
             f"see README, Task 3, step {step or MASK_STEPS[missing[0]]}: your {fn.__name__} takes no {missing[0]} "
-            f"argument: copy the new signature (window_left, cu_seqlens, softcap) from the handout's task3/attention.py")
+            f"argument: copy its new signature from the handout's task3/attention.py"
+            + (" (and FlashAttention's forward and backward, which pass the masks on: step 6)" if step == 12 else ""))
     return masks
 
 
@@ -52,9 +53,10 @@ def flash_one_thread(q, k, v, causal, block_rows, block_cols, times=1, masks=Non
         torch.set_num_threads(threads)
 
 
-def flash_shapes(q, k, v, causal, block_rows, block_cols):
+def flash_shapes(q, k, v, causal, block_rows, block_cols, masks=None):
     """Run without returning the output (the memory-limit case): only whether it fits matters."""
-    out = student.flash_attention(q, k, v, causal=causal, block_rows=block_rows, block_cols=block_cols)
+    out = student.flash_attention(q, k, v, causal=causal, block_rows=block_rows, block_cols=block_cols,
+                                  **_masked(student.flash_attention, masks))
     return tuple(out.shape) if isinstance(out, torch.Tensor) else None
 
 
@@ -85,6 +87,9 @@ def saved_by(grad_fn):
 def _forward(q, k, v, causal, block_rows, block_cols, masks=None):
     trainable = _trainable()
     masks = _masked(trainable, masks, step=12)
+    function = getattr(student, "FlashAttention", None)
+    if masks and function is not None:  # the handout's new flash_attention_trainable over a FlashAttention from before
+        _masked(function.forward, {"masks": masks}, step=12)
     with torch.enable_grad():
         out = trainable(q, k, v, causal=causal, block_rows=block_rows, block_cols=block_cols, **masks)
     if not isinstance(out, torch.Tensor) or out.grad_fn is None:
@@ -109,9 +114,9 @@ def flash_backward(q, k, v, d_out, causal, block_rows, block_cols, masks=None):
     return out.detach(), q.grad, k.grad, v.grad
 
 
-def flash_backward_shapes(q, k, v, d_out, causal, block_rows, block_cols):
+def flash_backward_shapes(q, k, v, d_out, causal, block_rows, block_cols, masks=None):
     """The same without returning the tensors (the memory-limit case): only whether it fits matters."""
-    out, dq, dk, dv = flash_backward(q, k, v, d_out, causal, block_rows, block_cols)
+    out, dq, dk, dv = flash_backward(q, k, v, d_out, causal, block_rows, block_cols, masks)
     return tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in (out, dq, dk, dv))
 
 

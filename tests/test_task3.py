@@ -23,10 +23,10 @@ def test_reference_passes(tmp_path):
     optional = [c for c in record["cases"] if c["kind"] == "optional"]
     backward = [c for c in optional if c["name"].startswith("backward")]  # the backward pass, steps 6-8
     assert len(backward) == 12 * len(devices()) + 3, [c["name"] for c in backward]  # 6 shapes x causal, 3 checks
-    masks = [c for c in optional if c["name"].startswith("masks:")]  # steps 9-11: 10 cases, 2 skip checks
-    assert len(masks) == 10 * len(devices()) + 2, [c["name"] for c in masks]
-    masks_backward = [c for c in optional if c["name"].startswith("masks backward")]  # step 12: 6 cases, 1 skip check
-    assert len(masks_backward) == 6 * len(devices()) + 1, [c["name"] for c in masks_backward]
+    masks = [c for c in optional if c["name"].startswith("masks:")]  # steps 9-11: 10 cases, 2 skips, the memory case
+    assert len(masks) == 10 * len(devices()) + 3, [c["name"] for c in masks]
+    masks_backward = [c for c in optional if c["name"].startswith("masks backward")]  # step 12: 6 cases, the same 3
+    assert len(masks_backward) == 6 * len(devices()) + 3, [c["name"] for c in masks_backward]
     assert len(optional) == len(backward) + len(masks) + len(masks_backward)
     assert all(c["passed"] for c in optional), [c["message"] for c in optional if not c["passed"]]
 
@@ -259,21 +259,27 @@ def test_masked_tiles_computed_not_skipped_are_named(tmp_path):
         tmp_path,
         ("col_begin = max(0, row_start + offset - window_left) // block_cols * block_cols",
          "col_begin = 0"),
-        ("col_begin = max(col_begin, documents[document_of(documents, row_start)] // block_cols * block_cols)\n"
-         "            col_stop = min(col_stop, documents[document_of(documents, row_end - 1) + 1])",
-         "pass"))
-    values = [c for c in record["cases"] if c["name"].startswith("masks: cpu")]
+        # the documents' stop alone left out: causal's own stop would hide it, so the check runs without causal
+        ("            col_stop = min(col_stop, documents[document_of(documents, row_end - 1) + 1])\n", ""),
+        # and in the backward pass, the documents' bounds of step 12
+        ("            row_begin = max(row_begin, documents[document_of(documents, col_start)] // block_rows * block_rows)\n"
+         "            row_stop = min(row_stop, documents[document_of(documents, col_end - 1) + 1])\n", "            pass\n"),
+        backward=True)
+    values = [c for c in record["cases"] if c["name"].startswith(("masks: cpu", "masks backward: cpu"))]
     assert values and all(c["passed"] for c in values), [c["message"] for c in values if not c["passed"]]
-    window, documents = said(record, "the window skips"), said(record, "the documents skip")
+    window, documents = said(record, "masks: the window skips"), said(record, "masks: the documents skip")
     assert not window["passed"] and "step 9" in window["message"]
     assert not documents["passed"] and "step 10" in documents["message"]
+    assert said(record, "masks backward: the window skips")["passed"]
+    backward = said(record, "masks backward: the documents skip")
+    assert not backward["passed"] and "step 12" in backward["message"]
 
 
 def test_a_row_that_has_seen_no_key_yet_is_named_when_it_turns_nan(tmp_path):
     record = masks_record(tmp_path, ("m_sub = m_new.masked_fill(m_new == -math.inf, 0.0)", "m_sub = m_new"))
     assert all(c["passed"] for c in record["cases"] if c["kind"] == "check")  # causal alone never meets such a row
     window = said(record, "seq 129x129 head_dim 32 tiles 32x16 causal window 40")
-    assert not window["passed"] and "NaN" in window["message"] and "step 9" in window["message"]
+    assert not window["passed"] and "NaN" in window["message"] and "step 4" in window["message"]
 
 
 def test_the_cap_left_out_of_the_gradient_is_named(tmp_path):
@@ -284,6 +290,18 @@ def test_the_cap_left_out_of_the_gradient_is_named(tmp_path):
     assert not cap["passed"] and "cap's slope" in cap["message"] and "step 12" in cap["message"], cap["message"]
     window = said(record, "masks backward: cpu batch 2 heads 2 seq 129x129 head_dim 32 tiles 32x16 causal window 40")
     assert window["passed"]
+
+
+def test_the_cap_slope_of_a_masked_score_is_named(tmp_path):
+    # the masked scores handed to cap_gradient: -inf has no slope, and 0 * -inf is NaN
+    record = masks_record(tmp_path, (
+        "            p_ij = torch.exp(mask_tile(s_ij, row_start, col_start, offset, causal, window_left, doc_ids)\n"
+        "                             - lse_i[..., None])",
+        "            s_ij = mask_tile(s_ij, row_start, col_start, offset, causal, window_left, doc_ids)\n"
+        "            p_ij = torch.exp(s_ij - lse_i[..., None])"), backward=True)
+    assert said(record, "masks backward: cpu batch 2 heads 2 seq 129x129 head_dim 32 tiles 64x32 softcap 1")["passed"]
+    capped = said(record, "masks backward: cpu batch 1 heads 2 seq 150x150 head_dim 32 tiles 32x32 causal window 30")
+    assert not capped["passed"] and "before mask_tile" in capped["message"] and "step 12" in capped["message"]
 
 
 def test_a_file_from_before_the_masks_is_told_to_copy_the_signature(tmp_path):

@@ -1,5 +1,6 @@
 """What task 3's checks share (checks/task3/test.py and masks.py): the tolerance, the inputs, the reading of what a
-forward pass saved, and the CPU-time ratio the skip checks measure."""
+forward pass saved, the CPU-time ratio the skip checks measure and the rule's case, the full score matrix never
+built."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import statistics
 import torch
 
 from harness.checks import random_tensor
+from harness.outcome import Kind
+from harness.sandbox import Worker, WorkerDied, WorkerError
 
 ATOL, RTOL = 2e-5, 1e-4
 BACKWARD_CALL_TIMEOUT_S = 60  # a call of the backward part: small cases, so a hang costs a minute, not five
@@ -58,3 +61,60 @@ def causal_cpu_ratio(cpu_seconds) -> tuple[float, float, float]:
             statistics.median(c for c, _ in pairs), statistics.median(f for _, f in pairs))
 
 
+# The rule case: one query tile against half a million keys. Tile by tile it needs a few
+# tiles of memory; the full score matrix (float64) needs 2 GiB, more than the worker may use.
+FULL_MATRIX_CASE = (1, 1, 512, 1 << 19, 4, 512, 4096)  # (batch, heads, seq_q, seq_k, head_dim, Br, Bc)
+MEMORY_LIMIT = 1 << 30  # address space your code may add to the worker's (PyTorch loaded): 1 GiB
+OUT_OF_MEMORY = ("can't allocate memory", "bad_alloc", "MemoryError", "out of memory", "not enough memory")
+
+
+def check_no_full_matrix(report, args, seed, backward=False, masks=None):
+    """In a worker of its own whose memory the operating system limits: the worker cannot lift it.
+
+    Running out of memory there breaks the rule (the task scores 0); any other error is a
+    failed check, since the rule could not be judged. backward: the same for the optional backward
+    pass (forward and backward through flash_attention_trainable), a check of the optional part. masks: the same
+    with the optional masks of steps 9-12 (soft-capping: the one mask no skip check would see done whole).
+    """
+    name = "never builds the full score matrix"
+    name = f"backward: {name}" if backward else name
+    name = f"masks{' backward' if backward else ''}: {name} ({', '.join(masks)})" if masks else name
+    optional = backward or masks is not None
+    kind, judged = (Kind.OPTIONAL, Kind.OPTIONAL) if optional else (Kind.RULE, Kind.CHECK)  # the rule's; "could not judge"
+    b, h, sq, sk, d, br, bc = FULL_MATRIX_CASE
+    q, k, v = inputs(FULL_MATRIX_CASE, seed, torch.float64)
+    full_gib, limit_gib = b * h * sq * sk * 8 / 2**30, MEMORY_LIMIT / 2**30
+    what = f"seq {sq}x{sk} with {br}x{bc} tiles (float64)"
+    with Worker(3, args.student_dir, solution=args.solution, scratch=args.scratch, cuda=False,
+                memory_limit=MEMORY_LIMIT, purpose="memory-limit") as limited:
+        try:
+            limited.start()
+        except (WorkerError, WorkerDied) as err:
+            report.add(name, False, f"{what}: could not be judged, your code did not start: {err}",
+                       kind=judged, cause=getattr(err, "cause", None))
+            return
+        try:
+            if backward:
+                shapes = limited.call("flash_backward_shapes", q, k, v, torch.ones_like(q), False, br, bc, masks,
+                                      timeout=4 * BACKWARD_CALL_TIMEOUT_S)
+                expected = (tuple(q.shape), tuple(q.shape), tuple(k.shape), tuple(v.shape))
+                if shapes != expected:  # G: name what is wrong
+                    report.add(name, False, f"{what}: out, dq, dk, dv have shapes {shapes}, expected {expected}",
+                               kind=judged)
+                    return
+                shape = tuple(q.shape)
+            else:
+                shape = limited.call("flash_shapes", q, k, v, False, br, bc, masks)
+        except (WorkerError, WorkerDied) as err:
+            if isinstance(err, WorkerDied) or any(words in str(err) for words in OUT_OF_MEMORY):
+                report.add(name, False, f"{what} ran out of the {limit_gib:.1f} GiB of memory your code may use, where the full "
+                           f"score matrix would need {full_gib:.0f} GiB: work tile by tile and never build it ({err})",
+                           kind=kind, cause=getattr(err, "cause", None))
+            else:
+                report.add(name, False, f"{what}: could not be judged, your code raised {err}", kind=judged)
+            return
+    if shape != tuple(q.shape):
+        report.add(name, False, f"{what}: the output has shape {shape}, expected {tuple(q.shape)}", kind=judged)
+        return
+    report.add(name, True, f"{what} ran within {limit_gib:.1f} GiB of memory; the full score matrix would need {full_gib:.0f} GiB",
+               kind=kind)

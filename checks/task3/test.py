@@ -29,11 +29,10 @@ from harness.diagnose import diagnose
 from harness.outcome import Kind
 from harness.records import Report
 from harness.attention_math import attention_gradients, attention_float64
-from harness.sandbox import Worker, WorkerDied, WorkerError
 from harness.timing import summarize
 
-from checks.task3.cases import (ATOL, BACKWARD_CALL_TIMEOUT_S, RTOL, SKIP_CHECK_RUNS, causal_cpu_ratio, inputs,
-                                 saved_wrong)
+from checks.task3.cases import (ATOL, BACKWARD_CALL_TIMEOUT_S, RTOL, SKIP_CHECK_RUNS, causal_cpu_ratio,
+                                check_no_full_matrix, inputs, saved_wrong)
 from checks.task3.masks import run_masks
 
 # (batch, heads, seq_q, seq_k, head_dim, block_rows, block_cols)
@@ -60,12 +59,6 @@ BACKWARD_CASES = [
     (1, 1, 70, 70, 8, 1, 7),
 ]
 TIMING_SHAPES = {"cpu": (2, 8, 512, 64), "cuda": (4, 32, 1024, 128)}  # (batch, heads, seq, head_dim)
-
-
-# The rule case: one query tile against half a million keys. Tile by tile it needs a few
-# tiles of memory; the full score matrix (float64) needs 2 GiB, more than the worker may use.
-FULL_MATRIX_CASE = (1, 1, 512, 1 << 19, 4, 512, 4096)  # (batch, heads, seq_q, seq_k, head_dim, Br, Bc)
-MEMORY_LIMIT = 1 << 30  # address space your code may add to the worker's (PyTorch loaded): 1 GiB
 
 
 def shape_text(shape) -> str:
@@ -141,57 +134,6 @@ def check_backward_causal_skips_tiles(worker, seed):
     return True, message, {"backward_causal_cpu_fraction": ratio}
 
 
-OUT_OF_MEMORY = ("can't allocate memory", "bad_alloc", "MemoryError", "out of memory", "not enough memory")
-
-
-def check_no_full_matrix(report, args, seed, backward=False):
-    """In a worker of its own whose memory the operating system limits: the worker cannot lift it.
-
-    Running out of memory there breaks the rule (the task scores 0); any other error is a
-    failed check, since the rule could not be judged. backward: the same for the optional backward
-    pass (forward and backward through flash_attention_trainable), a check of the optional part.
-    """
-    name = "backward: never builds the full score matrix" if backward else "never builds the full score matrix"
-    kind, judged = (Kind.OPTIONAL, Kind.OPTIONAL) if backward else (Kind.RULE, Kind.CHECK)  # the rule's; "could not judge"
-    b, h, sq, sk, d, br, bc = FULL_MATRIX_CASE
-    q, k, v = inputs(FULL_MATRIX_CASE, seed, torch.float64)
-    full_gib, limit_gib = b * h * sq * sk * 8 / 2**30, MEMORY_LIMIT / 2**30
-    what = f"seq {sq}x{sk} with {br}x{bc} tiles (float64)"
-    with Worker(3, args.student_dir, solution=args.solution, scratch=args.scratch, cuda=False,
-                memory_limit=MEMORY_LIMIT, purpose="memory-limit") as limited:
-        try:
-            limited.start()
-        except (WorkerError, WorkerDied) as err:
-            report.add(name, False, f"{what}: could not be judged, your code did not start: {err}",
-                       kind=judged, cause=getattr(err, "cause", None))
-            return
-        try:
-            if backward:
-                shapes = limited.call("flash_backward_shapes", q, k, v, torch.ones_like(q), False, br, bc,
-                                      timeout=4 * BACKWARD_CALL_TIMEOUT_S)
-                expected = (tuple(q.shape), tuple(q.shape), tuple(k.shape), tuple(v.shape))
-                if shapes != expected:  # G: name what is wrong
-                    report.add(name, False, f"{what}: out, dq, dk, dv have shapes {shapes}, expected {expected}",
-                               kind=judged)
-                    return
-                shape = tuple(q.shape)
-            else:
-                shape = limited.call("flash_shapes", q, k, v, False, br, bc)
-        except (WorkerError, WorkerDied) as err:
-            if isinstance(err, WorkerDied) or any(words in str(err) for words in OUT_OF_MEMORY):
-                report.add(name, False, f"{what} ran out of the {limit_gib:.1f} GiB of memory your code may use, where the full "
-                           f"score matrix would need {full_gib:.0f} GiB: work tile by tile and never build it ({err})",
-                           kind=kind, cause=getattr(err, "cause", None))
-            else:
-                report.add(name, False, f"{what}: could not be judged, your code raised {err}", kind=judged)
-            return
-    if shape != tuple(q.shape):
-        report.add(name, False, f"{what}: the output has shape {shape}, expected {tuple(q.shape)}", kind=judged)
-        return
-    report.add(name, True, f"{what} ran within {limit_gib:.1f} GiB of memory; the full score matrix would need {full_gib:.0f} GiB",
-               kind=kind)
-
-
 def check_causal_skips_tiles(worker, seed):
     """With a causal mask the tiles past the diagonal are skipped (step 2): measured as the worker's CPU time."""
     q, k, v = inputs((1, 2, 2048, 2048, 32), seed)
@@ -242,23 +184,22 @@ def time_requests(worker, which, q, k, v, causal, reps=5, per_request=3):
     return summarize(samples)
 
 
-def run_backward(report, worker, args) -> None:
-    """The optional part: steps 6-8, once the forward pass passes everything."""
+def run_backward(report, worker, args) -> bool:
+    """The optional part: steps 6-8, once the forward pass passes everything. Returns whether it all passed."""
     report.begin_part("the backward pass (Algorithm 2), through flash_attention_trainable", BACKWARD_STEPS, optional=True)
     before = len(report.cases)
     for case in cli.cases(3, "backward", BACKWARD_CASES, args.hidden, shape_text, devices=cli.devices(),
                           causal_ok=lambda shape: shape[2] <= shape[3]):
         report.run(f"backward: {case.name}", lambda: check_backward(worker, case))
         if report.process_died_since(before, "the backward part"):  # a crash or a hang: the rest would wait as long
-            report.end_part("backward")
-            return
+            return report.end_part("backward")
     report.run("backward: causal skips the query tiles before the diagonal",
                lambda: check_backward_causal_skips_tiles(worker, cli.seed(997, args.hidden)))
     if not report.stopped:
         check_no_full_matrix(report, args, cli.seed(996, args.hidden), backward=True)
         report.run("backward: its own gradients, not autograd's",
                    lambda: check_no_autograd_inside(args.student_dir, args.solution))
-    report.end_part("backward")
+    return report.end_part("backward")
 
 
 AUTOGRAD_INSIDE = ("enable_grad", "set_grad_enabled", "autograd.grad", ".backward(", "torch.func", "functorch")
@@ -301,9 +242,7 @@ def main(argv=None) -> int:
         forward_passed = not report.stopped and all(c.passed for c in report.cases)
         backward_passed = False
         if forward_passed and (args.backward or not args.masks):
-            start = len(report.cases)
-            run_backward(report, worker, args)
-            backward_passed = all(c.passed for c in report.cases[start:])
+            backward_passed = run_backward(report, worker, args)
         if forward_passed and (args.masks or not args.backward):
             run_masks(report, worker, args, backward_passed)
         if not forward_passed and alone:

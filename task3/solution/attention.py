@@ -34,17 +34,19 @@ def cap_scores(s: torch.Tensor, softcap: float | None) -> torch.Tensor:
     # END SOLUTION
 
 
-def mask_tile(s, row_start, col_start, offset, causal, window_left=None, doc_ids=None):
+def mask_tile(s: torch.Tensor, row_start: int, col_start: int, offset: int, causal: bool,
+              window_left: int | None = None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
     """The tile of scores s (.., rows, cols) whose first query is row_start and first key col_start, with -inf
     where a query must not see a key (steps 3, 9 and 10; steps 3 and 8 call it)."""
-    rows = torch.arange(row_start, row_start + s.shape[-2], device=s.device)[:, None]
-    cols = torch.arange(col_start, col_start + s.shape[-1], device=s.device)[None, :]
+    row_end, col_end = row_start + s.shape[-2], col_start + s.shape[-1]
+    rows = torch.arange(row_start, row_end, device=s.device)[:, None]
+    cols = torch.arange(col_start, col_end, device=s.device)[None, :]
     # BEGIN SOLUTION "step 3: the causal mask: -inf where a key is in a query's future"
-    if causal and cols[0, -1] > row_start + offset:  # only tiles that cross the diagonal need a mask
+    if causal and col_end - 1 > row_start + offset:  # only tiles that cross the diagonal need a mask
         s = s.masked_fill(cols > rows + offset, -math.inf)
     # END SOLUTION
     # BEGIN SOLUTION "step 9: the sliding window: -inf where a key is before a query's window"
-    if window_left is not None and col_start < rows[-1, 0] + offset - window_left:  # the tile crosses its edge
+    if window_left is not None and col_start < row_end - 1 + offset - window_left:  # the tile crosses its edge
         s = s.masked_fill(cols < rows + offset - window_left, -math.inf)
     # SKELETON
     # if window_left is not None:
@@ -220,6 +222,8 @@ def flash_attention_backward(
             lse_i, delta_i = lse[:, :, row_start:row_end], delta[:, :, row_start:row_end]  # (B, H, Br)
             # BEGIN SOLUTION "step 8: S_ij as in step 3, P_ij = exp(S_ij - L_i), dV_j, dP_ij, dS_ij (cap_gradient), the parts of dQ_i and dK_j"
             s_ij = cap_scores((q_i @ k_j.transpose(-2, -1)) * scale, softcap)  # (B, H, Br, Bc)
+            # s_ij itself stays unmasked: cap_gradient below takes the capped scores, and a masked -inf would make
+            # its slope -inf (0 * -inf is NaN)
             p_ij = torch.exp(mask_tile(s_ij, row_start, col_start, offset, causal, window_left, doc_ids)
                              - lse_i[..., None])  # the forward's probabilities, normalised by L_i
             dv_j += p_ij.transpose(-2, -1) @ do_i
@@ -236,7 +240,8 @@ def flash_attention_backward(
 
 def cap_gradient(ds: torch.Tensor, s: torch.Tensor, softcap: float | None) -> torch.Tensor:
     """dS through the cap (step 8 calls it): the gradient with respect to the scores before cap_scores, given the
-    capped scores s; ds itself without softcap."""
+    capped scores s, before mask_tile (a masked -inf has no slope: 1 - inf is -inf, and 0 * -inf is NaN); ds itself
+    without softcap."""
     # BEGIN SOLUTION "step 12: through the cap: d(softcap * tanh(x / softcap)) / dx = 1 - (S / softcap)^2"
     return ds if softcap is None else ds * (1 - (s / softcap) ** 2)
     # SKELETON
@@ -272,4 +277,6 @@ class FlashAttention(torch.autograd.Function):
 
 def flash_attention_trainable(q, k, v, causal: bool = False, block_rows: int = 64, block_cols: int = 64, **masks):
     """flash_attention that autograd can differentiate (given); masks: window_left, cu_seqlens, softcap (steps 9-12)."""
+    if isinstance(masks.get("cu_seqlens"), torch.Tensor):  # kept on ctx, where a tensor would be one more saved
+        masks["cu_seqlens"] = masks["cu_seqlens"].tolist()
     return FlashAttention.apply(q, k, v, causal, block_rows, block_cols, masks)
