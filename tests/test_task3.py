@@ -337,3 +337,22 @@ def test_bad_documents(cu_seqlens, words):
     q = torch.randn(1, 1, 4, 8)
     with pytest.raises((ValueError, TypeError), match=words):
         flash_attention(q, q, q, cu_seqlens=cu_seqlens)
+
+
+def test_documents_given_as_a_tensor_are_kept_on_ctx_as_a_list():
+    """flash_attention_trainable (given) turns a tensor cu_seqlens into a list, so the forward pass keeps no tensor on
+    ctx besides what it saves (the check of step 6 would flag it, in the reference too)."""
+    import torch
+
+    from harness.attention_math import attention_gradients
+    from task3.entry import saved_by
+    from task3.solution.attention import flash_attention_trainable
+
+    q, k, v = (torch.randn(1, 2, 40, 8, requires_grad=True) for _ in range(3))
+    out = flash_attention_trainable(q, k, v, True, 16, 16, cu_seqlens=torch.tensor([0, 7, 40]), softcap=2.0)
+    saved, others = saved_by(out.grad_fn)
+    assert len(saved) == 5 and not others, others
+    d_out = torch.randn_like(out)
+    out.backward(d_out)
+    want = attention_gradients(q, k, v, d_out, True, documents=[0, 7, 40], softcap=2.0)
+    assert all(torch.allclose(got.double(), w, atol=1e-5) for got, w in zip((q.grad, k.grad, v.grad), want))
