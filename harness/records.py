@@ -295,7 +295,7 @@ class Report:
         if not todos or passed_before:
             self.add(name, False, message, kind=kind)
             return None
-        more = f" ({len(todos) - 1} more TODO line(s) after it)" if len(todos) > 1 else ""
+        more = f" ({len(todos) - 1} more TODO line(s) of this part's steps)" if len(todos) > 1 else ""
         self.missing_step = step_number(todos[0])
         self.not_implemented = f"see README, Task {self.task}, {todos[0]}{more}"
         return None  # said once: by end_part in a part, else by finish
