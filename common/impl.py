@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parent.parent
 TODO = re.compile(r"TODO \(README, Task (?P<task>\d+), (?P<step>step \d+: .*)\)$")
 
 # PyTorch's own attention: a task that asks you to write attention must not call it.
-PYTORCH_ATTENTION = ("scaled_dot_product_attention", "multi_head_attention_forward", "MultiheadAttention(")
+PYTORCH_ATTENTION = ("scaled_dot_product_attention", "multi_head_attention_forward", "MultiheadAttention(",
+                     "flex_attention")
 
 
 def label(solution: bool) -> str:

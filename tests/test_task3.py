@@ -356,3 +356,26 @@ def test_documents_given_as_a_tensor_are_kept_on_ctx_as_a_list():
     out.backward(d_out)
     want = attention_gradients(q, k, v, d_out, True, documents=[0, 7, 40], softcap=2.0)
     assert all(torch.allclose(got.double(), w, atol=1e-5) for got, w in zip((q.grad, k.grad, v.grad), want))
+
+
+def test_flex_attention_is_pytorchs_attention_too(tmp_path):
+    """FlexAttention computes any of the masks of steps 9-12 (mask_mod, score_mod): named like SDPA, it breaks the
+    own-work rule, and calling it in the worker raises (common/watch.py)."""
+    text = bad_variant(3, "attention.py", "from common.masks import check_masks, document_ids, document_of\n",
+                       "from common.masks import check_masks, document_ids, document_of\n"
+                       "from torch.nn.attention.flex_attention import flex_attention\n")
+    record = run_test(3, submission(tmp_path, {"task3/attention.py": text}), tmp_path, "--masks")
+    rule = next(c for c in record["cases"] if c["kind"] == "rule" and "own work" in c["name"])
+    assert not rule["passed"] and "flex_attention" in rule["message"], rule["message"]
+    assert record["status"] == "failed"  # a rule: the task scores 0
+
+
+def test_the_workers_block_covers_flex_attention():
+    import subprocess
+    import sys
+
+    code = ("from common import watch\nwatch.block_pytorch_attention()\n"
+            "from torch.nn.attention.flex_attention import flex_attention\n"
+            "try:\n    flex_attention(None, None, None)\nexcept RuntimeError as err:\n    print(err)\n")
+    said = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert "PyTorch's own attention" in said.stdout, said.stdout + said.stderr
