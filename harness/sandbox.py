@@ -349,9 +349,11 @@ class Worker:
             self._request({"op": "drop", "name": name}, CALL_TIMEOUT_S)
 
     def cpu_seconds(self) -> float:
-        """CPU time used so far by the worker's processes, read by the checks from /proc."""
+        """CPU time used so far by the worker's processes, read by the checks from /proc: each one's own (utime,
+        stime) and that of the children it has waited for (cutime, cstime: work done in a process that has ended,
+        a fork's, is counted too)."""
         if self.proc is None:
             return 0.0
         tick = os.sysconf("SC_CLK_TCK")
         stats = processes.descendants(self.proc.pid, include_root=True)
-        return sum(int(fields[11]) + int(fields[12]) for fields in stats.values()) / tick
+        return sum(sum(int(f) for f in fields[11:15]) for fields in stats.values()) / tick

@@ -41,16 +41,20 @@ def flash(q, k, v, causal, block_rows, block_cols, return_lse, masks=None):
 
 
 def flash_one_thread(q, k, v, causal, block_rows, block_cols, times=1, masks=None):
-    """Run `times` times on one CPU thread, returning nothing: the causal-skip check reads the CPU time this
-    takes, and with more threads their spin-waiting, which varies with the machine's load, would be counted too."""
+    """Run `times` times on one CPU thread, returning the last output: the skip checks read the CPU time this
+    takes (with more threads their spin-waiting, which varies with the machine's load, would be counted too), and
+    check what the timed runs computed."""
     masks = _masked(student.flash_attention, masks)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    out = None
     try:
         for _ in range(times):
-            student.flash_attention(q, k, v, causal=causal, block_rows=block_rows, block_cols=block_cols, **masks)
+            out = student.flash_attention(q, k, v, causal=causal, block_rows=block_rows, block_cols=block_cols,
+                                          **masks)
     finally:
         torch.set_num_threads(threads)
+    return out
 
 
 def flash_shapes(q, k, v, causal, block_rows, block_cols, masks=None):
@@ -134,14 +138,17 @@ def flash_backward_prepare(q, k, v, causal, block_rows, block_cols, masks=None):
 
 
 def flash_backward_one_thread(times=1):
-    """flash_attention_backward on the prepared forward pass, `times` times on one CPU thread."""
+    """flash_attention_backward on the prepared forward pass, `times` times on one CPU thread; the last (dq, dk,
+    dv), which the skip checks compare as they compare the forward's."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    grads = None
     try:
         for _ in range(times):
-            student.flash_attention_backward(*_prepared["args"], **_prepared["masks"])
+            grads = student.flash_attention_backward(*_prepared["args"], **_prepared["masks"])
     finally:
         torch.set_num_threads(threads)
+    return grads
 
 
 def repeat(times, which, q, k, v, causal):

@@ -42,3 +42,33 @@ def test_an_orphan_launch_does_not_run_its_command(tmp_path):
     cmd[cmd.index(str(os.getpid()))] = "1"
     assert subprocess.run(cmd).returncode == 1
     assert not marker.exists()
+
+
+def test_cpu_seconds_count_the_work_of_a_child_that_has_ended():
+    """The skip checks read the worker's CPU time: work done in a forked child that has exited (and been waited
+    for) goes to its parent's cutime, which counts too, so it cannot hide the tiles a loop computes."""
+    import subprocess
+    import sys
+    import time
+    from types import SimpleNamespace
+
+    from harness.sandbox import Worker
+
+    code = ("import os, sys, time\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    end = time.process_time() + 0.5\n"
+            "    while time.process_time() < end:\n"
+            "        pass\n"
+            "    os._exit(0)\n"
+            "os.waitpid(pid, 0)\n"
+            "print('done', flush=True)\n"
+            "sys.stdin.read()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "done"
+        time.sleep(0.05)
+        assert Worker.cpu_seconds(SimpleNamespace(proc=proc)) >= 0.4
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)

@@ -379,3 +379,14 @@ def test_the_workers_block_covers_flex_attention():
             "try:\n    flex_attention(None, None, None)\nexcept RuntimeError as err:\n    print(err)\n")
     said = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert "PyTorch's own attention" in said.stdout, said.stdout + said.stderr
+
+
+def test_a_timed_run_that_computes_something_else_is_caught(tmp_path):
+    """The skip checks time calls whose output no value case sees: a file that returns zeros there (fast, and
+    without skipping anything) fails on what it returned."""
+    record = masks_record(tmp_path, ("    doc_ids = None if documents is None else document_ids(documents, q.device)  # each position's document\n",
+                                     "    doc_ids = None if documents is None else document_ids(documents, q.device)\n"
+                                     "    if seq_q == 2048 and (window_left is not None or documents is not None):\n"
+                                     "        return torch.zeros_like(q)\n"))
+    window = said(record, "masks: the window skips")
+    assert not window["passed"] and "computed something else" in window["message"], window["message"]

@@ -77,8 +77,10 @@ def check_no_full_matrix(report, args, seed, backward=False, masks=None):
     with the optional masks of steps 9-12 (soft-capping: the one mask no skip check would see done whole).
     """
     name = "never builds the full score matrix"
-    name = f"backward: {name}" if backward else name
-    name = f"masks{' backward' if backward else ''}: {name} ({', '.join(masks)})" if masks else name
+    if masks:
+        name = f"masks{' backward' if backward else ''}: {name} ({', '.join(masks)})"
+    elif backward:
+        name = f"backward: {name}"
     optional = backward or masks is not None
     kind, judged = (Kind.OPTIONAL, Kind.OPTIONAL) if optional else (Kind.RULE, Kind.CHECK)  # the rule's; "could not judge"
     b, h, sq, sk, d, br, bc = FULL_MATRIX_CASE

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 
+import torch
+
 from harness import cli
 from harness.attention_math import attention_float64, attention_gradients
 from harness.checks import compare, random_tensor
@@ -102,10 +104,16 @@ def check_masked_values(worker, case):
     causal, masks = mask_arguments(case.shape)
     on = lambda t: t.to(case.device)  # noqa: E731
     result = worker.call("flash", on(q), on(k), on(v), causal, *case.shape[5:7], True, masks)
+    plain = worker.call("flash", on(q), on(k), on(v), causal, *case.shape[5:7], False, masks)
     if not (isinstance(result, tuple) and len(result) == 2):
         return False, "with return_lse=True, flash_attention must return (out, lse)", {}
     out, lse = result
     ref_out, ref_lse = attention_float64(q, k, v, causal, **float64_masks(masks))
+    if not isinstance(plain, torch.Tensor):
+        return False, f"without return_lse, flash_attention must return the output tensor, got {type(plain).__name__}", {}
+    checked_plain = compare(plain, ref_out, atol=ATOL, rtol=RTOL, name="out without return_lse", device=case.device)
+    if not checked_plain.passed:
+        return checked_plain
     checked = compare(out, ref_out, atol=ATOL, rtol=RTOL, name="out", device=case.device)
     if not checked.passed:
         return diagnose_masked(checked, out, q, k, v, causal, atol=ATOL, rtol=RTOL, **float64_masks(masks))
@@ -164,19 +172,27 @@ def check_masks_skip_tiles(worker, seed, what: str, backward: bool = False):
     visited = tiles_visited(causal, masks.get("window_left"), masks.get("cu_seqlens"))
     all_of_them, runs = tiles_visited(causal), MASK_SKIP_RUNS[backward]
 
+    computed = {}  # what the timed runs returned, each side's last: checked below, or a skip could be faked
+
     def cpu_seconds(masked):
         chosen = masks if masked else None
         if backward:
             worker.call("flash_backward_prepare", q, k, v, causal, SKIP_TILE, SKIP_TILE, chosen,
                         timeout=BACKWARD_CALL_TIMEOUT_S)
             before = worker.cpu_seconds()
-            worker.call("flash_backward_one_thread", runs, timeout=BACKWARD_CALL_TIMEOUT_S)
+            computed[masked] = worker.call("flash_backward_one_thread", runs, timeout=BACKWARD_CALL_TIMEOUT_S)
         else:
             before = worker.cpu_seconds()
-            worker.call("flash_one_thread", q, k, v, causal, SKIP_TILE, SKIP_TILE, runs, chosen)
+            computed[masked] = worker.call("flash_one_thread", q, k, v, causal, SKIP_TILE, SKIP_TILE, runs, chosen)
         return worker.cpu_seconds() - before
 
     ratio, with_mask, without = causal_cpu_ratio(cpu_seconds)
+    for masked, got in computed.items():
+        wrong = timed_output_wrong(got, q, k, v, causal, masks if masked else {}, backward)
+        if wrong:
+            return False, (f"the timed {'backward passes' if backward else 'runs'} "
+                           f"{'with' if masked else 'without'} the {what} computed something else than the checked "
+                           f"ones: {wrong} (README, Task 3, step {12 if backward else step})"), {}
     message = (f"{'backward passes' if backward else 'runs'} with {name} took {ratio:.0%} of {against} CPU time "
                f"({with_mask:.2f} s vs {without:.2f} s for {runs}; {visited} of {all_of_them} tiles is "
                f"{visited / all_of_them:.0%})")
@@ -185,6 +201,24 @@ def check_masks_skip_tiles(worker, seed, what: str, backward: bool = False):
         return False, (f"{message}: the {hidden} tiles the {what} {'hides' if what == 'window' else 'hide'} are "
                        f"computed and masked, not skipped (README, Task 3, step {12 if backward else step})"), {}
     return True, message, {f"{'backward_' if backward else ''}{what}_cpu_fraction": ratio}
+
+
+def timed_output_wrong(got, q, k, v, causal: bool, masks: dict, backward: bool) -> str | None:
+    """What is wrong with the output of a timed run (the forward's out, or the backward's dq, dk, dv for dO = 1),
+    or None."""
+    masks = float64_masks(masks)
+    if backward:
+        expected = attention_gradients(q, k, v, torch.ones_like(q), causal, **masks)
+        if not (isinstance(got, (tuple, list)) and len(got) == 3):
+            return "flash_attention_backward returned something else than (dq, dk, dv)"
+        pairs = list(zip(("dq", "dk", "dv"), got, expected))
+    else:
+        pairs = [("out", got, attention_float64(q, k, v, causal, **masks)[0])]
+    for name, tensor, want in pairs:
+        checked = compare(tensor, want, atol=ATOL, rtol=RTOL, name=name, device="cpu")
+        if not checked.passed:
+            return checked.message.splitlines()[0]
+    return None
 
 
 def run_masks(report, worker, args, backward_passed: bool) -> None:
