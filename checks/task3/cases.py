@@ -8,7 +8,8 @@ import statistics
 
 import torch
 
-from harness.checks import random_tensor
+from harness.attention_math import attention_float64, attention_gradients
+from harness.checks import compare, random_tensor
 from harness.outcome import Kind
 from harness.sandbox import Worker, WorkerDied, WorkerError
 
@@ -120,3 +121,43 @@ def check_no_full_matrix(report, args, seed, backward=False, masks=None):
         return
     report.add(name, True, f"{what} ran within {limit_gib:.1f} GiB of memory; the full score matrix would need {full_gib:.0f} GiB",
                kind=kind)
+
+
+def float64_masks(masks: dict) -> dict:
+    """flash_attention's mask arguments as attention_float64's."""
+    return {"window_left": masks.get("window_left"), "documents": masks.get("cu_seqlens"),
+            "softcap": masks.get("softcap")}
+
+
+def backward_call(worker, case, q, k, v, d_out, causal: bool, tiles, masks=None, steps: str = "step 6"):
+    """The backward checks' two calls (steps 6-8, and 12 with masks): what the forward pass saved, asked first from
+    the forward pass alone (a backward pass that reads what it should not have may fail; `steps` write it), then
+    out, dq, dk, dv. Returns (what is wrong, None) or (None, (out, dq, dk, dv))."""
+    on = lambda t: t.to(case.device)  # noqa: E731
+    said = saved_wrong(worker.call("flash_saved", on(q), on(k), on(v), causal, *tiles, masks,
+                                   timeout=BACKWARD_CALL_TIMEOUT_S), q.shape, k.shape)
+    if said:
+        return f"{said} (README, Task 3, {steps})", None
+    result = worker.call("flash_backward", on(q), on(k), on(v), on(d_out), causal, *tiles, masks,
+                         timeout=BACKWARD_CALL_TIMEOUT_S)
+    if not (isinstance(result, tuple) and len(result) == 4):
+        return "the backward check's call returned something else than (out, dq, dk, dv)", None
+    return None, result
+
+
+def timed_output_wrong(got, q, k, v, causal: bool, masks: dict, backward: bool) -> str | None:
+    """What is wrong with the output of a timed run (the forward's out, or the backward's dq, dk, dv for dO = 1),
+    or None."""
+    masks = float64_masks(masks)
+    if backward:
+        expected = attention_gradients(q, k, v, torch.ones_like(q), causal, **masks)
+        if not (isinstance(got, (tuple, list)) and len(got) == 3):
+            return "flash_attention_backward returned something else than (dq, dk, dv)"
+        pairs = list(zip(("dq", "dk", "dv"), got, expected))
+    else:
+        pairs = [("out", got, attention_float64(q, k, v, causal, **masks)[0])]
+    for name, tensor, want in pairs:
+        checked = compare(tensor, want, atol=ATOL, rtol=RTOL, name=name, device="cpu")
+        if not checked.passed:
+            return checked.message.splitlines()[0]
+    return None

@@ -12,8 +12,8 @@ from harness.attention_math import attention_float64, attention_gradients
 from harness.checks import compare, random_tensor
 from harness.diagnose_masks import diagnose_masked, diagnose_masked_gradient
 
-from checks.task3.cases import (ATOL, BACKWARD_CALL_TIMEOUT_S, RTOL, causal_cpu_ratio, check_no_full_matrix, inputs,
-                                saved_wrong)
+from checks.task3.cases import (ATOL, BACKWARD_CALL_TIMEOUT_S, RTOL, backward_call, causal_cpu_ratio,
+                                check_no_full_matrix, float64_masks, inputs, timed_output_wrong)
 
 # The masks beyond causal (steps 9-12): (batch, heads, seq_q, seq_k, head_dim, block_rows, block_cols, causal,
 # window_left, the documents' lengths, softcap); None where a mask is not used. The scores of random_tensor inputs
@@ -93,11 +93,6 @@ def mask_arguments(shape) -> tuple[bool, dict]:
     return causal, masks
 
 
-def float64_masks(masks: dict) -> dict:
-    return {"window_left": masks.get("window_left"), "documents": masks.get("cu_seqlens"),
-            "softcap": masks.get("softcap")}
-
-
 def check_masked_values(worker, case):
     """Steps 9-11: out and lse of a masked case against float64, with the mistake a failure matches named."""
     q, k, v = inputs(case.shape, case.seed)
@@ -130,16 +125,9 @@ def check_masked_backward(worker, case):
     q, k, v = inputs(case.shape, case.seed)
     d_out = random_tensor(q.shape, case.seed + 3)
     causal, masks = mask_arguments(case.shape)
-    tiles = case.shape[5:7]
-    on = lambda t: t.to(case.device)  # noqa: E731
-    said = saved_wrong(worker.call("flash_saved", on(q), on(k), on(v), causal, *tiles, masks,
-                                   timeout=BACKWARD_CALL_TIMEOUT_S), q.shape, k.shape)
-    if said:
-        return False, said + " (README, Task 3, steps 6 and 12)", {}
-    result = worker.call("flash_backward", on(q), on(k), on(v), on(d_out), causal, *tiles, masks,
-                         timeout=BACKWARD_CALL_TIMEOUT_S)
-    if not (isinstance(result, tuple) and len(result) == 4):
-        return False, "the backward check's call returned something else than (out, dq, dk, dv)", {}
+    wrong, result = backward_call(worker, case, q, k, v, d_out, causal, case.shape[5:7], masks, "steps 6 and 12")
+    if wrong:
+        return False, wrong, {}
     out, *grads = result
     ref = float64_masks(masks)
     checked = compare(out, attention_float64(q, k, v, causal, **ref)[0], atol=ATOL, rtol=RTOL, name="out",
@@ -201,24 +189,6 @@ def check_masks_skip_tiles(worker, seed, what: str, backward: bool = False):
         return False, (f"{message}: the {hidden} tiles the {what} {'hides' if what == 'window' else 'hide'} are "
                        f"computed and masked, not skipped (README, Task 3, step {12 if backward else step})"), {}
     return True, message, {f"{'backward_' if backward else ''}{what}_cpu_fraction": ratio}
-
-
-def timed_output_wrong(got, q, k, v, causal: bool, masks: dict, backward: bool) -> str | None:
-    """What is wrong with the output of a timed run (the forward's out, or the backward's dq, dk, dv for dO = 1),
-    or None."""
-    masks = float64_masks(masks)
-    if backward:
-        expected = attention_gradients(q, k, v, torch.ones_like(q), causal, **masks)
-        if not (isinstance(got, (tuple, list)) and len(got) == 3):
-            return "flash_attention_backward returned something else than (dq, dk, dv)"
-        pairs = list(zip(("dq", "dk", "dv"), got, expected))
-    else:
-        pairs = [("out", got, attention_float64(q, k, v, causal, **masks)[0])]
-    for name, tensor, want in pairs:
-        checked = compare(tensor, want, atol=ATOL, rtol=RTOL, name=name, device="cpu")
-        if not checked.passed:
-            return checked.message.splitlines()[0]
-    return None
 
 
 def run_masks(report, worker, args, backward_passed: bool) -> None:

@@ -31,8 +31,8 @@ from harness.records import Report
 from harness.attention_math import attention_gradients, attention_float64
 from harness.timing import summarize
 
-from checks.task3.cases import (ATOL, BACKWARD_CALL_TIMEOUT_S, RTOL, SKIP_CHECK_RUNS, causal_cpu_ratio,
-                                check_no_full_matrix, inputs, saved_wrong)
+from checks.task3.cases import (ATOL, BACKWARD_CALL_TIMEOUT_S, RTOL, SKIP_CHECK_RUNS, backward_call,
+                                causal_cpu_ratio, check_no_full_matrix, inputs, timed_output_wrong)
 from checks.task3.masks import run_masks
 
 # (batch, heads, seq_q, seq_k, head_dim, block_rows, block_cols)
@@ -92,15 +92,9 @@ def check_backward(worker, case):
     """dq, dk, dv of flash_attention_trainable against float64 autograd; what its forward pass kept for the backward."""
     q, k, v = inputs(case.shape, case.seed)
     d_out = random_tensor(q.shape, case.seed + 3)
-    on = lambda t: t.to(case.device)  # noqa: E731
-    said = saved_wrong(worker.call("flash_saved", on(q), on(k), on(v), case.causal, *case.shape[5:],
-                                   timeout=BACKWARD_CALL_TIMEOUT_S), q.shape, k.shape)
-    if said:  # asked first, from the forward pass alone: a backward pass that reads what it should not have may fail
-        return False, said + " (README, Task 3, step 6)", {}
-    result = worker.call("flash_backward", on(q), on(k), on(v), on(d_out), case.causal, *case.shape[5:],
-                         timeout=BACKWARD_CALL_TIMEOUT_S)
-    if not (isinstance(result, tuple) and len(result) == 4):
-        return False, "the backward check's call returned something else than (out, dq, dk, dv)", {}
+    wrong, result = backward_call(worker, case, q, k, v, d_out, case.causal, case.shape[5:])
+    if wrong:
+        return False, wrong, {}
     out, *grads = result
     checked = compare(out, attention_float64(q, k, v, case.causal)[0], atol=ATOL, rtol=RTOL, name="out",
                       device=case.device)
@@ -119,13 +113,20 @@ def check_backward_causal_skips_tiles(worker, seed):
     """The backward pass skips the query tiles a causal key tile never reaches (step 7): the worker's CPU time."""
     q, k, v = inputs((1, 2, 2048, 2048, 32), seed)
 
+    computed = {}  # each side's last timed output, checked: a skip could be faked where nothing is compared
+
     def cpu_seconds(causal):
         worker.call("flash_backward_prepare", q, k, v, causal, 128, 128, timeout=BACKWARD_CALL_TIMEOUT_S)
         before = worker.cpu_seconds()
-        worker.call("flash_backward_one_thread", SKIP_CHECK_RUNS, timeout=BACKWARD_CALL_TIMEOUT_S)
+        computed[causal] = worker.call("flash_backward_one_thread", SKIP_CHECK_RUNS, timeout=BACKWARD_CALL_TIMEOUT_S)
         return worker.cpu_seconds() - before
 
     ratio, causal, full = causal_cpu_ratio(cpu_seconds)
+    for masked, got in computed.items():
+        wrong = timed_output_wrong(got, q, k, v, masked, {}, backward=True)
+        if wrong:
+            return False, f"the timed backward passes computed something else than the checked ones: {wrong} " \
+                          "(README, Task 3, steps 7-8)", {}
     message = (f"causal backward passes took {ratio:.0%} of the CPU time of full ones ({causal:.2f} s vs {full:.2f} s "
                f"for {SKIP_CHECK_RUNS}; 136 of 256 tiles is 53%)")
     if ratio > 0.8:
@@ -138,12 +139,19 @@ def check_causal_skips_tiles(worker, seed):
     """With a causal mask the tiles past the diagonal are skipped (step 2): measured as the worker's CPU time."""
     q, k, v = inputs((1, 2, 2048, 2048, 32), seed)
 
+    computed = {}  # each side's last timed output, checked: a skip could be faked where nothing is compared
+
     def cpu_seconds(causal):
         before = worker.cpu_seconds()
-        worker.call("flash_one_thread", q, k, v, causal, 128, 128, SKIP_CHECK_RUNS)
+        computed[causal] = worker.call("flash_one_thread", q, k, v, causal, 128, 128, SKIP_CHECK_RUNS)
         return worker.cpu_seconds() - before
 
     ratio, causal, full = causal_cpu_ratio(cpu_seconds)
+    for masked, got in computed.items():
+        wrong = timed_output_wrong(got, q, k, v, masked, {}, backward=False)
+        if wrong:
+            return False, f"the timed runs computed something else than the checked ones: {wrong} (README, Task 3, " \
+                          "steps 2-5)", {}
     # 16 x 16 tiles: the causal loop visits 136 of them, 53% of the work; all 256 and a mask is >= 100%.
     message = (f"causal run took {ratio:.0%} of the CPU time of the full one ({causal:.2f} s vs {full:.2f} s for "
                f"{SKIP_CHECK_RUNS} runs; 136 of 256 tiles is 53%)")
