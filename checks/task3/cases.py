@@ -10,6 +10,7 @@ import torch
 
 from harness.attention_math import attention_float64, attention_gradients
 from harness.checks import compare, random_tensor
+from harness.diagnose import diagnose
 from harness.outcome import Kind
 from harness.sandbox import Worker, WorkerDied, WorkerError
 
@@ -145,9 +146,11 @@ def backward_call(worker, case, q, k, v, d_out, causal: bool, tiles, masks=None,
     return None, result
 
 
-def timed_output_wrong(got, q, k, v, causal: bool, masks: dict, backward: bool) -> str | None:
+def timed_output_wrong(got, q, k, v, causal: bool, masks: dict, backward: bool, tiles=None) -> str | None:
     """What is wrong with the output of a timed run (the forward's out, or the backward's dq, dk, dv for dO = 1),
-    or None."""
+    or None. A forward's output without masks is diagnosed on its tiles (rows, cols): a student whose checked
+    cases fail the same way is told the same step here."""
+    plain = not any(value is not None for value in masks.values())
     masks = float64_masks(masks)
     if backward:
         expected = attention_gradients(q, k, v, torch.ones_like(q), causal, **masks)
@@ -158,6 +161,8 @@ def timed_output_wrong(got, q, k, v, causal: bool, masks: dict, backward: bool) 
         pairs = [("out", got, attention_float64(q, k, v, causal, **masks)[0])]
     for name, tensor, want in pairs:
         checked = compare(tensor, want, atol=ATOL, rtol=RTOL, name=name, device="cpu")
+        if not checked.passed and not backward and plain and tiles is not None:
+            checked = diagnose(3, checked, tensor, q, k, v, causal, atol=ATOL, rtol=RTOL, tiles=tiles)
         if not checked.passed:
             return checked.message.splitlines()[0]
     return None
