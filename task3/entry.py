@@ -5,9 +5,11 @@ your code; the checks (checks/task3/test.py) run in another process and only see
 functions return.
 """
 
+import contextlib
 import inspect
 
 import torch
+from torch.autograd.variable import Variable
 
 from common.student_module import load_student_module
 
@@ -110,11 +112,48 @@ def flash_saved(q, k, v, causal, block_rows, block_cols, masks=None):
     return saved_by(out.grad_fn)
 
 
+_autograd = {"saved": 0, "engine_runs": 0}  # what autograd did inside the backward passes the checks ran
+
+
+@contextlib.contextmanager
+def _watching_autograd(checks_run_it: bool = False):
+    """Counts, while the backward pass runs, the tensors autograd saves to differentiate later (a graph recorded,
+    whichever way it is later run) and the runs of autograd's engine (backward(), autograd.grad, torch.func); with
+    checks_run_it, the checks' own run (out.backward, which calls your backward pass) is not counted, the runs
+    inside it are. Steps 7-8 compute the gradients themselves: a right file does neither."""
+    engine, depth = Variable._execution_engine, [0]
+
+    class CountingEngine:
+        def __getattr__(self, name):
+            return getattr(engine, name)
+
+        def run_backward(self, *args, **kwargs):
+            if depth[0] or not checks_run_it:
+                _autograd["engine_runs"] += 1
+            depth[0] += 1
+            try:
+                return engine.run_backward(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+
+    def pack(tensor):
+        _autograd["saved"] += 1
+        return tensor
+
+    Variable._execution_engine = CountingEngine()
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            yield
+    finally:
+        Variable._execution_engine = engine
+
+
 def flash_backward(q, k, v, d_out, causal, block_rows, block_cols, masks=None):
     """out = flash_attention_trainable(q, k, v), then out.backward(d_out): (out, dq, dk, dv)."""
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     out = _forward(q, k, v, causal, block_rows, block_cols, masks)
-    out.backward(d_out)
+    with _watching_autograd(checks_run_it=True):
+        out.backward(d_out)
     return out.detach(), q.grad, k.grad, v.grad
 
 
@@ -138,17 +177,23 @@ def flash_backward_prepare(q, k, v, causal, block_rows, block_cols, masks=None):
 
 
 def flash_backward_one_thread(times=1):
-    """flash_attention_backward on the prepared forward pass, `times` times on one CPU thread; the last (dq, dk,
-    dv), which the skip checks compare as they compare the forward's."""
+    """flash_attention_backward on the prepared forward pass, `times` times on one CPU thread, autograd watched;
+    the last (dq, dk, dv), which the skip checks compare as they compare the forward's."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     grads = None
     try:
-        for _ in range(times):
-            grads = student.flash_attention_backward(*_prepared["args"], **_prepared["masks"])
+        with _watching_autograd():
+            for _ in range(times):
+                grads = student.flash_attention_backward(*_prepared["args"], **_prepared["masks"])
     finally:
         torch.set_num_threads(threads)
     return grads
+
+
+def autograd_seen():
+    """What autograd did inside the backward passes so far (_watching_autograd)."""
+    return dict(_autograd)
 
 
 def repeat(times, which, q, k, v, causal):

@@ -167,6 +167,23 @@ def test_autograd_inside_the_backward_pass_is_named(tmp_path):
     assert not own["passed"] and "enable_grad" in own["message"] and "steps 7-8" in own["message"]
 
 
+def test_autograd_the_text_scan_cannot_read_is_caught_at_run_time(tmp_path):
+    """Autograd reached by names built at run time (no line the scan reads): the worker counts what autograd
+    saved and ran inside the backward passes, the value cases' and the skip check's."""
+    record = backward_record(tmp_path, (
+        '    collects a part from every key tile.\n    """\n',
+        '    collects a part from every key tile.\n    """\n'
+        '    with getattr(torch, "enable" + "_grad")():  # autograd, under names no scan reads\n'
+        '        leaves = [t.detach().requires_grad_() for t in (q, k, v)]\n'
+        '        again = flash_attention(*leaves, causal, block_rows, block_cols)\n'
+        '        return tuple(getattr(torch.autograd, "gr" + "ad")(again, leaves, d_out))\n'))
+    values = optional(record, "backward: cpu")
+    assert values and all(c["passed"] for c in values), [c["message"] for c in values if not c["passed"]]
+    own = optional(record, "its own gradients")[0]
+    assert not own["passed"] and "autograd ran inside the backward pass" in own["message"], own["message"]
+    assert "runs of its engine" in own["message"] and "steps 7-8" in own["message"]
+
+
 def test_an_old_file_without_the_backward_pass_is_told_what_to_copy(tmp_path):
     text = (REPO_SOLUTION / "attention.py").read_text().split("# -- the backward pass")[0]
     record = run_test(3, submission(tmp_path, {"task3/attention.py": text}), tmp_path, "--backward")
@@ -177,13 +194,14 @@ def test_an_old_file_without_the_backward_pass_is_told_what_to_copy(tmp_path):
 
 # -- the optional masks beyond causal (steps 9-12): each known-bad version is named with its step, never costs the task --
 
-def masks_record(tmp_path, *edits, backward=False):
+def masks_record(tmp_path, *edits, backward=False, hidden=False):
     text = (REPO_SOLUTION / "attention.py").read_text()
     for old, new in edits:
         assert old in text, f"known-bad variant no longer applies: {old!r} not in task3/solution/attention.py"
         text = text.replace(old, new, 1)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     record = run_test(3, submission(tmp_path, {"task3/attention.py": text}), tmp_path, "--masks",
-                      *(["--backward"] if backward else []))
+                      *(["--backward"] if backward else []), *(["--hidden", str(REPO / "grader/hidden.py")] * hidden))
     assert record["status"] == "passed", "an optional part never decides the task"
     return record
 
@@ -273,6 +291,47 @@ def test_masked_tiles_computed_not_skipped_are_named(tmp_path):
     assert said(record, "masks backward: the window skips")["passed"]
     backward = said(record, "masks backward: the documents skip")
     assert not backward["passed"] and "step 12" in backward["message"]
+
+
+def test_the_full_matrix_built_for_the_documents_alone_is_caught(tmp_path):
+    """Each mask has its own memory run: a file that takes one tile of everything only for packed documents of a
+    long sequence (past every value case and skip check) runs out of memory in the documents' run."""
+    record = masks_record(tmp_path, (
+        "    doc_ids = None if documents is None else document_ids(documents, q.device)  # each position's document\n",
+        "    doc_ids = None if documents is None else document_ids(documents, q.device)\n"
+        "    if documents is not None and seq_q >= 4096:\n"
+        "        block_rows, block_cols = seq_q, seq_k  # one tile: the whole score matrix\n"))
+    skips = [said(record, "masks: the window skips"), said(record, "masks: the documents skip")]
+    assert all(c["passed"] for c in skips), [c["message"] for c in skips]
+    memory = said(record, "masks: never builds the full score matrix")
+    assert not memory["passed"] and "cu_seqlens (8 documents) ran out of the 1.0 GiB" in memory["message"], memory
+
+
+def test_the_skip_checks_sizes_public_and_drawn():
+    from checks.task3.cases import SKIP_TILE, skip_sizes, tiles_visited
+
+    public = skip_sizes(998, None)
+    assert (public.seq, public.window, public.documents) == (2048, 128, (128,) * 16)
+    assert tiles_visited(2048, True) == 136 and tiles_visited(2048, True, 128) == 31
+    assert tiles_visited(2048, False, None, public.cu_seqlens) == 16
+    drawn = [skip_sizes(seed, object()) for seed in range(40)]
+    assert skip_sizes(7, object()) == drawn[7] and len({d.seq for d in drawn}) > 20  # the seed's, and varied
+    for d in drawn:
+        assert 1800 <= d.seq < 2300 and sum(d.documents) == d.seq and d.cu_seqlens[-1] == d.seq
+        assert all(96 <= n < 200 for n in d.documents[:-1]) and 1 <= d.documents[-1] < 200
+        rows = -(-d.seq // SKIP_TILE)
+        assert tiles_visited(d.seq, True, d.window) <= 2 * rows  # two key tiles a row, as the public window's
+
+
+def test_a_skip_made_at_the_public_shape_alone_fails_with_the_secret_seed(tmp_path):
+    """The skip checks' sizes are drawn from the grading's secret seed: a file that skips the window's tiles only at
+    the public shape (seq 2048) passes the public check and fails the graded one."""
+    edit = ("        if window_left is not None:  # the tile's first query has the earliest window\n",
+            "        if window_left is not None and seq_q == 2048:  # skipped where the public check looks\n")
+    public = said(masks_record(tmp_path / "public", edit), "masks: the window skips")
+    assert public["passed"], public["message"]
+    graded = said(masks_record(tmp_path / "graded", edit, hidden=True), "masks: the window skips")
+    assert not graded["passed"] and "not skipped (README, Task 3, step 9)" in graded["message"], graded["message"]
 
 
 def test_a_row_that_has_seen_no_key_yet_is_named_when_it_turns_nan(tmp_path):

@@ -4,7 +4,9 @@ built."""
 
 from __future__ import annotations
 
+import random
 import statistics
+from dataclasses import dataclass
 
 import torch
 
@@ -45,6 +47,53 @@ def saved_wrong(saved, q_shape, k_shape) -> str | None:
     return None
 
 
+# The skip checks' sizes: (1, 2, seq, seq, 32) inputs in 128 x 128 tiles; the masks' checks add a window of
+# `window` keys (against causal alone) and packed documents of `documents` lengths (against no mask at all: causal's
+# own bound would hide a document bound left out). Public: 2048, 128, 16 of 128. With the grading's secret seed
+# they are drawn around those (seq 1800-2299; a window of 64-128, two key tiles a row as the public one's; documents
+# of 96-199, the last one what is left), so that a file cannot skip, or fake its timing, at the public shape alone.
+SKIP_TILE = 128
+
+
+@dataclass(frozen=True)
+class SkipSizes:
+    seq: int = 2048
+    window: int = 128
+    documents: tuple = (128,) * 16
+
+    @property
+    def cu_seqlens(self) -> list[int]:
+        return [sum(self.documents[:i]) for i in range(len(self.documents) + 1)]
+
+
+def skip_sizes(seed: int, hidden) -> SkipSizes:
+    if not hidden:
+        return SkipSizes()
+    draw = random.Random(seed)
+    seq, documents = draw.randrange(1800, 2300), []
+    while sum(documents) < seq:
+        documents.append(min(draw.randrange(96, 200), seq - sum(documents)))
+    return SkipSizes(seq, draw.randrange(64, 129), tuple(documents))
+
+
+def tiles_visited(seq: int, causal: bool, window_left=None, documents=None) -> int:
+    """The tiles of a skip check's square case that a loop with every bound of steps 2, 9 and 10 visits (the same
+    count for the backward pass's query loops, by symmetry). documents: cu_seqlens."""
+    from common.masks import document_of
+
+    count = 0
+    for row_start in range(0, seq, SKIP_TILE):
+        row_end = min(row_start + SKIP_TILE, seq)
+        begin, stop = 0, row_end if causal else seq
+        if window_left is not None:
+            begin = max(0, row_start - window_left)
+        if documents is not None:
+            begin = max(begin, documents[document_of(documents, row_start)])
+            stop = min(stop, documents[document_of(documents, row_end - 1) + 1])
+        count += -(-stop // SKIP_TILE) - begin // SKIP_TILE
+    return count
+
+
 # The causal-skip check measures pairs of requests, a full run and a causal one back to back (in turn first),
 # each request SKIP_CHECK_RUNS runs, and takes the median of the pairs' ratios. One run is about 0.1 s of CPU
 # (10 ticks of the clock /proc counts in), and a machine's load changes the CPU time a run takes: on 2 loaded
@@ -68,60 +117,74 @@ def causal_cpu_ratio(cpu_seconds) -> tuple[float, float, float]:
 FULL_MATRIX_CASE = (1, 1, 512, 1 << 19, 4, 512, 4096)  # (batch, heads, seq_q, seq_k, head_dim, Br, Bc)
 MEMORY_LIMIT = 1 << 30  # address space your code may add to the worker's (PyTorch loaded): 1 GiB
 OUT_OF_MEMORY = ("can't allocate memory", "bad_alloc", "MemoryError", "out of memory", "not enough memory")
+# The same rule with each mask of steps 9-12, each where its full matrix would need 2 GiB: soft-capping over the
+# rule case's keys, a window of 4096 keys at their end (causal), and 8 documents of 2048 positions in 16384 (packed
+# documents need seq_q == seq_k). Each mask's own path, so a file that builds the matrix for one of them alone shows.
+MASK_MEMORY_RUNS = [  # (shape, causal, masks)
+    (FULL_MATRIX_CASE, False, {"softcap": 30.0}),
+    (FULL_MATRIX_CASE, True, {"window_left": 4096}),
+    ((1, 1, 1 << 14, 1 << 14, 4, 512, 4096), False, {"cu_seqlens": list(range(0, (1 << 14) + 1, 2048))}),
+]
 
 
-def check_no_full_matrix(report, args, seed, backward=False, masks=None):
+def check_no_full_matrix(report, args, seed, backward=False, masks: bool = False):
     """In a worker of its own whose memory the operating system limits: the worker cannot lift it.
 
     Running out of memory there breaks the rule (the task scores 0); any other error is a
     failed check, since the rule could not be judged. backward: the same for the optional backward
     pass (forward and backward through flash_attention_trainable), a check of the optional part. masks: the same
-    with the optional masks of steps 9-12 (soft-capping: the one mask no skip check would see done whole).
+    with each of the optional masks of steps 9-12 (MASK_MEMORY_RUNS), in turn in the one worker.
     """
     name = "never builds the full score matrix"
     if masks:
-        name = f"masks{' backward' if backward else ''}: {name} ({', '.join(masks)})"
+        name = f"masks{' backward' if backward else ''}: {name} (softcap, window_left, cu_seqlens)"
     elif backward:
         name = f"backward: {name}"
-    optional = backward or masks is not None
+    optional = backward or masks
     kind, judged = (Kind.OPTIONAL, Kind.OPTIONAL) if optional else (Kind.RULE, Kind.CHECK)  # the rule's; "could not judge"
-    b, h, sq, sk, d, br, bc = FULL_MATRIX_CASE
-    q, k, v = inputs(FULL_MATRIX_CASE, seed, torch.float64)
-    full_gib, limit_gib = b * h * sq * sk * 8 / 2**30, MEMORY_LIMIT / 2**30
-    what = f"seq {sq}x{sk} with {br}x{bc} tiles (float64)"
+    runs = MASK_MEMORY_RUNS if masks else [(FULL_MATRIX_CASE, False, None)]
+    limit_gib, said = MEMORY_LIMIT / 2**30, []
     with Worker(3, args.student_dir, solution=args.solution, scratch=args.scratch, cuda=False,
                 memory_limit=MEMORY_LIMIT, purpose="memory-limit") as limited:
         try:
             limited.start()
         except (WorkerError, WorkerDied) as err:
-            report.add(name, False, f"{what}: could not be judged, your code did not start: {err}",
+            report.add(name, False, f"could not be judged, your code did not start: {err}",
                        kind=judged, cause=getattr(err, "cause", None))
             return
-        try:
-            if backward:
-                shapes = limited.call("flash_backward_shapes", q, k, v, torch.ones_like(q), False, br, bc, masks,
-                                      timeout=4 * BACKWARD_CALL_TIMEOUT_S)
-                expected = (tuple(q.shape), tuple(q.shape), tuple(k.shape), tuple(v.shape))
-                if shapes != expected:  # G: name what is wrong
-                    report.add(name, False, f"{what}: out, dq, dk, dv have shapes {shapes}, expected {expected}",
-                               kind=judged)
-                    return
-                shape = tuple(q.shape)
-            else:
-                shape = limited.call("flash_shapes", q, k, v, False, br, bc, masks)
-        except (WorkerError, WorkerDied) as err:
-            if isinstance(err, WorkerDied) or any(words in str(err) for words in OUT_OF_MEMORY):
-                report.add(name, False, f"{what} ran out of the {limit_gib:.1f} GiB of memory your code may use, where the full "
-                           f"score matrix would need {full_gib:.0f} GiB: work tile by tile and never build it ({err})",
-                           kind=kind, cause=getattr(err, "cause", None))
-            else:
-                report.add(name, False, f"{what}: could not be judged, your code raised {err}", kind=judged)
-            return
-    if shape != tuple(q.shape):
-        report.add(name, False, f"{what}: the output has shape {shape}, expected {tuple(q.shape)}", kind=judged)
-        return
-    report.add(name, True, f"{what} ran within {limit_gib:.1f} GiB of memory; the full score matrix would need {full_gib:.0f} GiB",
-               kind=kind)
+        for shape, causal, chosen in runs:
+            b, h, sq, sk, d, br, bc = shape
+            q, k, v = inputs(shape, seed, torch.float64)
+            full_gib = b * h * sq * sk * 8 / 2**30
+            what = (f"seq {sq}x{sk} with {br}x{bc} tiles (float64)" + " causal" * causal
+                    + "".join(f" {key} {value if key != 'cu_seqlens' else f'({len(value) - 1} documents)'}"
+                              for key, value in (chosen or {}).items()))
+            try:
+                if backward:
+                    shapes = limited.call("flash_backward_shapes", q, k, v, torch.ones_like(q), causal, br, bc, chosen,
+                                          timeout=4 * BACKWARD_CALL_TIMEOUT_S)
+                    expected = (tuple(q.shape), tuple(q.shape), tuple(k.shape), tuple(v.shape))
+                    if shapes != expected:  # G: name what is wrong
+                        report.add(name, False, f"{what}: out, dq, dk, dv have shapes {shapes}, expected {expected}",
+                                   kind=judged)
+                        return
+                    got = tuple(q.shape)
+                else:
+                    got = limited.call("flash_shapes", q, k, v, causal, br, bc, chosen)
+            except (WorkerError, WorkerDied) as err:
+                if isinstance(err, WorkerDied) or any(words in str(err) for words in OUT_OF_MEMORY):
+                    report.add(name, False, f"{what} ran out of the {limit_gib:.1f} GiB of memory your code may use, "
+                               f"where the full score matrix would need {full_gib:.0f} GiB: work tile by tile and "
+                               f"never build it ({err})", kind=kind, cause=getattr(err, "cause", None))
+                else:
+                    report.add(name, False, f"{what}: could not be judged, your code raised {err}", kind=judged)
+                return
+            if got != tuple(q.shape):
+                report.add(name, False, f"{what}: the output has shape {got}, expected {tuple(q.shape)}", kind=judged)
+                return
+            said.append(what)
+    report.add(name, True, f"{'; '.join(said)}: ran within {limit_gib:.1f} GiB of memory; the full score matrix would "
+               f"need {full_gib:.0f} GiB{' in each' if len(said) > 1 else ''}", kind=kind)
 
 
 def float64_masks(masks: dict) -> dict:
@@ -166,3 +229,14 @@ def timed_output_wrong(got, q, k, v, causal: bool, masks: dict, backward: bool, 
         if not checked.passed:
             return checked.message.splitlines()[0]
     return None
+
+
+def autograd_wrong(seen) -> tuple[bool, str, dict]:
+    """The verdict on what autograd did inside the backward passes run so far (task3/entry.py's autograd_seen)."""
+    if not (isinstance(seen, dict) and all(isinstance(seen.get(n), int) for n in ("saved", "engine_runs"))):
+        return False, "what autograd did inside the backward pass could not be read", {}
+    if seen["saved"] or seen["engine_runs"]:
+        return False, (f"autograd ran inside the backward pass ({seen['saved']} tensors saved for a backward pass, "
+                       f"{seen['engine_runs']} runs of its engine): the backward pass computes dq, dk and dv "
+                       f"itself, tile by tile (README, Task 3, steps 7-8)"), {}
+    return True, "no autograd run inside the backward pass", {}

@@ -12,8 +12,9 @@ from harness.attention_math import attention_float64, attention_gradients
 from harness.checks import compare, random_tensor
 from harness.diagnose_masks import diagnose_masked, diagnose_masked_gradient
 
-from checks.task3.cases import (ATOL, BACKWARD_CALL_TIMEOUT_S, RTOL, backward_call, causal_cpu_ratio,
-                                check_no_full_matrix, float64_masks, inputs, timed_output_wrong)
+from checks.task3.cases import (ATOL, BACKWARD_CALL_TIMEOUT_S, RTOL, SKIP_TILE, SkipSizes, autograd_wrong,
+                                backward_call, causal_cpu_ratio, check_no_full_matrix, float64_masks, inputs,
+                                skip_sizes, tiles_visited, timed_output_wrong)
 
 # The masks beyond causal (steps 9-12): (batch, heads, seq_q, seq_k, head_dim, block_rows, block_cols, causal,
 # window_left, the documents' lengths, softcap); None where a mask is not used. The scores of random_tensor inputs
@@ -39,31 +40,11 @@ MASK_BACKWARD_CASES = [
     (2, 2, 129, 129, 32, 64, 32, False, None, None, 1.0),
     (1, 2, 150, 150, 32, 32, 32, True, 30, (70, 16, 64), 1.0),
 ]
-# The skip checks: on (1, 2, 2048, 2048, 32) inputs and 128 x 128 tiles, a window of 128 keys against causal alone,
-# documents of 128 positions against no mask at all (not causal: causal's own bound would hide a document bound
-# left out). Each side runs MASK_SKIP_RUNS times a request (forward, backward), so that the masked side takes about
-# 10 ticks of the CPU clock (/proc counts in 10 ms) on the machines we tried, not 1 or 2.
-SKIP_SEQ, SKIP_TILE, SKIP_WINDOW, SKIP_DOCUMENTS = 2048, 128, 128, (128,) * 16
+# The skip checks (their sizes: checks/task3/cases.py's skip_sizes). Each side runs MASK_SKIP_RUNS times a request
+# (forward, backward), so that the masked side takes about 10 ticks of the CPU clock (/proc counts in 10 ms) on the
+# machines we tried, not 1 or 2.
 MASK_SKIP_RUNS = {False: 6, True: 3}
 SKIP_LIMIT = 0.6  # of the unmasked side's CPU time
-
-
-def tiles_visited(causal: bool, window_left=None, documents=None) -> int:
-    """The tiles of the skip checks' square case a loop with every bound of steps 2, 9 and 10 visits (the same
-    count for the backward pass's query loops, by symmetry)."""
-    from common.masks import document_of
-
-    count = 0
-    for row_start in range(0, SKIP_SEQ, SKIP_TILE):
-        row_end = row_start + SKIP_TILE
-        begin, stop = 0, row_end if causal else SKIP_SEQ
-        if window_left is not None:
-            begin = max(0, row_start - window_left)
-        if documents is not None:
-            begin = max(begin, documents[document_of(documents, row_start)])
-            stop = min(stop, documents[document_of(documents, row_end - 1) + 1])
-        count += -(-stop // SKIP_TILE) - begin // SKIP_TILE
-    return count
 
 
 def mask_text(shape) -> str:
@@ -146,19 +127,20 @@ def check_masked_backward(worker, case):
     return True, "; ".join(messages), {}
 
 
-def check_masks_skip_tiles(worker, seed, what: str, backward: bool = False):
+def check_masks_skip_tiles(worker, seed, what: str, backward: bool = False, sizes: SkipSizes = SkipSizes()):
     """The tiles a window or the documents hide are skipped (steps 9-10, 12 in the backward pass): the CPU time
     of the masked run against the same run without that mask, as the causal-skip check measures it."""
-    q, k, v = inputs((1, 2, SKIP_SEQ, SKIP_SEQ, 32), seed)
+    q, k, v = inputs((1, 2, sizes.seq, sizes.seq, 32), seed)
     if what == "window":
-        causal, masks, step, against = True, {"window_left": SKIP_WINDOW}, 9, "causal's"
-        name = f"a window of {SKIP_WINDOW} keys"
+        causal, masks, step, against = True, {"window_left": sizes.window}, 9, "causal's"
+        name = f"a window of {sizes.window} keys"
     else:
-        documents = [sum(SKIP_DOCUMENTS[:i]) for i in range(len(SKIP_DOCUMENTS) + 1)]
-        causal, masks, step, against = False, {"cu_seqlens": documents}, 10, "no mask's"
-        name = f"documents of {SKIP_DOCUMENTS[0]} positions"
-    visited = tiles_visited(causal, masks.get("window_left"), masks.get("cu_seqlens"))
-    all_of_them, runs = tiles_visited(causal), MASK_SKIP_RUNS[backward]
+        causal, masks, step, against = False, {"cu_seqlens": sizes.cu_seqlens}, 10, "no mask's"
+        lengths = sorted(set(sizes.documents))
+        name = (f"{len(sizes.documents)} documents of {lengths[0]}" if len(lengths) == 1 else
+                f"{len(sizes.documents)} documents of {lengths[0]}-{lengths[-1]}") + " positions"
+    visited = tiles_visited(sizes.seq, causal, masks.get("window_left"), masks.get("cu_seqlens"))
+    all_of_them, runs = tiles_visited(sizes.seq, causal), MASK_SKIP_RUNS[backward]
 
     computed = {}  # what the timed runs returned, each side's last: checked below, or a skip could be faked
 
@@ -181,6 +163,10 @@ def check_masks_skip_tiles(worker, seed, what: str, backward: bool = False):
             return False, (f"the timed {'backward passes' if backward else 'runs'} "
                            f"{'with' if masked else 'without'} the {what} computed something else than the checked "
                            f"ones: {wrong} (README, Task 3, step {12 if backward else step})"), {}
+    if backward:  # the timed calls were watched: autograd over the tiles the mask leaves would be fast too
+        passed, said, _ = autograd_wrong(worker.call("autograd_seen"))
+        if not passed:
+            return False, said.replace("steps 7-8", "steps 7-8 and 12"), {}
     message = (f"{'backward passes' if backward else 'runs'} with {name} took {ratio:.0%} of {against} CPU time "
                f"({with_mask:.2f} s vs {without:.2f} s for {runs}; {visited} of {all_of_them} tiles is "
                f"{visited / all_of_them:.0%})")
@@ -227,12 +213,12 @@ def run_masks(report, worker, args, backward_passed: bool) -> None:
 
 
 def run_skip_checks(report, worker, args, backward: bool) -> None:
-    """The window's and the documents' tiles skipped, and soft-capping done tile by tile (the rule's memory case)."""
+    """The window's and the documents' tiles skipped, and each mask done tile by tile (the rule's memory case)."""
     part = "masks backward" if backward else "masks"
     for what, seed in (("window", 995), ("documents", 994)):
         said = "the window skips the tiles it hides" if what == "window" else "the documents skip the tiles they hide"
+        seed = cli.seed(seed - 10 * backward, args.hidden)
         report.run(f"{part}: {said}",
-                   lambda: check_masks_skip_tiles(worker, cli.seed(seed - 10 * backward, args.hidden), what, backward))
+                   lambda: check_masks_skip_tiles(worker, seed, what, backward, skip_sizes(seed, args.hidden)))
     if not report.stopped:
-        check_no_full_matrix(report, args, cli.seed(992 - 10 * backward, args.hidden), backward=backward,
-                             masks={"softcap": 30.0})
+        check_no_full_matrix(report, args, cli.seed(992 - 10 * backward, args.hidden), backward=backward, masks=True)

@@ -31,8 +31,9 @@ from harness.records import Report
 from harness.attention_math import attention_gradients, attention_float64
 from harness.timing import summarize
 
-from checks.task3.cases import (ATOL, BACKWARD_CALL_TIMEOUT_S, RTOL, SKIP_CHECK_RUNS, backward_call,
-                                causal_cpu_ratio, check_no_full_matrix, inputs, timed_output_wrong)
+from checks.task3.cases import (ATOL, BACKWARD_CALL_TIMEOUT_S, RTOL, SKIP_CHECK_RUNS, SKIP_TILE, autograd_wrong,
+                                backward_call, causal_cpu_ratio, check_no_full_matrix, inputs, skip_sizes,
+                                tiles_visited, timed_output_wrong)
 from checks.task3.masks import run_masks
 
 # (batch, heads, seq_q, seq_k, head_dim, block_rows, block_cols)
@@ -109,14 +110,14 @@ def check_backward(worker, case):
     return True, "; ".join(messages) + "; saved q, k, v, out and the log-sum-exp", {}
 
 
-def check_backward_causal_skips_tiles(worker, seed):
+def check_backward_causal_skips_tiles(worker, seed, seq: int = 2048):
     """The backward pass skips the query tiles a causal key tile never reaches (step 7): the worker's CPU time."""
-    q, k, v = inputs((1, 2, 2048, 2048, 32), seed)
+    q, k, v = inputs((1, 2, seq, seq, 32), seed)
 
     computed = {}  # each side's last timed output, checked: a skip could be faked where nothing is compared
 
     def cpu_seconds(causal):
-        worker.call("flash_backward_prepare", q, k, v, causal, 128, 128, timeout=BACKWARD_CALL_TIMEOUT_S)
+        worker.call("flash_backward_prepare", q, k, v, causal, SKIP_TILE, SKIP_TILE, timeout=BACKWARD_CALL_TIMEOUT_S)
         before = worker.cpu_seconds()
         computed[causal] = worker.call("flash_backward_one_thread", SKIP_CHECK_RUNS, timeout=BACKWARD_CALL_TIMEOUT_S)
         return worker.cpu_seconds() - before
@@ -128,32 +129,37 @@ def check_backward_causal_skips_tiles(worker, seed):
             return False, f"the timed backward passes computed something else than the checked ones: {wrong} " \
                           "(README, Task 3, steps 7-8)", {}
     message = (f"causal backward passes took {ratio:.0%} of the CPU time of full ones ({causal:.2f} s vs {full:.2f} s "
-               f"for {SKIP_CHECK_RUNS}; 136 of 256 tiles is 53%)")
+               f"for {SKIP_CHECK_RUNS}; {tiles_share(seq)})")
     if ratio > 0.8:
         return False, message + ": the query tiles before a key tile's diagonal are computed, not skipped " \
                                 "(README, Task 3, step 7)", {}
     return True, message, {"backward_causal_cpu_fraction": ratio}
 
 
-def check_causal_skips_tiles(worker, seed):
+def tiles_share(seq: int) -> str:
+    visited, all_of_them = tiles_visited(seq, True), tiles_visited(seq, False)
+    return f"{visited} of {all_of_them} tiles is {visited / all_of_them:.0%}"
+
+
+def check_causal_skips_tiles(worker, seed, seq: int = 2048):
     """With a causal mask the tiles past the diagonal are skipped (step 2): measured as the worker's CPU time."""
-    q, k, v = inputs((1, 2, 2048, 2048, 32), seed)
+    q, k, v = inputs((1, 2, seq, seq, 32), seed)
 
     computed = {}  # each side's last timed output, checked: a skip could be faked where nothing is compared
 
     def cpu_seconds(causal):
         before = worker.cpu_seconds()
-        computed[causal] = worker.call("flash_one_thread", q, k, v, causal, 128, 128, SKIP_CHECK_RUNS)
+        computed[causal] = worker.call("flash_one_thread", q, k, v, causal, SKIP_TILE, SKIP_TILE, SKIP_CHECK_RUNS)
         return worker.cpu_seconds() - before
 
     ratio, causal, full = causal_cpu_ratio(cpu_seconds)
     for masked, got in computed.items():
-        wrong = timed_output_wrong(got, q, k, v, masked, {}, backward=False, tiles=(128, 128))
+        wrong = timed_output_wrong(got, q, k, v, masked, {}, backward=False, tiles=(SKIP_TILE, SKIP_TILE))
         if wrong:
             return False, f"the output of the timed runs is wrong: {wrong} (README, Task 3, steps 2-5)", {}
-    # 16 x 16 tiles: the causal loop visits 136 of them, 53% of the work; all 256 and a mask is >= 100%.
+    # 16 x 16 tiles at seq 2048: the causal loop visits 136 of them, 53% of the work; all 256 and a mask is >= 100%.
     message = (f"causal run took {ratio:.0%} of the CPU time of the full one ({causal:.2f} s vs {full:.2f} s for "
-               f"{SKIP_CHECK_RUNS} runs; 136 of 256 tiles is 53%)")
+               f"{SKIP_CHECK_RUNS} runs; {tiles_share(seq)})")
     if ratio > 0.8:
         return False, message + ": the tiles after the diagonal are computed, not skipped (README, Task 3, step 2)", {}
     return True, message, {"causal_cpu_fraction": ratio}
@@ -200,21 +206,26 @@ def run_backward(report, worker, args) -> bool:
         report.run(f"backward: {case.name}", lambda: check_backward(worker, case))
         if report.process_died_since(before, "the backward part"):  # a crash or a hang: the rest would wait as long
             return report.end_part("backward")
+    seed = cli.seed(997, args.hidden)
     report.run("backward: causal skips the query tiles before the diagonal",
-               lambda: check_backward_causal_skips_tiles(worker, cli.seed(997, args.hidden)))
+               lambda: check_backward_causal_skips_tiles(worker, seed, skip_sizes(seed, args.hidden).seq))
     if not report.stopped:
         check_no_full_matrix(report, args, cli.seed(996, args.hidden), backward=True)
         report.run("backward: its own gradients, not autograd's",
-                   lambda: check_no_autograd_inside(args.student_dir, args.solution))
+                   lambda: check_no_autograd_inside(worker, cli.seed(993, args.hidden), args.student_dir,
+                                                    args.solution))
     return report.end_part("backward")
 
 
-AUTOGRAD_INSIDE = ("enable_grad", "set_grad_enabled", "autograd.grad", ".backward(", "torch.func", "functorch")
+AUTOGRAD_INSIDE = ("enable_grad", "set_grad_enabled", "autograd.grad", ".backward(", "torch.func", "functorch",
+                   "saved_tensors_hooks", "_execution_engine")
 
 
-def check_no_autograd_inside(student_dir, solution):
+def check_no_autograd_inside(worker, seed, student_dir, solution):
     """Steps 6-8 compute dq, dk and dv themselves: autograd run inside them (over small chunks of rows, say) would
-    pass the values and the memory case without Algorithm 2. A scan of the file's code, as the own-work rule's."""
+    pass the values and the memory case without Algorithm 2. A scan of the file's code, as the own-work rule's, that
+    names the line; then what autograd did in the backward passes: the value cases' (through autograd, less the
+    checks' own run of its engine), the skip check's timed calls and one of its own (task3/entry.py counts it)."""
     from common.impl import source_of
 
     text = source_of("task3/attention.py", student_dir, solution).read_text(errors="replace")
@@ -223,7 +234,10 @@ def check_no_autograd_inside(student_dir, solution):
     if found:
         return False, (f"task3/attention.py runs autograd ({', '.join(found[:3])}): the backward pass computes dq, "
                        f"dk and dv itself, tile by tile (README, Task 3, steps 7-8)"), {}
-    return True, "no autograd run inside the backward pass", {}
+    q, k, v = inputs((1, 2, 130, 130, 32), seed)
+    worker.call("flash_backward_prepare", q, k, v, True, 64, 32, timeout=BACKWARD_CALL_TIMEOUT_S)
+    worker.call("flash_backward_one_thread", 1, timeout=BACKWARD_CALL_TIMEOUT_S)
+    return autograd_wrong(worker.call("autograd_seen"))
 
 
 def main(argv=None) -> int:
@@ -263,8 +277,9 @@ def main(argv=None) -> int:
 
 def run_forward_rest(report, worker, args) -> None:
     """After the values: the causal skip and the rule's memory case."""
+    seed = cli.seed(998, args.hidden)
     report.run("causal skips the tiles after the diagonal",
-               lambda: check_causal_skips_tiles(worker, cli.seed(998, args.hidden)))
+               lambda: check_causal_skips_tiles(worker, seed, skip_sizes(seed, args.hidden).seq))
     if not report.stopped:
         check_no_full_matrix(report, args, cli.seed(999, args.hidden))
 
