@@ -79,37 +79,60 @@ def diagnose_masked(result: CheckResult, got, q, k, v, causal, *, window_left, d
         return result
     got = got.detach().double().cpu()
     nan_rows = torch.isnan(got).any(dim=-1)
+    right = attention_float64(q, k, v, causal, scale, window_left=window_left, documents=documents, softcap=softcap)[0]
+    for what, step, how in forward_mistakes(causal, window_left, documents, softcap):
+        wrong = _result(how, q, k, v, causal, scale, window_left, documents, softcap)
+        if not _close(wrong, right, 2 * atol, 2 * rtol) and _matches(got, wrong, atol, rtol):
+            result.message += f": it matches {what} (README, Task 3, step {step})"
+            if nan_rows.any():
+                result.message += "; the rows it leaves without any key come out NaN (0/0)"
+            return result
     if nan_rows.any():
         rows = int(nan_rows.sum())
-        if window_left == 0 and bool(nan_rows.all()):  # a window of the query's own key, hidden too
-            result.message += (": every output row is NaN: with window_left = 0 a query sees its own key alone, and "
-                               "the window's mask hid it too (`<=` where j < i + offset - window_left has `<`; "
-                               "README, Task 3, step 9)")
+        # With window_left = 0 a query sees its own key alone; most rows NaN is that key hidden by the window's mask
+        # (a tile whose window edge the mask test finds no crossing of keeps its rows right).
+        if window_left == 0 and 2 * rows > nan_rows.numel():
+            result.message += (f": {rows} of {nan_rows.numel()} output rows are NaN: with window_left = 0 a query "
+                               f"sees its own key alone, and the window's mask hid it too (`<=` where j < i + offset "
+                               f"- window_left has `<`; README, Task 3, step 9)")
         else:
             result.message += (f": {rows} output rows are NaN: a row whose keys in a tile are all masked (its window "
                                f"or document starts in a later tile) has m_new = -inf there, and exp(-inf - (-inf)) "
                                f"is NaN; subtract 0 for such a row (README, Task 3, step 4)")
         return result
-    right = attention_float64(q, k, v, causal, scale, window_left=window_left, documents=documents, softcap=softcap)[0]
-    for what, step, how in forward_mistakes(causal, window_left, documents, softcap):
-        wrong = _result(how, q, k, v, causal, scale, window_left, documents, softcap)
-        if not _close(wrong, right, 2 * atol, 2 * rtol) and _close(got, wrong, atol, rtol):
-            result.message += f": it matches {what} (README, Task 3, step {step})"
-            return result
     result.message += " (README, Task 3, steps 9-11)"
     return result
 
 
-def gradients_without_cap_slope(q, k, v, d_out, causal, scale, window_left, documents, softcap):
-    """The gradients with dS passed through the cap as if its slope were 1 (cap_gradient returning ds)."""
+def _matches(got, wrong, atol, rtol) -> bool:
+    """got is the mistake's result; the rows the mistake leaves without any key (NaN there: 0/0) may be NaN or zero,
+    as a kernel computes them or guards them."""
+    lost = torch.isnan(wrong).any(dim=-1)
+    if not lost.any():
+        return _close(got, wrong, atol, rtol)
+    there = got[lost]
+    return bool((torch.isnan(there) | (there == 0)).all()) and _close(got[~lost], wrong[~lost], atol, rtol)
+
+
+def gradients_with_cap_slope(q, k, v, d_out, causal, scale, window_left, documents, softcap, slope):
+    """The gradients with dS taken back through the cap with slope(capped scores, softcap) in place of the right
+    1 - (capped / softcap)^2."""
     with exact_float32(), torch.enable_grad():
         q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
         heads = q.shape[-3]
         raw = (q @ expand_kv_heads(k, heads).transpose(-2, -1)) * scale
-        capped = raw + (softcap * torch.tanh(raw / softcap) - raw).detach()  # the cap's value, slope 1
+        cap = softcap * torch.tanh(raw.detach() / softcap)
+        capped = cap + (raw - raw.detach()) * slope(cap, softcap)  # the cap's value, with the given slope
         probabilities = torch.softmax(apply_masks(capped, causal, window_left, documents), dim=-1)
         (probabilities @ expand_kv_heads(v, heads)).backward(d_out.detach().double())
         return q.grad, k.grad, v.grad
+
+
+CAP_SLOPE_MISTAKES = [  # (what, slope(capped scores, softcap))
+    ("dS not multiplied by the cap's slope 1 - (S / softcap)^2", lambda cap, softcap: torch.ones_like(cap)),
+    ("the cap's slope taken through tanh again, 1 - tanh^2(S / softcap) of the already capped S (the slope is "
+     "1 - (S / softcap)^2)", lambda cap, softcap: 1 - torch.tanh(cap / softcap) ** 2),
+]
 
 
 def diagnose_masked_gradient(message: str, name: str, got, q, k, v, d_out, causal, *, window_left, documents,
@@ -124,9 +147,11 @@ def diagnose_masked_gradient(message: str, name: str, got, q, k, v, d_out, causa
     if softcap is not None and isinstance(got, torch.Tensor):
         right = attention_gradients(q, k, v, d_out, causal, scale, window_left=window_left, documents=documents,
                                     softcap=softcap)[index]
-        wrong = gradients_without_cap_slope(q, k, v, d_out, causal, scale, window_left, documents, softcap)[index]
         got = got.detach().double().cpu()
-        if wrong.shape == got.shape and not _close(wrong, right, 2 * atol, 2 * rtol) and _close(got, wrong, atol, rtol):
-            return (f"{message}: it matches dS not multiplied by the cap's slope 1 - (S / softcap)^2 "
-                    f"(cap_gradient, README, Task 3, step 12)")
+        for what, slope in CAP_SLOPE_MISTAKES:
+            wrong = gradients_with_cap_slope(q, k, v, d_out, causal, scale, window_left, documents, softcap,
+                                             slope)[index]
+            if wrong.shape == got.shape and not _close(wrong, right, 2 * atol, 2 * rtol) and _close(got, wrong, atol,
+                                                                                                   rtol):
+                return f"{message}: it matches {what} (cap_gradient, README, Task 3, step 12)"
     return f"{message} (README, Task 3, steps 8 and 12: the masks in step 8, the loops' bounds and cap_gradient)"

@@ -345,7 +345,9 @@ class Report:
                 print(f"  {line}")
         else:
             others = Counter(c.kind for c in self.cases if c.kind != Kind.CHECK)
-            also = "".join(f", {n} {KIND_WORDS[kind][n > 1]}" for kind, n in sorted(others.items()))
+            failed = Counter(c.kind for c in self.cases if c.kind != Kind.CHECK and not c.passed)
+            also = "".join(f", {n} {KIND_WORDS[kind][n > 1]}" + (f" ({failed[kind]} failed)" if failed[kind] else "")
+                           for kind, n in sorted(others.items()))
             print(f"Task {self.task}: {passed}/{len(checks)} checks passed{also} — {status.upper()} "
                   f"({label(self.solution)})")
             if self.needs_cuda:

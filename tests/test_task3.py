@@ -293,6 +293,21 @@ def test_masked_tiles_computed_not_skipped_are_named(tmp_path):
     assert not backward["passed"] and "step 12" in backward["message"]
 
 
+def test_the_loops_bounds_one_key_off_at_a_tile_edge_fail(tmp_path):
+    """From a student's try: the key loop begun one key late, and the backward's query loop stopped one row early,
+    change nothing unless the window's edge falls a key before a tile's (windows of 17 and 20 on 16-key tiles)."""
+    begin = masks_record(tmp_path / "begin", ("col_begin = max(0, row_start + offset - window_left) // block_cols",
+                                              "col_begin = max(0, row_start + offset - window_left + 1) // block_cols"))
+    failed = [c["name"] for c in begin["cases"] if c["kind"] == "optional" and not c["passed"]]
+    assert failed and all("window 17" in name or "window 20" in name for name in failed), failed
+    stop = masks_record(tmp_path / "stop", ("row_stop = min(seq_q, col_end - offset + window_left)",
+                                            "row_stop = min(seq_q, col_end - 1 - offset + window_left)"), backward=True)
+    failed = [c for c in stop["cases"] if c["kind"] == "optional" and not c["passed"]]
+    assert failed and all(c["name"].startswith("masks backward: cpu") for c in failed), [c["name"] for c in failed]
+    assert all("window 17" in c["name"] or "window 20" in c["name"] for c in failed)
+    assert all("step 12" in c["message"] or "steps 8 and 12" in c["message"] for c in failed)
+
+
 def test_the_full_matrix_built_for_the_documents_alone_is_caught(tmp_path):
     """Each mask has its own memory run: a file that takes one tile of everything only for packed documents of a
     long sequence (past every value case and skip check) runs out of memory in the documents' run."""
@@ -349,6 +364,30 @@ def test_the_cap_left_out_of_the_gradient_is_named(tmp_path):
     assert not cap["passed"] and "cap's slope" in cap["message"] and "step 12" in cap["message"], cap["message"]
     window = said(record, "masks backward: cpu batch 2 heads 2 seq 129x129 head_dim 32 tiles 32x16 causal window 40")
     assert window["passed"]
+
+
+@pytest.mark.parametrize("slope, says", [("1", "dS not multiplied by the cap's slope"),
+                                         ("(1 - torch.tanh(s / softcap) ** 2)", "through tanh again")])
+def test_each_wrong_cap_slope_is_named(tmp_path, slope, says):
+    """The diagnoses of cap_gradient's slope, on a softcap case of step 12 (the variant run here, not in a worker:
+    test_the_cap_left_out_of_the_gradient_is_named runs one through the task's test)."""
+    from tests.test_diagnose import load
+    from checks.task3.cases import ATOL, RTOL, inputs
+    from harness.attention_math import attention_gradients
+    from harness.checks import compare, random_tensor
+    from harness.diagnose_masks import diagnose_masked_gradient
+
+    student = load(tmp_path, 3, "return ds if softcap is None else ds * (1 - (s / softcap) ** 2)",
+                   f"return ds if softcap is None else ds * {slope}")
+    q, k, v = inputs((2, 2, 129, 129, 32), 5)
+    d_out = random_tensor(q.shape, 8)
+    out, lse = student.flash_attention(q, k, v, False, 64, 32, return_lse=True, softcap=1.0)
+    dq = student.flash_attention_backward(q, k, v, out, lse, d_out, False, 64, 32, softcap=1.0)[0]
+    checked = compare(dq, attention_gradients(q, k, v, d_out, False, softcap=1.0)[0], atol=ATOL, rtol=RTOL, name="dq")
+    assert not checked.passed
+    said = diagnose_masked_gradient(checked.message, "dq", dq, q, k, v, d_out, False, window_left=None,
+                                    documents=None, softcap=1.0, atol=ATOL, rtol=RTOL)
+    assert says in said and "step 12" in said, said
 
 
 def test_the_cap_slope_of_a_masked_score_is_named(tmp_path):
