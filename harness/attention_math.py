@@ -116,6 +116,54 @@ def attention_gradients(q, k, v, d_out, causal: bool = False, scale: float | Non
         return q.grad, k.grad, v.grad
 
 
+def backward_from_saved(q, k, v, out, lse, d_out, causal: bool = False, scale: float | None = None, *,
+                        window_left=None, documents=None):
+    """(dq, dk, dv) in float64 as Algorithm 2 computes them from the forward pass's saved out and lse, whatever
+    those are: P = exp(S - L), D = rowsum(dO * O), dS = P (dP - D). The forward's own out and lse give
+    attention_gradients; task 3's timed backward runs are given a float32 forward's, and checked against this."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    with exact_float32():
+        q, k, v, out, lse, d_out = (t.detach().double().cpu() for t in (q, k, v, out, lse, d_out))
+        p = torch.exp(masked_scores(q, k, causal, scale, window_left=window_left, documents=documents)
+                      - lse[..., None])
+        d_s = p * (d_out @ v.transpose(-2, -1) - (d_out * out).sum(dim=-1, keepdim=True))
+        return scale * d_s @ k, scale * d_s.transpose(-2, -1) @ q, p.transpose(-2, -1) @ d_out
+
+
+def attention_rows(q, k, v, rows, causal: bool = False, scale: float | None = None, *, window_left=None,
+                   documents=None, softcap=None, d_out=None):
+    """Rows `rows` of attention_float64's output, and of dq for the gradient d_out where given, each computed from
+    that query's row of scores alone: the memory cases' outputs are checked on a sample of their rows, whose full
+    score matrix the checks could not hold either. q (batch, heads, seq_q, d), k and v with as many heads."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    seq_q, seq_k = q.shape[-2], k.shape[-2]
+    keys = torch.arange(seq_k)
+    ids = None if documents is None else torch.bucketize(keys, torch.tensor(documents[1:-1]), right=True)
+    outs, grads = [], []
+    with exact_float32():
+        q, k, v = (t.detach().double().cpu() for t in (q, k, v))
+        for i in rows:
+            hidden = torch.zeros(seq_k, dtype=torch.bool)
+            if causal:
+                hidden |= keys > i + seq_k - seq_q
+            if window_left is not None:
+                hidden |= keys < i + seq_k - seq_q - window_left
+            if ids is not None:
+                hidden |= ids != ids[i]
+            raw = (q[..., i, None, :] @ k.transpose(-2, -1)) * scale  # (batch, heads, 1, seq_k)
+            capped = raw if softcap is None else softcap * torch.tanh(raw / softcap)
+            p = torch.softmax(capped.masked_fill(hidden, -math.inf), dim=-1)
+            outs.append(p @ v)
+            if d_out is not None:
+                d_o = d_out[..., i, None, :].detach().double().cpu()
+                d_s = p * (d_o @ v.transpose(-2, -1) - (d_o * outs[-1]).sum(dim=-1, keepdim=True))
+                if softcap is not None:
+                    d_s = d_s * (1 - (capped / softcap) ** 2)
+                grads.append(scale * d_s @ k)
+    out = torch.cat(outs, dim=-2)
+    return (out, torch.cat(grads, dim=-2)) if d_out is not None else (out, None)
+
+
 def naive_attention(q, k, v, causal: bool = False, scale: float | None = None):
     """The unfused baseline in the inputs' dtype: matmul, mask, softmax, matmul (the whole score matrix)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale

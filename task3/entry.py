@@ -42,28 +42,39 @@ def flash(q, k, v, causal, block_rows, block_cols, return_lse, masks=None):
                                    return_lse=return_lse, **_masked(student.flash_attention, masks))
 
 
-def flash_one_thread(q, k, v, causal, block_rows, block_cols, times=1, masks=None):
-    """Run `times` times on one CPU thread, returning the last output: the skip checks read the CPU time this
-    takes (with more threads their spin-waiting, which varies with the machine's load, would be counted too), and
-    check what the timed runs computed."""
-    masks = _masked(student.flash_attention, masks)
+_staged = []  # the timed runs' inputs (stage_runs), sent apart so that a timed request's CPU time is the runs' alone
+
+
+def stage_runs(runs):
+    """The inputs of the next timed request: fresh ones for every run, so no run can reuse another's work."""
+    _staged[:] = runs
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """The skip checks read the CPU time a request takes: on one thread (with more, their spin-waiting, which varies
+    with the machine's load, would be counted too)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    out = None
     try:
-        for _ in range(times):
-            out = student.flash_attention(q, k, v, causal=causal, block_rows=block_rows, block_cols=block_cols,
-                                          **masks)
+        yield
     finally:
         torch.set_num_threads(threads)
-    return out
 
 
-def flash_shapes(q, k, v, causal, block_rows, block_cols, masks=None):
-    """Run without returning the output (the memory-limit case): only whether it fits matters."""
-    out = student.flash_attention(q, k, v, causal=causal, block_rows=block_rows, block_cols=block_cols,
-                                  **_masked(student.flash_attention, masks))
-    return tuple(out.shape) if isinstance(out, torch.Tensor) else None
+def flash_one_thread(causal, block_rows, block_cols, masks=None):
+    """flash_attention on each staged (q, k, v) once, on one CPU thread: every output, which the checks compare."""
+    masks, runs = _masked(student.flash_attention, masks), list(_staged)
+    _staged.clear()
+    with _one_thread():
+        return [student.flash_attention(q, k, v, causal=causal, block_rows=block_rows, block_cols=block_cols, **masks)
+                for q, k, v in runs]
+
+
+def flash_limited(q, k, v, causal, block_rows, block_cols, masks=None):
+    """The memory-limit case: the output, which the checks compare on a sample of its rows."""
+    return student.flash_attention(q, k, v, causal=causal, block_rows=block_rows, block_cols=block_cols,
+                                   **_masked(student.flash_attention, masks))
 
 
 # -- the optional backward pass (steps 6-8) ---------------------------------------------------------------------
@@ -157,38 +168,22 @@ def flash_backward(q, k, v, d_out, causal, block_rows, block_cols, masks=None):
     return out.detach(), q.grad, k.grad, v.grad
 
 
-def flash_backward_shapes(q, k, v, d_out, causal, block_rows, block_cols, masks=None):
-    """The same without returning the tensors (the memory-limit case): only whether it fits matters."""
+def flash_backward_limited(q, k, v, d_out, causal, block_rows, block_cols, masks=None):
+    """The memory-limit case through the backward pass: out and dq, which the checks compare on a sample of their
+    rows, and the shapes of dk and dv (every key's: too large to send back for what they would show)."""
     out, dq, dk, dv = flash_backward(q, k, v, d_out, causal, block_rows, block_cols, masks)
-    return tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in (out, dq, dk, dv))
+    return out, dq, tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in (dk, dv))
 
 
-_prepared = {}  # flash_backward_prepare's forward pass, for flash_backward_one_thread
-
-
-def flash_backward_prepare(q, k, v, causal, block_rows, block_cols, masks=None):
-    """The forward pass whose out and lse flash_backward_one_thread differentiates: a call of its own, so that the
-    CPU time the causal-skip check reads around that one is the backward pass's alone."""
+def flash_backward_one_thread(causal, block_rows, block_cols, masks=None):
+    """flash_attention_backward on each staged (q, k, v, out, lse, d_out) once, on one CPU thread, autograd watched:
+    every (dq, dk, dv), which the checks compare. out and lse are given (the checks' own forward pass), so that
+    the request's CPU time is the backward pass's alone."""
     _trainable()
-    out, lse = student.flash_attention(q, k, v, causal=causal, block_rows=block_rows, block_cols=block_cols,
-                                       return_lse=True, **_masked(student.flash_attention, masks))
-    _prepared["args"] = (q, k, v, out, lse, torch.ones_like(q), causal, block_rows, block_cols)
-    _prepared["masks"] = _masked(student.flash_attention_backward, masks, step=12)
-
-
-def flash_backward_one_thread(times=1):
-    """flash_attention_backward on the prepared forward pass, `times` times on one CPU thread, autograd watched;
-    the last (dq, dk, dv), which the skip checks compare as they compare the forward's."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    grads = None
-    try:
-        with _watching_autograd():
-            for _ in range(times):
-                grads = student.flash_attention_backward(*_prepared["args"], **_prepared["masks"])
-    finally:
-        torch.set_num_threads(threads)
-    return grads
+    masks, runs = _masked(student.flash_attention_backward, masks, step=12), list(_staged)
+    _staged.clear()
+    with _one_thread(), _watching_autograd():
+        return [student.flash_attention_backward(*run, causal, block_rows, block_cols, **masks) for run in runs]
 
 
 def autograd_seen():

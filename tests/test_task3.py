@@ -487,4 +487,35 @@ def test_a_timed_run_that_computes_something_else_is_caught(tmp_path):
                                      "    if seq_q == 2048 and (window_left is not None or documents is not None):\n"
                                      "        return torch.zeros_like(q)\n"))
     window = said(record, "masks: the window skips")
-    assert not window["passed"] and "computed something else" in window["message"], window["message"]
+    assert not window["passed"] and "the timed runs: with the window, run" in window["message"], window["message"]
+
+
+def test_a_timed_run_that_reuses_an_earlier_output_is_caught(tmp_path):
+    """Every timed run has inputs of its own: a file that hands back what it computed for an earlier call of the same
+    shape (fast, and right for the first) fails on the runs it did not compute."""
+    text = (REPO_SOLUTION / "attention.py").read_text()
+    old = "    check_qkv(q, k, v, dims=4, seq_dim=2, causal=causal)\n"
+    assert old in text
+    text = text.replace(old, old + "    key = (tuple(q.shape), causal)\n"
+                                   "    if q.shape[2] == 2048 and key in _REUSED:\n"
+                                   "        return _REUSED[key]\n", 1)
+    text = text.replace("    return (out, lse) if return_lse else out\n",
+                        "    if seq_q == 2048:\n        _REUSED[(tuple(q.shape), causal)] = out\n"
+                        "    return (out, lse) if return_lse else out\n", 1)
+    text += "\n_REUSED = {}\n"
+    record = run_test(3, submission(tmp_path, {"task3/attention.py": text}), tmp_path)
+    skip = case(record, "causal skips the tiles")
+    assert not skip["passed"] and "the timed runs:" in skip["message"] and "run " in skip["message"], skip["message"]
+
+
+def test_an_output_made_up_where_the_memory_is_limited_fails(tmp_path):
+    """The memory case's outputs are compared on a sample of rows: a file that sees the limit and returns zeros (no
+    matrix built, nothing computed) fails that case."""
+    text = (REPO_SOLUTION / "attention.py").read_text()
+    old = "    check_qkv(q, k, v, dims=4, seq_dim=2, causal=causal)\n"
+    text = text.replace(old, old + "    import resource\n"
+                                   "    if resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY:\n"
+                                   "        return q.new_zeros(()).expand(q.shape)\n", 1)
+    record = run_test(3, submission(tmp_path, {"task3/attention.py": text}), tmp_path)
+    memory = case(record, "never builds the full score matrix")
+    assert not memory["passed"] and "out (rows" in memory["message"], memory["message"]

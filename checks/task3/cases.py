@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.attention_math import attention_float64, attention_gradients
+from harness.attention_math import attention_float64, attention_rows, backward_from_saved, masked_scores
 from harness.checks import compare, random_tensor
 from harness.diagnose import diagnose
 from harness.outcome import Kind
@@ -161,16 +161,10 @@ def check_no_full_matrix(report, args, seed, backward=False, masks: bool = False
                               for key, value in (chosen or {}).items()))
             try:
                 if backward:
-                    shapes = limited.call("flash_backward_shapes", q, k, v, torch.ones_like(q), causal, br, bc, chosen,
-                                          timeout=4 * BACKWARD_CALL_TIMEOUT_S)
-                    expected = (tuple(q.shape), tuple(q.shape), tuple(k.shape), tuple(v.shape))
-                    if shapes != expected:  # G: name what is wrong
-                        report.add(name, False, f"{what}: out, dq, dk, dv have shapes {shapes}, expected {expected}",
-                                   kind=judged)
-                        return
-                    got = tuple(q.shape)
+                    got = limited.call("flash_backward_limited", q, k, v, torch.ones_like(q), causal, br, bc, chosen,
+                                       timeout=4 * BACKWARD_CALL_TIMEOUT_S)
                 else:
-                    got = limited.call("flash_shapes", q, k, v, causal, br, bc, chosen)
+                    got = limited.call("flash_limited", q, k, v, causal, br, bc, chosen)
             except (WorkerError, WorkerDied) as err:
                 if isinstance(err, WorkerDied) or any(words in str(err) for words in OUT_OF_MEMORY):
                     report.add(name, False, f"{what} ran out of the {limit_gib:.1f} GiB of memory your code may use, "
@@ -179,12 +173,45 @@ def check_no_full_matrix(report, args, seed, backward=False, masks: bool = False
                 else:
                     report.add(name, False, f"{what}: could not be judged, your code raised {err}", kind=judged)
                 return
-            if got != tuple(q.shape):
-                report.add(name, False, f"{what}: the output has shape {got}, expected {tuple(q.shape)}", kind=judged)
+            wrong = limited_wrong(got, q, k, v, causal, chosen or {}, backward, seed)
+            if wrong:
+                report.add(name, False, f"{what}: {wrong}", kind=judged)
                 return
             said.append(what)
     report.add(name, True, f"{'; '.join(said)}: ran within {limit_gib:.1f} GiB of memory; the full score matrix would "
                f"need {full_gib:.0f} GiB{' in each' if len(said) > 1 else ''}", kind=kind)
+
+
+LIMITED_ROWS = 8  # the memory case's output (and dq) rows compared with float64, drawn from the seed
+
+
+def limited_wrong(got, q, k, v, causal: bool, masks: dict, backward: bool, seed: int) -> str | None:
+    """What is wrong with what a memory case returned (out, or (out, dq, (dk and dv's shapes))), or None: the
+    shapes, and LIMITED_ROWS rows of out (and of dq, for d_out = 1) against float64, each from its own row of scores
+    (the checks cannot hold the full matrix either), so an output made up where the memory is limited fails."""
+    if backward:
+        if not (isinstance(got, tuple) and len(got) == 3):
+            return "the memory case's backward call returned something else than (out, dq, the shapes of dk and dv)"
+        out, dq, shapes = got
+        if shapes != (tuple(k.shape), tuple(v.shape)):
+            return f"dk and dv have shapes {shapes}, expected {(tuple(k.shape), tuple(v.shape))}"
+    else:
+        out, dq = got, None
+    for name, tensor in (("out", out), ("dq", dq)) if backward else (("out", out),):
+        if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != tuple(q.shape):
+            shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            return f"{name} has shape {shape}, expected {tuple(q.shape)}"
+    rows = sorted(random.Random(seed).sample(range(q.shape[-2]), min(LIMITED_ROWS, q.shape[-2])))
+    want = attention_rows(q, k, v, rows, causal, **float64_masks(masks), d_out=torch.ones_like(q) if backward else None)
+    for name, tensor, expected in zip(("out", "dq"), (out, dq), want):
+        if expected is None:
+            continue
+        checked = compare(tensor[..., rows, :], expected, atol=ATOL, rtol=RTOL, name=f"{name} (rows {rows})",
+                          device="cpu")
+        if not checked.passed:
+            return (f"{checked.message.splitlines()[0]} (README, Task 3, {'steps 7-8' if backward else 'steps 1-5'}; "
+                    f"the value cases name a mistake they match)")
+    return None
 
 
 def float64_masks(masks: dict) -> dict:
@@ -209,17 +236,71 @@ def backward_call(worker, case, q, k, v, d_out, causal: bool, tiles, masks=None,
     return None, result
 
 
-def timed_output_wrong(got, q, k, v, causal: bool, masks: dict, backward: bool, tiles=None) -> str | None:
-    """What is wrong with the output of a timed run (the forward's out, or the backward's dq, dk, dv for dO = 1),
-    or None. A forward's output without masks is diagnosed on its tiles (rows, cols): a student whose checked
-    cases fail the same way is told the same step here."""
+CHECKED_RUNS = 2  # timed outputs of each side compared with float64, picked at random once all have come back
+
+
+def timed_runs(seed: int, count: int, seq: int, backward: bool, causal: bool, masks: dict) -> list[tuple]:
+    """Fresh inputs for each of `count` timed runs on (1, 2, seq, seq, 32): (q, k, v), and for a backward run the
+    out and lse of a float32 forward pass (the checks' own: backward_from_saved checks what is computed from them,
+    whatever they are) and a random d_out."""
+    runs = []
+    for i in range(count):
+        q, k, v = inputs((1, 2, seq, seq, 32), seed + 10 * i)
+        if backward:
+            scores = masked_scores(q, k, causal, 32 ** -0.5, **float64_masks(masks))
+            runs.append((q, k, v, torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1),
+                         random_tensor(q.shape, seed + 10 * i + 3)))
+        else:
+            runs.append((q, k, v))
+    return runs
+
+
+def timed_wrong(timed, backward: bool, seed: int, labels: dict) -> str | None:
+    """What is wrong with the timed requests of a skip check, [(side, causal, masks, runs, what came back)], or
+    None: each request's outputs, and CHECKED_RUNS of each side's values, picked from the seed (timed_outputs_wrong).
+    labels: each side's name in the message."""
+    pick = random.Random(seed)
+    for side in (True, False):
+        requests = [entry for entry in timed if entry[0] == side]
+        if not requests:
+            continue
+        _, causal, masks = requests[0][:3]
+        runs = [run for *_, request, _ in requests for run in request]
+        got = [out for *_, outs in requests for out in (outs if isinstance(outs, list) else [outs])]
+        wrong = timed_outputs_wrong(got, runs, causal, masks, backward, (SKIP_TILE, SKIP_TILE), pick)
+        if wrong:
+            return f"{labels[side]}, {wrong}"
+    return None
+
+
+def timed_outputs_wrong(got, runs, causal: bool, masks: dict, backward: bool, tiles, pick: random.Random) -> str | None:
+    """What is wrong with what a timed request returned for its runs (one output, or (dq, dk, dv), a run): each one's
+    shapes and, for CHECKED_RUNS of them drawn by `pick` (from the seed: secret in a grading), its values."""
+    if not (isinstance(got, list) and len(got) == len(runs)):
+        return f"the timed request returned {type(got).__name__} for {len(runs)} runs, expected a list of their outputs"
+    for i, (result, run) in enumerate(zip(got, runs)):
+        tensors = list(result) if backward and isinstance(result, (tuple, list)) else [result]
+        expected = [run[0].shape, run[1].shape, run[2].shape] if backward else [run[0].shape]
+        if [tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in tensors] != [tuple(e) for e in expected]:
+            return (f"run {i + 1}: {'flash_attention_backward' if backward else 'flash_attention'} returned something "
+                    f"else than {'(dq, dk, dv)' if backward else 'the output'} of shapes {[tuple(e) for e in expected]}")
+    for i in sorted(pick.sample(range(len(runs)), min(CHECKED_RUNS, len(runs)))):
+        wrong = timed_output_wrong(got[i], runs[i], causal, masks, backward, tiles)
+        if wrong:
+            return f"run {i + 1} of {len(runs)}: {wrong}"
+    return None
+
+
+def timed_output_wrong(got, run, causal: bool, masks: dict, backward: bool, tiles=None) -> str | None:
+    """What is wrong with the output of a timed run (the forward's out, or the backward's dq, dk, dv), or None. A
+    forward's output without masks is diagnosed on its tiles (rows, cols): a student whose checked cases fail the
+    same way is told the same step here."""
     plain = not any(value is not None for value in masks.values())
     masks = float64_masks(masks)
+    q, k, v = run[:3]
     if backward:
-        expected = attention_gradients(q, k, v, torch.ones_like(q), causal, **masks)
-        if not (isinstance(got, (tuple, list)) and len(got) == 3):
-            return "flash_attention_backward returned something else than (dq, dk, dv)"
-        pairs = list(zip(("dq", "dk", "dv"), got, expected))
+        kept = {name: value for name, value in masks.items() if name != "softcap"}  # the skip checks cap nothing
+        pairs = list(zip(("dq", "dk", "dv"), got, backward_from_saved(*run, causal, **kept)))
     else:
         pairs = [("out", got, attention_float64(q, k, v, causal, **masks)[0])]
     for name, tensor, want in pairs:

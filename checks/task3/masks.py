@@ -14,7 +14,7 @@ from harness.diagnose_masks import diagnose_masked, diagnose_masked_gradient
 
 from checks.task3.cases import (ATOL, BACKWARD_CALL_TIMEOUT_S, RTOL, SKIP_TILE, SkipSizes, autograd_wrong,
                                 backward_call, causal_cpu_ratio, check_no_full_matrix, float64_masks, inputs,
-                                skip_sizes, tiles_visited, timed_output_wrong)
+                                skip_sizes, tiles_visited, timed_runs, timed_wrong)
 
 # The masks beyond causal (steps 9-12): (batch, heads, seq_q, seq_k, head_dim, block_rows, block_cols, causal,
 # window_left, the documents' lengths, softcap); None where a mask is not used. The scores of random_tensor inputs
@@ -134,7 +134,6 @@ def check_masked_backward(worker, case):
 def check_masks_skip_tiles(worker, seed, what: str, backward: bool = False, sizes: SkipSizes = SkipSizes()):
     """The tiles a window or the documents hide are skipped (steps 9-10, 12 in the backward pass): the CPU time
     of the masked run against the same run without that mask, as the causal-skip check measures it."""
-    q, k, v = inputs((1, 2, sizes.seq, sizes.seq, 32), seed)
     if what == "window":
         causal, masks, step, against = True, {"window_left": sizes.window}, 9, "causal's"
         name = f"a window of {sizes.window} keys"
@@ -146,27 +145,26 @@ def check_masks_skip_tiles(worker, seed, what: str, backward: bool = False, size
     visited = tiles_visited(sizes.seq, causal, masks.get("window_left"), masks.get("cu_seqlens"))
     all_of_them, runs = tiles_visited(sizes.seq, causal), MASK_SKIP_RUNS[backward]
 
-    computed = {}  # what the timed runs returned, each side's last: checked below, or a skip could be faked
+    timed = []  # every request's runs and what it returned: checked below, or a skip could be faked
 
     def cpu_seconds(masked):
-        chosen = masks if masked else None
+        chosen = masks if masked else {}
+        request = timed_runs(seed + 1000 * len(timed), runs, sizes.seq, backward, causal, chosen)
+        worker.call("stage_runs", request)
+        before = worker.cpu_seconds()
         if backward:
-            worker.call("flash_backward_prepare", q, k, v, causal, SKIP_TILE, SKIP_TILE, chosen,
-                        timeout=BACKWARD_CALL_TIMEOUT_S)
-            before = worker.cpu_seconds()
-            computed[masked] = worker.call("flash_backward_one_thread", runs, timeout=BACKWARD_CALL_TIMEOUT_S)
+            got = worker.call("flash_backward_one_thread", causal, SKIP_TILE, SKIP_TILE, chosen or None,
+                              timeout=BACKWARD_CALL_TIMEOUT_S)
         else:
-            before = worker.cpu_seconds()
-            computed[masked] = worker.call("flash_one_thread", q, k, v, causal, SKIP_TILE, SKIP_TILE, runs, chosen)
+            got = worker.call("flash_one_thread", causal, SKIP_TILE, SKIP_TILE, chosen or None)
+        timed.append((masked, causal, chosen, request, got))
         return worker.cpu_seconds() - before
 
     ratio, with_mask, without = causal_cpu_ratio(cpu_seconds)
-    for masked, got in computed.items():
-        wrong = timed_output_wrong(got, q, k, v, causal, masks if masked else {}, backward, tiles=(SKIP_TILE, SKIP_TILE))
-        if wrong:
-            return False, (f"the timed {'backward passes' if backward else 'runs'} "
-                           f"{'with' if masked else 'without'} the {what} computed something else than the checked "
-                           f"ones: {wrong} (README, Task 3, step {12 if backward else step})"), {}
+    wrong = timed_wrong(timed, backward, seed, {True: f"with the {what}", False: f"without the {what}"})
+    if wrong:
+        return False, (f"the timed {'backward passes' if backward else 'runs'}: {wrong} (README, Task 3, step "
+                       f"{12 if backward else step})"), {}
     if backward:  # the timed calls were watched: autograd over the tiles the mask leaves would be fast too
         passed, said, _ = autograd_wrong(worker.call("autograd_seen"))
         if not passed:

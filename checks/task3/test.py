@@ -33,7 +33,7 @@ from harness.timing import summarize
 
 from checks.task3.cases import (ATOL, BACKWARD_CALL_TIMEOUT_S, RTOL, SKIP_CHECK_RUNS, SKIP_TILE, autograd_wrong,
                                 backward_call, causal_cpu_ratio, check_no_full_matrix, inputs, skip_sizes,
-                                tiles_visited, timed_output_wrong)
+                                tiles_visited, timed_runs, timed_wrong)
 from checks.task3.masks import run_masks
 
 # (batch, heads, seq_q, seq_k, head_dim, block_rows, block_cols)
@@ -115,22 +115,20 @@ CAUSAL_SKIP_LIMIT = 0.8  # of the full run's CPU time: all the tiles and a mask 
 
 def check_backward_causal_skips_tiles(worker, seed, seq: int = 2048):
     """The backward pass skips the query tiles a causal key tile never reaches (step 7): the worker's CPU time."""
-    q, k, v = inputs((1, 2, seq, seq, 32), seed)
-
-    computed = {}  # each side's last timed output, checked: a skip could be faked where nothing is compared
+    timed = []  # every request's runs and what it returned: checked below, or a skip could be faked
 
     def cpu_seconds(causal):
-        worker.call("flash_backward_prepare", q, k, v, causal, SKIP_TILE, SKIP_TILE, timeout=BACKWARD_CALL_TIMEOUT_S)
+        runs = timed_runs(seed + 1000 * len(timed), SKIP_CHECK_RUNS, seq, True, causal, {})
+        worker.call("stage_runs", runs)
         before = worker.cpu_seconds()
-        computed[causal] = worker.call("flash_backward_one_thread", SKIP_CHECK_RUNS, timeout=BACKWARD_CALL_TIMEOUT_S)
+        got = worker.call("flash_backward_one_thread", causal, SKIP_TILE, SKIP_TILE, timeout=BACKWARD_CALL_TIMEOUT_S)
+        timed.append((causal, causal, {}, runs, got))
         return worker.cpu_seconds() - before
 
     ratio, causal, full = causal_cpu_ratio(cpu_seconds)
-    for masked, got in computed.items():
-        wrong = timed_output_wrong(got, q, k, v, masked, {}, backward=True)
-        if wrong:
-            return False, f"the timed backward passes computed something else than the checked ones: {wrong} " \
-                          "(README, Task 3, steps 7-8)", {}
+    wrong = timed_wrong(timed, True, seed, {True: "causal", False: "not causal"})
+    if wrong:
+        return False, f"the timed backward passes: {wrong} (README, Task 3, steps 7-8)", {}
     message = (f"causal backward passes took {ratio:.0%} of the CPU time of full ones ({causal:.2f} s vs {full:.2f} s "
                f"for {SKIP_CHECK_RUNS}; {tiles_share(seq)}; {CAUSAL_SKIP_LIMIT:.0%} or less passes)")
     if ratio > CAUSAL_SKIP_LIMIT:
@@ -146,20 +144,19 @@ def tiles_share(seq: int) -> str:
 
 def check_causal_skips_tiles(worker, seed, seq: int = 2048):
     """With a causal mask the tiles past the diagonal are skipped (step 2): measured as the worker's CPU time."""
-    q, k, v = inputs((1, 2, seq, seq, 32), seed)
-
-    computed = {}  # each side's last timed output, checked: a skip could be faked where nothing is compared
+    timed = []  # every request's runs and what it returned: checked below, or a skip could be faked
 
     def cpu_seconds(causal):
+        runs = timed_runs(seed + 1000 * len(timed), SKIP_CHECK_RUNS, seq, False, causal, {})
+        worker.call("stage_runs", runs)
         before = worker.cpu_seconds()
-        computed[causal] = worker.call("flash_one_thread", q, k, v, causal, SKIP_TILE, SKIP_TILE, SKIP_CHECK_RUNS)
+        timed.append((causal, causal, {}, runs, worker.call("flash_one_thread", causal, SKIP_TILE, SKIP_TILE)))
         return worker.cpu_seconds() - before
 
     ratio, causal, full = causal_cpu_ratio(cpu_seconds)
-    for masked, got in computed.items():
-        wrong = timed_output_wrong(got, q, k, v, masked, {}, backward=False, tiles=(SKIP_TILE, SKIP_TILE))
-        if wrong:
-            return False, f"the output of the timed runs is wrong: {wrong} (README, Task 3, steps 2-5)", {}
+    wrong = timed_wrong(timed, False, seed, {True: "causal", False: "not causal"})
+    if wrong:
+        return False, f"the timed runs: {wrong} (README, Task 3, steps 2-5)", {}
     # 16 x 16 tiles at seq 2048: the causal loop visits 136 of them, 53% of the work; all 256 and a mask is >= 100%.
     message = (f"causal run took {ratio:.0%} of the CPU time of the full one ({causal:.2f} s vs {full:.2f} s for "
                f"{SKIP_CHECK_RUNS} runs; {tiles_share(seq)}; {CAUSAL_SKIP_LIMIT:.0%} or less passes)")
@@ -238,8 +235,9 @@ def check_no_autograd_inside(worker, seed, student_dir, solution):
         return False, (f"task3/attention.py runs autograd ({', '.join(found[:3])}): the backward pass computes dq, "
                        f"dk and dv itself, tile by tile (README, Task 3, steps 7-8)"), {}
     q, k, v = inputs((1, 2, 130, 130, 32), seed)
-    worker.call("flash_backward_prepare", q, k, v, True, 64, 32, timeout=BACKWARD_CALL_TIMEOUT_S)
-    worker.call("flash_backward_one_thread", 1, timeout=BACKWARD_CALL_TIMEOUT_S)
+    out, lse = attention_float64(q, k, v, True)
+    worker.call("stage_runs", [(q, k, v, out.float(), lse.float(), random_tensor(q.shape, seed + 3))])
+    worker.call("flash_backward_one_thread", True, 64, 32, timeout=BACKWARD_CALL_TIMEOUT_S)
     return autograd_wrong(worker.call("autograd_seen"))
 
 
