@@ -7,6 +7,7 @@ functions return.
 
 import contextlib
 import inspect
+from types import ModuleType
 
 import torch
 from torch.autograd.variable import Variable
@@ -90,15 +91,33 @@ def _trainable():
 
 def saved_by(grad_fn):
     """What the forward pass kept for the backward pass: the shapes of ctx.save_for_backward's tensors, and the
-    names and shapes of any tensor kept another way on ctx (an attribute, or in a list, tuple or dict of one)."""
+    names and shapes of any tensor kept another way on ctx (an attribute, or inside one: a container or any
+    object's attributes, a few levels down)."""
     if grad_fn is None:
         return None
     saved = [tuple(t.shape) for t in getattr(grad_fn, "saved_tensors", ()) if isinstance(t, torch.Tensor)]
     others = []
     for name, value in getattr(grad_fn, "__dict__", {}).items():
-        values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
-        others += [(str(name), tuple(t.shape)) for t in values if isinstance(t, torch.Tensor)]
+        others += [(str(name), tuple(t.shape)) for t in _tensors_in(value)]
     return saved, others
+
+
+def _tensors_in(value, depth=4, seen=None):
+    """The tensors inside value: itself, its items (list, tuple, set, dict) or its attributes, down to `depth`."""
+    seen = set() if seen is None else seen
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if (depth == 0 or id(value) in seen or isinstance(value, (str, bytes, int, float, bool, type(None), ModuleType))
+            or callable(value)):  # a module's or a function's globals are not kept on ctx
+        return []
+    seen.add(id(value))
+    if isinstance(value, dict):
+        items = list(value.values())
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)
+    else:
+        items = list(getattr(value, "__dict__", {}).values())
+    return [t for item in items for t in _tensors_in(item, depth - 1, seen)]
 
 
 def _forward(q, k, v, causal, block_rows, block_cols, masks=None):
