@@ -240,19 +240,28 @@ CHECKED_RUNS = 2  # timed outputs of each side compared with float64, picked at 
 
 
 def timed_runs(seed: int, count: int, seq: int, backward: bool, causal: bool, masks: dict) -> list[tuple]:
-    """Fresh inputs for each of `count` timed runs on (1, 2, seq, seq, 32): (q, k, v), and for a backward run the
-    out and lse of a float32 forward pass (the checks' own: backward_from_saved checks what is computed from them,
-    whatever they are) and a random d_out."""
+    """Fresh inputs for each of `count` timed runs on (1, 2, seq, seq, 32): (q, k, v), and for a backward run an out
+    and lse near a float32 forward pass's (the checks' own, moved off it: not_the_forwards) and a random d_out."""
     runs = []
     for i in range(count):
         q, k, v = inputs((1, 2, seq, seq, 32), seed + 10 * i)
         if backward:
             scores = masked_scores(q, k, causal, 32 ** -0.5, **float64_masks(masks))
-            runs.append((q, k, v, torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1),
-                         random_tensor(q.shape, seed + 10 * i + 3)))
+            out, lse = not_the_forwards(torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1),
+                                        seed + 10 * i + 4)
+            runs.append((q, k, v, out, lse, random_tensor(q.shape, seed + 10 * i + 3)))
         else:
             runs.append((q, k, v))
     return runs
+
+
+def not_the_forwards(out, lse, seed: int):
+    """out and lse moved off the forward pass's: lse up by 0.1-1 a row, out by noise of 0.1. Algorithm 2 computes its
+    gradients from what it is given (backward_from_saved, the check's expectation); autograd through the forward pass
+    computed again ignores it and is told apart, whatever runs it and however it is hidden."""
+    draw = torch.Generator().manual_seed(seed)
+    return (out + 0.1 * torch.randn(out.shape, generator=draw, dtype=out.dtype),
+            lse + 0.1 + 0.9 * torch.rand(lse.shape, generator=draw, dtype=lse.dtype))
 
 
 def timed_wrong(timed, backward: bool, seed: int, labels: dict) -> str | None:

@@ -17,6 +17,7 @@ Your code runs in a worker process (task3/entry.py); this file only checks what 
 
 from __future__ import annotations
 
+import random
 import time
 
 import torch
@@ -32,8 +33,8 @@ from harness.attention_math import attention_gradients, attention_float64
 from harness.timing import summarize
 
 from checks.task3.cases import (ATOL, BACKWARD_CALL_TIMEOUT_S, RTOL, SKIP_CHECK_RUNS, SKIP_TILE, autograd_wrong,
-                                backward_call, causal_cpu_ratio, check_no_full_matrix, inputs, skip_sizes,
-                                tiles_visited, timed_runs, timed_wrong)
+                                backward_call, causal_cpu_ratio, check_no_full_matrix, inputs, not_the_forwards,
+                                skip_sizes, tiles_visited, timed_outputs_wrong, timed_runs, timed_wrong)
 from checks.task3.masks import run_masks
 
 # (batch, heads, seq_q, seq_k, head_dim, block_rows, block_cols)
@@ -225,8 +226,9 @@ AUTOGRAD_INSIDE = ("enable_grad", "set_grad_enabled", "autograd.grad", ".backwar
 def check_no_autograd_inside(worker, seed, student_dir, solution):
     """Steps 6-8 compute dq, dk and dv themselves: autograd run inside them (over small chunks of rows, say) would
     pass the values and the memory case without Algorithm 2. A scan of the file's code, as the own-work rule's, that
-    names the line; then what autograd did in the backward passes: the value cases' (through autograd, less the
-    checks' own run of its engine), the skip check's timed calls and one of its own (task3/entry.py counts it)."""
+    names the line; then one backward pass given an out and lse that are not the forward pass's (Algorithm 2 uses
+    them, autograd through the forward pass computed again cannot); then what autograd did in the backward passes
+    (task3/entry.py counts it in its process: a deterrent)."""
     from common.impl import source_of
 
     text = source_of("task3/attention.py", student_dir, solution).read_text(errors="replace")
@@ -236,9 +238,15 @@ def check_no_autograd_inside(worker, seed, student_dir, solution):
         return False, (f"task3/attention.py runs autograd ({', '.join(found[:3])}): the backward pass computes dq, "
                        f"dk and dv itself, tile by tile (README, Task 3, steps 7-8)"), {}
     q, k, v = inputs((1, 2, 130, 130, 32), seed)
-    out, lse = attention_float64(q, k, v, True)
-    worker.call("stage_runs", [(q, k, v, out.float(), lse.float(), random_tensor(q.shape, seed + 3))])
-    worker.call("flash_backward_one_thread", True, 64, 32, timeout=BACKWARD_CALL_TIMEOUT_S)
+    run = (q, k, v, *not_the_forwards(*(t.float() for t in attention_float64(q, k, v, True)), seed + 4),
+           random_tensor(q.shape, seed + 3))
+    worker.call("stage_runs", [run])
+    got = worker.call("flash_backward_one_thread", True, 64, 32, timeout=BACKWARD_CALL_TIMEOUT_S)
+    wrong = timed_outputs_wrong(got, [run], True, {}, True, None, random.Random(seed))
+    if wrong:
+        return False, (f"given an out and lse that are not the forward pass's, {wrong}: the backward pass computes "
+                       f"dq, dk and dv from them itself (README, Task 3, steps 7-8), not by autograd through the "
+                       f"forward pass computed again"), {}
     return autograd_wrong(worker.call("autograd_seen"))
 
 
