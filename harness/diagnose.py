@@ -271,7 +271,7 @@ def _as_float64(got) -> torch.Tensor:
     return got.detach().to("cpu", torch.float64)
 
 
-def _matches(got, wrong, atol, rtol) -> tuple[bool, str]:
+def matches_mistake(got, wrong, atol, rtol) -> tuple[bool, str]:
     """Whether `got` is `wrong` within the tolerance, and what to add to the diagnosis. A row the mistake
     leaves without any key (NaN in `wrong`: 0/0) matches a row of NaN, as a kernel computes it, or of
     zeros, as a kernel that guards l == 0 writes it; the other rows must match, and there must be some."""
@@ -328,9 +328,9 @@ def diagnose(task: int, result: CheckResult, got, q, k, v, causal: bool, *, atol
             wrong = mistake.attend(q, k, v, causal, scale=scale, **how)[pick]
             # a mistake that does not show on these inputs (within twice the tolerance of the right output: acc not
             # rescaled over a single tile) names nothing: an output that only just misses the tolerance matches it
-            if _matches(wrong, right, 2 * atol, 2 * rtol)[0]:
+            if matches_mistake(wrong, right, 2 * atol, 2 * rtol)[0]:
                 continue
-            matched, extra = _matches(got, wrong, atol, rtol)
+            matched, extra = matches_mistake(got, wrong, atol, rtol)
             if matched:
                 return _say(result, task, mistake.says, step or mistake.steps[task], extra=extra)
     if of == "out" and task in FACTOR_STEPS and _one_factor_per_row(got, right, atol, rtol):
@@ -368,7 +368,7 @@ def diagnose_scores(task: int, result: CheckResult, got, q, k, *, atol: float, r
     if result.passed or not isinstance(got, torch.Tensor):
         return result
     for mistake in _candidates(task, ("scores",)):
-        if _matches(got, _scores(q, k, False, **mistake.how), atol, rtol)[0]:
+        if matches_mistake(got, _scores(q, k, False, **mistake.how), atol, rtol)[0]:
             return _say(result, task, mistake)
     return result
 
@@ -389,6 +389,6 @@ def diagnose_layout(task: int, result: CheckResult, got, x, heads: int, layout: 
     if result.passed or not isinstance(got, torch.Tensor):
         return result
     for mistake in _candidates(task, ("layout",)):
-        if mistake.how["layout"] == layout and _matches(got, _heads(x.double(), heads, layout), 0.0, 0.0)[0]:
+        if mistake.how["layout"] == layout and matches_mistake(got, _heads(x.double(), heads, layout), 0.0, 0.0)[0]:
             return _say(result, task, mistake)
     return result

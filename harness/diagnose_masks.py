@@ -13,6 +13,7 @@ import torch
 
 from harness.attention_math import apply_masks, attention_float64, attention_gradients, expand_kv_heads, masked_scores
 from harness.checks import CheckResult, exact_float32
+from harness.diagnose import matches_mistake
 
 
 def capped_twice(q, k, v, causal, scale, window_left, documents, softcap):
@@ -82,10 +83,11 @@ def diagnose_masked(result: CheckResult, got, q, k, v, causal, *, window_left, d
     right = attention_float64(q, k, v, causal, scale, window_left=window_left, documents=documents, softcap=softcap)[0]
     for what, step, how in forward_mistakes(causal, window_left, documents, softcap):
         wrong = _result(how, q, k, v, causal, scale, window_left, documents, softcap)
-        if not _close(wrong, right, 2 * atol, 2 * rtol) and _matches(got, wrong, atol, rtol):
-            result.message += f": it matches {what} (README, Task 3, step {step})"
-            if nan_rows.any():
-                result.message += "; the rows it leaves without any key come out NaN (0/0)"
+        if _close(wrong, right, 2 * atol, 2 * rtol):
+            continue
+        matched, extra = matches_mistake(got, wrong, atol, rtol)  # the rows it leaves without a key: NaN or zero
+        if matched:
+            result.message += f": it matches {what} (README, Task 3, step {step}).{extra}"
             return result
     if nan_rows.any():
         rows = int(nan_rows.sum())
@@ -102,16 +104,6 @@ def diagnose_masked(result: CheckResult, got, q, k, v, causal, *, window_left, d
         return result
     result.message += " (README, Task 3, steps 9-11)"
     return result
-
-
-def _matches(got, wrong, atol, rtol) -> bool:
-    """got is the mistake's result; the rows the mistake leaves without any key (NaN there: 0/0) may be NaN or zero,
-    as a kernel computes them or guards them."""
-    lost = torch.isnan(wrong).any(dim=-1)
-    if not lost.any():
-        return _close(got, wrong, atol, rtol)
-    there = got[lost]
-    return bool((torch.isnan(there) | (there == 0)).all()) and _close(got[~lost], wrong[~lost], atol, rtol)
 
 
 def gradients_with_cap_slope(q, k, v, d_out, causal, scale, window_left, documents, softcap, slope):

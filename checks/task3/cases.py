@@ -143,7 +143,7 @@ def check_no_full_matrix(report, args, seed, backward=False, masks: bool = False
     optional = backward or masks
     kind, judged = (Kind.OPTIONAL, Kind.OPTIONAL) if optional else (Kind.RULE, Kind.CHECK)  # the rule's; "could not judge"
     runs = MASK_MEMORY_RUNS if masks else [(FULL_MATRIX_CASE, False, None)]
-    limit_gib, said = MEMORY_LIMIT / 2**30, []
+    limit_gib, said, full = MEMORY_LIMIT / 2**30, [], set()
     with Worker(3, args.student_dir, solution=args.solution, scratch=args.scratch, cuda=False,
                 memory_limit=MEMORY_LIMIT, purpose="memory-limit") as limited:
         try:
@@ -178,8 +178,9 @@ def check_no_full_matrix(report, args, seed, backward=False, masks: bool = False
                 report.add(name, False, f"{what}: {wrong}", kind=judged)
                 return
             said.append(what)
+            full.add(f"{full_gib:.0f}")
     report.add(name, True, f"{'; '.join(said)}: ran within {limit_gib:.1f} GiB of memory; the full score matrix would "
-               f"need {full_gib:.0f} GiB{' in each' if len(said) > 1 else ''}", kind=kind)
+               f"need {' or '.join(sorted(full))} GiB{' in each' if len(said) > 1 else ''}", kind=kind)
 
 
 LIMITED_ROWS = 8  # the memory case's output (and dq) rows compared with float64, drawn from the seed
