@@ -47,18 +47,21 @@ class Guarded:
     The code under test gets `.tensor` (contiguous, the shape asked for). Afterwards `damage()`
     says whether it wrote into a band (past the end, or before the start) or, for an input,
     changed a value. Inputs keep a copy of their values here, so the expected values never
-    come from memory the code under test could write.
+    come from memory the code under test could write. `shift` elements more before the tensor
+    move it off the allocation's alignment (1: 2 bytes off a 16-byte boundary for a 16-bit type).
     """
 
-    def __init__(self, name: str, shape, device="cuda", values: torch.Tensor | None = None, dtype=torch.float32):
+    def __init__(self, name: str, shape, device="cuda", values: torch.Tensor | None = None, dtype=torch.float32,
+                 shift: int = 0):
         self.name, self.shape = name, tuple(shape)
         count = math.prod(self.shape)
-        self.buffer = torch.empty(2 * GUARD_ELEMENTS + count, device=device, dtype=dtype)
+        self.start = GUARD_ELEMENTS + shift
+        self.buffer = torch.empty(2 * GUARD_ELEMENTS + shift + count, device=device, dtype=dtype)
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"a guarded tensor is float32, bfloat16 or float16, got {dtype}")
         self.bits, self.guard = (torch.int32, GUARD_BITS) if dtype == torch.float32 else (torch.int16, GUARD_BITS_16)
         self.buffer.view(self.bits).fill_(self.guard)  # an output starts as this NaN too: unwritten shows
-        self.tensor = self.buffer[GUARD_ELEMENTS:GUARD_ELEMENTS + count].view(self.shape)
+        self.tensor = self.buffer[self.start:self.start + count].view(self.shape)
         self.values = None if values is None else values.detach().to("cpu", dtype).clone()
         if values is not None:
             self.tensor.copy_(values)
@@ -66,8 +69,8 @@ class Guarded:
     def damage(self) -> str | None:
         """What the code under test did outside its rights, or None."""
         bits = self.buffer.view(self.bits)
-        before = (bits[:GUARD_ELEMENTS] != self.guard).nonzero()
-        after = (bits[GUARD_ELEMENTS + math.prod(self.shape):] != self.guard).nonzero()
+        before = (bits[:self.start] != self.guard).nonzero()
+        after = (bits[self.start + math.prod(self.shape):] != self.guard).nonzero()
         row = self.shape[-1] if self.shape else 1
         what = "tensor" if len(self.shape) < 2 else " x ".join(map(str, self.shape))
         if len(after):
@@ -77,7 +80,7 @@ class Guarded:
                     f"{len(after)} of the {GUARD_ELEMENTS} elements after it changed (a missing bounds check "
                     "on a store?)")
         if len(before):
-            reach = GUARD_ELEMENTS - int(before.min())
+            reach = self.start - int(before.min())
             return (f"wrote {reach} element{'s' if reach > 1 else ''} before the start of `{self.name}` ({what}) "
                     "(a negative index?)")
         if self.values is not None:
@@ -88,13 +91,13 @@ class Guarded:
         return None
 
 
-def guarded_input(name: str, values: torch.Tensor, device="cuda") -> Guarded:
+def guarded_input(name: str, values: torch.Tensor, device="cuda", shift: int = 0) -> Guarded:
     half = values.dtype in (torch.bfloat16, torch.float16)  # any other input is held as float32, as always
-    return Guarded(name, values.shape, device, values, dtype=values.dtype if half else torch.float32)
+    return Guarded(name, values.shape, device, values, dtype=values.dtype if half else torch.float32, shift=shift)
 
 
-def guarded_output(name: str, shape, device="cuda", dtype=torch.float32) -> Guarded:
-    return Guarded(name, shape, device, dtype=dtype)
+def guarded_output(name: str, shape, device="cuda", dtype=torch.float32, shift: int = 0) -> Guarded:
+    return Guarded(name, shape, device, dtype=dtype, shift=shift)
 
 
 def guard_damage(*guarded: Guarded) -> CheckResult | None:

@@ -149,6 +149,20 @@ def test_guard_bands_name_a_write_before_the_start_and_a_changed_input():
     assert "changed its input `k` (4 x 8): 1 element differs" in guard_damage(k).message
 
 
+def test_a_shifted_tensor_starts_off_the_alignment_and_keeps_both_bands():
+    from harness.checks import Guarded, guard_damage
+
+    v = torch.randn(3, 8).to(torch.bfloat16)
+    q = Guarded("q", (3, 8), device="cpu", values=v, dtype=torch.bfloat16, shift=1)
+    assert q.tensor.data_ptr() % 16 == 2 and torch.equal(q.tensor, v) and guard_damage(q) is None
+    q.buffer[2 ** 16] = 0.0  # the element the shift put in the band before
+    assert "wrote 1 element before the start of `q`" in guard_damage(q).message
+    out = Guarded("out", (3, 8), device="cpu", dtype=torch.bfloat16, shift=1)
+    out.tensor.fill_(1.0)
+    out.buffer[2 ** 16 + 1 + 24] = 0.0
+    assert guard_damage(out).message.startswith("wrote 1 row past the end of `out`")
+
+
 def test_a_nan_written_into_a_band_is_seen():
     from harness.checks import Guarded, guard_damage
 

@@ -78,10 +78,17 @@ HOPPER_CASES = [
     (1, 4, 4, 1, 300, 96, None),
     (1, 2, 2, 300, 100, 64, None),  # more queries than keys (not causal)
     (1, 2, 2, 50, 50, 33, None),  # padded to 40 by the binding
+    (1, 2, 2, 40, 70, 4, None),  # padded to 8
     (2, 2, 2, 70, 90, 124, None),  # padded to 128
     (2, 4, 4, 90, 90, 64, (0, 37)),
     (2, 4, 2, 30, 200, 128, (5, 199)),
     (2, 2, 1, 600, 700, 128, (0, 450)),  # padding that skips more than a block of queries
+]
+# The Hopper kernel's tensors as a caller may hand them, 2 bytes off a 16-byte boundary (TMA reads aligned rows only,
+# so the binding copies them): (which tensors, shape, causal), in bfloat16.
+HOPPER_SHIFTED_CASES = [
+    ("q, k, v, out", (1, 2, 1, 70, 90, 64, None), False),
+    ("out", (2, 2, 2, 129, 129, 128, None), True),
 ]
 # The optional backward part (steps 12-16): (batch, heads, kv_heads, seq_q, seq_k, head_dim), each causal and not
 # (causal needs seq_q <= seq_k). Lengths around the 64-row tiles, seq_q != seq_k both ways, grouped heads (dK and dV

@@ -33,18 +33,18 @@ HALF_MISTAKES_STEP = 10
 
 
 def check_half_case(worker, shape, causal, seed, dtype, magnitude=1.0, constants=None, call="forward_half",
-                    step=HALF_MISTAKES_STEP, diagnosed=True):
+                    step=HALF_MISTAKES_STEP, diagnosed=True, shifted=()):
     """One case of a 16-bit kernel (`call`: the bf16/fp16 one, or the Hopper one) against float64 on the same
     16-bit inputs, within what SDPA's error says the type allows; outputs poisoned, guard bands around every
     tensor. A wrong output is compared with the common mistakes within the same allowance, under the student's
     key tiles (`constants`: BLOCK_COLS, and BLOCK_COLS_SMALL or BLOCK_COLS_LARGE_D), and named with `step` (unless
-    not `diagnosed`)."""
+    not `diagnosed`). The tensors named in `shifted` start 2 bytes off a 16-byte boundary."""
     heads, starts = grouped(shape)[1], grouped(shape)[6]
     q, k, v = (t.to(dtype) for t in make_inputs(shape, seed, magnitude))
     key_start = None if starts is None else torch.tensor(starts, dtype=torch.int32)
     scale = 1.0 / math.sqrt(q.shape[-1])
-    inputs = [guarded_input(name, t) for name, t in zip("qkv", (q, k, v))]
-    out = guarded_output("out", q.shape, dtype=dtype)
+    inputs = [guarded_input(name, t, shift=int(name in shifted)) for name, t in zip("qkv", (q, k, v))]
+    out = guarded_output("out", q.shape, dtype=dtype, shift=int("out" in shifted))
     worker.call(call, *(t.tensor for t in inputs), out.tensor, causal, scale,
                 None if key_start is None else key_start.cuda(), timeout=HALF_CALL_TIMEOUT_S)
     damage = guard_damage(*inputs, out)
@@ -92,26 +92,32 @@ def check_half_errors(worker, call="forward_half"):
 DIAGNOSED_FAILURES = 3
 
 
-def run_16bit_part(report, worker, part, cases, hidden_cases, prefix, large_seed, what, constants=None, **how):
+def run_16bit_part(report, worker, part, cases, hidden_cases, prefix, large_seed, what, constants=None,
+                   shifted_cases=(), **how):
     """A 16-bit part's cases: `cases` and the hidden ones in both types (causal too where seq_q <= seq_k), then
-    large scores, each through check_half_case (`how`: its call and step). The first case whose process crashed,
+    large scores, then `shifted_cases` ((tensor names, shape, causal), bf16: those tensors 2 bytes off a 16-byte
+    boundary), each through check_half_case (`how`: its call and step). The first case whose process crashed,
     hung or met a CUDA error ends the part (after a CUDA error the process can no longer use the GPU): the rest
     would fail as it did, or wait as long, and it is said once. Failures are compared with the common mistakes until
     DIAGNOSED_FAILURES of them matched none; a note counts the failures not compared after that."""
-    runs = [(case, dtype, 1.0) for name, dtype in HALF_TYPES.items()
+    runs = [(case, dtype, 1.0, ()) for name, dtype in HALF_TYPES.items()
             for case in cli.cases(4, part, cases, hidden_cases, lambda s: f"{prefix}{name} {half_text(s)}",
                                   causal_ok=lambda s: s[3] <= s[4])]
     shape, magnitude = LARGE_SCORES
     runs += [(cli.Case(part, shape, True, cli.seed(large_seed, hidden_cases), "cuda",
-                       f"{prefix}{name} large scores (q x {magnitude:g}) {half_text(shape)}"), dtype, magnitude)
+                       f"{prefix}{name} large scores (q x {magnitude:g}) {half_text(shape)}"), dtype, magnitude, ())
              for name, dtype in HALF_TYPES.items()]
+    runs += [(cli.Case(part, shape, causal, cli.seed(large_seed + 1 + i, hidden_cases), "cuda",
+                       f"{prefix}bf16 {names} 2 bytes off a 16-byte boundary, {half_text(shape)}"),
+              torch.bfloat16, 1.0, names.split(", ")) for i, (names, shape, causal) in enumerate(shifted_cases)]
     unexplained = not_compared = 0  # failures no mistake named; failures left uncompared after that
     try:
-        for case, dtype, magnitude in runs:
+        for case, dtype, magnitude, shifted in runs:
             before = len(report.cases)
             compared = unexplained < DIAGNOSED_FAILURES
             report.run(case.name, lambda: check_half_case(worker, case.shape, case.causal, case.seed, dtype,
-                                                          magnitude, constants, **how, diagnosed=compared))
+                                                          magnitude, constants, **how, diagnosed=compared,
+                                                          shifted=shifted))
             failed = [c for c in report.cases[before:] if not c.passed]
             # a failure that never reached the comparison (a raise, guard damage) is one no mistake named, too
             unexplained += sum(compared and not named(c.message) for c in failed)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from checks.task4.cases import HOPPER_CASES
+from checks.task4.cases import HOPPER_CASES, HOPPER_SHIFTED_CASES
 from checks.task4.half import run_16bit_part
 from harness.outcome import Cause
 
@@ -33,7 +33,8 @@ def hopper_part(report, worker, hidden_cases, constants=None) -> bool:
     report.begin_part("hopper", (17, 18, 19, 20, 21, 22), optional=True)
     before = len(report.cases)
     run_16bit_part(report, worker, "hopper", HOPPER_CASES, hidden_cases, "Hopper ", 23, "the Hopper part",
-                   {**HOPPER_TILES, **(constants or {})}, call="forward_hopper", step=HOPPER_MISTAKES_STEP)
+                   {**HOPPER_TILES, **(constants or {})}, shifted_cases=HOPPER_SHIFTED_CASES, call="forward_hopper",
+                   step=HOPPER_MISTAKES_STEP)
     if any(c.cause == Cause.TIMED_OUT for c in report.cases[before:]):
         report.note(HUNG)
     return report.end_part("hopper")

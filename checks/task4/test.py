@@ -82,16 +82,19 @@ def half_sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
 
 def hopper_sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
     """The Hopper kernel's pass (steps 17-22): one and two panels, tile edges, a padded head_dim, the ring of stages
-    reused, padding and groups, bf16 and fp16 in turn, causal."""
+    reused, padding and groups, bf16 and fp16 in turn, causal and not."""
     calls = []
-    shapes = [(1, 2, 2, 129, 129, 64, None), (1, 1, 1, 100, 300, 128, None), (1, 2, 1, 257, 513, 80, None),
-              (2, 4, 2, 30, 140, 96, (0, 130)), (1, 1, 1, 40, 40, 33, None)]
-    for i, shape in enumerate(shapes):
+    shapes = [(1, 2, 2, 129, 129, 64, None, True), (1, 1, 1, 100, 300, 128, None, True),
+              (1, 2, 1, 257, 513, 80, None, True), (2, 4, 2, 30, 140, 96, (0, 130), True),
+              (1, 1, 1, 40, 40, 33, None, True), (1, 2, 1, 200, 450, 64, None, False),
+              (1, 1, 1, 150, 70, 128, None, False)]
+    for i, (*shape, causal) in enumerate(shapes):
         dtype = (torch.bfloat16, torch.float16)[i % 2]
         q, k, v = (t.to(dtype) for t in make_inputs(shape, cli.seed(sum(shape[3:6]) + 7 * i, hidden)))
         extra = () if shape[6] is None else (torch.tensor(shape[6], dtype=torch.int32),)
-        calls.append(sanitize.Call(f"Hopper {str(dtype)[6:]} {half_text(shape)} causal", "forward_hopper",
-                                   (q, k, v, torch.empty_like(q), True, 1 / math.sqrt(shape[5]), *extra),
+        calls.append(sanitize.Call(f"Hopper {str(dtype)[6:]} {half_text(shape)}{' causal' if causal else ''}",
+                                   "forward_hopper",
+                                   (q, k, v, torch.empty_like(q), causal, 1 / math.sqrt(shape[5]), *extra),
                                    ("q", "k", "v", "out") + (("key_start",) if extra else ())))
     return calls
 
