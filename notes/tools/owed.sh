@@ -7,6 +7,9 @@
 # known-bad: the Hopper known-bad variants under the comparison cap of eccbe68 (the tail-unmasked one's time).
 # backward32: the float32 backward with dQ by atomics beside the dQ kernel (task4.tune --backward, checked first).
 # wide: issue 57's 192-key tiles at head_dim 64 against 128 (measured and adopted: it patches d90da69's file only).
+# bars: issue 60's performance bars: tasks 4 and 5 graded with every scored step of the reference written but its
+#   `[skeleton: N]` constants (untuned; the optional files the skeletons), then task5.tune from that start (it tunes the
+#   checkout's file: the untuned one is put there for it, and the skeleton put back).
 # d128tiles: issue 57's 192-key tiles at head_dim 128 too (two stages: three do not fit beside them) against the
 #   file's 128 with three and with two, causal and not (compiled here without spills, 2026-12-04).
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
@@ -41,6 +44,26 @@ wide)
     ( timeout 100 python notes/tools/hopper/wide_tiles.py 64 $causal ) > $OUT/wide_$causal.log 2>&1
     grep -E "^\*|^ +[0-9] |SDPA|rror" $OUT/wide_$causal.log
   done ;;
+bars)
+  python3 - <<'PY'
+from pathlib import Path
+from harness.skeleton import UNTUNED
+for rel, scored in [("task4/kernels/attention.cu", True), ("task4/kernels/attention_half.cu", False),
+                    ("task4/kernels/attention_backward.cu", False), ("task4/kernels/attention_hopper.cu", False),
+                    ("task5/kernels/decode.cu", True), ("task5/kernels/decode_half.cu", False)]:
+    text = Path(rel.replace("/", "/solution/", 1) if scored else rel).read_text()
+    lines = [f"{m['head']}{m['value']}{m['rest']}" if (m := UNTUNED.match(line)) else line for line in text.splitlines()]
+    dest = Path("/tmp/untuned") / rel
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text("\n".join(lines) + "\n")
+PY
+  diff /tmp/untuned/task4/kernels/attention.cu task4/solution/kernels/attention.cu > $OUT/untuned.diff
+  diff /tmp/untuned/task5/kernels/decode.cu task5/solution/kernels/decode.cu >> $OUT/untuned.diff
+  ( time timeout 330 python -m grader --submission /tmp/untuned --tasks 4,5 --out /tmp/untuned_graded ) > $OUT/bars.log 2>&1
+  cp /tmp/untuned_graded/Results.md $OUT/untuned-Results.md 2>/dev/null; grep -E "^\| [45]\.|performance" $OUT/untuned-Results.md
+  cp task5/kernels/decode.cu /tmp/decode_skeleton.cu && cp /tmp/untuned/task5/kernels/decode.cu task5/kernels/
+  ( time timeout 150 python -m task5.tune --csv $OUT/tune5.csv ) > $OUT/tune5.log 2>&1; tail -15 $OUT/tune5.log
+  cp /tmp/decode_skeleton.cu task5/kernels/decode.cu ;;
 backward32)
   ( time timeout 500 python notes/tools/backward32_dq_atomic.py ) > $OUT/backward32.log 2>&1
   tail -25 $OUT/backward32.log ;;
