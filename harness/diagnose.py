@@ -271,19 +271,20 @@ def _as_float64(got) -> torch.Tensor:
     return got.detach().to("cpu", torch.float64)
 
 
-def matches_mistake(got, wrong, atol, rtol) -> tuple[bool, str]:
+def matches_mistake(got, wrong, atol, rtol, every_row_lost=False) -> tuple[bool, str]:
     """Whether `got` is `wrong` within the tolerance, and what to add to the diagnosis. A row the mistake
     leaves without any key (NaN in `wrong`: 0/0) matches a row of NaN, as a kernel computes it, or of
-    zeros, as a kernel that guards l == 0 writes it; the other rows must match, and there must be some."""
+    zeros, as a kernel that guards l == 0 writes it; the other rows must match, and there must be some, unless
+    `every_row_lost` (a mistake that leaves every row of these inputs without a key may be named)."""
     lost = torch.isnan(wrong).any(dim=-1)
     if not lost.any():
         return compare(got, wrong, atol=atol, rtol=rtol).passed, ""
     got = _as_float64(got)
-    if bool(lost.all()) or got.shape != wrong.shape:
+    if (bool(lost.all()) and not every_row_lost) or got.shape != wrong.shape:
         return False, ""
     there = got[lost]
-    if not bool((torch.isnan(there) | (there == 0)).all()) or not compare(got[~lost], wrong[~lost], atol=atol,
-                                                                         rtol=rtol).passed:
+    if not bool((torch.isnan(there) | (there == 0)).all()) or (not bool(lost.all()) and not compare(
+            got[~lost], wrong[~lost], atol=atol, rtol=rtol).passed):
         return False, ""
     return True, f" The rows that see no key at all come out {'NaN (0/0)' if torch.isnan(there).any() else 'zero'}."
 
@@ -330,7 +331,10 @@ def diagnose(task: int, result: CheckResult, got, q, k, v, causal: bool, *, atol
             # rescaled over a single tile) names nothing: an output that only just misses the tolerance matches it
             if matches_mistake(wrong, right, 2 * atol, 2 * rtol)[0]:
                 continue
-            matched, extra = matches_mistake(got, wrong, atol, rtol)
+            # a decode one position short of a single row reads none: every row NaN (or zero), and that is all it
+            # shows; every other mistake must leave some row with keys to be told apart from a kernel that is NaN
+            matched, extra = matches_mistake(got, wrong, atol, rtol,
+                                             every_row_lost=mistake.how.get("mask") == "short")
             if matched:
                 return _say(result, task, mistake.says, step or mistake.steps[task], extra=extra)
     if of == "out" and task in FACTOR_STEPS and _one_factor_per_row(got, right, atol, rtol):

@@ -328,3 +328,20 @@ def test_a_kernel_mistake_is_named_in_every_case_it_shows_in(stand_in, task, fla
     assert any(" kv heads" in c["name"] or "MQA" in c["name"] for c in named["check"]), "no grouped case diagnosed"
     details = grader._details({"task": task, "record": record}, limit=50)
     assert sum(line.startswith("- FAIL") for line in details) <= 4, details  # each kind once
+
+
+@pytest.mark.parametrize("behaviour, flags, says, step", [
+    (Behaviour(decode_one_short=True), ("--decode",), "a decode over one position too few", 2),
+    (Behaviour(update_rows_late=1), ("--cache",), "the new rows written at other rows than pos", 1),
+])
+def test_a_task5_mistake_is_named_in_every_scored_case_it_shows_in(stand_in, behaviour, flags, says, step):
+    """The known-bad kernels of tests/test_cuda_submissions.py's DIAGNOSED, played by the stand-in: every failing
+    case names the mistake, the single-row, grouped, padded and per-sequence decodes too, and an update whose last
+    row lands past the cache's end (the guard band's damage said as well)."""
+    stand_in.student[5] = behaviour
+    record = stand_in.run(5, *flags, *HIDDEN)
+    wrong = [c for c in record["cases"] if c["kind"] == "check" and not c["passed"]]
+    assert wrong and record["status"] == "failed", failed(record)
+    unnamed = [c["name"] + ": " + c["message"][:400] for c in wrong
+               if f"{says}" not in c["message"] or f"see README, Task 5, step {step}." not in c["message"]]
+    assert not unnamed, "\n".join(unnamed)

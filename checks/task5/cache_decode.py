@@ -59,8 +59,8 @@ def cache_with_tail(shape, length, seed):
 
 
 def run_update(worker, case, dtype=torch.float32):
-    """The update of a case, run: ((k_new, v_new), the caches' values before, the caches), or the guard bands'
-    damage (a failed CheckResult). A 16-bit dtype: the cache of step 6 (update_cache_half)."""
+    """The update of a case, run: (the guard bands' damage, a failed CheckResult or None; (k_new, v_new); the
+    caches' values before; the caches). A 16-bit dtype: the cache of step 6 (update_cache_half)."""
     b, h, max_seq, pos, n, d = case.shape
     k_new, v_new = (random_tensor((b, h, n, d), case.seed + i).to(dtype) for i in range(2))
     before = [random_tensor((b, h, max_seq, d), case.seed + 2 + i).to(dtype) for i in range(2)]
@@ -70,7 +70,7 @@ def run_update(worker, case, dtype=torch.float32):
         cache.tensor.copy_(values)
     call, limit = ("update_cache", {}) if dtype == torch.float32 else ("update_cache_half", HALF_CALL_LIMIT)
     worker.call(call, news[0].tensor, news[1].tensor, caches[0].tensor, caches[1].tensor, on_gpu(pos), **limit)
-    return guard_damage(*news, *caches) or ((k_new, v_new), before, caches)
+    return guard_damage(*news, *caches), (k_new, v_new), before, caches
 
 
 def update_step(dtype) -> int:
@@ -83,15 +83,56 @@ def bits(t):
     return t.view(torch.int32 if t.dtype == torch.float32 else torch.int16)
 
 
+def landed_off(got, new, pos) -> int | None:
+    """How many rows past pos (negative: before) the new rows landed in the cache `got`: the nearest offset at
+    which every new row that still falls inside the cache holds its values, bit for bit (at least one does); None
+    if there is none. pos: an int, or one per sequence (a sequence whose rows do not fit is left out). The rows
+    are counted as a kernel's index counts them, flat over (batch x heads) x max_seq: a row pushed past its
+    head's end lands in the next head's first rows, the last head's outside (the guard band's to see)."""
+    b, h, max_seq, d = got.shape
+    flat, rows, n = bits(got).reshape(-1, d), bits(new).reshape(b * h, -1, d), new.shape[2]
+    starts = torch.tensor([pos] * b if isinstance(pos, int) else list(pos)).repeat_interleave(h)  # one per head
+    fits = ((starts >= 0) & (starts <= max_seq - n))[:, None].expand(b * h, n)
+    base = (torch.arange(b * h) * max_seq + starts)[:, None] + torch.arange(n)[None, :]  # where row t of head bh goes
+    for off in sorted(range(1 - max_seq, max_seq), key=abs):
+        at = base + off
+        inside = fits & (at >= 0) & (at < flat.shape[0])
+        if off and inside.any() and torch.equal(flat[at[inside]], rows[inside]):
+            return off
+    return None
+
+
+def said_off(name: str, off: int, pos, n: int, max_seq: int, step: int) -> str:
+    rows = f"{abs(off)} row{'s' if abs(off) > 1 else ''} {'past' if off > 0 else 'before'}"
+    if isinstance(pos, int):
+        where = f" pos, at rows {pos + off} to {pos + off + n - 1}, not {pos} to {pos + n - 1}"
+        if pos + off + n > max_seq or pos + off < 0:
+            where += f" (a row outside 0 .. {max_seq - 1} is another head's, or memory outside the cache)"
+    else:
+        where = " each sequence's pos"
+    return (f"looks like the new rows written at other rows than pos .. pos + n_new - 1 (row pos + t of the cache "
+            f"takes new row t): see README, Task 5, step {step}. `{name}`: they landed {rows}{where}")
+
+
+def damage_said(damage, caches, news, pos, n: int, step: int):
+    """The guard bands' damage, led by the rows' offset when the new rows landed shifted (rows pushed past the
+    last head's end are what wrote outside)."""
+    for cache, new in zip(caches, news):
+        off = landed_off(cache.tensor.cpu(), new, pos)
+        if off is not None and f"`{cache.name}`" in damage.message:
+            said = said_off(cache.name, off, pos, n, cache.shape[2], step)
+            return False, f"{said}; the guard band says: {damage.message}", {}
+    return damage
+
+
 def check_update(worker, case, dtype=torch.float32):
     b, h, max_seq, pos, n, d = case.shape
     if not isinstance(pos, int):
         return check_update_per_sequence(worker, case, dtype)
-    ran = run_update(worker, case, dtype)
-    if isinstance(ran, CheckResult):
-        return ran  # the guard bands' damage
+    damage, (k_new, v_new), before, caches = run_update(worker, case, dtype)
     step = update_step(dtype)
-    (k_new, v_new), before, caches = ran
+    if damage:
+        return damage_said(damage, caches, (k_new, v_new), pos, n, step)
     for cache, values, new in zip(caches, before, (k_new, v_new)):
         expected = values.clone()
         expected[:, :, pos:pos + n] = new
@@ -105,17 +146,9 @@ def check_update(worker, case, dtype=torch.float32):
         rows = sorted({int(r) for r in wrong.nonzero()[:, 2]})
         outside = [r for r in rows if not pos <= r < pos + n]
         shown = ", ".join(map(str, (outside or rows)[:5]))
-
-        def holds_new(at):
-            return torch.equal(bits(got[:, :, at:at + n].contiguous()), bits(new))
-
-        landed = [at for at in range(max_seq - n + 1) if at != pos and holds_new(at)]
-        if landed and not holds_new(pos):
-            off = landed[0] - pos
-            return False, (f"looks like the new rows written at other rows than pos .. pos + n_new - 1 (row pos + t "
-                           f"of the cache takes new row t): see README, Task 5, step {step}. `{cache.name}`: they landed "
-                           f"{abs(off)} row{'s' if abs(off) > 1 else ''} {'past' if off > 0 else 'before'} pos, at rows "
-                           f"{landed[0]} to {landed[0] + n - 1}, not {pos} to {pos + n - 1}"), {}
+        off = None if torch.equal(bits(got[:, :, pos:pos + n]), bits(new)) else landed_off(got, new, pos)
+        if off is not None:
+            return False, said_off(cache.name, off, pos, n, cache.shape[2], step), {}
         if outside:
             return False, (f"`{cache.name}`: rows outside pos .. pos + n_new - 1 = {pos} .. {pos + n - 1} "
                            f"changed (rows {shown}); only the new positions may be written"), {}
@@ -127,11 +160,10 @@ def check_update_per_sequence(worker, case, dtype=torch.float32):
     """update_cache with one position per sequence (int32 on the GPU): each sequence's rows where its pos says,
     and nothing written for a sequence whose rows would not fit."""
     b, h, max_seq, pos, n, d = case.shape
-    ran = run_update(worker, case, dtype)
-    if isinstance(ran, CheckResult):
-        return ran  # the guard bands' damage
+    damage, (k_new, v_new), before, caches = run_update(worker, case, dtype)
     step = update_step(dtype)
-    (k_new, v_new), before, caches = ran
+    if damage:
+        return damage_said(damage, caches, (k_new, v_new), pos, n, step)
     for cache, values, new in zip(caches, before, (k_new, v_new)):
         got = bits(cache.tensor.cpu())
         for seq, p in enumerate(pos):
@@ -147,6 +179,11 @@ def check_update_per_sequence(worker, case, dtype=torch.float32):
                 return False, (f"`{cache.name}`, sequence {seq}: pos[{seq}] = {p} with {n} new row(s) does not fit in "
                                f"max_seq = {max_seq}, so nothing may be written, but rows {shown} changed: skip such "
                                f"a sequence (README, Task 5, step {step})"), {}
+            shifted = not torch.equal(got[seq][:, p:p + n], bits(new[seq]))  # its rows not where they belong
+            off = landed_off(cache.tensor.cpu(), new, pos) if shifted else None
+            if off is not None:
+                said = said_off(cache.name, off, pos, n, max_seq, step)
+                return False, f"{said}: sequence {seq}'s rows {shown} are wrong", {}
             return False, (f"`{cache.name}`, sequence {seq}: rows {shown} are wrong; its new rows go to pos[{seq}] .. "
                            f"pos[{seq}] + n_new - 1 = {p} .. {p + n - 1}: each sequence reads its own pos (README, "
                            f"Task 5, step {step})"), {}

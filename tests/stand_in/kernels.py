@@ -105,7 +105,11 @@ class Behaviour:
     returns, as a named barrier no one arrives on);
     backward: task 4's backward kernels (steps 13-16) do the same with dk ("wrong", "unwritten"), or make one of
     harness/diagnose_backward.py's mistakes (its `how`, "no D" say);
-    unscaled: the forward and decode kernels (float32 and 16-bit) ignore their scale: a mistake the checks name.
+    unscaled: the forward and decode kernels (float32 and 16-bit) ignore their scale: a mistake the checks name;
+    decode_one_short: task 5's decodes leave out each sequence's last row (a row range ending at end - 1);
+    update_rows_late: task 5's contiguous update writes each new row this many rows late, flat over (batch x heads)
+    x max_seq rows as an index `(bh * max_seq + p + late) * head_dim` does: into the next head's first rows, and
+    past the cache's end for the last head.
     """
 
     slowdown: float = 1.0
@@ -115,6 +119,8 @@ class Behaviour:
     hopper: str | None = None
     backward: str | None = None
     unscaled: bool = False
+    decode_one_short: bool = False
+    update_rows_late: int = 0
 
 
 class StandInKernels:

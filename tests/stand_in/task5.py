@@ -74,6 +74,8 @@ class Task5Kernels(StandInKernels):
         if isinstance(pos, torch.Tensor):  # one position per sequence, read by the kernel: no fit, no write
             check_per_sequence(pos, "pos", "the first new position", k_cache.shape[0])
             with self.work(2 * k_new.nbytes / BYTES_PER_S):
+                if self.behaviour.update_rows_late:
+                    return self._update_late(k_new, v_new, k_cache, v_cache, pos.tolist())
                 for b, p in enumerate(pos.tolist()):
                     if 0 <= p <= max_seq - n_new:
                         k_cache[b, :, p:p + n_new], v_cache[b, :, p:p + n_new] = k_new[b], v_new[b]
@@ -84,8 +86,24 @@ class Task5Kernels(StandInKernels):
             raise RuntimeError(f"pos + n_new must be at most max_seq: the cache holds {max_seq} positions, and "
                                f"writing {n_new} at pos {pos} would end at {pos + n_new}")
         with self.work(2 * k_new.nbytes / BYTES_PER_S):
+            if self.behaviour.update_rows_late:
+                return self._update_late(k_new, v_new, k_cache, v_cache, [pos] * k_cache.shape[0])
             k_cache[:, :, pos:pos + n_new] = k_new
             v_cache[:, :, pos:pos + n_new] = v_new
+
+    def _update_late(self, k_new, v_new, k_cache, v_cache, pos):
+        """Behaviour.update_rows_late: new row t of head bh at flat row bh * max_seq + pos[b] + t + late of the
+        cache's memory, whatever lies there (the next head's rows; past the end, the guard band); a sequence
+        whose rows do not fit writes nothing."""
+        late, (batch, heads, max_seq, d), n_new = self.behaviour.update_rows_late, k_cache.shape, k_new.shape[2]
+        for cache, new in ((k_cache, k_new), (v_cache, v_new)):
+            memory = torch.empty(0, dtype=cache.dtype).set_(cache.untyped_storage(), cache.storage_offset(),
+                                                            (batch * heads * max_seq + late, d))
+            for bh in range(batch * heads):
+                p = pos[bh // heads]
+                if 0 <= p <= max_seq - n_new:
+                    at = bh * max_seq + p + late
+                    memory[at:at + n_new] = new.reshape(batch * heads, -1, d)[bh]
 
     @launched
     def update_cache_half(self, k_new, v_new, k_cache, v_cache, pos):
@@ -142,6 +160,11 @@ class Task5Kernels(StandInKernels):
             check_no_overlap(out, "out", t, name)
         row_bytes = k_cache.element_size() * k_cache.shape[3]  # as stored: 16-bit rows take half the time
         q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()  # 16-bit ones computed in float32
+        short = int(self.behaviour.decode_one_short)
+
+        def attend(q, k, v):  # no row at all: 0 / 0, as a kernel's O / l
+            return (attention_in_torch(q, k, v, False, self.applied(scale)) if k.shape[-2]
+                    else torch.full_like(q, math.nan))
         if per_sequence:  # each sequence over its own rows; a length or key_start out of range gives NaN
             if key_start is not None:
                 check_per_sequence(key_start, "key_start", "one first valid key", q.shape[0])
@@ -151,14 +174,13 @@ class Task5Kernels(StandInKernels):
                     if not 0 <= first < end <= k_cache.shape[2]:
                         self.write(out[b:b + 1], torch.full_like(q[b:b + 1], math.nan))
                         continue
-                    k, v = (expand_kv_heads(c[b:b + 1, :, first:end], heads) for c in (k_cache, v_cache))
-                    self.write(out[b:b + 1], attention_in_torch(q[b:b + 1], k, v, False, self.applied(scale)))
+                    k, v = (expand_kv_heads(c[b:b + 1, :, first:end - short], heads) for c in (k_cache, v_cache))
+                    self.write(out[b:b + 1], attend(q[b:b + 1], k, v))
             return
         check_key_start(key_start, q.shape[0], length - 1, "length - 1")
         with self.work(2 * k_cache[:, :, :length, 0].numel() * row_bytes / BYTES_PER_S):  # K, V once, each head once
-            k, v = (expand_kv_heads(c[:, :, :length], heads) for c in (k_cache, v_cache))
-            self.write(out, with_padding(lambda *qkv: attention_in_torch(*qkv, False, self.applied(scale)), q, k, v,
-                                         key_start))
+            k, v = (expand_kv_heads(c[:, :, :length - short], heads) for c in (k_cache, v_cache))
+            self.write(out, with_padding(attend, q, k, v, key_start))
 
     @launched
     def update_cache_paged(self, k_new, v_new, k_pages, v_pages, block_table, pos):
