@@ -286,7 +286,11 @@ def matches_mistake(got, wrong, atol, rtol, every_row_lost=False) -> tuple[bool,
     if not bool((torch.isnan(there) | (there == 0)).all()) or (not bool(lost.all()) and not compare(
             got[~lost], wrong[~lost], atol=atol, rtol=rtol).passed):
         return False, ""
-    return True, f" The rows that see no key at all come out {'NaN (0/0)' if torch.isnan(there).any() else 'zero'}."
+    came = 'NaN (0/0)' if torch.isnan(there).any() else 'zero'
+    if bool(lost.all()):  # nothing else to tell it by: say so
+        return True, (f" Under it no row sees a key here, and every row came out {came}; code that adds up no row "
+                      "for another reason gives the same.")
+    return True, f" The rows that see no key at all come out {came}."
 
 
 def _one_factor_per_row(got, want, atol: float, rtol: float) -> bool:

@@ -330,18 +330,21 @@ def test_a_kernel_mistake_is_named_in_every_case_it_shows_in(stand_in, task, fla
     assert sum(line.startswith("- FAIL") for line in details) <= 4, details  # each kind once
 
 
-@pytest.mark.parametrize("behaviour, flags, says, step", [
-    (Behaviour(decode_one_short=True), ("--decode",), "a decode over one position too few", 2),
-    (Behaviour(update_rows_late=1), ("--cache",), "the new rows written at other rows than pos", 1),
+@pytest.mark.parametrize("behaviour, flags, says, step, shown", [
+    (Behaviour(decode_one_short=True), ("--decode",), "a decode over one position too few", 2,
+     lambda c: " length 1 " in c["name"] and "every row came out NaN (0/0)" in c["message"]),
+    (Behaviour(update_rows_late=1), ("--cache",), "the new rows written at other rows than pos", 1,
+     lambda c: "; the guard band says: wrote 1 row past the end of `k_cache`" in c["message"]),
 ])
-def test_a_task5_mistake_is_named_in_every_scored_case_it_shows_in(stand_in, behaviour, flags, says, step):
+def test_a_task5_mistake_is_named_in_every_scored_case_it_shows_in(stand_in, behaviour, flags, says, step, shown):
     """The known-bad kernels of tests/test_cuda_submissions.py's DIAGNOSED, played by the stand-in: every failing
     case names the mistake, the single-row, grouped, padded and per-sequence decodes too, and an update whose last
-    row lands past the cache's end (the guard band's damage said as well)."""
+    row lands past the cache's end (the guard band's damage said as well: `shown`)."""
     stand_in.student[5] = behaviour
     record = stand_in.run(5, *flags, *HIDDEN)
     wrong = [c for c in record["cases"] if c["kind"] == "check" and not c["passed"]]
     assert wrong and record["status"] == "failed", failed(record)
     unnamed = [c["name"] + ": " + c["message"][:400] for c in wrong
-               if f"{says}" not in c["message"] or f"see README, Task 5, step {step}." not in c["message"]]
+               if says not in c["message"] or f"see README, Task 5, step {step}." not in c["message"]]
     assert not unnamed, "\n".join(unnamed)
+    assert any(shown(c) for c in wrong), [c["name"] + ": " + c["message"][:300] for c in wrong]

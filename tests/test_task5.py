@@ -113,3 +113,30 @@ def test_an_optional_part_is_reported_but_neither_scored_nor_deciding_the_status
     assert record["status"] == "passed" and [c["kind"] for c in record["cases"]] == ["check", "optional"]
     points, why = score(5, record)
     assert points == 3 and "0/1 of the optional part, not scored" in why
+
+
+def test_new_rows_that_landed_shifted_are_told_from_other_wrong_rows():
+    """The update's shift diagnosis (checks/task5/cache_decode.py): rows one late, flat over the heads as a kernel's
+    index runs; rows written in reverse, or one row alone, are not a shift unless the guard band says rows went
+    outside the cache."""
+    from checks.task5.cache_decode import landed_off, rows_in_place
+
+    cache, new = torch.randn(1, 1, 10, 4), torch.randn(1, 1, 3, 4)
+    late = cache.clone()
+    late[:, :, 6:9] = new  # pos 5, one row late
+    assert landed_off(late, new, 5) == 1 and not rows_in_place(late, new, 5)
+    right = cache.clone()
+    right[:, :, 5:8] = new
+    assert rows_in_place(right, new, 5)
+    reversed_rows = cache.clone()
+    reversed_rows[:, :, 7:10] = new.flip(2)  # pos 7: row 1 in place, rows 0 and 2 swapped
+    assert landed_off(reversed_rows, new, 7) is None
+    assert landed_off(reversed_rows, new, 7, outside_ok=True) == 2  # only with rows written outside the cache
+    heads, one = torch.randn(2, 2, 6, 4), torch.randn(2, 2, 1, 4)
+    pushed = heads.clone()
+    flat, rows = pushed.view(-1, 4), one.reshape(-1, 4)
+    for bh in range(3):  # pos 5, one row late: each head's row lands in the next head's row 0, the last's outside
+        flat[bh * 6 + 6] = rows[bh]
+    assert landed_off(pushed, one, 5) is None and landed_off(pushed, one, 5, outside_ok=True) == 1
+    assert landed_off(pushed, one, [5, 5], outside_ok=True) == 1
+    assert landed_off(pushed, one, [5, 9]) == 1  # sequence 1 does not fit: its rows are not asked for, all inside

@@ -87,8 +87,8 @@ HOPPER_CASES = [
 # The Hopper kernel's tensors as a caller may hand them, 2 bytes off a 16-byte boundary (TMA reads aligned rows only,
 # so the binding copies them): (which tensors, shape, causal), in bfloat16.
 HOPPER_SHIFTED_CASES = [
-    ("q, k, v, out", (1, 2, 1, 70, 90, 64, None), False),
-    ("out", (2, 2, 2, 129, 129, 128, None), True),
+    (("q", "k", "v", "out"), (1, 2, 1, 70, 90, 64, None), False),
+    (("out",), (2, 2, 2, 129, 129, 128, None), True),
 ]
 # The optional backward part (steps 12-16): (batch, heads, kv_heads, seq_q, seq_k, head_dim), each causal and not
 # (causal needs seq_q <= seq_k). Lengths around the 64-row tiles, seq_q != seq_k both ways, grouped heads (dK and dV

@@ -107,9 +107,10 @@ def run_16bit_part(report, worker, part, cases, hidden_cases, prefix, large_seed
     runs += [(cli.Case(part, shape, True, cli.seed(large_seed, hidden_cases), "cuda",
                        f"{prefix}{name} large scores (q x {magnitude:g}) {half_text(shape)}"), dtype, magnitude, ())
              for name, dtype in HALF_TYPES.items()]
+    assert all(set(names) <= {"q", "k", "v", "out"} for names, _, _ in shifted_cases), shifted_cases
     runs += [(cli.Case(part, shape, causal, cli.seed(large_seed + 1 + i, hidden_cases), "cuda",
-                       f"{prefix}bf16 {names} 2 bytes off a 16-byte boundary, {half_text(shape)}"),
-              torch.bfloat16, 1.0, names.split(", ")) for i, (names, shape, causal) in enumerate(shifted_cases)]
+                       f"{prefix}bf16 {', '.join(names)} 2 bytes off a 16-byte boundary, {half_text(shape)}"),
+              torch.bfloat16, 1.0, names) for i, (names, shape, causal) in enumerate(shifted_cases)]
     unexplained = not_compared = 0  # failures no mistake named; failures left uncompared after that
     try:
         for case, dtype, magnitude, shifted in runs:

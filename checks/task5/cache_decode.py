@@ -83,29 +83,48 @@ def bits(t):
     return t.view(torch.int32 if t.dtype == torch.float32 else torch.int16)
 
 
-def landed_off(got, new, pos) -> int | None:
-    """How many rows past pos (negative: before) the new rows landed in the cache `got`: the nearest offset at
-    which every new row that still falls inside the cache holds its values, bit for bit (at least one does); None
-    if there is none. pos: an int, or one per sequence (a sequence whose rows do not fit is left out). The rows
-    are counted as a kernel's index counts them, flat over (batch x heads) x max_seq: a row pushed past its
-    head's end lands in the next head's first rows, the last head's outside (the guard band's to see)."""
+def _rows(got, new, pos):
+    """The caches' rows flat as a kernel's index counts them, (batch x heads) x max_seq; the new rows per head; where
+    new row t of head bh belongs in the flat rows; which of those a sequence's fitting pos writes."""
     b, h, max_seq, d = got.shape
-    flat, rows, n = bits(got).reshape(-1, d), bits(new).reshape(b * h, -1, d), new.shape[2]
+    n = new.shape[2]
     starts = torch.tensor([pos] * b if isinstance(pos, int) else list(pos)).repeat_interleave(h)  # one per head
     fits = ((starts >= 0) & (starts <= max_seq - n))[:, None].expand(b * h, n)
-    base = (torch.arange(b * h) * max_seq + starts)[:, None] + torch.arange(n)[None, :]  # where row t of head bh goes
-    for off in sorted(range(1 - max_seq, max_seq), key=abs):
+    base = (torch.arange(b * h) * max_seq + starts)[:, None] + torch.arange(n)[None, :]
+    return bits(got).reshape(-1, d), bits(new).reshape(b * h, n, d), base, fits
+
+
+def rows_in_place(got, new, pos) -> bool:
+    """Whether every new row whose sequence fits is where pos says (other rows may be wrong as well)."""
+    flat, rows, base, fits = _rows(got, new, pos)
+    return torch.equal(flat[base[fits]], rows[fits])
+
+
+def landed_off(got, new, pos, outside_ok=False) -> int | None:
+    """How many rows past pos (negative: before) the new rows landed in the cache `got`: the nearest offset at
+    which every new row (of a sequence that fits) holds its values there, bit for bit; None if there is none. pos:
+    an int, or one per sequence. The rows are counted as a kernel's index counts them, flat over (batch x heads)
+    x max_seq: a row pushed past its head's end lands in the next head's first rows. `outside_ok`: the guard
+    band says rows were written outside the cache, so those that fall outside are not asked for (at least one
+    row must be inside)."""
+    flat, rows, base, fits = _rows(got, new, pos)
+    max_seq = got.shape[2]
+    for off in sorted((o for o in range(1 - max_seq, max_seq) if o), key=abs):
         at = base + off
         inside = fits & (at >= 0) & (at < flat.shape[0])
-        if off and inside.any() and torch.equal(flat[at[inside]], rows[inside]):
+        if not inside.any() or (not outside_ok and not torch.equal(inside, fits)):
+            continue
+        if torch.equal(flat[at[inside]], rows[inside]):
             return off
     return None
 
 
 def said_off(name: str, off: int, pos, n: int, max_seq: int, step: int) -> str:
+    """The diagnosis of new rows that landed `off` rows from pos (one pos, or one per sequence)."""
     rows = f"{abs(off)} row{'s' if abs(off) > 1 else ''} {'past' if off > 0 else 'before'}"
     if isinstance(pos, int):
-        where = f" pos, at rows {pos + off} to {pos + off + n - 1}, not {pos} to {pos + n - 1}"
+        span = (lambda first: f"row {first}" if n == 1 else f"rows {first} to {first + n - 1}")
+        where = f" pos, at {span(pos + off)}, not {span(pos)}"
         if pos + off + n > max_seq or pos + off < 0:
             where += f" (a row outside 0 .. {max_seq - 1} is another head's, or memory outside the cache)"
     else:
@@ -114,15 +133,18 @@ def said_off(name: str, off: int, pos, n: int, max_seq: int, step: int) -> str:
             f"takes new row t): see README, Task 5, step {step}. `{name}`: they landed {rows}{where}")
 
 
-def damage_said(damage, caches, news, pos, n: int, step: int):
-    """The guard bands' damage, led by the rows' offset when the new rows landed shifted (rows pushed past the
-    last head's end are what wrote outside)."""
+def shifted_said(caches, news, pos, n: int, step: int, damage=None):
+    """The diagnosis of new rows that all landed shifted in a cache, or None. With the guard bands' `damage`,
+    rows that fell outside the cache (what wrote there) are allowed, and the damage is said after it."""
     for cache, new in zip(caches, news):
-        off = landed_off(cache.tensor.cpu(), new, pos)
-        if off is not None and f"`{cache.name}`" in damage.message:
+        got = cache.tensor.cpu()
+        if (damage is not None and f"`{cache.name}`" not in damage.message) or rows_in_place(got, new, pos):
+            continue
+        off = landed_off(got, new, pos, outside_ok=damage is not None)
+        if off is not None:
             said = said_off(cache.name, off, pos, n, cache.shape[2], step)
-            return False, f"{said}; the guard band says: {damage.message}", {}
-    return damage
+            return False, said + (f"; the guard band says: {damage.message}" if damage is not None else ""), {}
+    return None
 
 
 def check_update(worker, case, dtype=torch.float32):
@@ -132,7 +154,10 @@ def check_update(worker, case, dtype=torch.float32):
     damage, (k_new, v_new), before, caches = run_update(worker, case, dtype)
     step = update_step(dtype)
     if damage:
-        return damage_said(damage, caches, (k_new, v_new), pos, n, step)
+        return shifted_said(caches, (k_new, v_new), pos, n, step, damage) or damage
+    shifted = shifted_said(caches, (k_new, v_new), pos, n, step)
+    if shifted:
+        return shifted
     for cache, values, new in zip(caches, before, (k_new, v_new)):
         expected = values.clone()
         expected[:, :, pos:pos + n] = new
@@ -146,9 +171,6 @@ def check_update(worker, case, dtype=torch.float32):
         rows = sorted({int(r) for r in wrong.nonzero()[:, 2]})
         outside = [r for r in rows if not pos <= r < pos + n]
         shown = ", ".join(map(str, (outside or rows)[:5]))
-        off = None if torch.equal(bits(got[:, :, pos:pos + n]), bits(new)) else landed_off(got, new, pos)
-        if off is not None:
-            return False, said_off(cache.name, off, pos, n, cache.shape[2], step), {}
         if outside:
             return False, (f"`{cache.name}`: rows outside pos .. pos + n_new - 1 = {pos} .. {pos + n - 1} "
                            f"changed (rows {shown}); only the new positions may be written"), {}
@@ -163,7 +185,10 @@ def check_update_per_sequence(worker, case, dtype=torch.float32):
     damage, (k_new, v_new), before, caches = run_update(worker, case, dtype)
     step = update_step(dtype)
     if damage:
-        return damage_said(damage, caches, (k_new, v_new), pos, n, step)
+        return shifted_said(caches, (k_new, v_new), pos, n, step, damage) or damage
+    shifted = shifted_said(caches, (k_new, v_new), pos, n, step)  # before any one sequence's words
+    if shifted:
+        return shifted
     for cache, values, new in zip(caches, before, (k_new, v_new)):
         got = bits(cache.tensor.cpu())
         for seq, p in enumerate(pos):
@@ -179,11 +204,6 @@ def check_update_per_sequence(worker, case, dtype=torch.float32):
                 return False, (f"`{cache.name}`, sequence {seq}: pos[{seq}] = {p} with {n} new row(s) does not fit in "
                                f"max_seq = {max_seq}, so nothing may be written, but rows {shown} changed: skip such "
                                f"a sequence (README, Task 5, step {step})"), {}
-            shifted = not torch.equal(got[seq][:, p:p + n], bits(new[seq]))  # its rows not where they belong
-            off = landed_off(cache.tensor.cpu(), new, pos) if shifted else None
-            if off is not None:
-                said = said_off(cache.name, off, pos, n, max_seq, step)
-                return False, f"{said}: sequence {seq}'s rows {shown} are wrong", {}
             return False, (f"`{cache.name}`, sequence {seq}: rows {shown} are wrong; its new rows go to pos[{seq}] .. "
                            f"pos[{seq}] + n_new - 1 = {p} .. {p + n - 1}: each sequence reads its own pos (README, "
                            f"Task 5, step {step})"), {}

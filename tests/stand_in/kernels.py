@@ -107,7 +107,7 @@ class Behaviour:
     harness/diagnose_backward.py's mistakes (its `how`, "no D" say);
     unscaled: the forward and decode kernels (float32 and 16-bit) ignore their scale: a mistake the checks name;
     decode_one_short: task 5's decodes leave out each sequence's last row (a row range ending at end - 1);
-    update_rows_late: task 5's contiguous update writes each new row this many rows late, flat over (batch x heads)
+    update_rows_late: task 5's update writes each new row this many rows (> 0) late, flat over (batch x heads)
     x max_seq rows as an index `(bh * max_seq + p + late) * head_dim` does: into the next head's first rows, and
     past the cache's end for the last head.
     """

@@ -96,6 +96,7 @@ class Task5Kernels(StandInKernels):
         cache's memory, whatever lies there (the next head's rows; past the end, the guard band); a sequence
         whose rows do not fit writes nothing."""
         late, (batch, heads, max_seq, d), n_new = self.behaviour.update_rows_late, k_cache.shape, k_new.shape[2]
+        assert late > 0, "update_rows_late is a count of rows late (> 0)"
         for cache, new in ((k_cache, k_new), (v_cache, v_new)):
             memory = torch.empty(0, dtype=cache.dtype).set_(cache.untyped_storage(), cache.storage_offset(),
                                                             (batch * heads * max_seq + late, d))
