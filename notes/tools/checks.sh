@@ -4,7 +4,8 @@
 # notebook: the notebook in a fresh handout; compare: every reference implementation side by side; operators: the
 # registered operators' tests; known-bad [FILTER]: tests/test_cuda_submissions.py and test_cuda_hopper_submissions.py
 # (or KB_FILES), one process each (no xdist workers: 11 processes of 4 ran past their time), KB_JOBS (8) at a time,
-# each verdict in known_bad.log as it comes (a pytest -k filter; KB_LIMIT seconds each); grade: the grader.
+# each verdict in known_bad.log as it comes, with its seconds (a pytest -k filter; KB_LIMIT seconds each); grade: the
+# grader.
 L=/tmp/logs; mkdir -p $L
 export PYTHONUNBUFFERED=1  # a log cut by a timeout still shows how far it got
 case "$1" in
@@ -42,7 +43,7 @@ operators)
 known-bad)  # one process each, KB_JOBS (8) at a time, each verdict written as it comes
   python -m pytest --collect-only -q -p no:cacheprovider ${KB_FILES:-tests/test_cuda_submissions.py tests/test_cuda_hopper_submissions.py} ${2:+-k "$2"} | grep "::" > $L/ids
   cat -n $L/ids | sed 's/^ *//' | xargs -P ${KB_JOBS:-8} -L 1 sh -c \
-    'timeout ${KB_LIMIT:-540} python -m pytest -q -n 0 -p no:cacheprovider -rA "$1" > '$L'/kb_$0.log 2>&1; echo "$? $1" | tee -a '$OUT'/known_bad.log'
+    'start=$(date +%s); timeout ${KB_LIMIT:-540} python -m pytest -q -n 0 -p no:cacheprovider -rA "$1" > '$L'/kb_$0.log 2>&1; echo "$? $1 ($(( $(date +%s) - start )) s)" | tee -a '$OUT'/known_bad.log'
   ;;
 grade)  # a part graded by an earlier call is carried back in as ./graded (gitignored) and kept
   [ -d graded ] && cp -r graded $OUT/graded

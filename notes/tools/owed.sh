@@ -46,7 +46,7 @@ known-bad-rest)
   KB_JOBS=14 KB_LIMIT=540 timeout 570 bash notes/tools/checks.sh known-bad "$filter"
   mkdir -p $OUT/kb && cp /tmp/logs/ids $OUT/kb/
   # only the logs of verdicts that did not hold come back (a call returns a limited count of files)
-  grep -v "^0 " $OUT/known_bad.log | while read -r rc id; do
+  grep -v "^0 " $OUT/known_bad.log | while read -r rc id took; do
     cp /tmp/logs/kb_$(grep -nxF "$id" /tmp/logs/ids | cut -d: -f1).log $OUT/kb/; done
   sort $OUT/known_bad.log | cut -c1-150 ;;
 d128tiles)
