@@ -13,6 +13,9 @@
 # bars: issue 60's performance bars: tasks 4 and 5 graded with every scored step of the reference written but its
 #   `[skeleton: N]` constants (untuned; the optional files the skeletons), then task5.tune from that start (it tunes the
 #   checkout's file: the untuned one is put there for it, and the skeleton put back).
+# fused: issue 57's softmax with the scale folded into ex2's argument (notes/tools/hopper/fused_scale.py), head_dim
+#   64 and 128, causal and not, against the file's (about 70 s each; compiled here without spills, 2026-12-05; it patches the copy's
+#   reference: last in a call).
 # d128tiles: issue 57's 192-key tiles at head_dim 128 too (two stages: three do not fit beside them) against the
 #   file's 128 with three and with two, causal and not (compiled here without spills, 2026-12-04).
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
@@ -49,6 +52,13 @@ known-bad-rest)
   grep -v "^0 " $OUT/known_bad.log | while read -r rc id took; do
     cp /tmp/logs/kb_$(grep -nxF "$id" /tmp/logs/ids | cut -d: -f1).log $OUT/kb/; done
   sort $OUT/known_bad.log | cut -c1-150 ;;
+fused)
+  for d in 64 128; do
+    for c in 0 1; do
+      ( timeout 110 python notes/tools/hopper/fused_scale.py $d $c ) > $OUT/fused_${d}_$c.log 2>&1
+      grep -E "^\*|^ +[0-9] |SDPA|rror" $OUT/fused_${d}_$c.log
+    done
+  done ;;
 d128tiles)
   for causal in 0 1; do
     ( timeout 150 python notes/tools/hopper/tune_at.py 128 $causal BLOCK_COLS_LARGE_D=192,STAGES=2 STAGES=2 ) \
