@@ -279,15 +279,15 @@ def matches_mistake(got, wrong, atol, rtol, every_row_lost=False) -> tuple[bool,
     lost = torch.isnan(wrong).any(dim=-1)
     if not lost.any():
         return compare(got, wrong, atol=atol, rtol=rtol).passed, ""
-    got = _as_float64(got)
-    if (bool(lost.all()) and not every_row_lost) or got.shape != wrong.shape:
+    got, every = _as_float64(got), bool(lost.all())
+    if (every and not every_row_lost) or got.shape != wrong.shape:
         return False, ""
     there = got[lost]
-    if not bool((torch.isnan(there) | (there == 0)).all()) or (not bool(lost.all()) and not compare(
+    if not bool((torch.isnan(there) | (there == 0)).all()) or (not every and not compare(
             got[~lost], wrong[~lost], atol=atol, rtol=rtol).passed):
         return False, ""
     came = 'NaN (0/0)' if torch.isnan(there).any() else 'zero'
-    if bool(lost.all()):  # nothing else to tell it by: say so
+    if every:  # nothing else to tell it by: say so
         return True, (f" Under it no row sees a key here, and every row came out {came}; code that adds up no row "
                       "for another reason gives the same.")
     return True, f" The rows that see no key at all come out {came}."

@@ -242,7 +242,8 @@ def check_no_autograd_inside(worker, seed, student_dir, solution):
            random_tensor(q.shape, seed + 3))
     worker.call("stage_runs", [run])
     got = worker.call("flash_backward_one_thread", True, 64, 32, timeout=BACKWARD_CALL_TIMEOUT_S)
-    wrong = timed_outputs_wrong(got, [run], True, {}, True, None, random.Random(seed))
+    wrong = timed_outputs_wrong(got, [run], causal=True, masks={}, backward=True, tiles=None,
+                                pick=random.Random(seed))
     if wrong:
         return False, (f"given an out and lse that are not the forward pass's, {wrong}: the backward pass computes "
                        f"dq, dk and dv from them itself (README, Task 3, steps 7-8), not by autograd through the "

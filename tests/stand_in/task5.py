@@ -100,11 +100,12 @@ class Task5Kernels(StandInKernels):
         for cache, new in ((k_cache, k_new), (v_cache, v_new)):
             memory = torch.empty(0, dtype=cache.dtype).set_(cache.untyped_storage(), cache.storage_offset(),
                                                             (batch * heads * max_seq + late, d))
+            per_head = new.reshape(batch * heads, n_new, d)
             for bh in range(batch * heads):
                 p = pos[bh // heads]
                 if 0 <= p <= max_seq - n_new:
                     at = bh * max_seq + p + late
-                    memory[at:at + n_new] = new.reshape(batch * heads, -1, d)[bh]
+                    memory[at:at + n_new] = per_head[bh]
 
     @launched
     def update_cache_half(self, k_new, v_new, k_cache, v_cache, pos):
