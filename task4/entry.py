@@ -49,6 +49,11 @@ def forward_hopper(q, k, v, out, causal, scale, key_start=None):
                            "steps 17-22)") from None
 
 
+def extension_file():
+    """The built extension's path: the Hopper part reads its kernels' instructions there (never runs them)."""
+    return getattr(ext, "__file__", None)
+
+
 def _backward_present():
     """Raises what left the backward part out of this build, where the binding could only say it is absent."""
     from common.build import OPTIONAL_LEFT_OUT

@@ -75,3 +75,22 @@ def test_a_hopper_file_that_does_not_compile_is_left_out_and_its_part_says_why(t
     record = run_test(4, submission(tmp_path, files), tmp_path, "--hopper")
     failed = [c["message"] for c in record["cases"] if c["kind"] == "optional" and not c["passed"]]
     assert failed and "attention_hopper.cu was left out of the build" in failed[0] and "error" in failed[0], failed[:2]
+
+
+def test_steps_8_to_11s_kernel_under_the_hopper_name_gets_the_numbers_and_fails_the_part(tmp_path):
+    """Right numbers from mma.sync: every case passes, and the machine code says wgmma and TMA are missing."""
+    from common.machine_code import tools_missing
+    from tests.test_machine_code import BORROWED_HOPPER
+
+    if tools_missing():
+        pytest.skip(tools_missing())
+    reference = REPO / "task4/solution/kernels"
+    files = {"task4/kernels/attention.cu": (reference / "attention.cu").read_text(),
+             "task4/kernels/attention_half.cu": (reference / "attention_half.cu").read_text(),
+             "task4/kernels/attention_hopper.cu": BORROWED_HOPPER}
+    record = run_test(4, submission(tmp_path, files), tmp_path, "--hopper")
+    hopper = [c for c in record["cases"] if c["kind"] == "optional"]
+    wrong = [c for c in hopper if not c["passed"]]
+    assert len(wrong) == 1 and wrong[0]["name"].startswith("the Hopper kernel computes with wgmma"), wrong[:3]
+    assert "steps 17-18" in wrong[0]["message"], wrong[0]
+    assert record["status"] == "passed"

@@ -8,6 +8,8 @@
 # grader.
 L=/tmp/logs; mkdir -p $L
 export PYTHONUNBUFFERED=1  # a log cut by a timeout still shows how far it got
+# cuobjdump (the Hopper part reads its kernels' instructions): the toolkit's, else CUDA's wheels carried in .dev/
+command -v cuobjdump >/dev/null || [ -x /usr/local/cuda/bin/cuobjdump ] || python -m pip install -q --no-index .dev/nvidia_cuda_cuobjdump-*.whl .dev/nvidia_cuda_nvdisasm-*.whl 2>/dev/null
 case "$1" in
 notebook)
   which -a python pip > $OUT/pip.log; python -m pip install -q --no-index --find-links .dev/wheels nbclient nbformat ipykernel >> $OUT/pip.log 2>&1; python -c "import nbformat, nbclient, ipykernel" >> $OUT/pip.log 2>&1

@@ -17,6 +17,8 @@
 # and name that commit).
 export PYTHONUNBUFFERED=1
 dpkg -x .dev/bubblewrap_*.deb / 2>/dev/null
+# cuobjdump (the Hopper part reads its kernels' instructions): the toolkit's, else CUDA's wheels carried in .dev/
+command -v cuobjdump >/dev/null || [ -x /usr/local/cuda/bin/cuobjdump ] || python -m pip install -q --no-index .dev/nvidia_cuda_cuobjdump-*.whl .dev/nvidia_cuda_nvdisasm-*.whl 2>/dev/null
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > $OUT/gpu.txt
 stamp() { python3 -c '
 import sys, time

@@ -20,6 +20,8 @@
 #   file's 128 with three and with two, causal and not (compiled here without spills, 2026-12-04).
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 dpkg -x .dev/bubblewrap_*.deb / 2>/dev/null
+# cuobjdump (the Hopper part reads its kernels' instructions): the toolkit's, else CUDA's wheels carried in .dev/
+command -v cuobjdump >/dev/null || [ -x /usr/local/cuda/bin/cuobjdump ] || python -m pip install -q --no-index .dev/nvidia_cuda_cuobjdump-*.whl .dev/nvidia_cuda_nvdisasm-*.whl 2>/dev/null
 case "$1" in
 backward16)
   ( time timeout 400 python notes/tools/backward16/bwd16.py check time --block-m 64 ) > $OUT/bwd16_64.log 2>&1

@@ -7,6 +7,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -109,7 +110,9 @@ class Behaviour:
     decode_one_short: task 5's decodes leave out each sequence's last row (a row range ending at end - 1);
     update_rows_late: task 5's update writes each new row this many rows (> 0) late, flat over (batch x heads)
     x max_seq rows as an index `(bh * max_seq + p + late) * head_dim` does: into the next head's first rows, and
-    past the cache's end for the last head.
+    past the cache's end for the last head;
+    library: the file the module says it was loaded from (its `__file__`), a real object whose instructions the
+    Hopper part reads (tests/test_machine_code.py); by default one that does not exist.
     """
 
     slowdown: float = 1.0
@@ -121,6 +124,11 @@ class Behaviour:
     unscaled: bool = False
     decode_one_short: bool = False
     update_rows_late: int = 0
+    library: Path | None = None
+
+
+# The stand-in worker's build folder (harness.sandbox.Worker's `builds`)
+STAND_IN_BUILDS = REPO / "build" / "stand-in-builds"
 
 
 class StandInKernels:
@@ -128,7 +136,8 @@ class StandInKernels:
 
     def __init__(self, behaviour: Behaviour | None = None):
         self.behaviour = behaviour or Behaviour()
-        self.__file__ = str(REPO / "build" / "stand-in.so")  # a module's attribute (tune asks for it)
+        # a module's attribute: tune asks for it, and the Hopper part reads the file it names
+        self.__file__ = str(self.behaviour.library or STAND_IN_BUILDS / "stand-in.so")
 
     @contextlib.contextmanager
     def work(self, seconds: float):

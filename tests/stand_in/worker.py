@@ -15,7 +15,7 @@ from harness.outcome import Cause
 from harness.sandbox import CALL_TIMEOUT_S, MAX_RESTARTS, WorkerDied, WorkerError
 from common.worker import _resolve
 from tests.stand_in.gpu import REPO
-from tests.stand_in.kernels import Hang
+from tests.stand_in.kernels import STAND_IN_BUILDS, Hang
 
 
 KERNELS_OF = {5: (5, 4), 6: (5, 4), 7: (5, 4)}  # the kernels a task's worker builds: task 5's layer runs task 4's
@@ -36,6 +36,7 @@ class InProcessWorker:
         # a hang ended the process: the next call starts another, as the real one (never under a sanitizer: one
         # process makes one report there)
         self.died, self.restarts = False, MAX_RESTARTS if sanitize else 0
+        self.builds, self.private_builds = STAND_IN_BUILDS, None  # where its kernels say they were loaded from
 
     def start(self):
         self.harness.worker_started(self.task, self.solution)
