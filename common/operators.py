@@ -14,7 +14,7 @@ import torch
 # What each task's binding registers as operators (their schemas are in the binding, after its module).
 OPERATORS = {
     2: ("softmax", "gemm_nt", "gemm_nn", "attention"),
-    4: ("forward", "forward_half", "forward_hopper", "forward_lse", "backward"),
+    4: ("forward", "forward_half", "forward_hopper", "forward_masks", "forward_lse", "backward"),
     5: ("update_cache", "update_cache_half", "decode", "decode_half", "update_cache_paged", "decode_paged", "linear"),
 }
 

@@ -38,6 +38,12 @@ CASES = {
         "hopper": [(1, 1, 1, 300, 4100, 64, None), (2, 6, 3, 257, 1029, 112, (0, 900)), (3, 5, 5, 191, 191, 72, None)],
         # the optional backward pass: (batch, heads, kv_heads, seq_q, seq_k, head_dim)
         "backward": [(2, 3, 3, 191, 250, 72), (1, 8, 2, 96, 96, 128), (3, 2, 1, 40, 33, 40)],
+        # the optional masks (steps 23-24), as checks/task4/masks.py's MASK_CASES: a window of 2 keys over grouped
+        # heads and padding, a window one key past a tile, documents many and short with a cap, length 1
+        "masks": [(2, 6, 3, 190, 250, 72, True, 1, None, None, (0, 120)),
+                  (1, 2, 2, 400, 400, 48, True, 128, None, None, None),
+                  (1, 3, 1, 220, 220, 40, False, None, (3,) * 30 + (130,), 0.8, None),
+                  (2, 2, 2, 1, 1, 16, True, 0, (1,), 2.0, (0, 1))],
     },
     5: {
         # (batch, heads, max_seq, pos, n_new, head_dim); pos an int, or one per sequence (int32 on the GPU)

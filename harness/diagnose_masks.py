@@ -72,9 +72,18 @@ def _close(got, want, atol, rtol) -> bool:
     return bool(torch.isfinite(got).all()) and bool(((got - want).abs() <= atol + rtol * want.abs()).all())
 
 
+def where(steps: dict | None, step) -> str:
+    """"Task 3, step 9", or where another task's README has task 3's step (steps: {"task": N, 9: "steps 23-24",
+    ..., "all": ...}; step "all" is steps 9-11)."""
+    if steps is None:
+        return f"Task 3, {'steps 9-11' if step == 'all' else f'step {step}'}"
+    return f"Task {steps['task']}, {steps[step]}"
+
+
 def diagnose_masked(result: CheckResult, got, q, k, v, causal, *, window_left, documents, softcap, atol, rtol,
-                    scale=None) -> CheckResult:
-    """A failed output of a masked case (out, not lse), with the mistake it matches named, or as it was."""
+                    scale=None, steps: dict | None = None) -> CheckResult:
+    """A failed output of a masked case (out, not lse), with the mistake it matches named, or as it was. steps: where
+    task 3's steps are in the README of the task checked (`where`), for task 4's kernel."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if not isinstance(got, torch.Tensor) or got.shape != q.shape:
         return result
@@ -87,7 +96,7 @@ def diagnose_masked(result: CheckResult, got, q, k, v, causal, *, window_left, d
             continue
         matched, extra = matches_mistake(got, wrong, atol, rtol)  # the rows it leaves without a key: NaN or zero
         if matched:
-            result.message += f": it matches {what} (README, Task 3, step {step}).{extra}"
+            result.message += f": it matches {what} (README, {where(steps, step)}).{extra}"
             return result
     if nan_rows.any():
         rows = int(nan_rows.sum())
@@ -96,13 +105,13 @@ def diagnose_masked(result: CheckResult, got, q, k, v, causal, *, window_left, d
         if window_left == 0 and 2 * rows > nan_rows.numel():
             result.message += (f": {rows} of {nan_rows.numel()} output rows are NaN: with window_left = 0 a query "
                                f"sees its own key alone, and the window's mask hid it too (`<=` where j < i + offset "
-                               f"- window_left has `<`; README, Task 3, step 9)")
+                               f"- window_left has `<`; README, {where(steps, 9)})")
         else:
             result.message += (f": {rows} output rows are NaN: a row whose keys in a tile are all masked (its window "
                                f"or document starts in a later tile) has m_new = -inf there, and exp(-inf - (-inf)) "
-                               f"is NaN; subtract 0 for such a row (README, Task 3, step 4)")
+                               f"is NaN; subtract 0 for such a row (README, {where(steps, 4)})")
         return result
-    result.message += " (README, Task 3, steps 9-11)"
+    result.message += f" (README, {where(steps, 'all')})"
     return result
 
 

@@ -63,7 +63,7 @@ def _is_hopper_gpu(device: int | None) -> bool:
 
 
 def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, out=None, solution: bool = False,
-                    key_start=None, hopper: bool | None = None):
+                    key_start=None, hopper: bool | None = None, *, window_left=None, cu_seqlens=None, softcap=None):
     """softmax(scale * q k^T + mask) v in one kernel; q (B, H, Sq, D), k and v (B, KVH, Sk, D), float32 on CUDA,
     or all bfloat16 or all float16 (the tensor-core kernel of kernels/attention_half.cu, steps 8-11, or on an
     H100/H200 the Hopper kernel of kernels/attention_hopper.cu, steps 17-22, once written: `uses_hopper`; hopper=True
@@ -71,9 +71,23 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, o
 
     KVH may be any divisor of H (grouped-query attention: query head h reads key/value head h // (H // KVH)).
     key_start, int32 (B,) on the GPU: each sequence's first valid key (a batch padded on the left); the
-    queries before it are padding, and their rows of the output are zeros."""
+    queries before it are padding, and their rows of the output are zeros.
+    window_left, cu_seqlens, softcap: the masks beyond causal (common/masks.py says each), float32 only (steps
+    23-24 of kernels/attention.cu)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     out = torch.empty_like(q) if out is None else out
+    if window_left is not None or cu_seqlens is not None or softcap is not None:
+        from common.masks import check_masks
+
+        window_left, documents, softcap = check_masks(q.shape[-2], k.shape[-2], causal, window_left, cu_seqlens,
+                                                      softcap)
+        if q.dtype != torch.float32:
+            raise ValueError(f"the masks beyond causal are in the float32 kernel (kernels/attention.cu, steps 23-24), "
+                             f"not the {str(q.dtype)[6:]} ones: give float32 tensors")
+        ends = None if documents is None else torch.tensor(documents, dtype=torch.int32, device=q.device)
+        function(extension(solution), "forward_masks")(q, k, v, out, causal, scale, key_start, window_left, softcap,
+                                                       ends)
+        return out
     if q.dtype not in (torch.bfloat16, torch.float16):
         name = "forward"
     elif hopper if hopper is not None else uses_hopper(q, solution):

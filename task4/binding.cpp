@@ -30,6 +30,9 @@ __attribute__((weak)) cudaError_t flash_attention_half_forward(const AttentionPa
 // The backward part (optional, steps 12-16), weak as above. In kernels/attention.cu: the forward without padding,
 // also writing p.lse, (batch, heads, seq_q) float32, each row's log-sum-exp of the scaled scores (step 12).
 __attribute__((weak)) cudaError_t flash_attention_forward_lse(const AttentionParams& p, cudaStream_t stream);
+// The masks beyond causal (steps 23-24, optional), weak as above: in kernels/attention.cu, the forward with p.masks
+// (device/params.h's AttentionMasks); key_start is never nullptr there (zeros for a batch without padding).
+__attribute__((weak)) cudaError_t flash_attention_forward_masks(const AttentionParams& p, cudaStream_t stream);
 // In kernels/attention_backward.cu (steps 13-16): dq, dk, dv from dout and what the forward saved; delta is scratch
 // of lse's shape. Shapes as forward's; dq like q, dk and dv like k.
 __attribute__((weak)) cudaError_t flash_attention_backward(const AttentionBackwardParams& p, cudaStream_t stream);
@@ -126,6 +129,53 @@ void forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
   check_launch(flash_attention_forward(attention_params(q, k, v, out, key_start_data, scale, causal),
                                        c10::cuda::getCurrentCUDAStream()),
                "flash_attention_forward");
+}
+
+// The masks beyond causal (steps 23-24, optional), float32, the rest as forward: window_left (>= 0, with causal:
+// query i sees keys i + seq_k - seq_q - window_left .. its diagonal), softcap (> 0: scores softcap * tanh(S /
+// softcap)), cu_seqlens (int32 (documents + 1,) on q's device, 0 = c_0 < ... < c_n = seq_k, seq_q == seq_k: a query
+// sees its own document's keys), any of them left out.
+void forward_masks(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& out,
+                   bool causal, double scale, const std::optional<torch::Tensor>& key_start,
+                   std::optional<int64_t> window_left, std::optional<double> softcap,
+                   const std::optional<torch::Tensor>& cu_seqlens) {
+  const int* key_start_data = check_attention(q, k, v, out, causal, scale, key_start, check_cuda_float32);
+  const int64_t seq_q = q.size(2), seq_k = k.size(2);
+  TORCH_CHECK(!window_left || *window_left >= 0, "window_left must be None or >= 0 (the keys a query sees before "
+              "its own), got ", num(window_left.value_or(0)));
+  TORCH_CHECK(!window_left || causal, "window_left needs causal=True: the window is the window_left keys before a "
+              "query's own position, and the query's own");
+  TORCH_CHECK(!softcap || (std::isfinite(*softcap) && *softcap > 0), "softcap must be None or a finite number > 0, "
+              "got ", std::to_string(softcap.value_or(0)));
+  AttentionMasks masks;
+  masks.window_left = window_left ? (int)std::min<int64_t>(*window_left, seq_k) : -1;  // wider is all of them
+  masks.softcap = softcap ? (float)*softcap : 0.0f;
+  if (cu_seqlens) {
+    const torch::Tensor& c = *cu_seqlens;
+    TORCH_CHECK(c.is_cuda() && c.scalar_type() == torch::kInt && c.dim() == 1 && c.is_contiguous(),
+                "cu_seqlens must be a contiguous 1-D int32 CUDA tensor, got ", shape(c), " ", dtype_name(c.scalar_type()),
+                " on ", c.device().str());
+    check_same_device(c, "cu_seqlens", q, "q");
+    TORCH_CHECK(seq_q == seq_k, "cu_seqlens packs documents into one sequence of queries and keys: it needs seq_q == "
+                "seq_k, got ", num(seq_q), " and ", num(seq_k));
+    const torch::Tensor host = c.cpu();
+    const int* ends = host.data_ptr<int>();
+    bool rising = c.size(0) >= 2 && ends[0] == 0 && ends[c.size(0) - 1] == seq_k;
+    for (int64_t d = 1; rising && d < c.size(0); ++d) rising = ends[d - 1] < ends[d];
+    TORCH_CHECK(rising, "cu_seqlens must rise from 0 to the sequence length ", num(seq_k), " (0 = c_0 < c_1 < ... < "
+                "c_n = seq_k: each document at least one position), got ", num(c.size(0)), " values from ",
+                num(c.size(0) ? ends[0] : 0), " to ", num(c.size(0) ? ends[c.size(0) - 1] : 0));
+    masks.cu_seqlens = c.data_ptr<int>(), masks.documents = (int)c.size(0) - 1;
+  }
+  TORCH_CHECK(flash_attention_forward_masks != nullptr, "this build's kernels/attention.cu has no "
+              "flash_attention_forward_masks (README, Task 4, step 23)");
+  if (q.numel() == 0) return;
+  const c10::cuda::CUDAGuard guard(q.device());
+  const torch::Tensor no_padding = key_start_data ? torch::Tensor() : torch::zeros({q.size(0)}, q.options().dtype(torch::kInt));
+  AttentionParams p = attention_params(q, k, v, out, key_start_data ? key_start_data : no_padding.data_ptr<int>(),
+                                       scale, causal);
+  p.masks = masks;
+  check_launch(flash_attention_forward_masks(p, c10::cuda::getCurrentCUDAStream()), "flash_attention_forward_masks");
 }
 
 // The 16-bit kernels' checks: q, k, v and out all bfloat16 or all float16, the rest as forward's. Returns key_start's
@@ -331,6 +381,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "README, Task 4, steps 8-11 (optional)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("causal"),
         py::arg("scale"), py::arg("key_start") = py::none());
+  m.def("forward_masks", &forward_masks,
+        "forward with the masks beyond causal, float32 (README, Task 4, steps 23-24; optional): window_left (>= 0, "
+        "with causal), softcap (> 0) and cu_seqlens (int32 cumulative document lengths, seq_q == seq_k), each optional",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("causal"), py::arg("scale"),
+        py::arg("key_start") = py::none(), py::arg("window_left") = py::none(), py::arg("softcap") = py::none(),
+        py::arg("cu_seqlens") = py::none());
+  m.def("has_masks", [] { return flash_attention_forward_masks != nullptr; },
+        "whether this build's kernels/attention.cu holds the masks beyond causal (steps 23-24)");
   m.def("has_half", [] { return flash_attention_half_forward != nullptr; },
         "whether this build holds the bf16/fp16 kernel (task4/kernels/attention_half.cu)");
   m.def("forward_hopper", &forward_hopper,
@@ -366,6 +424,8 @@ KIT_OPERATORS(m) {
         "Tensor? key_start=None) -> ()");
   m.def("forward_hopper(Tensor q, Tensor k, Tensor v, Tensor(a!) out, bool causal, float scale, "
         "Tensor? key_start=None) -> ()");
+  m.def("forward_masks(Tensor q, Tensor k, Tensor v, Tensor(a!) out, bool causal, float scale, "
+        "Tensor? key_start=None, int? window_left=None, float? softcap=None, Tensor? cu_seqlens=None) -> ()");
   m.def("forward_lse(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) lse, bool causal, float scale) -> ()");
   m.def("backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor dout, Tensor lse, Tensor(a!) dq, Tensor(b!) dk, "
         "Tensor(c!) dv, bool causal, float scale) -> ()");
@@ -375,6 +435,7 @@ void register_impls(torch::Library& m) {
   m.impl("forward", &forward);
   m.impl("forward_half", &forward_half);
   m.impl("forward_hopper", &forward_hopper);
+  m.impl("forward_masks", &forward_masks);
   m.impl("forward_lse", &forward_lse);
   m.impl("backward", &backward);
 }

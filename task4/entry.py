@@ -17,6 +17,12 @@ def forward(q, k, v, out, causal, scale, key_start=None):
     torch.cuda.synchronize()
 
 
+def forward_masks(q, k, v, out, causal, scale, key_start=None, window_left=None, softcap=None, cu_seqlens=None):
+    """The float32 kernel with the masks beyond causal (steps 23-24, in kernels/attention.cu)."""
+    ext.forward_masks(q, k, v, out, causal, scale, key_start, window_left, softcap, cu_seqlens)
+    torch.cuda.synchronize()
+
+
 def forward_half(q, k, v, out, causal, scale, key_start=None):
     """The bf16/fp16 kernel of kernels/attention_half.cu (steps 8-11)."""
     from common.build import OPTIONAL_LEFT_OUT

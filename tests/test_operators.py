@@ -53,7 +53,10 @@ def samples(task, ext=None):
         out, lse = torch.empty_like(q), torch.empty(2, 4, 33, device=DEVICE)
         (ext or reference(4)).forward_lse(q, k, v, out, lse, True, 0.125)
         key_start = torch.tensor([0, 5], device=DEVICE, dtype=torch.int32)
+        square = (cuda(2, 4, 40, 64), cuda(2, 2, 40, 64), cuda(2, 2, 40, 64))  # documents need seq_q == seq_k
+        cu_seqlens = torch.tensor([0, 13, 40], device=DEVICE, dtype=torch.int32)
         return [("forward", (q, k, v, torch.empty_like(q), True, 0.125, key_start)),
+                ("forward_masks", (*square, torch.empty_like(square[0]), True, 0.125, key_start, 20, 1.5, cu_seqlens)),
                 ("forward_half", (*half, torch.empty_like(half[0]), False, 0.125, None)),
                 ("forward_hopper", (*half, torch.empty_like(half[0]), True, 0.125, key_start)),
                 ("forward_lse", (q, k, v, torch.empty_like(q), torch.empty_like(lse), True, 0.125)),

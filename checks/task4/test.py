@@ -40,6 +40,7 @@ from checks.task4.backward import backward_part, backward_text, check_backward_e
 from checks.task4.forward import attention_part, check_errors, grouped_text, make_inputs, shape_text
 from checks.task4.half import check_half_errors, half_part, half_text
 from checks.task4.hopper import hopper_part, is_hopper
+from checks.task4.masks import MASKS_PASS_NAME, masks_part, masks_sanitizer_calls
 
 
 def sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
@@ -238,7 +239,7 @@ def optional_benchmarks(report, worker, timed: list[tuple[str, object]]) -> None
 
 # The README steps of each part (step 7 is the float32 kernel's tuning; step 12, in kernels/attention.cu, the backward's)
 PART_STEPS = {"attention": (1, 2, 3, 4, 5, 6, 7), "half": (8, 9, 10, 11), "backward": (12, 13, 14, 15, 16),
-              "hopper": (17, 18, 19, 20, 21, 22)}
+              "hopper": (17, 18, 19, 20, 21, 22), "masks": (23, 24)}
 
 
 def main(argv=None) -> int:
@@ -250,6 +251,8 @@ def main(argv=None) -> int:
                         help="test only README steps 12-16 (optional: the backward pass)")
     parser.add_argument("--hopper", action="store_true",
                         help="test only README steps 17-22 (optional: the Hopper kernel, compute capability 9.0)")
+    parser.add_argument("--masks", action="store_true",
+                        help="test only README steps 23-24 (optional: a sliding window, documents, soft-capping)")
     args = parser.parse_args(argv)
     chosen = [p for p in PART_STEPS if getattr(args, p)] or list(PART_STEPS)
     report = Report(4, args.solution, "fused FlashAttention kernel", args.student_dir)
@@ -272,6 +275,9 @@ def main(argv=None) -> int:
                                        HOPPER_PASS_NAME, kind="optional")
             elif "hopper" in chosen:
                 say_not_hopper(report)
+            if "masks" in chosen:
+                sanitize.add_to_report(report, 4, args, masks_sanitizer_calls(args.hidden), step_of, MASKS_PASS_NAME,
+                                       kind="optional", part="masks")
             return report.finish(args.json)
         # Every check first, the timings last: in a grading, the other tasks' tests check side by side with this
         # one, and a timed part waits until none of them is in the middle of its checks (harness/gpu_share.py). Each
@@ -292,6 +298,11 @@ def main(argv=None) -> int:
             worker.stop_until_next_call()  # the same: a process of its own
             hopper_passed = optional_hopper(report, worker, args, passes)
             worker.stop_until_next_call()  # and the checks after it (training) in a fresh one: a trap ends a context
+        if "masks" in chosen and not report.stopped:
+            worker.stop_until_next_call()  # a process of its own, as the parts above
+            if masks_part(report, worker, args.hidden):
+                passes.append(sanitize.start(report, 4, args, masks_sanitizer_calls(args.hidden), step_of,
+                                             MASKS_PASS_NAME, kind="optional", part="masks"))
         training = lambda: report.run("a model trained through your kernels learns as with SDPA",  # noqa: E731
                                       lambda: check_training(worker, args.hidden, write_curves=args.backward,
                                                              timed=not args.grading), kind="optional")

@@ -18,7 +18,9 @@
 // With a causal mask, query i sees key j iff j <= i + (seq_k - seq_q) (the queries are
 // the last seq_q positions, as when decoding against a longer cache). K/V tiles
 // entirely above the diagonal are never visited; only the tiles that straddle it (or
-// hang over the end of the keys) apply the mask element by element.
+// hang over the end of the keys) apply the mask element by element. The optional masks
+// beyond causal (steps 23-24: a sliding window, packed documents, soft-capped scores)
+// bound the key tiles the same way, from both ends.
 //
 // All tensors are row-major, contiguous float32; the arithmetic is plain FP32 FFMA (no
 // tensor cores). The kernel trusts its arguments: task4/binding.cpp checks the tensors.
@@ -52,6 +54,7 @@
 
 #include "device/common.cuh"
 #include "device/float_tiles.cuh"
+#include "device/masks.cuh"
 #include "device/params.h"
 
 // ----------------------------------------------------------------------------
@@ -145,12 +148,15 @@ using out_vec = std::conditional_t<D % (4 * COL_THREADS) == 0, float4,
 // grid (batch * heads, ceil(seq_q / Br)), NUM_THREADS threads, smem_bytes<D>() of shared memory.
 // scale_log2 = scale * log2(e). lse: nullptr, or (batch * heads, seq_q): each row's log-sum-exp of the scaled
 // scores, L = log(sum_j exp(scale q k_j)), which the backward pass needs (step 12; never with padding).
-template <int D, bool PADDED>
+// MASKS: the masks beyond causal (steps 23-24, optional), a kernel of its own so that the others pay nothing for
+// them; always PADDED (key_start all zeros for a batch without padding: a pointer that may be nullptr costs the
+// kernel registers it does not have at head_dim 128).
+template <int D, bool PADDED, bool MASKS>
 __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS_PER_SM)
     flash_attention_kernel(const float* __restrict__ q, const float* __restrict__ k,
                            const float* __restrict__ v, float* __restrict__ out, float* __restrict__ lse,
                            int heads, int kv_heads, const int* __restrict__ key_start, int seq_q, int seq_k,
-                           int head_dim, float scale_log2, bool causal) {
+                           int head_dim, float scale_log2, bool causal, AttentionMasks masks) {
   constexpr int LD = D + PAD;                // row stride of the Q, K and V tiles
   constexpr int LDP = BLOCK_COLS + PAD;      // row stride of the P tile
   using vec = out_vec<D>;                    // O's columns are held in these
@@ -188,9 +194,10 @@ __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS_PER_SM)
   // before that key are padding too: they see no key, and their output is defined as zero.
   // The rest is plain attention over a shorter sequence, so the pointers and lengths move
   // past the padding here and steps 1-6 never see it (no mask, no wasted tile).
+  int padding = 0, skip = 0;  // the masks (steps 23-24) are in the positions before the move
   if constexpr (PADDED) {
-    const int padding = key_start[batch];  // keys before the first real one; 0 <= padding <= seq_k (the binding checks)
-    const int skip = min(seq_q, max(0, padding - (seq_k - seq_q)));  // padded queries
+    padding = key_start[batch];  // keys before the first real one; 0 <= padding <= seq_k (the binding checks)
+    skip = min(seq_q, max(0, padding - (seq_k - seq_q)));  // padded queries
     for (int idx = threadIdx.x; idx < BLOCK_ROWS * head_dim; idx += NUM_THREADS) {
       const int row = q_start + idx / head_dim;  // this block's rows, before the move
       if (row < skip) out[(size_t)row * head_dim + idx % head_dim] = 0.0f;
@@ -220,7 +227,18 @@ __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS_PER_SM)
   // TODO (README, Task 4, step 1: load the Q tile, and count the K/V tiles it needs (causal: stop after the diagonal))
   const int num_kv_tiles = 0;
 
-  for (int t = 0; t < num_kv_tiles; ++t) {
+  // The masks beyond causal (steps 23-24, optional): row r of the block sees the keys row_keys[r].x ..
+  // row_keys[r].y - 1 (in the moved positions: before them, the window's start or its document's; from .y on,
+  // the next document's), kept in shared memory (in registers, 16 more a thread spill at head_dim 96 and 128). The
+  // block visits tiles first_kv_tile .. end_kv_tile - 1.
+  __shared__ int2 row_keys[MASKS ? BLOCK_ROWS : 1];
+  int first_kv_tile = 0, end_kv_tile = num_kv_tiles;
+  if constexpr (MASKS) {
+    // TODO (README, Task 4, step 23: each row's key range from the window and its document; the block's first and last tile)
+    return;  // until step 23 is written: out is left as it was, and the part says which step is missing
+  }
+
+  for (int t = first_kv_tile; t < end_kv_tile; ++t) {
     const int kv_start = t * BLOCK_COLS;
 
     // TODO (README, Task 4, step 2: load the K and V tiles into shared memory)
@@ -228,6 +246,10 @@ __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS_PER_SM)
     __syncthreads();           // ... and everyone else's
 
     // TODO (README, Task 4, step 3: S = scale * Q K^T for this tile, masked where needed)
+
+    if constexpr (MASKS) {
+      // TODO (README, Task 4, step 24: soft-cap the scores, then the window's and the documents' mask on the tiles an edge crosses)
+    }
 
     // TODO (README, Task 4, step 4: online softmax: new row max m_i, rescale acc and l_i, P = exp(S - m_i))
 
@@ -247,45 +269,61 @@ __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS_PER_SM)
 // of the launch (a bad configuration); errors inside the kernel surface later, at the
 // next synchronisation.
 
-template <int D, bool PADDED>
+template <int D, bool PADDED, bool MASKS>
 static cudaError_t launch(const AttentionParams& p, cudaStream_t stream) {
   // More than 48 KB of dynamic shared memory needs an explicit opt-in.
   const size_t smem = smem_bytes<D>();
-  cudaError_t err = cudaFuncSetAttribute(flash_attention_kernel<D, PADDED>,
+  cudaError_t err = cudaFuncSetAttribute(flash_attention_kernel<D, PADDED, MASKS>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(p.batch * p.heads, ceil_div(p.seq_q, BLOCK_ROWS));
-  flash_attention_kernel<D, PADDED><<<grid, NUM_THREADS, smem, stream>>>(
+  flash_attention_kernel<D, PADDED, MASKS><<<grid, NUM_THREADS, smem, stream>>>(
       static_cast<const float*>(p.q), static_cast<const float*>(p.k), static_cast<const float*>(p.v),
       static_cast<float*>(p.out), p.lse, p.heads, p.kv_heads, p.key_start, p.seq_q, p.seq_k, p.head_dim,
-      p.scale * LOG2E, p.causal);
+      p.scale * LOG2E, p.causal, p.masks);
   return cudaGetLastError();
 }
 
-// Both entry points below: the parameters checked (p.lse and p.key_start never both: the backward part has
-// no padding), then the kernel for head_dim's tile width.
+static bool has_masks(const AttentionMasks& m) {
+  return m.window_left >= 0 || m.softcap > 0.0f || m.cu_seqlens != nullptr;
+}
+
+// The entry points below: the parameters checked (p.lse and p.key_start never both: the backward part has
+// no padding; the masks only through flash_attention_forward_masks), then the kernel for head_dim's tile width.
 static cudaError_t forward_with(const AttentionParams& p, cudaStream_t stream) {
   if (p.batch < 0 || p.heads < 1 || p.kv_heads < 1 || p.heads % p.kv_heads != 0 || p.seq_q < 1 || p.seq_k < 1 ||
       p.head_dim < 1 || p.head_dim > MAX_HEAD_DIM || (p.causal && p.seq_q > p.seq_k) ||
       (p.seq_q - 1) / BLOCK_ROWS >= 65535 || (p.lse != nullptr && p.key_start != nullptr))
     return cudaErrorInvalidValue;
   if (p.batch == 0) return cudaSuccess;
+  const bool masked = has_masks(p.masks);
   return with_head_dim_tile(p.head_dim, [&](auto tile) {
     constexpr int D = decltype(tile)::value;
-    return p.key_start != nullptr ? launch<D, true>(p, stream) : launch<D, false>(p, stream);
+    return masked ? launch<D, true, true>(p, stream)
+                  : p.key_start != nullptr ? launch<D, true, false>(p, stream) : launch<D, false, false>(p, stream);
   });
 }
 
-// The forward pass, float32; the parameters are described in device/params.h (p.lse: nullptr here).
+// The forward pass, float32; the parameters are described in device/params.h (p.lse: nullptr here, no masks).
 cudaError_t flash_attention_forward(const AttentionParams& p, cudaStream_t stream) {
-  if (p.lse != nullptr) return cudaErrorInvalidValue;
+  if (p.lse != nullptr || has_masks(p.masks)) return cudaErrorInvalidValue;
+  return forward_with(p, stream);
+}
+
+// The same with the masks beyond causal of p.masks (steps 23-24, optional; lse not written): a window needs causal,
+// documents seq_q == seq_k, and key_start is never nullptr (all zeros for no padding).
+cudaError_t flash_attention_forward_masks(const AttentionParams& p, cudaStream_t stream) {
+  const AttentionMasks& m = p.masks;
+  if (p.lse != nullptr || p.key_start == nullptr || (m.window_left >= 0 && !p.causal) || !(m.softcap >= 0.0f) ||
+      (m.cu_seqlens != nullptr && (m.documents < 1 || p.seq_q != p.seq_k)))
+    return cudaErrorInvalidValue;
   return forward_with(p, stream);
 }
 
 // The same without padding, also writing p.lse: (batch, heads, seq_q), each row's log-sum-exp of the scaled
 // scores (step 12). The backward pass (kernels/attention_backward.cu) recomputes the probabilities from it.
 cudaError_t flash_attention_forward_lse(const AttentionParams& p, cudaStream_t stream) {
-  if (p.lse == nullptr || p.key_start != nullptr) return cudaErrorInvalidValue;
+  if (p.lse == nullptr || p.key_start != nullptr || has_masks(p.masks)) return cudaErrorInvalidValue;
   return forward_with(p, stream);
 }
 

@@ -111,6 +111,8 @@ class Behaviour:
     update_rows_late: task 5's update writes each new row this many rows (> 0) late, flat over (batch x heads)
     x max_seq rows as an index `(bh * max_seq + p + late) * head_dim` does: into the next head's first rows, and
     past the cache's end for the last head;
+    masks: task 4's masks beyond causal (steps 23-24) write nothing ("unwritten"), or see one key more before the
+    window ("window_wide");
     library: the file the module says it was loaded from (its `__file__`), a real object whose instructions the
     Hopper part reads (tests/test_machine_code.py); by default one that does not exist.
     """
@@ -125,6 +127,7 @@ class Behaviour:
     decode_one_short: bool = False
     update_rows_late: int = 0
     library: Path | None = None
+    masks: str | None = None
 
 
 # The stand-in worker's build folder (harness.sandbox.Worker's `builds`)

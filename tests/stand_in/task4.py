@@ -92,6 +92,55 @@ class Task4Kernels(StandInKernels):
                                          key_start))
 
     @launched
+    def forward_masks(self, q, k, v, out, causal, scale, key_start=None, window_left=None, softcap=None,
+                      cu_seqlens=None):
+        """Steps 23-24: the binding's checks of the masks, then the masked attention in float32, row by row of the
+        scores (behaviour.masks: "unwritten", or "window_wide")."""
+        self._forward(q, k, v, out.clone(), causal, scale, key_start, check_cuda_float32)
+        if window_left is not None and window_left < 0:
+            raise RuntimeError(f"window_left must be None or >= 0 (the keys a query sees before its own), got "
+                               f"{window_left}")
+        if window_left is not None and not causal:
+            raise RuntimeError("window_left needs causal=True: the window is the window_left keys before a query's "
+                               "own position, and the query's own")
+        if softcap is not None and not (math.isfinite(softcap) and softcap > 0):
+            raise RuntimeError(f"softcap must be None or a finite number > 0, got {softcap}")
+        seq_q, seq_k = q.shape[2], k.shape[2]
+        if cu_seqlens is not None:
+            if getattr(cu_seqlens, "on_host", False) or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1:
+                raise RuntimeError(f"cu_seqlens must be a contiguous 1-D int32 CUDA tensor, got {list(cu_seqlens.shape)}"
+                                   f" {str(cu_seqlens.dtype)[6:]}")
+            if seq_q != seq_k:
+                raise RuntimeError(f"cu_seqlens packs documents into one sequence of queries and keys: it needs seq_q "
+                                   f"== seq_k, got {seq_q} and {seq_k}")
+            ends = cu_seqlens.tolist()
+            if len(ends) < 2 or ends[0] != 0 or ends[-1] != seq_k or any(a >= b for a, b in zip(ends, ends[1:])):
+                raise RuntimeError(f"cu_seqlens must rise from 0 to the sequence length {seq_k}, got {ends}")
+        if self.behaviour.masks == "unwritten" or not q.shape[1]:
+            return
+        wide = 1 if self.behaviour.masks == "window_wide" else 0
+        rows, keys = torch.arange(seq_q)[:, None] + (seq_k - seq_q), torch.arange(seq_k)[None, :]
+        hidden = keys > rows if causal else torch.zeros(seq_q, seq_k, dtype=torch.bool)
+        if window_left is not None:
+            hidden |= keys < rows - window_left - wide
+        if cu_seqlens is not None:
+            ids = torch.bucketize(torch.arange(seq_k), cu_seqlens.cpu()[1:], right=True)
+            hidden |= ids[:, None] != ids[None, :]
+        starts = key_start.tolist() if key_start is not None else [0] * q.shape[0]
+        heads = q.shape[1]
+        scores = (q.float() @ expand_kv_heads(k, heads).float().transpose(-2, -1)) * scale
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        result = torch.zeros_like(out, dtype=torch.float32)
+        for b, first in enumerate(starts):
+            seen = ~hidden & (keys >= first)
+            live = rows[:, 0] >= first  # a query before its sequence's first key is padding: zeros
+            weights = torch.softmax(scores[b].masked_fill(~seen, -math.inf), dim=-1)
+            result[b][:, live] = (weights @ expand_kv_heads(v, heads)[b].float())[:, live]
+        with self.work(attention_seconds(q, k, causal)):
+            self.write(out, result)
+
+    @launched
     def forward_lse(self, q, k, v, out, lse, causal, scale):
         """Step 12: forward without padding, and each row's log-sum-exp."""
         self._forward(q, k, v, out, causal, scale, None, check_cuda_float32)
@@ -142,6 +191,9 @@ class Task4Kernels(StandInKernels):
         return True
 
     def has_hopper(self):
+        return True
+
+    def has_masks(self):
         return True
 
     def has_backward(self):

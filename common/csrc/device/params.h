@@ -44,6 +44,18 @@ struct DecodeParams {
   int max_pages = 0, num_pages = 0, page_size = 0;
 };
 
+// Task 4's masks beyond causal (kernels/attention.cu's flash_attention_forward_masks, steps 23-24, optional), in
+// the positions of the whole sequence (before any left padding is skipped), each combinable with causal, grouped
+// heads and key_start. The binding checks them.
+struct AttentionMasks {
+  int window_left = -1;  // >= 0 (with causal): query i sees keys i + (seq_k - seq_q) - window_left .. its diagonal
+  float softcap = 0.0f;  // > 0: every score S (after the scale) becomes softcap * tanh(S / softcap), before the masks
+  // packed documents (seq_q == seq_k): nullptr, or the documents + 1 cumulative lengths 0 = c_0 < ... < c_n = seq_k,
+  // int32 in GPU memory, shared by the batch; a query sees the keys of its own document only
+  const int* cu_seqlens = nullptr;
+  int documents = 0;
+};
+
 // Task 4: attention over a whole sequence, the forward pass (kernels/attention.cu's flash_attention_forward
 // and, with lse, flash_attention_forward_lse; attention_half.cu's flash_attention_half_forward).
 struct AttentionParams {
@@ -57,6 +69,7 @@ struct AttentionParams {
   float scale = 1.0f;
   bool causal = false;
   float* lse = nullptr;  // step 12 (the backward part): (batch, heads, seq_q), each row's log-sum-exp, written
+  AttentionMasks masks;  // steps 23-24 (flash_attention_forward_masks only): none by default
 };
 
 // Task 4's Hopper part (kernels/attention_hopper.cu, steps 17-22): the forward's parameters, head_dim a multiple

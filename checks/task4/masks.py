@@ -1,0 +1,158 @@
+"""Task 4's steps 23-24 (optional): the float32 kernel with the masks beyond causal (a sliding window, packed
+documents, soft-capped scores; task 3's steps 9-11 in CUDA), each with grouped heads and key_start, against float64;
+run by checks/task4/test.py in a process of its own."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+from checks.task4.forward import make_inputs, padded_spans
+from checks.task4.measure import ATOL, RTOL
+from harness import cli, sanitize
+from harness.attention_math import attention_float64
+from harness.checks import compare, expect_errors, guard_damage, guarded_input, guarded_output
+from harness.diagnose_masks import diagnose_masked
+
+MASK_STEPS = (23, 24)
+# Where task 3's steps of the masks are in this task's README (harness/diagnose_masks.py names task 3's): the window
+# and the documents are step 23's ranges (and step 24's element mask), the cap and the row that saw no key step 24's
+TASK3_STEPS = {"task": 4, 9: "steps 23-24", 10: "steps 23-24", 11: "step 24", 4: "step 24", "all": "steps 23-24"}
+# (batch, heads, kv_heads, seq_q, seq_k, head_dim, causal, window_left, the documents' lengths, softcap, key_start),
+# None where unused. The reference's tiles are 128 x 128 and the skeleton's 64 x 64: windows of 1 key, of a tile
+# and wider than the sequence; documents of one position, of a tile, many short ones; caps that bind (the scores of
+# these inputs reach about 4). The first case has no padding: a kernel that writes nothing there is one not written.
+MASK_CASES = [
+    (1, 2, 2, 300, 300, 64, True, 0, None, None, None),  # a window of one key, the query's own
+    (2, 4, 2, 333, 333, 64, True, 127, None, None, None),  # a window of a tile (128 keys), grouped heads
+    (1, 2, 1, 200, 520, 80, True, 150, None, None, None),  # seq_q != seq_k, one key/value head
+    (1, 2, 2, 100, 100, 32, True, 500, None, None, None),  # a window wider than the sequence: causal's values
+    (2, 2, 2, 400, 400, 64, False, None, (1, 128, 100, 171), None, None),  # documents of 1 and of a tile
+    (1, 4, 2, 300, 300, 96, True, None, (5,) * 20 + (200,), None, None),  # many short documents, causal inside
+    (2, 2, 2, 257, 257, 128, False, None, None, 1.0, None),  # soft-capping
+    (1, 2, 2, 300, 300, 64, True, 60, (130, 170), 2.0, None),  # all three
+    (2, 4, 2, 200, 260, 64, True, 50, None, None, (0, 100)),  # a window with left padding
+    (2, 2, 2, 300, 300, 64, True, None, (90, 210), None, (0, 150)),  # documents, one cut by the padding
+    (2, 2, 1, 150, 150, 33, False, None, None, 1.5, (0, 70)),  # a cap with padding, head_dim not a tile's
+]
+
+
+def mask_text(shape) -> str:
+    b, h, kvh, sq, sk, d, causal, window_left, lengths, softcap, starts = shape
+    group = "" if kvh == h else " (MQA)" if kvh == 1 else f" ({kvh} kv heads)"
+    text = f"batch {b} heads {h}{group} seq {sq}x{sk} head_dim {d}" + " causal" * causal
+    if window_left is not None:
+        text += f" window {window_left}"
+    if lengths is not None:  # a run of three or more documents of one length said once: 5 (x20)+200
+        runs = [(n, len(list(same))) for n, same in itertools.groupby(lengths)]
+        text += " documents " + "+".join(f"{n} (x{count})" if count > 2 else "+".join([str(n)] * count)
+                                         for n, count in runs)
+    if softcap is not None:
+        text += f" softcap {softcap:g}"
+    if starts is not None:
+        text += f" key_start {','.join(map(str, starts))}"
+    return text
+
+
+def mask_arguments(shape) -> dict:
+    """The masks as forward_masks's keyword arguments (cu_seqlens from the lengths, int32 on the GPU)."""
+    *_, window_left, lengths, softcap, _ = shape
+    cu_seqlens = None if lengths is None else torch.tensor([sum(lengths[:i]) for i in range(len(lengths) + 1)],
+                                                           dtype=torch.int32)
+    return {"window_left": window_left, "softcap": softcap, "cu_seqlens": cu_seqlens}
+
+
+def check_masked_case(worker, shape, seed):
+    """One masked case against float64, poisoned output and guard bands; a failure compared with the masks' common
+    mistakes (in the first sequence's rows that are not padding when there is padding)."""
+    b, h, kvh, sq, sk, d, causal, window_left, lengths, softcap, starts = shape
+    q, k, v = make_inputs((b, h, kvh, sq, sk, d, starts), seed)
+    scale = 1.0 / math.sqrt(d)
+    key_start = None if starts is None else torch.tensor(starts, dtype=torch.int32)
+    masks = mask_arguments(shape)
+    inputs = [guarded_input(name, t) for name, t in zip("qkv", (q, k, v))]
+    out = guarded_output("out", q.shape)
+    cu_seqlens = masks["cu_seqlens"]
+    worker.call("forward_masks", *(t.tensor for t in inputs), out.tensor, causal, scale,
+                None if key_start is None else key_start.cuda(), window_left, softcap,
+                None if cu_seqlens is None else cu_seqlens.cuda())
+    documents = None if cu_seqlens is None else cu_seqlens.tolist()
+    reference = attention_float64(q, k, v, causal, scale, key_start, window_left=window_left, documents=documents,
+                                  softcap=softcap)[0]
+    result = compare(out.tensor, reference, atol=ATOL, rtol=RTOL, poisoned=True)
+    damage = guard_damage(*inputs, out)
+    if damage:
+        return damage
+    if result.passed or result.untouched:
+        return result
+    got = out.tensor
+    if key_start is not None:  # the mistakes are named on the unpadded sequence alone (the first one)
+        row, key, _ = padded_spans(starts, sq, sk)[0]
+        if row or key:
+            return step_words(result)
+        q, k, v, got = q[:1], k[:1], v[:1], got[:1]
+    return diagnose_masked(result, got, q, k, v, causal, window_left=window_left, documents=documents,
+                           softcap=softcap, atol=ATOL, rtol=RTOL, scale=scale, steps=TASK3_STEPS)
+
+
+def step_words(result):
+    result.message += " (README, Task 4, steps 23-24)"
+    return result
+
+
+def check_mask_errors(worker):
+    """The binding's errors for the masks' arguments: each names the argument and what it must be."""
+    q = torch.randn(1, 2, 16, 32, device="cuda")
+    long_k = torch.randn(1, 2, 20, 32, device="cuda")
+    cu = lambda values: torch.tensor(values, dtype=torch.int32, device="cuda")  # noqa: E731
+
+    def args(causal=True, window_left=None, softcap=None, cu_seqlens=None, k=q):
+        return q, k.clone(), k.clone(), torch.empty_like(q), causal, 0.2, None, window_left, softcap, cu_seqlens
+
+    return expect_errors(lambda *a: worker.call("forward_masks", *a), [
+        ("window_left -1", args(window_left=-1), "window_left must be None or >= 0"),
+        ("a window without causal", args(causal=False, window_left=4), "window_left needs causal=True"),
+        ("softcap 0", args(softcap=0.0), "softcap must be None or a finite number > 0"),
+        ("softcap inf", args(softcap=math.inf), "softcap must be None or a finite number > 0"),
+        ("cu_seqlens not rising", args(cu_seqlens=cu([0, 8, 8, 16])), "cu_seqlens must rise from 0"),
+        ("cu_seqlens past the end", args(cu_seqlens=cu([0, 8, 17])), "cu_seqlens must rise from 0"),
+        ("cu_seqlens int64", args(cu_seqlens=cu([0, 16]).long()), "cu_seqlens must be a contiguous 1-D int32"),
+        ("cu_seqlens with seq_q != seq_k", args(cu_seqlens=cu([0, 20]), k=long_k),
+         "cu_seqlens packs documents into one sequence"),
+    ])
+
+
+def masks_part(report, worker, hidden_cases) -> bool:
+    """Steps 23-24 (optional): every masked case, then the binding's errors for the masks; whether all passed."""
+    report.begin_part("masks", MASK_STEPS, optional=True)
+    before = len(report.cases)
+    for case in cli.cases(4, "masks", MASK_CASES, hidden_cases, mask_text, causal=(False,)):
+        report.run(f"masks: {case.name}", lambda: check_masked_case(worker, case.shape, case.seed))
+        if report.process_died_since(before, "the masks part"):
+            return report.end_part("masks")
+    report.run("bad input to the masks raises clear errors (the given binding)", lambda: check_mask_errors(worker))
+    return report.end_part("masks")
+
+
+MASKS_PASS_NAME = f"{sanitize.PASS_NAME}, the masks (optional)"
+
+
+def masks_sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
+    """The masks' pass (steps 23-24): a window over a padded grouped batch, documents (one of a single position,
+    one cut by the padding), and a cap, at the tile edges."""
+    calls = []
+    for i, shape in enumerate([(2, 4, 2, 140, 200, 64, True, 30, None, None, (0, 100)),
+                               (2, 2, 2, 150, 150, 80, True, None, (1, 100, 49), None, (0, 60)),
+                               (1, 2, 1, 129, 129, 128, False, None, (64, 65), 1.5, None)]):
+        b, h, kvh, sq, sk, d, causal, window_left, _, softcap, starts = shape
+        q, k, v = make_inputs((b, h, kvh, sq, sk, d, starts), cli.seed(sq + sk + d + 3 * i, hidden))
+        cu_seqlens = mask_arguments(shape)["cu_seqlens"]
+        key_start = None if starts is None else torch.tensor(starts, dtype=torch.int32)
+        names = ("q", "k", "v", "out") + ("key_start",) * (key_start is not None) + ("cu_seqlens",) * (
+            cu_seqlens is not None)  # the tensors', in order
+        calls.append(sanitize.Call(f"masks {mask_text(shape)}", "forward_masks",
+                                   (q, k, v, torch.empty_like(q), causal, 1 / math.sqrt(d), key_start, window_left,
+                                    softcap, cu_seqlens), names))
+    return calls

@@ -1,0 +1,18 @@
+// The device library (see common.cuh): the masks beyond causal (task 4, steps 23-24, optional), the part every
+// kernel that takes them shares. The masks themselves (AttentionMasks in params.h) are the kernel's to apply.
+#pragma once
+
+#include "device/params.h"
+
+// The document that holds position `pos`: the d with cu_seqlens[d] <= pos < cu_seqlens[d + 1], found by bisection
+// over the documents + 1 cumulative lengths (0 = c_0 < c_1 < ... < c_documents = seq: the binding checks them).
+// A position past the last document is given the last one.
+__device__ __forceinline__ int document_of(const int* __restrict__ cu_seqlens, int documents, int pos) {
+  int lo = 0, hi = documents - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (cu_seqlens[mid] <= pos) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}

@@ -1,0 +1,38 @@
+"""Known-bad masks (task 4, steps 23-24, optional) on a GPU: the reference's float32 kernel with one exact edit each
+fails its optional part with the mistake named and its step, and costs the scored part nothing
+(tests/test_known_bad_edits.py checks here, on the CPU, that each edit still applies)."""
+
+import pytest
+
+from tests.conftest import needs_cuda, needs_solution, run_test, submission
+from tests.test_cuda_submissions import kernel_file
+
+pytestmark = [needs_cuda, needs_solution(4)]
+
+MASKS_REFERENCE = "task4/solution/kernels/attention.cu"
+# (edit, what the part says): the window one key early, the documents left out of the rows' ranges, the cap twice,
+# no -inf row guard
+EDITS = {
+    "window_one_key_wide": (("row + causal_offset - masks.window_left : 0;",
+                             "row + causal_offset - masks.window_left - 1 : 0;"),
+                            "it matches the window one key too wide"),
+    "documents_ignored": (("      if (masks.cu_seqlens != nullptr) {\n        const int doc",
+                           "      if (false) {\n        const int doc"),
+                          "it matches no document mask: queries saw the keys of other documents"),
+    "capped_twice": (("s[i][j] = cap * tanhf(s[i][j] * inv_cap);",
+                      "s[i][j] = cap * tanhf(cap * tanhf(s[i][j] * inv_cap) * inv_cap);"),
+                     "it matches the cap applied twice"),
+    "no_row_guard": (("const float m_use = MASKS && m_new == -INFINITY ? 0.0f : m_new;", "const float m_use = m_new;"),
+                     "output rows are NaN"),
+}
+
+
+@pytest.mark.parametrize("name", list(EDITS))
+def test_task4_masks_that_are_wrong_fail_their_optional_part_with_the_mistake_named(name, tmp_path):
+    edit, words = EDITS[name]
+    student = submission(tmp_path, kernel_file(4, edit))
+    record = run_test(4, student, tmp_path, "--masks")
+    wrong = [c["message"] for c in record["cases"] if c["kind"] == "optional" and not c["passed"]]
+    assert wrong and any(words in m and "Task 4, step" in m for m in wrong), [m[:300] for m in wrong]
+    scored = run_test(4, student, tmp_path, "--attention")  # the same build: the other instances are untouched
+    assert scored["status"] == "passed", [c["message"][:200] for c in scored["cases"] if not c["passed"]]
