@@ -3,7 +3,8 @@
 Given code (not graded). Task 5's layer, task 6's model and task 7's Hugging Face models run their
 attention through an object with the three methods of `KernelSet`, all with the scale
 1/sqrt(head_dim):
-- `attention(q, k, v, causal, key_start=None)`: task 4's kernel, for a prompt;
+- `attention(q, k, v, causal, key_start=None, *, window_left=None, softcap=None)`: task 4's kernel, for a
+  prompt (window_left and softcap: its masks beyond causal, steps 23-24, float32; `common/masks.py` says each);
 - `update_cache(k_new, v_new, k_cache, v_cache, pos)` and `decode(q, k_cache, v_cache, length,
   key_start=None)`: task 5's kernels, for the cache and each new token.
 k, v and the caches may have fewer heads than q (grouped-query attention: query head h reads
@@ -29,7 +30,8 @@ import torch
 
 @runtime_checkable
 class KernelSet(Protocol):
-    def attention(self, q, k, v, causal: bool, key_start=None) -> torch.Tensor: ...
+    def attention(self, q, k, v, causal: bool, key_start=None, *, window_left=None, softcap=None) -> torch.Tensor:
+        ...
 
     def update_cache(self, k_new, v_new, k_cache, v_cache, pos) -> None: ...
 

@@ -21,8 +21,14 @@ class PyTorchKernels:
     non-contiguous tensors), so code that works with it asks the CUDA kernels for the same.
     """
 
-    def attention(self, q, k, v, causal: bool, key_start=None):
+    def attention(self, q, k, v, causal: bool, key_start=None, *, window_left=None, softcap=None):
         self._contiguous(q=q, k=k, v=v)
+        if window_left is not None and (not causal or isinstance(window_left, bool) or not isinstance(window_left, int)
+                                        or window_left < 0):
+            raise ValueError(f"window_left must be None or an int >= 0, with causal=True; got {window_left!r} "
+                             f"(causal={causal})")
+        if softcap is not None and not (isinstance(softcap, (int, float)) and math.isfinite(softcap) and softcap > 0):
+            raise ValueError(f"softcap must be None or a finite number > 0, got {softcap!r}")
         heads, kv_heads = q.shape[1], k.shape[1]
         if kv_heads < 1 or heads % kv_heads:
             raise ValueError(f"k's heads (kv_heads = {kv_heads}) must divide q's heads ({heads})")
@@ -30,6 +36,8 @@ class PyTorchKernels:
         # query head is fine here (plain PyTorch on the CPU); the kernels read the shared heads in place.
         k, v = (t.repeat_interleave(heads // kv_heads, dim=1) for t in (k, v))
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        if softcap is not None:  # task 4's steps 23-24: after the scale, before any mask
+            scores = softcap * torch.tanh(scores / softcap)
         seq_q, seq_k = q.shape[-2], k.shape[-2]
         if key_start is not None and seq_q > seq_k:
             raise ValueError(f"key_start needs seq_q <= seq_k (the queries are the last seq_q positions of the keys), "
@@ -38,6 +46,9 @@ class PyTorchKernels:
         # whose rows are zeros (they see no key).
         first = None if key_start is None else self._key_start(key_start, q.shape[0], seq_k, "seq_k")
         hidden, padded_query = hidden_keys(seq_q, seq_k, causal, first, q.device)
+        if window_left is not None:  # query i sees keys i + seq_k - seq_q - window_left .. its own
+            hidden = hidden | torch.ones(seq_q, seq_k, dtype=torch.bool, device=q.device).tril(
+                seq_k - seq_q - window_left - 1)
         scores = scores.masked_fill(hidden, -math.inf)
         if padded_query is None:
             return torch.softmax(scores, dim=-1) @ v

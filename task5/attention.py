@@ -110,14 +110,16 @@ class CudaKernels:
     def __init__(self, solution: bool = False, prefill: str = "task4"):
         self.solution, self.prefill = solution, prefill
 
-    def attention(self, q, k, v, causal: bool, key_start=None):
+    def attention(self, q, k, v, causal: bool, key_start=None, *, window_left=None, softcap=None):
+        masks = {name: value for name, value in (("window_left", window_left), ("softcap", softcap))
+                 if value is not None}  # task 4's steps 23-24 (float32), only where a model has them
         if self.prefill == "pytorch":
             from common.torch_kernels import PyTorchKernels
 
-            return PyTorchKernels().attention(q, k, v, causal, key_start)
+            return PyTorchKernels().attention(q, k, v, causal, key_start, **masks)
         from task4.attention import flash_attention
 
-        return flash_attention(q, k, v, causal, solution=self.solution, key_start=key_start)
+        return flash_attention(q, k, v, causal, solution=self.solution, key_start=key_start, **masks)
 
     def update_cache(self, k_new, v_new, k_cache, v_cache, pos) -> None:
         update_cache(k_new, v_new, k_cache, v_cache, pos, solution=self.solution)

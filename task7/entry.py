@@ -37,6 +37,14 @@ def generate(ids, new_tokens, attention_mask=None):
     return [tokens.cpu(), torch.stack(out.logits, dim=1).float().cpu()]
 
 
+def logits(ids, attention_mask=None):
+    """The model's logits over the whole of ids (batch, n) in one forward pass (a prompt: teacher forcing), padded on
+    the left where attention_mask (batch, n) is 0: (batch, n, vocab) float32."""
+    mask = None if attention_mask is None else attention_mask.to(_model.device)
+    with torch.no_grad():
+        return _model(input_ids=ids.to(_model.device), attention_mask=mask).logits.float().cpu()
+
+
 def generate_only(ids, new_tokens):
     """The same generation, nothing returned, once the GPU is done: what the checks time."""
     gpt2.greedy(_model, ids, new_tokens)

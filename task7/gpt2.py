@@ -37,6 +37,16 @@ LLAMA_1B_ATTENTION = dict(model_type="llama", hidden_size=2048, num_attention_he
                           num_hidden_layers=2, intermediate_size=2048, vocab_size=8192,
                           max_position_embeddings=2048, rope_theta=500000.0, bos_token_id=0, eos_token_id=0,
                           pad_token_id=0)
+# Models whose attention masks more than the future (step 4, optional): a small Gemma 2 (its local layers a sliding
+# window of 8 keys, every other layer global; scores soft-capped at 1.0, with weights large enough that the cap
+# binds: the logits move by about 6 without it) and a Mistral-style model with a sliding window of 8 on every layer.
+GEMMA2_SMALL = dict(model_type="gemma2", hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                    num_hidden_layers=2, intermediate_size=256, vocab_size=1000, max_position_embeddings=256,
+                    sliding_window=8, attn_logit_softcapping=1.0, query_pre_attn_scalar=32, initializer_range=0.2,
+                    bos_token_id=0, eos_token_id=0, pad_token_id=0)
+MISTRAL_SMALL = dict(model_type="mistral", hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
+                     num_hidden_layers=2, intermediate_size=256, vocab_size=1000, max_position_embeddings=256,
+                     sliding_window=8, bos_token_id=0, eos_token_id=0, pad_token_id=0)
 # A small public Llama-family checkpoint with its real weights (9 query heads over 3 key/value
 # heads), for python -m task7.inference --model; fetched as the README says, never by the tests.
 LLAMA_CHECKPOINT = "HuggingFaceTB/SmolLM2-135M"
@@ -54,24 +64,32 @@ def use_kernels(model, attention, kernels):
     return model
 
 
-def key_start_of(mask: torch.Tensor, q_len: int, kv_len: int) -> torch.Tensor | None:
+def key_start_of(mask: torch.Tensor, q_len: int, kv_len: int, window_left: int | None = None) -> torch.Tensor | None:
     """Each sequence's first real key, int32 (batch,) on the mask's device, from a (batch, 1, q_len, kv_len)
     mask (boolean: True = attend; or additive) of causal attention over a batch padded on the left, as
     `generate` pads prompts of different lengths; None when no sequence is padded. The queries are the last
     q_len positions; those before a sequence's first real key are padding and see no key at all.
+    window_left: a sliding window's (sliding_window - 1), whose mask also hides the keys before each query's
+    window; a new token's window may start past the padding, and then its first key is the window's.
     Any other mask raises ValueError: the kernels take key ranges, not masks."""
     allowed = (mask if mask.dtype == torch.bool else mask == 0)[:, 0]
     batch = allowed.shape[0]
     allowed = allowed.expand(batch, q_len, kv_len)
-    last = allowed[:, -1]  # the newest query sees every real key of its sequence
-    none = torch.full((batch,), kv_len, dtype=torch.long, device=mask.device)  # every key padding
-    first = torch.where(last.any(dim=-1), last.int().argmax(dim=-1), none)
+    # the earliest key any query sees (the padding's end: the first real query sees its own key first)
+    none = torch.full((batch, q_len), kv_len, dtype=torch.long, device=mask.device)  # a row that sees no key
+    first = torch.where(allowed.any(dim=-1), allowed.int().argmax(dim=-1), none).min(dim=-1).values
     keys = torch.arange(kv_len, device=mask.device)
-    causal = torch.ones(q_len, kv_len, dtype=torch.bool, device=mask.device).tril(kv_len - q_len)
-    if not bool((allowed == (causal & (keys >= first[:, None, None]))).all()):
-        raise ValueError("attention_mask is not causal attention over a batch padded on the left (it hides keys in "
-                         "the middle or at the end of a sequence, or shows a query its future): the kernels take "
-                         "each sequence's first real key, not a mask")
+    expected = torch.ones(q_len, kv_len, dtype=torch.bool, device=mask.device).tril(kv_len - q_len)
+    if window_left is not None:
+        expected = expected & ~torch.ones(q_len, kv_len, dtype=torch.bool, device=mask.device).tril(
+            kv_len - q_len - window_left - 1)
+    if not bool((allowed == (expected & (keys >= first[:, None, None]))).all()):
+        window = "" if window_left is None else (
+            f", with a sliding window of window_left + 1 = {window_left + 1} keys (transformers' sliding_window is "
+            f"window_left + 1: README, Task 7, step 4)")
+        raise ValueError(f"attention_mask is not causal attention over a batch padded on the left{window} (it hides "
+                         "keys in the middle or at the end of a sequence, or shows a query its future): the kernels "
+                         "take each sequence's first real key, not a mask")
     return None if bool((first == 0).all()) else first.to(torch.int32)
 
 

@@ -16,7 +16,7 @@ from harness.checks import compare_logits
 from common.torch_kernels import PyTorchKernels
 from task7 import gpt2
 from checks.task7 import test as task7_test
-from tests.conftest import bad_variant, needs_solution, run_test, submission
+from tests.conftest import REPO, bad_variant, needs_solution, run_test, submission
 
 pytestmark = needs_solution(7)
 
@@ -181,13 +181,14 @@ def test_reference_passes_and_skeleton_names_step_1(tmp_path, capsys):
 
 @pytest.mark.parametrize("old, new, case_words, words", [
     ("        query = query * (scaling * head_dim ** 0.5)\n", "        pass\n", "scale", "decode step"),
-    ("out = kernels.decode(q, k, v, kv_len, key_start)", "out = kernels.decode(q, k, v, kv_len - 1, key_start)",
+    ("out = kernels.decode(q, k, v, k.shape[2], key_start)", "out = kernels.decode(q, k, v, k.shape[2] - 1, key_start)",
      "small GPT-2: batch 2", "decode step 1"),
     ('bool(getattr(module, "is_causal", True))', "False", "small GPT-2: batch 2", "in the prompt"),
-    ("key_start = None if attention_mask is None else key_start_of(attention_mask, q_len, kv_len)",
+    ("key_start = None if attention_mask is None else key_start_of(attention_mask, q_len, kv_len, window_left)",
      "key_start = None", "small GPT-2, padded", "logits"),
-    # Gemma 2's soft-capped scores taken without a word (a file from before the refusal): silently wrong logits
-    ('    if kwargs.get("softcap"):\n', "    if False:\n", "refuses", "soft-capped scores: no error was raised"),
+    # Gemma 2's soft-capped scores taken on a new token without a word (the decode does not soft-cap): wrong logits
+    ("    if softcap and q_len != kv_len:\n", "    if False:\n", "refuses",
+     "soft-capped scores on a new token: no error was raised"),
 ])
 def test_known_bad_functions_fail(tmp_path, old, new, case_words, words):
     text = bad_variant(7, "attention.py", old, new)
@@ -195,3 +196,58 @@ def test_known_bad_functions_fail(tmp_path, old, new, case_words, words):
     assert record["status"] == "failed"
     case = next(c for c in record["cases"] if case_words in c["name"])
     assert not case["passed"] and words in case["message"], case["message"]
+
+
+@pytest.mark.parametrize("old, new, case_words", [
+    # the window one key too wide (sliding_window where window_left is sliding_window - 1): Mistral's logits move
+    ("window_left = window - 1 if window", "window_left = window if window", "Mistral-style"),
+    # softcap read but never passed on: Gemma 2's scores uncapped
+    ('("softcap", softcap or None)', '("softcap", None)', "small Gemma 2 ("),
+])
+def test_known_bad_step_4_fails_its_optional_part_only(tmp_path, old, new, case_words):
+    """Step 4 (optional) wrong: its model fails with the step named, and the grade does not move."""
+    text = bad_variant(7, "attention.py", old, new)
+    record = run_test(7, submission(tmp_path, {"task7/attention.py": text}), tmp_path)
+    case = next(c for c in record["cases"] if case_words in c["name"])
+    assert case["kind"] == "optional" and not case["passed"] and "step 4" in case["message"], case
+    assert all(c["passed"] for c in record["cases"] if c["kind"] != "optional"), [
+        c["name"] for c in record["cases"] if not c["passed"]]
+
+
+def test_the_skeletons_step_4_refuses_the_masked_models_as_not_implemented(tmp_path):
+    """A student who wrote steps 1-3 alone: the scored part passes, and step 4's models say it is not written."""
+    import re
+
+    from harness.skeleton import make_skeleton
+
+    text = (REPO / "task7/solution/attention.py").read_text()
+    begin = text.index('    # BEGIN SOLUTION "step 4:')
+    end = text.index("    # END SOLUTION\n", begin) + len("    # END SOLUTION\n")
+    text = text[:begin] + make_skeleton(text[begin:end], 7, "#") + text[end:]  # step 4 as the skeleton has it
+    text = re.sub(r"(?m)^\s*# (BEGIN|END) SOLUTION.*\n", "", text)  # steps 1-3 the reference's
+    record = run_test(7, submission(tmp_path, {"task7/attention.py": text}), tmp_path)
+    optional = [c for c in record["cases"] if c["kind"] == "optional"]
+    assert all(c["passed"] for c in record["cases"] if c["kind"] != "optional"), record["cases"]
+    assert optional and all("step 4" in c["message"] for c in optional if not c["passed"]), optional
+    assert any("not implemented yet: see README, Task 7, step 4" in c["message"] for c in optional), optional
+
+
+def test_a_new_tokens_window_is_the_last_keys_when_the_cache_holds_more():
+    """transformers' sliding-window caches hand a new token the window's keys alone; a cache that holds more (a
+    static one) must give the same: the decode over the last sliding_window keys, padding moved with them."""
+    from types import SimpleNamespace
+
+    from task7.solution.attention import kernel_attention
+
+    generator = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 4, n, 16, generator=generator) for n in (1, 20, 20))
+    k, v = k[:, :2].contiguous(), v[:, :2].contiguous()  # 2 key/value heads
+    module = SimpleNamespace(is_causal=True, scaling=16 ** -0.5, training=False)
+    allowed = torch.ones(2, 1, 1, 20, dtype=torch.bool)
+    allowed[1, ..., :15] = False  # sequence 1: 15 tokens of padding, 5 real ones inside the window of 8
+    allowed[0, ..., :12] = False  # sequence 0: the window's 8 keys alone (12 before it hidden by the window)
+    out, _ = kernel_attention(module, q, k, v, allowed, dropout=0.0, kernels=PyTorchKernels(), sliding_window=8)
+    for b, first in ((0, 12), (1, 15)):
+        want = PyTorchKernels().attention(q[b:b + 1], k[b:b + 1, :, first:].contiguous(),
+                                          v[b:b + 1, :, first:].contiguous(), False)
+        assert torch.allclose(out[b:b + 1].transpose(1, 2), want, atol=1e-6), b

@@ -27,7 +27,9 @@ class SdpaKernels:
     """PyTorch's SDPA as the kernel set (common/kernel_set.py) of the same cached layer: the trusted side's
     baseline, the cache updated in place. It checks nothing of its inputs (the checks make them)."""
 
-    def attention(self, q, k, v, causal, key_start=None):
+    def attention(self, q, k, v, causal, key_start=None, *, window_left=None, softcap=None):
+        if window_left is not None or softcap is not None:
+            raise ValueError("the SDPA baseline takes no masks beyond causal (window_left, softcap)")
         gqa = k.shape[1] != q.shape[1]
         if key_start is None and not (causal and q.shape[2] != k.shape[2]):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)

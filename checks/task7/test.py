@@ -9,11 +9,14 @@ tolerance (Task 6's rule). A batch of prompts of different lengths, padded on th
 also give each sequence the tokens it gets generated alone.
 - on the CPU, PyTorch plays the kernels: small random GPT-2s and Llamas (grouped-query
   attention), a layer-dependent scale, a one-token prompt, padded batches, and what must be
-  refused (a mask that is not left padding, dropout, several new tokens, soft-capping, a sliding window);
+  refused (a mask that is not left padding, dropout, several new tokens, soft-capping on a new token); then
+  (optional, step 4) a small Gemma 2 (sliding-window and global layers, soft-capped scores) teacher-forced and a
+  Mistral-style model (a sliding window) generating, each against its own attention in float64;
 - on the GPU, your Task 4 and Task 5 kernels: the same, 4 prompts of 5 to 40 tokens padded, a
   Llama with Llama 3.2 1B's attention (32 query heads over 8 key/value heads), and GPT-2 itself
   (124M parameters) with its real weights when they are in the Hugging Face cache (tests never
-  download), else random ones; then (optional, reported) three of the models in bf16 and fp16,
+  download), else random ones; the step 4 models again on your kernels (optional: task 4's float32 masks, steps
+  23-24); then (optional, reported) three of the models in bf16 and fp16,
   through your kernels' optional 16-bit parts, each within twice the logit error of the same model in
   that type with PyTorch's attention; last, the time per generated token against the model's own
   attention, and the generated text.
@@ -52,6 +55,15 @@ GPU_CASES = [("small GPT-2", gpt2.SMALL, 2, 33, 20),
 # each held to what its type allows: twice the largest logit error of the same model in the same type with PyTorch's
 # own attention (transformers' "sdpa") on the same tokens.
 HALF_CASES = [GPU_CASES[0], GPU_CASES[1], GPU_CASES[3]]
+# The optional step 4: models whose attention masks more than the future. (name, config, prompt lengths, new tokens):
+# a Gemma 2 teacher-forced over whole prompts (new tokens 0: task 5's decode does not soft-cap), a Mistral-style model
+# generating (its new tokens decode over the window's keys); lengths past the window of 8, padded on the left.
+MASK_CASES = [("small Gemma 2 (a window of 8 keys on every other layer, scores soft-capped at 1.0)", gpt2.GEMMA2_SMALL,
+               (24, 24), 0),
+              ("small Gemma 2, padded", gpt2.GEMMA2_SMALL, (13, 30, 6), 0),
+              ("small Mistral-style model (a window of 8 keys), padded", gpt2.MISTRAL_SMALL, (5, 17, 12), 12)]
+MASK_HINTS = (" (step 4: softcap and window_left = sliding_window - 1 to task 4's kernel)",
+              " (step 4: a new token's window, the last sliding_window keys, to task 5's decode)")
 GPT2_RUN = dict(batch=1, new_tokens=40, random_prompt=16)
 REPS = 3
 BUILD_TIMEOUT_S = 900  # the first GPU model builds your Task 4 and Task 5 kernels
@@ -154,6 +166,45 @@ def random_prompts(lengths, vocab, seed, pad_id):
     return gpt2.left_pad([torch.randint(1, vocab, (n,), generator=generator) for n in lengths], pad_id)
 
 
+def check_prompt(worker, model, config: dict, prompt: torch.Tensor, mask: torch.Tensor | None, device: str):
+    """The model's logits over whole prompts (one forward pass: teacher forcing) against the same weights with its own
+    attention in float64, each padded sequence on its own without its padding; (passed, message, metrics)."""
+    worker.call("make_model", config, model.state_dict(), device, timeout=BUILD_TIMEOUT_S)
+    got = worker.call("logits", prompt, mask)
+    batch, n, vocab = *prompt.shape, model.config.vocab_size
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != (batch, n, vocab) or got.dtype != torch.float32:
+        return False, "logits did not return (batch, n, vocab) float32 logits (does the function return (output, None)?)", {}
+    reference = reference_of(model, device)
+    keep = torch.ones_like(prompt, dtype=torch.bool) if mask is None else mask == 1
+    said = []
+    for b in range(batch):
+        with torch.no_grad(), exact_float32():
+            expected = reference(prompt[b:b + 1, keep[b]].to(device)).logits.cpu()
+        passed, message, metrics = compare_logits(got[b:b + 1, keep[b]], expected, int(keep[b].sum()), hints=MASK_HINTS)
+        if not passed:
+            return False, f"sequence {b}: {message}", metrics
+        said.append((metrics.get("max_abs_err", 0.0), b, message, metrics))
+    _, b, message, metrics = max(said)  # the sequence furthest off
+    return True, f"each of the {batch} sequences on its own; the furthest off, sequence {b}: {message}", metrics
+
+
+def run_mask_cases(report, worker, first_seed: int, device: str, hidden: cli.Hidden | None) -> None:
+    """Step 4 (optional): MASK_CASES on `device`, a part of its own."""
+    report.begin_part(f"masks {device}", (4,), optional=True)
+    for i, (name, config, lengths, n) in enumerate(MASK_CASES):
+        seed = cli.seed(first_seed + i, hidden)
+        prompt, mask = random_prompts(lengths, config["vocab_size"], seed, pad_id=0)
+        mask = None if len(set(lengths)) == 1 else mask
+        what = f"prompts of {', '.join(map(str, lengths))} tokens" + (f", {n} new tokens" if n else ", teacher-forced")
+        model = gpt2.random_model(config, seed)
+        report.run(f"{'cpu ' if device == 'cpu' else ''}{name}: batch {len(lengths)}, {what}",
+                   lambda: check_generation(worker, model, config, prompt, n, device, mask) if n else
+                   check_prompt(worker, model, config, prompt, mask, device))
+    if device == "cuda" and not all(c.passed for c in report.cases[report.part_start:]):
+        report.note("the GPU's masked models run task 4's float32 masks (python -m task4.test --masks)")
+    report.end_part(f"masks {device}")
+
+
 def check_refusals(worker):
     """What the kernels cannot do must raise a clear error, never give a wrong answer."""
     q = torch.randn(2, 4, 5, 16)
@@ -163,10 +214,10 @@ def check_refusals(worker):
         ("a mask hiding a key in the middle", ("attend", q, q, q, holed, None, 0.0), "padded on the left"),
         ("dropout in training", ("attend", q, q, q, None, None, 0.1), "dropout"),
         ("three new tokens after two cached", ("attend", q[:, :, :3], q, q, None, None, 0.0), "new tokens"),
-        # what Gemma 2 and Mistral pass beside: a model run without it would give wrong logits, with no error
-        ("Gemma 2's soft-capped scores", ("attend", q, q, q, None, None, 0.0, {"softcap": 50.0}), "softcap"),
-        ("a sliding window of 3 over 5 keys", ("attend", q, q, q, None, None, 0.0, {"sliding_window": 3}),
-         "sliding_window"),
+        # what Gemma 2 passes beside: the decode kernel does not soft-cap, and a new token run without it would give
+        # wrong logits, with no error (step 4 passes it to task 4's kernel for a prompt; the skeleton refuses it)
+        ("Gemma 2's soft-capped scores on a new token", ("attend", q[:, :, 4:], q, q, None, None, 0.0,
+                                                         {"softcap": 50.0}), "softcap"),
     ])
 
 
@@ -283,7 +334,10 @@ def run_on_gpu(report, worker, args):
                lambda: check_generation(worker, llama, llama.config.to_dict(), llama_prompt, GPT2_RUN["new_tokens"],
                                         "cuda"))
     report.end_part("gpu")
-    if all(c.passed for c in report.cases):
+    if all(c.passed for c in report.cases if c.kind != "optional"):
+        worker.stop_until_next_call()  # a process of its own: a fault in the optional masks costs their part alone
+        run_mask_cases(report, worker, 85, "cuda", args.hidden)
+    if all(c.passed for c in report.cases if c.kind != "optional"):
         # In a process of its own (the next call starts one): a crash in an optional 16-bit kernel costs its part.
         worker.stop_until_next_call()
         report.begin_part("half", (1, 2, 3), optional=True)
@@ -325,6 +379,8 @@ def main(argv=None) -> int:
         run_cases(report, worker, CPU_CASES, 70, "cpu", args.hidden)
         report.run("refuses what the kernels cannot do", lambda: check_refusals(worker))
         report.end_part("cpu")
+        if not report.stopped:
+            run_mask_cases(report, worker, 75, "cpu", args.hidden)
         if torch.cuda.is_available():
             run_on_gpu(report, worker, args)
         else:
