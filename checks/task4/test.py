@@ -40,7 +40,7 @@ from checks.task4.backward import backward_part, backward_text, check_backward_e
 from checks.task4.forward import attention_part, check_errors, grouped_text, make_inputs, shape_text
 from checks.task4.half import check_half_errors, half_part, half_text
 from checks.task4.hopper import hopper_part, is_hopper
-from checks.task4.masks import MASKS_PASS_NAME, masks_part, masks_sanitizer_calls
+from checks.task4.masks import MASKS_PASS_NAME, masks_part, masks_sanitizer_calls, run_masks_benchmarks
 
 
 def sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
@@ -285,7 +285,7 @@ def main(argv=None) -> int:
         passes = []
         if "attention" in chosen:
             float_part(report, worker, args, passes)
-        half_passed = backward_passed = hopper_passed = False
+        half_passed = backward_passed = hopper_passed = masks_passed = False
         if "half" in chosen and not report.stopped:
             # In a process of its own (the next call starts one): a crash or a hang in the optional kernel costs
             # its own part, never the float32 checks or the sanitizer pass before it, or the benchmarks after it.
@@ -300,7 +300,8 @@ def main(argv=None) -> int:
             worker.stop_until_next_call()  # and the checks after it (training) in a fresh one: a trap ends a context
         if "masks" in chosen and not report.stopped:
             worker.stop_until_next_call()  # a process of its own, as the parts above
-            if masks_part(report, worker, args.hidden):
+            masks_passed = masks_part(report, worker, args.hidden)
+            if masks_passed:
                 passes.append(sanitize.start(report, 4, args, masks_sanitizer_calls(args.hidden), step_of,
                                              MASKS_PASS_NAME, kind="optional", part="masks"))
         training = lambda: report.run("a model trained through your kernels learns as with SDPA",  # noqa: E731
@@ -325,6 +326,8 @@ def main(argv=None) -> int:
         if hopper_passed and not args.grading and not report.stopped:
             timed.append(("Hopper", lambda: measure.run_half_benchmarks(report, worker, measure.half_cases("Hopper "),
                                                                         "forward_hopper")))
+        if masks_passed and not args.grading and not report.stopped:
+            timed.append(("masks", lambda: run_masks_benchmarks(report, worker)))
         optional_benchmarks(report, worker, timed)
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(4, args.solution, args.student_dir, report.attention_ops), kind="rule")

@@ -42,6 +42,10 @@ SMALL = {  # module: {name: the small value the stand-in uses}
     # the Hopper part runs in every task 4 flow here (the stand-in GPU is 9.0): a few of its shapes, each path once
     "checks.task4.hopper": {"HOPPER_CASES": [(1, 1, 1, 1, 1, 64, None), (2, 4, 2, 129, 255, 128, None),
                                              (1, 2, 2, 50, 50, 33, None), (2, 4, 2, 30, 200, 128, (5, 199))]},
+    # the masks' skip timed at a size the stand-in computes in a moment (it holds a head's scores whole)
+    "checks.task4.masks": {"SKIP_SHAPE": (1, 2, 1024, 32),
+                           "SKIP_MASKS": {"causal": {}, "a window of 128 keys": {"window_left": 127},
+                                          "causal documents of 64": {"cu_seqlens": list(range(0, 1025, 64))}}},
     # the copy model small enough to train twice on a CPU in seconds, and still learn in its steps
     "task4.train": {"TRAINING": TrainingConfig(layers=2, hidden=32, heads=2, prefix=9, batch=16, steps=150, lr=3e-3)},
     "checks.task5.measure": {"DECODE_BENCHMARKS": [(1, 2, 2, 2048, 48), (1, 1, 1, 4096, 48), (1, 4, 2, 2048, 48)], "LONG_CACHE_NEEDS_SPLITS_BELOW": 2,
