@@ -27,7 +27,8 @@ class PyTorchKernels:
                                         or window_left < 0):
             raise ValueError(f"window_left must be None or an int >= 0, with causal=True; got {window_left!r} "
                              f"(causal={causal})")
-        if softcap is not None and not (isinstance(softcap, (int, float)) and math.isfinite(softcap) and softcap > 0):
+        if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
+                                    or not math.isfinite(softcap) or softcap <= 0):
             raise ValueError(f"softcap must be None or a finite number > 0, got {softcap!r}")
         heads, kv_heads = q.shape[1], k.shape[1]
         if kv_heads < 1 or heads % kv_heads:

@@ -85,6 +85,7 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, o
             raise ValueError(f"the masks beyond causal are in the float32 kernel (kernels/attention.cu, steps 23-24), "
                              f"not the {str(q.dtype)[6:]} ones: give float32 tensors")
         ends = None if documents is None else torch.tensor(documents, dtype=torch.int32, device=q.device)
+        window_left = None if window_left is None else min(window_left, k.shape[-2])  # wider sees every key too
         function(extension(solution), "forward_masks")(q, k, v, out, causal, scale, key_start, window_left, softcap,
                                                        ends)
         return out

@@ -145,11 +145,14 @@ void forward_masks(const torch::Tensor& q, const torch::Tensor& k, const torch::
               "its own), got ", num(window_left.value_or(0)));
   TORCH_CHECK(!window_left || causal, "window_left needs causal=True: the window is the window_left keys before a "
               "query's own position, and the query's own");
-  TORCH_CHECK(!softcap || (std::isfinite(*softcap) && *softcap > 0), "softcap must be None or a finite number > 0, "
-              "got ", std::to_string(softcap.value_or(0)));
+  // the kernel holds the cap as a float32, times log2(e), and divides by it: a cap float32 cannot hold that way
+  // (below about 1e-38 it is 0 or its inverse infinite; above about 2e38 times log2(e) infinite) would be no cap or NaN
+  const float cap = softcap ? (float)*softcap : 0.0f;
+  TORCH_CHECK(!softcap || (cap >= 1e-30f && cap <= 1e30f), "softcap must be None or a finite number > 0 (from "
+              "1e-30 to 1e30: the kernel holds it as a float32), got ", std::to_string(softcap.value_or(0)));
   AttentionMasks masks;
   masks.window_left = window_left ? (int)std::min<int64_t>(*window_left, seq_k) : -1;  // wider is all of them
-  masks.softcap = softcap ? (float)*softcap : 0.0f;
+  masks.softcap = cap;
   if (cu_seqlens) {
     const torch::Tensor& c = *cu_seqlens;
     TORCH_CHECK(c.is_cuda() && c.scalar_type() == torch::kInt && c.dim() == 1 && c.is_contiguous(),

@@ -28,7 +28,7 @@ def kernel_attention(module, query, key, value, attention_mask=None, scaling=Non
     # TODO (README, Task 7, step 4: (optional, after steps 1-3) Gemma 2's softcap and a sliding_window as the kernels' window_left (sliding_window - 1); a new token's window as the last keys; no soft-capping decode)
     if kwargs.get("softcap") or (kwargs.get("sliding_window") is not None and kwargs["sliding_window"] < kv_len):
         raise NotImplementedError("Gemma 2's softcap and Mistral's sliding_window: see README, Task 7, step 4 "
-                                  "(optional); until then a model that passes them runs with its own attention")
+                                  "(optional); until then, run such a model with its own attention")
     softcap = window_left = None
     # TODO (README, Task 7, step 1: the mask as each sequence's first real key (left padding); refuse what the kernels cannot do (dropout, any other mask, several new tokens after a prompt))
     raise NotImplementedError("see README, Task 7, step 1: the mask as each sequence's first real key (left padding); refuse what the kernels cannot do (dropout, any other mask, several new tokens after a prompt)")

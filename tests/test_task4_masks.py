@@ -28,7 +28,7 @@ def test_the_masks_part_is_checked_with_its_pass_and_errors_and_scores_nothing(s
     named = {c["name"]: c for c in record["cases"]}
     assert named[MASKS_PASS_NAME]["passed"] and named[MASKS_PASS_NAME]["kind"] == "optional", named.get(MASKS_PASS_NAME)
     errors = named["bad input to the masks raises clear errors (the given binding)"]
-    assert errors["passed"] and "8 kinds" in errors["message"], errors
+    assert errors["passed"] and "9 kinds" in errors["message"], errors
     timed = [c for c in record["cases"] if c["name"].startswith("masks: ") and " at batch " in c["name"]]
     assert len(timed) == 2 and all(c["kind"] == "optional" and "x its speed" in c["message"] and "1/" in c["message"]
                                    and "not scored" in c["message"] for c in timed), timed

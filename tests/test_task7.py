@@ -203,6 +203,8 @@ def test_known_bad_functions_fail(tmp_path, old, new, case_words, words):
     ("window_left = window - 1 if window", "window_left = window if window", "Mistral-style"),
     # softcap read but never passed on: Gemma 2's scores uncapped
     ('("softcap", softcap or None)', '("softcap", None)', "small Gemma 2 ("),
+    # a new token's window not cut out of a cache that holds more: the decode sees every earlier key
+    ("        if window_left is not None:  # the new token", "        if False:  # the new token", "over 20 keys"),
 ])
 def test_known_bad_step_4_fails_its_optional_part_only(tmp_path, old, new, case_words):
     """Step 4 (optional) wrong: its model fails with the step named, and the grade does not move."""

@@ -119,6 +119,7 @@ def check_mask_errors(worker):
         ("a window without causal", args(causal=False, window_left=4), "window_left needs causal=True"),
         ("softcap 0", args(softcap=0.0), "softcap must be None or a finite number > 0"),
         ("softcap inf", args(softcap=math.inf), "softcap must be None or a finite number > 0"),
+        ("softcap 1e-40 (0 as a float32)", args(softcap=1e-40), "softcap must be None or a finite number > 0"),
         ("cu_seqlens not rising", args(cu_seqlens=cu([0, 8, 8, 16])), "cu_seqlens must rise from 0"),
         ("cu_seqlens past the end", args(cu_seqlens=cu([0, 8, 17])), "cu_seqlens must rise from 0"),
         ("cu_seqlens int64", args(cu_seqlens=cu([0, 16]).long()), "cu_seqlens must be a contiguous 1-D int32"),

@@ -32,8 +32,9 @@ import torch
 from common import impl
 
 from harness import bench, cli, gpu_share
-from harness.checks import (HALF_TYPES, HUNG_16BIT, MODEL_16BIT_CALL_TIMEOUT_S, compare_logits, decided, exact_float32,
-                            expect_errors, half_logits_atol)
+from harness.attention_math import attention_float64
+from harness.checks import (HALF_TYPES, HUNG_16BIT, MODEL_16BIT_CALL_TIMEOUT_S, compare, compare_logits, decided,
+                            exact_float32, expect_errors, half_logits_atol)
 from harness.outcome import Cause
 from harness.records import NeedsCuda, Report
 from task7 import gpt2
@@ -188,6 +189,30 @@ def check_prompt(worker, model, config: dict, prompt: torch.Tensor, mask: torch.
     return True, f"each of the {batch} sequences on its own; the furthest off, sequence {b}: {message}", metrics
 
 
+def check_window_decode(worker, seed: int):
+    """A new token over more keys than its window (a cache that keeps every key, where transformers' sliding caches
+    hand over the window's alone), without a mask and with one (padding): the decode over the last sliding_window
+    keys, padding moved with them (step 4)."""
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, heads, n, 16, generator=generator) for heads, n in ((4, 1), (2, 20), (2, 20)))
+    padded = torch.ones(2, 1, 1, 20, dtype=torch.bool)
+    padded[0, ..., :12] = False  # sequence 0: the window of 8 keys alone
+    padded[1, ..., :15] = False  # sequence 1: 15 of padding, its 5 real keys inside the window
+    said = []
+    for mask, firsts, what in ((None, (12, 12), "no mask"), (padded, (12, 15), "padded")):
+        got = worker.call("attend", q, k, v, mask, None, 0.0, {"sliding_window": 8})
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != (2, 1, 4, 16):
+            return False, f"{what}: the function did not return the output as (batch, q_len, heads, head_dim)", {}
+        expected = torch.cat([attention_float64(q[b:b + 1], k[b:b + 1, :, first:], v[b:b + 1, :, first:])[0]
+                              for b, first in enumerate(firsts)])
+        result = compare(got.transpose(1, 2), expected, atol=1e-5, rtol=1e-5, name="output")
+        if not result.passed:
+            return False, (f"{what}: {result.message} (README, Task 7, step 4: a new token's window is the last "
+                           "sliding_window keys)"), result.metrics()
+        said.append(f"{what}: {result.message}")
+    return True, "; ".join(said), {}
+
+
 def run_mask_cases(report, worker, first_seed: int, device: str, hidden: cli.Hidden | None) -> None:
     """Step 4 (optional): MASK_CASES on `device`, a part of its own."""
     report.begin_part(f"masks {device}", (4,), optional=True)
@@ -200,6 +225,8 @@ def run_mask_cases(report, worker, first_seed: int, device: str, hidden: cli.Hid
         report.run(f"{'cpu ' if device == 'cpu' else ''}{name}: batch {len(lengths)}, {what}",
                    lambda: check_generation(worker, model, config, prompt, n, device, mask) if n else
                    check_prompt(worker, model, config, prompt, mask, device))
+    report.run(f"{'cpu ' if device == 'cpu' else ''}a new token over 20 keys with a window of 8, without a mask and "
+               "padded (a cache that keeps every key)", lambda: check_window_decode(worker, cli.seed(first_seed + 9, hidden)))
     if device == "cuda" and not all(c.passed for c in report.cases[report.part_start:]):
         report.note("the GPU's masked models run task 4's float32 masks (python -m task4.test --masks)")
     report.end_part(f"masks {device}")

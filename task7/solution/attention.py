@@ -39,7 +39,7 @@ def kernel_attention(module, query, key, value, attention_mask=None, scaling=Non
     # SKELETON
     # if kwargs.get("softcap") or (kwargs.get("sliding_window") is not None and kwargs["sliding_window"] < kv_len):
     #     raise NotImplementedError("Gemma 2's softcap and Mistral's sliding_window: see README, Task 7, step 4 "
-    #                               "(optional); until then a model that passes them runs with its own attention")
+    #                               "(optional); until then, run such a model with its own attention")
     # softcap = window_left = None
     # END SOLUTION
     # BEGIN SOLUTION "step 1: the mask as each sequence's first real key (left padding); refuse what the kernels cannot do (dropout, any other mask, several new tokens after a prompt)"

@@ -103,8 +103,9 @@ class Task4Kernels(StandInKernels):
         if window_left is not None and not causal:
             raise RuntimeError("window_left needs causal=True: the window is the window_left keys before a query's "
                                "own position, and the query's own")
-        if softcap is not None and not (math.isfinite(softcap) and softcap > 0):
-            raise RuntimeError(f"softcap must be None or a finite number > 0, got {softcap}")
+        if softcap is not None and not 1e-30 <= softcap <= 1e30:
+            raise RuntimeError(f"softcap must be None or a finite number > 0 (from 1e-30 to 1e30: the kernel holds it "
+                               f"as a float32), got {softcap}")
         seq_q, seq_k = q.shape[2], k.shape[2]
         if cu_seqlens is not None:
             if getattr(cu_seqlens, "on_host", False) or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1:
@@ -116,7 +117,12 @@ class Task4Kernels(StandInKernels):
             ends = cu_seqlens.tolist()
             if len(ends) < 2 or ends[0] != 0 or ends[-1] != seq_k or any(a >= b for a, b in zip(ends, ends[1:])):
                 raise RuntimeError(f"cu_seqlens must rise from 0 to the sequence length {seq_k}, got {ends}")
-        if self.behaviour.masks == "unwritten" or not q.shape[1]:
+        starts = key_start.tolist() if key_start is not None else [0] * q.shape[0]
+        if self.behaviour.masks == "unwritten":  # the skeleton: the given lines zero the padded queries, then return
+            for b, first in enumerate(starts):
+                out[b, :, :min(seq_q, max(0, first - (seq_k - seq_q)))] = 0.0
+            return
+        if not q.shape[1]:
             return
         wide = 1 if self.behaviour.masks == "window_wide" else 0
         rows, keys = torch.arange(seq_q)[:, None] + (seq_k - seq_q), torch.arange(seq_k)[None, :]
@@ -126,7 +132,6 @@ class Task4Kernels(StandInKernels):
         if cu_seqlens is not None:
             ids = torch.bucketize(torch.arange(seq_k), cu_seqlens.cpu()[1:], right=True)
             hidden |= ids[:, None] != ids[None, :]
-        starts = key_start.tolist() if key_start is not None else [0] * q.shape[0]
         heads = q.shape[1]
         scores = (q.float() @ expand_kv_heads(k, heads).float().transpose(-2, -1)) * scale
         if softcap is not None:
