@@ -51,15 +51,19 @@ MASK_SKIP_RUNS = {False: 6, True: 3}
 SKIP_LIMIT = 0.6  # of the unmasked side's CPU time
 
 
+def documents_text(lengths) -> str:
+    """The documents' lengths as a case's name says them: a run of three or more of one length once, 1 (x10)+150."""
+    runs = [(n, len(list(same))) for n, same in itertools.groupby(lengths)]
+    return "+".join(f"{n} (x{count})" if count > 2 else "+".join([str(n)] * count) for n, count in runs)
+
+
 def mask_text(shape) -> str:
     b, h, sq, sk, d, br, bc, causal, window_left, lengths, softcap = shape
     text = f"batch {b} heads {h} seq {sq}x{sk} head_dim {d} tiles {br}x{bc}" + " causal" * causal
     if window_left is not None:
         text += f" window {window_left}"
-    if lengths is not None:  # a run of three or more documents of one length said once: 1 (x10)+150
-        runs = [(n, len(list(same))) for n, same in itertools.groupby(lengths)]
-        text += " documents " + "+".join(f"{n} (x{count})" if count > 2 else "+".join([str(n)] * count)
-                                         for n, count in runs)
+    if lengths is not None:
+        text += f" documents {documents_text(lengths)}"
     if softcap is not None:
         text += f" softcap {softcap:g}"
     return text

@@ -4,12 +4,12 @@ run by checks/task4/test.py in a process of its own."""
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import torch
 
 from checks.task3.cases import tiles_visited
+from checks.task3.masks import documents_text
 from checks.task4.forward import make_inputs, padded_spans
 from checks.task4 import measure
 from checks.task4.measure import ATOL, RTOL
@@ -25,8 +25,8 @@ MASK_STEPS = (23, 24)
 TASK3_STEPS = {"task": 4, 9: "steps 23-24", 10: "steps 23-24", 11: "step 24", 4: "step 24", "all": "steps 23-24"}
 # (batch, heads, kv_heads, seq_q, seq_k, head_dim, causal, window_left, the documents' lengths, softcap, key_start),
 # None where unused. The reference's tiles are 128 x 128 and the skeleton's 64 x 64: windows of 1 key, of a tile
-# and wider than the sequence; documents of one position, of a tile, many short ones; caps that bind (the scores of
-# these inputs reach about 4). The first case has no padding: a kernel that writes nothing there is one not written.
+# and wider than the sequence; documents of one position, of a tile, many short ones; caps that bind (the scaled scores of
+# these inputs reach about 5, and a third are past 1). The first case has no padding: a kernel that writes nothing there is one not written.
 MASK_CASES = [
     (1, 2, 2, 300, 300, 64, True, 0, None, None, None),  # a window of one key, the query's own
     (2, 4, 2, 333, 333, 64, True, 127, None, None, None),  # a window of a tile (128 keys), grouped heads
@@ -48,10 +48,8 @@ def mask_text(shape) -> str:
     text = f"batch {b} heads {h}{group} seq {sq}x{sk} head_dim {d}" + " causal" * causal
     if window_left is not None:
         text += f" window {window_left}"
-    if lengths is not None:  # a run of three or more documents of one length said once: 5 (x20)+200
-        runs = [(n, len(list(same))) for n, same in itertools.groupby(lengths)]
-        text += " documents " + "+".join(f"{n} (x{count})" if count > 2 else "+".join([str(n)] * count)
-                                         for n, count in runs)
+    if lengths is not None:
+        text += f" documents {documents_text(lengths)}"
     if softcap is not None:
         text += f" softcap {softcap:g}"
     if starts is not None:
