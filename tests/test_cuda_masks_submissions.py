@@ -1,6 +1,6 @@
 """Known-bad masks (task 4, steps 23-24, optional) on a GPU: the reference's float32 kernel with one exact edit each
-fails its optional part with the mistake named and its step, and costs the scored part nothing
-(tests/test_known_bad_edits.py checks here, on the CPU, that each edit still applies)."""
+fails its optional part with the mistake named and its step (tests/test_known_bad_edits.py checks here, on the CPU,
+that each edit still applies)."""
 
 import pytest
 
@@ -30,9 +30,8 @@ EDITS = {
 @pytest.mark.parametrize("name", list(EDITS))
 def test_task4_masks_that_are_wrong_fail_their_optional_part_with_the_mistake_named(name, tmp_path):
     edit, words = EDITS[name]
-    student = submission(tmp_path, kernel_file(4, edit))
-    record = run_test(4, student, tmp_path, "--masks")
+    record = run_test(4, submission(tmp_path, kernel_file(4, edit)), tmp_path, "--masks")
     wrong = [c["message"] for c in record["cases"] if c["kind"] == "optional" and not c["passed"]]
     assert wrong and any(words in m and "Task 4, step" in m for m in wrong), [m[:300] for m in wrong]
-    scored = run_test(4, student, tmp_path, "--attention")  # the same build: the other instances are untouched
-    assert scored["status"] == "passed", [c["message"][:200] for c in scored["cases"] if not c["passed"]]
+    # the part's cases alone fail (the other instances of the file are the same machine code: b0062ce)
+    assert all(c["passed"] for c in record["cases"] if c["kind"] != "optional"), record["cases"]
