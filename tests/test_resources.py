@@ -73,5 +73,5 @@ def test_compile_verbose_names_the_kernels_that_spill(tmp_path):
     source.write_text(reference.replace("constexpr int MIN_BLOCKS_PER_SM = 1;", "constexpr int MIN_BLOCKS_PER_SM = 2;"))
     lines = nvcc.resource_report(nvcc.compile_kernels([source], tmp_path, "90", nvcc.CUDA_FLAGS), "90")
     assert lines[0].startswith("resources per kernel (ptxas, sm_90")
-    assert "flash_attention_kernel<128, false>: 128 registers per thread, SPILLS" in "\n".join(lines)
-    assert lines[-1].startswith("  10 kernels spill registers: flash_attention_kernel<128, false>")
+    assert "flash_attention_kernel<128, false, false>: 128 registers per thread, SPILLS" in "\n".join(lines)
+    assert lines[-1].startswith("  15 kernels spill registers: flash_attention_kernel<128, false, false>")

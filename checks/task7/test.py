@@ -174,7 +174,8 @@ def check_prompt(worker, model, config: dict, prompt: torch.Tensor, mask: torch.
     got = worker.call("logits", prompt, mask)
     batch, n, vocab = *prompt.shape, model.config.vocab_size
     if not isinstance(got, torch.Tensor) or tuple(got.shape) != (batch, n, vocab) or got.dtype != torch.float32:
-        return False, "logits did not return (batch, n, vocab) float32 logits (does the function return (output, None)?)", {}
+        return False, ("logits did not return (batch, n, vocab) float32 logits (does the function return (output, "
+                       "None)?)"), {}
     reference = reference_of(model, device)
     keep = torch.ones_like(prompt, dtype=torch.bool) if mask is None else mask == 1
     said = []
@@ -226,7 +227,8 @@ def run_mask_cases(report, worker, first_seed: int, device: str, hidden: cli.Hid
                    lambda: check_generation(worker, model, config, prompt, n, device, mask) if n else
                    check_prompt(worker, model, config, prompt, mask, device))
     report.run(f"{'cpu ' if device == 'cpu' else ''}a new token over 20 keys with a window of 8, without a mask and "
-               "padded (a cache that keeps every key)", lambda: check_window_decode(worker, cli.seed(first_seed + 9, hidden)))
+               "padded (a cache that keeps every key)",
+               lambda: check_window_decode(worker, cli.seed(first_seed + 9, hidden)))
     if device == "cuda" and not all(c.passed for c in report.cases[report.part_start:]):
         report.note("the GPU's masked models run task 4's float32 masks (python -m task4.test --masks)")
     report.end_part(f"masks {device}")
