@@ -26,25 +26,35 @@ extension = TaskExtension(4)
 
 # The largest head_dim of the Hopper kernel (kernels/attention_hopper.cu's MAX_HEAD_DIM)
 HOPPER_MAX_HEAD_DIM = 128
-# Whether each build's Hopper kernel is written: (solution, the module) -> bool, asked once a build (the module
-# itself in the key: kept alive, its id is never another's)
-_hopper_written: dict[tuple[bool, object], bool] = {}
+# Whether each build's Hopper kernel is written: (solution, the module) -> (steps 17-22, step 25's masks), asked once
+# a build (the module itself in the key: kept alive, its id is never another's)
+_hopper_written: dict[tuple[bool, object], tuple[bool, bool]] = {}
 
 
 def uses_hopper(q, solution: bool = False) -> bool:
     """Whether flash_attention sends these 16-bit tensors to the Hopper kernel (kernels/attention_hopper.cu, steps
     17-22) rather than to steps 8-11's: on a GPU of compute capability 9.0, head_dim up to 128, with the Hopper kernel
-    in the build and, in yours, no step of the file still marked TODO (until then your 16-bit models run steps 8-11's
+    in the build and, in yours, no step of 17-22 still marked TODO (until then your 16-bit models run steps 8-11's
     kernel, and tasks 5-7 with them)."""
     if q.dtype not in (torch.bfloat16, torch.float16) or q.shape[-1] > HOPPER_MAX_HEAD_DIM:
         return False
     return _hopper_ready(solution, q.device.index if q.is_cuda else None)  # (on the host: either binding refuses q)
 
 
+def hopper_masks_ready(q, solution: bool = False) -> bool:
+    """Whether these 16-bit tensors can take the masks beyond causal: uses_hopper, and the Hopper kernel's step 25
+    (the masks) in the build and, in yours, not marked TODO."""
+    return uses_hopper(q, solution) and _hopper_ready(solution, q.device.index if q.is_cuda else None, masks=True)
+
+
+HOPPER_STEPS, HOPPER_MASKS_STEP = range(17, 23), 25
+
+
 @torch.compiler.assume_constant_result
-def _hopper_ready(solution: bool, device: int | None) -> bool:
-    """The GPU and the build's part of uses_hopper. It reads files, so torch.compile must not trace it: it calls it
-    once while tracing and takes the answer as a constant (the build and the GPU do not change under a graph)."""
+def _hopper_ready(solution: bool, device: int | None, masks: bool = False) -> bool:
+    """The GPU and the build's part of uses_hopper (masks: of hopper_masks_ready). It reads files, so torch.compile
+    must not trace it: it calls it once while tracing and takes the answer as a constant (the build and the GPU do
+    not change under a graph)."""
     if not _is_hopper_gpu(device):
         return False
     module = extension(solution)
@@ -54,12 +64,22 @@ def _hopper_ready(solution: bool, device: int | None) -> bool:
         from common.impl import remaining_todos
 
         file = kernel_folder(4, solution) / "attention_hopper.cu"
-        _hopper_written[key] = bool(module.has_hopper()) and (solution or not remaining_todos(file))
-    return _hopper_written[key]
+        todo = set() if solution else {int(step.split(":")[0].split()[1]) for step in remaining_todos(file)}
+        _hopper_written[key] = (bool(module.has_hopper()) and not todo & set(HOPPER_STEPS),
+                                bool(module.has_hopper_masks()) and HOPPER_MASKS_STEP not in todo)
+    return _hopper_written[key][masks]
 
 
 def _is_hopper_gpu(device: int | None) -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability(device) == (9, 0)
+
+
+def _why_no_hopper_masks(q, solution: bool) -> str:
+    if not _is_hopper_gpu(q.device.index if q.is_cuda else None):
+        return "this is not an H100/H200"
+    if q.shape[-1] > HOPPER_MAX_HEAD_DIM:
+        return f"head_dim is {q.shape[-1]}"
+    return "your Hopper kernel's steps 17-22 or 25 are not all written yet" if not solution else "it is not built"
 
 
 def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, out=None, solution: bool = False,
@@ -72,8 +92,8 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, o
     KVH may be any divisor of H (grouped-query attention: query head h reads key/value head h // (H // KVH)).
     key_start, int32 (B,) on the GPU: each sequence's first valid key (a batch padded on the left); the
     queries before it are padding, and their rows of the output are zeros.
-    window_left, cu_seqlens, softcap: the masks beyond causal (common/masks.py says each), float32 only (steps
-    23-24 of kernels/attention.cu)."""
+    window_left, cu_seqlens, softcap: the masks beyond causal (common/masks.py says each), in float32 (steps 23-24 of
+    kernels/attention.cu), or in bf16/fp16 on the Hopper kernel once its step 25 is written (hopper_masks_ready)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     out = torch.empty_like(q) if out is None else out
     if window_left is not None or cu_seqlens is not None or softcap is not None:
@@ -81,9 +101,10 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, o
 
         window_left, documents, softcap = check_masks(q.shape[-2], k.shape[-2], causal, window_left, cu_seqlens,
                                                       softcap)
-        if q.dtype != torch.float32:
-            raise ValueError(f"the masks beyond causal are in the float32 kernel (kernels/attention.cu, steps 23-24), "
-                             f"not the {str(q.dtype)[6:]} ones: give float32 tensors")
+        if q.dtype != torch.float32 and not hopper_masks_ready(q, solution):
+            raise ValueError(f"the masks beyond causal in {str(q.dtype)[6:]} are the Hopper kernel's (kernels/"
+                             "attention_hopper.cu, step 25: compute capability 9.0, head_dim up to 128, steps 17-22 "
+                             f"and 25 written); {_why_no_hopper_masks(q, solution)}: give float32 tensors (steps 23-24)")
         ends = None if documents is None else torch.tensor(documents, dtype=torch.int32, device=q.device)
         window_left = None if window_left is None else min(window_left, k.shape[-2])  # wider sees every key too
         function(extension(solution), "forward_masks")(q, k, v, out, causal, scale, key_start, window_left, softcap,

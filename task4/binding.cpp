@@ -17,6 +17,7 @@
 
 #include "../common/csrc/checks.h"
 #include "../common/csrc/device/params.h"
+#include "../common/csrc/masks.h"
 #include "../common/csrc/operators.h"
 
 // Defined in kernels/attention.cu, each taking its parameters as one struct (common/csrc/device/params.h,
@@ -131,56 +132,6 @@ void forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
                "flash_attention_forward");
 }
 
-// The masks beyond causal (steps 23-24, optional), float32, the rest as forward: window_left (>= 0, with causal:
-// query i sees keys i + seq_k - seq_q - window_left .. its diagonal), softcap (> 0: scores softcap * tanh(S /
-// softcap)), cu_seqlens (int32 (documents + 1,) on q's device, 0 = c_0 < ... < c_n = seq_k, seq_q == seq_k: a query
-// sees its own document's keys), any of them left out.
-void forward_masks(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& out,
-                   bool causal, double scale, const std::optional<torch::Tensor>& key_start,
-                   std::optional<int64_t> window_left, std::optional<double> softcap,
-                   const std::optional<torch::Tensor>& cu_seqlens) {
-  const int* key_start_data = check_attention(q, k, v, out, causal, scale, key_start, check_cuda_float32);
-  const int64_t seq_q = q.size(2), seq_k = k.size(2);
-  TORCH_CHECK(!window_left || *window_left >= 0, "window_left must be None or >= 0 (the keys a query sees before "
-              "its own), got ", num(window_left.value_or(0)));
-  TORCH_CHECK(!window_left || causal, "window_left needs causal=True: the window is the window_left keys before a "
-              "query's own position, and the query's own");
-  // the kernel holds the cap as a float32, times log2(e), and divides by it: a cap float32 cannot hold that way
-  // (below about 1e-38 it is 0 or its inverse infinite; above about 2e38 times log2(e) infinite) would be no cap or NaN
-  const float cap = softcap ? (float)*softcap : 0.0f;
-  TORCH_CHECK(!softcap || (cap >= 1e-30f && cap <= 1e30f), "softcap must be None or a finite number > 0 (from "
-              "1e-30 to 1e30: the kernel holds it as a float32), got ", std::to_string(softcap.value_or(0)));
-  AttentionMasks masks;
-  masks.window_left = window_left ? (int)std::min<int64_t>(*window_left, seq_k) : -1;  // wider is all of them
-  masks.softcap = cap;
-  if (cu_seqlens) {
-    const torch::Tensor& c = *cu_seqlens;
-    TORCH_CHECK(c.is_cuda() && c.scalar_type() == torch::kInt && c.dim() == 1 && c.is_contiguous(),
-                "cu_seqlens must be a contiguous 1-D int32 CUDA tensor, got ", shape(c), " ", dtype_name(c.scalar_type()),
-                " on ", c.device().str());
-    check_same_device(c, "cu_seqlens", q, "q");
-    TORCH_CHECK(seq_q == seq_k, "cu_seqlens packs documents into one sequence of queries and keys: it needs seq_q == "
-                "seq_k, got ", num(seq_q), " and ", num(seq_k));
-    const torch::Tensor host = c.cpu();
-    const int* ends = host.data_ptr<int>();
-    bool rising = c.size(0) >= 2 && ends[0] == 0 && ends[c.size(0) - 1] == seq_k;
-    for (int64_t d = 1; rising && d < c.size(0); ++d) rising = ends[d - 1] < ends[d];
-    TORCH_CHECK(rising, "cu_seqlens must rise from 0 to the sequence length ", num(seq_k), " (0 = c_0 < c_1 < ... < "
-                "c_n = seq_k: each document at least one position), got ", num(c.size(0)), " values from ",
-                num(c.size(0) ? ends[0] : 0), " to ", num(c.size(0) ? ends[c.size(0) - 1] : 0));
-    masks.cu_seqlens = c.data_ptr<int>(), masks.documents = (int)c.size(0) - 1;
-  }
-  TORCH_CHECK(flash_attention_forward_masks != nullptr, "this build's kernels/attention.cu has no "
-              "flash_attention_forward_masks (README, Task 4, step 23)");
-  if (q.numel() == 0) return;
-  const c10::cuda::CUDAGuard guard(q.device());
-  const torch::Tensor no_padding = key_start_data ? torch::Tensor() : torch::zeros({q.size(0)}, q.options().dtype(torch::kInt));
-  AttentionParams p = attention_params(q, k, v, out, key_start_data ? key_start_data : no_padding.data_ptr<int>(),
-                                       scale, causal);
-  p.masks = masks;
-  check_launch(flash_attention_forward_masks(p, c10::cuda::getCurrentCUDAStream()), "flash_attention_forward_masks");
-}
-
 // The 16-bit kernels' checks: q, k, v and out all bfloat16 or all float16, the rest as forward's. Returns key_start's
 // data, as check_attention.
 static const int* check_attention_half(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -230,7 +181,11 @@ void forward_half(const torch::Tensor& q, const torch::Tensor& k, const torch::T
 // Defined in kernels/attention_hopper.cu (optional, steps 17-22): the same on Hopper's wgmma and TMA, given the tensor
 // maps this binding makes (device/params.h). Weak, as the others.
 __attribute__((weak)) cudaError_t flash_attention_hopper_forward(const HopperAttentionParams& p, cudaStream_t stream);
+// The same with p.p.masks (step 25, optional): the masks beyond causal; key_start may be nullptr.
+__attribute__((weak)) cudaError_t flash_attention_hopper_forward_masks(const HopperAttentionParams& p,
+                                                                       cudaStream_t stream);
 static bool has_hopper() { return flash_attention_hopper_forward != nullptr; }
+static bool has_hopper_masks() { return has_hopper() && flash_attention_hopper_forward_masks != nullptr; }
 
 // A TMA tensor map of t, (batch, heads, seq, head_dim) contiguous, 16-byte aligned, head_dim a multiple of 8 (TMA's
 // strides are multiples of 16 bytes): device/params.h says what it describes.
@@ -270,38 +225,78 @@ static torch::Tensor tma_ready(const torch::Tensor& t) {
   return at::constant_pad_nd(t, {0, padded - head_dim});  // a new tensor: PyTorch's allocations are aligned
 }
 
-// The optional Hopper kernel (steps 17-22): as forward_half, on compute capability 9.0.
-void forward_hopper(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                    torch::Tensor& out, bool causal, double scale,
-                    const std::optional<torch::Tensor>& key_start) {
-  const int* key_start_data = check_attention_half(q, k, v, out, causal, scale, key_start, "forward_hopper");
+// The Hopper kernel (steps 17-22), with the masks of step 25 where given: as forward_half, on compute capability 9.0;
+// key_start_data from check_attention_half.
+static void launch_hopper(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& out,
+                          bool causal, double scale, const int* key_start_data, const AttentionMasks* masks) {
   TORCH_CHECK(has_hopper(),
               "this build has no Hopper kernel: task4/kernels/attention_hopper.cu is missing, did not compile, was "
               "left out (it is built on compute capability 9.0 only), or does not define "
               "flash_attention_hopper_forward with the signature above (README, Task 4, step 17)");
+  TORCH_CHECK(!masks || flash_attention_hopper_forward_masks != nullptr, "this build's kernels/attention_hopper.cu has "
+              "no flash_attention_hopper_forward_masks (README, Task 4, step 25)");
   const c10::cuda::CUDAGuard guard(q.device());
   const auto [major, minor] = compute_capability(q);
   TORCH_CHECK(major == 9 && minor == 0, "the Hopper kernel uses wgmma, TMA and setmaxnreg, built for sm_90a: it runs "
-              "on compute capability 9.0 (H100, H200) only; this GPU is ", num(major), ".", num(minor));
+              "on compute capability 9.0 (H100, H200) only; this GPU is ", num(major), ".", num(minor),
+              masks ? " (the masks beyond causal in 16 bits are the Hopper kernel's: give float32 tensors)" : "");
   if (q.numel() == 0) return;
   const torch::Tensor q_ready = tma_ready(q), k_ready = tma_ready(k), v_ready = tma_ready(v);
   torch::Tensor out_ready = q_ready.size(3) == q.size(3) && reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0
                                 ? out : torch::empty_like(q_ready);
   HopperAttentionParams p;
   p.p = attention_params(q_ready, k_ready, v_ready, out_ready, key_start_data, scale, causal);
+  if (masks) p.p.masks = *masks;
   p.q_map = tensor_map(q_ready, "q", HOPPER_Q_BOX_ROWS);
   p.k_map = tensor_map(k_ready, "k", HOPPER_KV_BOX_ROWS), p.v_map = tensor_map(v_ready, "v", HOPPER_KV_BOX_ROWS);
-  check_launch(flash_attention_hopper_forward(p, c10::cuda::getCurrentCUDAStream()), "flash_attention_hopper_forward");
+  if (masks)
+    check_launch(flash_attention_hopper_forward_masks(p, c10::cuda::getCurrentCUDAStream()),
+                 "flash_attention_hopper_forward_masks");
+  else
+    check_launch(flash_attention_hopper_forward(p, c10::cuda::getCurrentCUDAStream()), "flash_attention_hopper_forward");
   if (!out_ready.is_same(out)) out.copy_(out_ready.narrow(3, 0, out.size(3)));
 }
 #else
 static bool has_hopper() { return false; }
-void forward_hopper(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, torch::Tensor&, bool, double,
-                    const std::optional<torch::Tensor>&) {
+static bool has_hopper_masks() { return false; }
+static void launch_hopper(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, torch::Tensor&, bool,
+                          double, const int*, const AttentionMasks*) {
   TORCH_CHECK(false, "the Hopper kernel needs CUDA 12 or newer (its TMA tensor maps); this build's CUDA runtime is ",
               num(CUDART_VERSION));
 }
 #endif
+
+void forward_hopper(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                    torch::Tensor& out, bool causal, double scale,
+                    const std::optional<torch::Tensor>& key_start) {
+  launch_hopper(q, k, v, out, causal, scale,
+                check_attention_half(q, k, v, out, causal, scale, key_start, "forward_hopper"), nullptr);
+}
+
+// The masks beyond causal (steps 23-25, optional; masks.h says each argument), the rest as forward: float32 tensors
+// to kernels/attention.cu's MASKS instance (steps 23-24), bf16 and fp16 ones to the Hopper kernel's (step 25).
+void forward_masks(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& out,
+                   bool causal, double scale, const std::optional<torch::Tensor>& key_start,
+                   std::optional<int64_t> window_left, std::optional<double> softcap,
+                   const std::optional<torch::Tensor>& cu_seqlens) {
+  if (q.scalar_type() == torch::kBFloat16 || q.scalar_type() == torch::kHalf) {
+    const int* key_start_data = check_attention_half(q, k, v, out, causal, scale, key_start, "forward_masks");
+    const AttentionMasks masks = checked_masks(q, k, causal, window_left, softcap, cu_seqlens);
+    launch_hopper(q, k, v, out, causal, scale, key_start_data, &masks);
+    return;
+  }
+  const int* key_start_data = check_attention(q, k, v, out, causal, scale, key_start, check_cuda_float32);
+  const AttentionMasks masks = checked_masks(q, k, causal, window_left, softcap, cu_seqlens);
+  TORCH_CHECK(flash_attention_forward_masks != nullptr, "this build's kernels/attention.cu has no "
+              "flash_attention_forward_masks (README, Task 4, step 23)");
+  if (q.numel() == 0) return;
+  const c10::cuda::CUDAGuard guard(q.device());
+  const torch::Tensor no_padding = key_start_data ? torch::Tensor() : torch::zeros({q.size(0)}, q.options().dtype(torch::kInt));
+  AttentionParams p = attention_params(q, k, v, out, key_start_data ? key_start_data : no_padding.data_ptr<int>(),
+                                       scale, causal);
+  p.masks = masks;
+  check_launch(flash_attention_forward_masks(p, c10::cuda::getCurrentCUDAStream()), "flash_attention_forward_masks");
+}
 
 // lse: (batch, heads, seq_q) float32 on q's device, not sharing memory with the tensors named in others.
 static void check_lse(const torch::Tensor& lse, const torch::Tensor& q,
@@ -385,13 +380,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("causal"),
         py::arg("scale"), py::arg("key_start") = py::none());
   m.def("forward_masks", &forward_masks,
-        "forward with the masks beyond causal, float32 (README, Task 4, steps 23-24; optional): window_left (>= 0, "
-        "with causal), softcap (> 0) and cu_seqlens (int32 cumulative document lengths, seq_q == seq_k), each optional",
+        "forward with the masks beyond causal (README, Task 4; optional): float32 (steps 23-24), or bf16/fp16 on the "
+        "Hopper kernel (step 25); window_left (>= 0, with causal), softcap (> 0) and cu_seqlens (int32 cumulative "
+        "document lengths, seq_q == seq_k), each optional",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("causal"), py::arg("scale"),
         py::arg("key_start") = py::none(), py::arg("window_left") = py::none(), py::arg("softcap") = py::none(),
         py::arg("cu_seqlens") = py::none());
   m.def("has_masks", [] { return flash_attention_forward_masks != nullptr; },
         "whether this build's kernels/attention.cu holds the masks beyond causal (steps 23-24)");
+  m.def("has_hopper_masks", &has_hopper_masks,
+        "whether this build's Hopper kernel holds the masks beyond causal (step 25)");
   m.def("has_half", [] { return flash_attention_half_forward != nullptr; },
         "whether this build holds the bf16/fp16 kernel (task4/kernels/attention_half.cu)");
   m.def("forward_hopper", &forward_hopper,

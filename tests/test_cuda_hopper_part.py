@@ -178,8 +178,11 @@ def test_the_hopper_route_is_a_constant_to_torch_compile(monkeypatch, tmp_path):
     from common import build
     from task4 import attention
 
-    class Built:  # the build: its Hopper kernel is there
+    class Built:  # the build: its Hopper kernel is there, with its masks
         def has_hopper(self):
+            return True
+
+        def has_hopper_masks(self):
             return True
 
     # an H100, to uses_hopper only: torch.cuda itself stays as it is (torch.compile asks it about graph capture, which

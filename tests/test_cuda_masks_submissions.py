@@ -1,10 +1,11 @@
-"""Known-bad masks (task 4, steps 23-24, optional) on a GPU: the reference's float32 kernel with one exact edit each
-fails its optional part with the mistake named and its step (tests/test_known_bad_edits.py checks here, on the CPU,
-that each edit still applies)."""
+"""Known-bad masks (task 4, steps 23-25, optional) on a GPU: the reference's float32 kernel (steps 23-24) and Hopper
+kernel (step 25, compute capability 9.0) with one exact edit each fail their optional part with the mistake named and
+its step (tests/test_known_bad_edits.py checks here, on the CPU, that each edit still applies)."""
 
 import pytest
 
 from tests.conftest import needs_cuda, needs_solution, run_test, submission
+from tests.test_cuda_hopper_submissions import hopper_submission, on_hopper
 from tests.test_cuda_submissions import kernel_file
 
 pytestmark = [needs_cuda, needs_solution(4)]
@@ -34,4 +35,31 @@ def test_task4_masks_that_are_wrong_fail_their_optional_part_with_the_mistake_na
     wrong = [c["message"] for c in record["cases"] if c["kind"] == "optional" and not c["passed"]]
     assert wrong and any(words in m and "Task 4, step" in m for m in wrong), [m[:300] for m in wrong]
     # the part's cases alone fail (the other instances of the file are the same machine code: b0062ce)
+    assert all(c["passed"] for c in record["cases"] if c["kind"] != "optional"), record["cases"]
+
+
+# Step 25's (the Hopper kernel): the window one key early, the documents left out, the cap twice, the block's tiles
+# started one late (its first row's first key never loaded)
+HOPPER_EDITS = {
+    "window_one_key_wide": (("diagonal - p.masks.window_left : 0;", "diagonal - p.masks.window_left - 1 : 0;"),
+                            "it matches the window one key too wide"),
+    "documents_ignored": (("  if (p.masks.cu_seqlens != nullptr) {  // a document's",
+                           "  if (false) {  // a document's"),
+                          "it matches no document mask: queries saw the keys of other documents"),
+    "capped_twice": (("s[i] = soft_cap(s[i], cap, inv_cap);",
+                      "s[i] = soft_cap(soft_cap(s[i], cap, inv_cap), cap, inv_cap);"),
+                     "it matches the cap applied twice"),
+    "first_tile_late": (("    first_tile = keys_of_row(p, q_start, seq_q, seq_k, padding, skip).x / COLS;",
+                         "    first_tile = keys_of_row(p, q_start, seq_q, seq_k, padding, skip).x / COLS + 1;"),
+                        "elements differ"),
+}
+
+
+@on_hopper
+@pytest.mark.parametrize("name", list(HOPPER_EDITS))
+def test_hopper_masks_that_are_wrong_fail_their_optional_part_with_the_mistake_named(name, tmp_path):
+    edit, words = HOPPER_EDITS[name]
+    record = run_test(4, hopper_submission(tmp_path, edit), tmp_path, "--hopper-masks")
+    wrong = [c["message"] for c in record["cases"] if c["kind"] == "optional" and not c["passed"]]
+    assert wrong and any(words in m and "Task 4, step 25" in m for m in wrong), [m[:300] for m in wrong]
     assert all(c["passed"] for c in record["cases"] if c["kind"] != "optional"), record["cases"]

@@ -1,9 +1,11 @@
 """Task 4's steps 23-24 (optional): the float32 kernel with the masks beyond causal (a sliding window, packed
 documents, soft-capped scores; task 3's steps 9-11 in CUDA), each with grouped heads and key_start, against float64;
-run by checks/task4/test.py in a process of its own."""
+and step 25, the same masks in the Hopper kernel (bf16 and fp16). Run by checks/task4/test.py in a process of its
+own."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -12,17 +14,20 @@ from checks.task3.cases import tiles_visited
 from checks.task3.masks import documents_text
 from checks.task4.forward import make_inputs, padded_spans
 from checks.task4 import measure
-from checks.task4.measure import ATOL, RTOL
+from checks.task4.measure import ATOL, HALF_TYPES, RTOL
 from harness import bench, cli, sanitize
-from harness.attention_math import attention_flops, attention_float64
+from harness.attention_math import (attention_flops, attention_float64, expand_kv_heads, masked_scores,
+                                    padded_queries, padding_mask)
 from harness.checks import (bit_sum, compare, exact_float32, expect_errors, guard_damage, guarded_input,
                             guarded_output)
 from harness.diagnose_masks import diagnose_masked
 
 MASK_STEPS = (23, 24)
+HOPPER_MASK_STEPS = (25,)
 # Where task 3's steps of the masks are in this task's README (harness/diagnose_masks.py names task 3's): the window
 # and the documents are step 23's ranges (and step 24's element mask), the cap and the row that saw no key step 24's
 TASK3_STEPS = {"task": 4, 9: "steps 23-24", 10: "steps 23-24", 11: "step 24", 4: "step 24", "all": "steps 23-24"}
+HOPPER_TASK3_STEPS = {"task": 4, 9: "step 25", 10: "step 25", 11: "step 25", 4: "step 19", "all": "step 25"}
 # (batch, heads, kv_heads, seq_q, seq_k, head_dim, causal, window_left, the documents' lengths, softcap, key_start),
 # None where unused. The reference's tiles are 128 x 128 and the skeleton's 64 x 64: windows of 1 key, of a tile
 # and wider than the sequence; documents of one position, of a tile, many short ones; caps that bind (the scaled
@@ -66,41 +71,72 @@ def mask_arguments(shape) -> dict:
     return {"window_left": window_left, "softcap": softcap, "cu_seqlens": cu_seqlens}
 
 
-def check_masked_case(worker, shape, seed):
+def check_masked_case(worker, shape, seed, dtype=torch.float32):
     """One masked case against float64, poisoned output and guard bands; a failure compared with the masks' common
-    mistakes (in the first sequence's rows that are not padding when there is padding)."""
+    mistakes (in the first sequence's rows that are not padding when there is padding). dtype: float32 (steps 23-24),
+    or bf16/fp16 (step 25, the Hopper kernel), held to what PyTorch's own 16-bit arithmetic misses by
+    (masked_16bit_allowance)."""
     b, h, kvh, sq, sk, d, causal, window_left, lengths, softcap, starts = shape
-    q, k, v = make_inputs((b, h, kvh, sq, sk, d, starts), seed)
+    q, k, v = (t.to(dtype) for t in make_inputs((b, h, kvh, sq, sk, d, starts), seed))
     scale = 1.0 / math.sqrt(d)
     key_start = None if starts is None else torch.tensor(starts, dtype=torch.int32)
     masks = mask_arguments(shape)
     inputs = [guarded_input(name, t) for name, t in zip("qkv", (q, k, v))]
-    out = guarded_output("out", q.shape)
+    out = guarded_output("out", q.shape, dtype=dtype)
     cu_seqlens = masks["cu_seqlens"]
     worker.call("forward_masks", *(t.tensor for t in inputs), out.tensor, causal, scale,
                 None if key_start is None else key_start.cuda(), window_left, softcap,
                 None if cu_seqlens is None else cu_seqlens.cuda())
     documents = None if cu_seqlens is None else cu_seqlens.tolist()
-    reference = attention_float64(q, k, v, causal, scale, key_start, window_left=window_left, documents=documents,
-                                  softcap=softcap)[0]
-    result = compare(out.tensor, reference, atol=ATOL, rtol=RTOL, poisoned=True)
+    how = dict(window_left=window_left, documents=documents, softcap=softcap)
+    reference = attention_float64(q, k, v, causal, scale, key_start, **how)[0]
+    atol, rtol, mistakes_rtol = ATOL, RTOL, RTOL
+    if dtype != torch.float32:  # a mistake's output is compared to within a unit in the last place of each value too
+        (atol, said), rtol, mistakes_rtol = masked_16bit_allowance(q, k, v, causal, scale, key_start, how,
+                                                                   reference), 0.0, torch.finfo(dtype).eps
+    result = compare(out.tensor, reference, atol=atol, rtol=rtol, poisoned=True)
+    if dtype != torch.float32:
+        result = dataclasses.replace(result, message=f"{result.message} ({said})")
     damage = guard_damage(*inputs, out)
     if damage:
         return damage
     if result.passed or result.untouched:
         return result
     got = out.tensor
+    steps = TASK3_STEPS if dtype == torch.float32 else HOPPER_TASK3_STEPS
     if key_start is not None:  # the mistakes are named on the unpadded sequence alone (the first one)
         row, key, _ = padded_spans(starts, sq, sk)[0]
         if row or key:
-            return step_words(result)
+            return step_words(result, steps)
         q, k, v, got = q[:1], k[:1], v[:1], got[:1]
-    return diagnose_masked(result, got, q, k, v, causal, window_left=window_left, documents=documents,
-                           softcap=softcap, atol=ATOL, rtol=RTOL, scale=scale, steps=TASK3_STEPS)
+    return diagnose_masked(result, got, q, k, v, causal, atol=atol, rtol=mistakes_rtol, scale=scale, steps=steps,
+                           **how)
 
 
-def step_words(result):
-    result.message += " (README, Task 4, steps 23-24)"
+def masked_16bit_allowance(q, k, v, causal, scale, key_start, masks: dict, expected) -> tuple[float, str]:
+    """(the largest error a 16-bit output of these masked inputs may have, the words that say why): as steps 8-11's
+    rule (measure.half_allowance), with PyTorch's own attention in the inputs' type as the yardstick; SDPA takes no
+    soft-cap, so it is PyTorch's arithmetic as the kernels do it: the scores in float32, P rounded to the type, P V
+    summed in float32, the output rounded."""
+    with torch.no_grad():
+        heads = q.shape[1]
+        q32, k32, v32 = q.cuda().float(), expand_kv_heads(k, heads).cuda().float(), expand_kv_heads(v, heads).cuda()
+        scores = masked_scores(q32, k32, causal, scale, **masks)
+        if key_start is not None:
+            scores = scores.masked_fill(padding_mask(key_start.cuda(), q.shape[2], k.shape[2]), -math.inf)
+        p = torch.softmax(scores, dim=-1).nan_to_num(0.0).to(q.dtype)  # a padded row sees no key: zeros
+        got = (p.float() @ v32.float()).to(q.dtype).double()
+        if key_start is not None:
+            got = got.masked_fill(padded_queries(key_start.cuda(), q.shape[2], k.shape[2]), 0.0)
+        yardstick = float((got - expected.to(got.device)).abs().max())
+    allowed = max(measure.HALF_ERROR_FACTOR * yardstick, measure.HALF_EPS[q.dtype] * float(expected.abs().max()))
+    return allowed, (f"allowed {allowed:.1e}: the larger of {measure.HALF_ERROR_FACTOR:g}x PyTorch's {yardstick:.1e} "
+                     f"in {str(q.dtype)[6:]} on these inputs and half a unit in the last place of the largest "
+                     "|expected|")
+
+
+def step_words(result, steps=TASK3_STEPS):
+    result.message += f" (README, Task 4, {steps['all']})"
     return result
 
 
@@ -139,23 +175,39 @@ def masks_part(report, worker, hidden_cases) -> bool:
     return report.end_part("masks")
 
 
+def hopper_masks_part(report, worker, hidden_cases) -> bool:
+    """Step 25 (optional, compute capability 9.0): the masks' cases (and the hidden ones) through the Hopper kernel in
+    bf16 and fp16; whether all passed. The binding's errors are steps 23-24's (one function checks them for both)."""
+    report.begin_part("hopper masks", HOPPER_MASK_STEPS, optional=True)
+    before = len(report.cases)
+    for name, dtype in HALF_TYPES.items():
+        for case in cli.cases(4, "masks", MASK_CASES, hidden_cases, mask_text, causal=(False,)):
+            report.run(f"Hopper masks: {name} {case.name}",
+                       lambda: check_masked_case(worker, case.shape, case.seed, dtype))
+            if report.process_died_since(before, "the Hopper masks part"):
+                return report.end_part("hopper masks")
+    return report.end_part("hopper masks")
+
+
 MASKS_PASS_NAME = f"{sanitize.PASS_NAME}, the masks (optional)"
+HOPPER_MASKS_PASS_NAME = f"{sanitize.PASS_NAME}, the Hopper kernel's masks (optional)"
 
 
-def masks_sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
-    """The masks' pass (steps 23-24): a window over a padded grouped batch, documents (one of a single position,
-    one cut by the padding), and a cap, at the tile edges."""
-    calls = []
+def masks_sanitizer_calls(hidden: cli.Hidden | None, dtype=torch.float32) -> list[sanitize.Call]:
+    """The masks' pass (steps 23-24; step 25 in bf16): a window over a padded grouped batch, documents (one of a
+    single position, one cut by the padding), and a cap, at the tile edges."""
+    calls, name = [], "" if dtype == torch.float32 else f"Hopper {str(dtype)[6:]} "
     for i, shape in enumerate([(2, 4, 2, 140, 200, 64, True, 30, None, None, (0, 100)),
                                (2, 2, 2, 150, 150, 80, True, None, (1, 100, 49), None, (0, 60)),
                                (1, 2, 1, 129, 129, 128, False, None, (64, 65), 1.5, None)]):
         b, h, kvh, sq, sk, d, causal, window_left, _, softcap, starts = shape
-        q, k, v = make_inputs((b, h, kvh, sq, sk, d, starts), cli.seed(sq + sk + d + 3 * i, hidden))
+        q, k, v = (t.to(dtype) for t in make_inputs((b, h, kvh, sq, sk, d, starts), cli.seed(sq + sk + d + 3 * i,
+                                                                                             hidden)))
         cu_seqlens = mask_arguments(shape)["cu_seqlens"]
         key_start = None if starts is None else torch.tensor(starts, dtype=torch.int32)
         names = ("q", "k", "v", "out") + ("key_start",) * (key_start is not None) + ("cu_seqlens",) * (
             cu_seqlens is not None)  # the tensors', in order
-        calls.append(sanitize.Call(f"masks {mask_text(shape)}", "forward_masks",
+        calls.append(sanitize.Call(f"{name}masks {mask_text(shape)}", "forward_masks",
                                    (q, k, v, torch.empty_like(q), causal, 1 / math.sqrt(d), key_start, window_left,
                                     softcap, cu_seqlens), names))
     return calls

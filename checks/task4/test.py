@@ -40,7 +40,8 @@ from checks.task4.backward import backward_part, backward_text, check_backward_e
 from checks.task4.forward import attention_part, check_errors, grouped_text, make_inputs, shape_text
 from checks.task4.half import check_half_errors, half_part, half_text
 from checks.task4.hopper import hopper_part, is_hopper
-from checks.task4.masks import MASKS_PASS_NAME, masks_part, masks_sanitizer_calls, run_masks_benchmarks
+from checks.task4.masks import (HOPPER_MASKS_PASS_NAME, MASKS_PASS_NAME, hopper_masks_part, masks_part,
+                                masks_sanitizer_calls, run_masks_benchmarks)
 
 
 def sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
@@ -228,6 +229,28 @@ def optional_hopper(report, worker, args, passes: list) -> bool:
     return True
 
 
+def hopper_masks_step_of(kernel: str):
+    return "Task 4, step 25 (optional)" if kernel == "flash_attention_hopper_kernel" else step_of(kernel)
+
+
+def optional_hopper_masks(report, worker, args, passes: list, hopper_chosen: bool, hopper_passed: bool) -> bool:
+    """Step 25 (optional), on compute capability 9.0, once the Hopper part passed where it ran (hopper_chosen): the
+    masks through the Hopper kernel, then its sanitizer pass (added to `passes`). Whether the checks passed."""
+    if not is_hopper():
+        if not hopper_chosen:  # else the Hopper part said so
+            say_not_hopper(report)
+        return False
+    if hopper_chosen and not hopper_passed:
+        report.note("the Hopper kernel's masks (step 25) were not checked: they run on the Hopper part's kernel, which "
+                    "did not pass (steps 17-22 first)")
+        return False
+    if not hopper_masks_part(report, worker, args.hidden):
+        return False
+    passes.append(sanitize.start(report, 4, args, masks_sanitizer_calls(args.hidden, torch.bfloat16),
+                                 hopper_masks_step_of, HOPPER_MASKS_PASS_NAME, kind="optional", part="hopper masks"))
+    return True
+
+
 def optional_benchmarks(report, worker, timed: list[tuple[str, object]]) -> None:
     """The optional parts' benchmarks (a student's own run: the grader leaves them out), each part's in a fresh
     process of its own, after the float32 benchmarks."""
@@ -239,7 +262,7 @@ def optional_benchmarks(report, worker, timed: list[tuple[str, object]]) -> None
 
 # The README steps of each part (step 7 is the float32 kernel's tuning; step 12, in kernels/attention.cu, the backward's)
 PART_STEPS = {"attention": (1, 2, 3, 4, 5, 6, 7), "half": (8, 9, 10, 11), "backward": (12, 13, 14, 15, 16),
-              "hopper": (17, 18, 19, 20, 21, 22), "masks": (23, 24)}
+              "hopper": (17, 18, 19, 20, 21, 22), "masks": (23, 24), "hopper_masks": (25,)}
 
 
 def main(argv=None) -> int:
@@ -253,6 +276,8 @@ def main(argv=None) -> int:
                         help="test only README steps 17-22 (optional: the Hopper kernel, compute capability 9.0)")
     parser.add_argument("--masks", action="store_true",
                         help="test only README steps 23-24 (optional: a sliding window, documents, soft-capping)")
+    parser.add_argument("--hopper-masks", action="store_true",
+                        help="test only README step 25 (optional: the masks in the Hopper kernel, on 9.0)")
     args = parser.parse_args(argv)
     chosen = [p for p in PART_STEPS if getattr(args, p)] or list(PART_STEPS)
     report = Report(4, args.solution, "fused FlashAttention kernel", args.student_dir)
@@ -278,6 +303,10 @@ def main(argv=None) -> int:
             if "masks" in chosen:
                 sanitize.add_to_report(report, 4, args, masks_sanitizer_calls(args.hidden), step_of, MASKS_PASS_NAME,
                                        kind="optional", part="masks")
+            if "hopper_masks" in chosen and is_hopper():
+                sanitize.add_to_report(report, 4, args, masks_sanitizer_calls(args.hidden, torch.bfloat16),
+                                       hopper_masks_step_of, HOPPER_MASKS_PASS_NAME, kind="optional",
+                                       part="hopper masks")
             return report.finish(args.json)
         # Every check first, the timings last: in a grading, the other tasks' tests check side by side with this
         # one, and a timed part waits until none of them is in the middle of its checks (harness/gpu_share.py). Each
@@ -304,6 +333,9 @@ def main(argv=None) -> int:
             if masks_passed:
                 passes.append(sanitize.start(report, 4, args, masks_sanitizer_calls(args.hidden), step_of,
                                              MASKS_PASS_NAME, kind="optional", part="masks"))
+        if "hopper_masks" in chosen and not report.stopped:
+            worker.stop_until_next_call()  # the same
+            optional_hopper_masks(report, worker, args, passes, "hopper" in chosen, hopper_passed)
         training = lambda: report.run("a model trained through your kernels learns as with SDPA",  # noqa: E731
                                       lambda: check_training(worker, args.hidden, write_curves=args.backward,
                                                              timed=not args.grading), kind="optional")
@@ -333,7 +365,8 @@ def main(argv=None) -> int:
                lambda: impl.check_own_work(4, args.solution, args.student_dir, report.attention_ops), kind="rule")
     if "attention" not in chosen:  # the status below counts required checks only, and this run has none
         optional = [c for c in report.cases if c.kind == "optional"]
-        report.note(f"--{' --'.join(chosen)} tests the optional part{'s' if len(chosen) > 1 else ''} alone: "
+        flags = " ".join(f"--{part.replace('_', '-')}" for part in chosen)
+        report.note(f"{flags} tests the optional part{'s' if len(chosen) > 1 else ''} alone: "
                     f"{sum(c.passed for c in optional)} of {len(optional)} checks passed")
     return report.finish(args.json)
 

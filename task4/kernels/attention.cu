@@ -284,10 +284,6 @@ static cudaError_t launch(const AttentionParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-static bool has_masks(const AttentionMasks& m) {
-  return m.window_left >= 0 || m.softcap > 0.0f || m.cu_seqlens != nullptr;
-}
-
 // The entry points below: the parameters checked (p.lse and p.key_start never both: the backward part has
 // no padding; the masks only through flash_attention_forward_masks), then the kernel for head_dim's tile width.
 static cudaError_t forward_with(const AttentionParams& p, cudaStream_t stream) {

@@ -20,6 +20,7 @@
 // - step 22: the two consumers take turns issuing their products (named barriers), so that one's softmax runs while
 //   the other's products are on the tensor cores (FlashAttention-3's ping-pong).
 // The online softmax is steps 9-10's on a different accumulator layout; P stays in registers as wgmma's A operand.
+// Step 25 (optional, after steps 23-24): the masks beyond causal in this kernel, a MASKS instance of its own.
 
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -32,6 +33,7 @@
 #include "device/common.cuh"  // WARP, LOG2E, ceil_div
 #include "device/half.cuh"    // Half<T>: bf16 and fp16 to and from float, pack (two floats in one register)
 #include "device/hopper.cuh"  // mbarrier_*, tma_load_box, swizzled_tile, wgmma_*, pin_registers, registers_*
+#include "device/masks.cuh"   // document_of, soft_cap (step 25)
 #include "device/mma.cuh"     // fast_exp2
 #include "device/params.h"    // HopperAttentionParams: the forward's parameters and the tensor maps
 
@@ -104,6 +106,25 @@ __device__ __forceinline__ void online_softmax(float (&s)[N / 2], bool masked, i
   // TODO (README, Task 4, step 19: scale, then mask keys past seq_k and past each row's diagonal; m, l, alpha; S into P)
 }
 
+// Step 25 (optional): a row's keys with the masks beyond causal, [lo, hi) in the moved positions (query `row`, keys
+// after the padding; rows past seq_q take the last row's). Causal's end is in hi too: the masks instance has no
+// CAUSAL template flag of its own.
+__device__ __forceinline__ int2 keys_of_row(const AttentionParams& p, int row, int seq_q, int seq_k, int padding,
+                                            int skip) {
+  // TODO (README, Task 4, step 25: a row's keys, from the later of its window's and document's starts to the earlier end)
+  return make_int2(0, 0);
+}
+
+// Step 25 (optional): what online_softmax does first, with the cap between: the scale, the soft-cap (`cap`, in log2
+// units; 0 for none), then -inf outside each of the lane's rows' keys (keys[h]: row row + 8 h) on a tile an edge of
+// them crosses (`masked`). online_softmax then takes the scores as they are (scale 1, no mask of its own).
+template <int N>
+__device__ __forceinline__ void mask_scores(float (&s)[N / 2], bool masked, int key0, const int2 (&keys)[2],
+                                            float scale_log2, float cap) {
+  const int lane = threadIdx.x % WARP;
+  // TODO (README, Task 4, step 25: scale, soft-cap, then -inf outside each row's keys on a tile an edge crosses)
+}
+
 // Step 18: S = Q K^T of one K tile (this consumer's 64 rows x N keys), issued and committed as one group: the
 // caller waits for it (wgmma_wait) before reading s.
 template <typename T, int D, int N>
@@ -130,8 +151,8 @@ __device__ __forceinline__ void pack_p(uint32_t (&pa)[N / 16][4], const float (&
 
 // grid batch * heads * ceil(seq_q / BLOCK_ROWS), THREADS threads, Layout<PANELS>::BYTES of shared memory.
 // PANELS: 64-column panels of head_dim (1 up to 64, else 2). q, k, v are read through the maps; out: (batch * heads,
-// seq_q, head_dim), head_dim a multiple of 8.
-template <typename T, int PANELS, bool CAUSAL>
+// seq_q, head_dim), head_dim a multiple of 8. MASKS: hp.p.masks applied (step 25), CAUSAL false and p.causal read.
+template <typename T, int PANELS, bool CAUSAL, bool MASKS>
 __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(const __grid_constant__ HopperAttentionParams hp) {
   using L = Layout<PANELS>;
   constexpr int D = PANELS * HOPPER_BOX_COLS;  // the head_dim the products cover (zeros past head_dim)
@@ -165,7 +186,12 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
   }
   const int causal_offset = seq_k - seq_q;  // query i sees keys j <= i + causal_offset
   const int last_key = CAUSAL ? min(seq_k, q_start + BLOCK_ROWS + causal_offset) : seq_k;
-  const int tiles = last_key > 0 ? ceil_div(last_key, COLS) : 0;
+  int tiles = last_key > 0 ? ceil_div(last_key, COLS) : 0, first_tile = 0;  // the block's tiles: first_tile + j
+  if constexpr (MASKS) {
+    // TODO (README, Task 4, step 25: the block's tiles, from its first row's first key to its last row's last)
+    return;  // until step 25 is written: out is left as it was, and the part says which step is missing
+  }
+  const int first_key = padding + first_tile * COLS;  // the block's first tile's first key in the tensor
 
   // q_full and each stage's k_full, v_full: one arrival (the producer's, with the bytes); empty: every consumer
   // thread's
@@ -189,16 +215,36 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
   float s[COLS / 2];         // S, 64 x COLS, in the accumulator layout
   uint32_t pa[COLS / 16][4];  // P as A operands of k16 (keys 16t .. 16t + 15)
-  // Whether tile j has a key to mask for some row of the block (the last tile, the diagonal's)
-  const auto masked = [&](int j) {
-    const int key0 = j * COLS;
+  // Whether the tile from key0 has a key to mask for some row of the block (the last tile, the diagonal's)
+  const auto masked = [&](int key0) {
     return key0 + COLS > seq_k || (CAUSAL && key0 + COLS - 1 > q_start + causal_offset);
+  };
+  // Step 25: the keys of this lane's rows, and those every row of this consumer sees (from its last row's first key
+  // to its first row's last): a tile inside them needs no mask
+  int2 keys[2], inside = make_int2(0, 0);
+  if constexpr (MASKS) {
+    keys[0] = keys_of_row(p, row, seq_q, seq_k, padding, skip);
+    keys[1] = keys_of_row(p, row + 8, seq_q, seq_k, padding, skip);
+    inside = make_int2(keys_of_row(p, q_start + consumer * 64 + 63, seq_q, seq_k, padding, skip).x,
+                       keys_of_row(p, q_start + consumer * 64, seq_q, seq_k, padding, skip).y);
+  }
+  const float cap = p.masks.softcap * LOG2E;  // the soft-cap in log2 units (step 25)
+  // The softmax of tile j (the block's tile first_tile + j) in s: step 19's online_softmax, after step 25's
+  // mask_scores in the masks instance
+  const auto softmax = [&](int j) {
+    const int key0 = (first_tile + j) * COLS;
+    if constexpr (MASKS) {
+      mask_scores<COLS>(s, key0 < inside.x || key0 + COLS > inside.y, key0, keys, scale_log2, cap);
+      online_softmax<false, COLS>(s, false, key0, seq_k, row, causal_offset, 1.0f, m, l, alpha);
+    } else {
+      online_softmax<CAUSAL, COLS>(s, masked(key0), key0, seq_k, row, causal_offset, scale_log2, m, l, alpha);
+    }
   };
   if (!OVERLAP) {  // steps 18-20: each tile's products and softmax one after another
     for (int j = 0; j < tiles; ++j) {
       const int stage = j % STAGES, parity = (j / STAGES) % 2;
       // TODO (README, Task 4, step 18: S = Q K^T once Q and K have landed, then wait for it)
-      online_softmax<CAUSAL, COLS>(s, masked(j), j * COLS, seq_k, row, causal_offset, scale_log2, m, l, alpha);
+      softmax(j);
       // TODO (README, Task 4, step 19: O rescaled by alpha, P packed, O += P V once V has landed, then wait for it)
       // TODO (README, Task 4, step 20: this thread is done with the stage: an arrival on its empty barrier)
     }
@@ -208,9 +254,9 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
   // TODO (README, Task 4, step 20: out = O / l, l summed over the row's 4 lanes; zeros for a row that saw no key)
 }
 
-template <typename T, int PANELS, bool CAUSAL>
+template <typename T, int PANELS, bool CAUSAL, bool MASKS>
 cudaError_t launch(const HopperAttentionParams& hp, cudaStream_t stream) {
-  const auto kernel = flash_attention_hopper_kernel<T, PANELS, CAUSAL>;
+  const auto kernel = flash_attention_hopper_kernel<T, PANELS, CAUSAL, MASKS>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<PANELS>::BYTES);
   if (err != cudaSuccess) return err;
   const int grid = hp.p.batch * hp.p.heads * ceil_div(hp.p.seq_q, BLOCK_ROWS);
@@ -218,17 +264,19 @@ cudaError_t launch(const HopperAttentionParams& hp, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t launch_for_type(const HopperAttentionParams& hp, cudaStream_t stream) {
-  if (hp.p.head_dim <= HOPPER_BOX_COLS)
-    return hp.p.causal ? launch<T, 1, true>(hp, stream) : launch<T, 1, false>(hp, stream);
-  return hp.p.causal ? launch<T, 2, true>(hp, stream) : launch<T, 2, false>(hp, stream);
+// The instance for head_dim's panels and the mask: with the masks, one that reads p.causal (step 25)
+template <typename T, int PANELS>
+cudaError_t launch_for_mask(const HopperAttentionParams& hp, cudaStream_t stream) {
+  if (has_masks(hp.p.masks)) return launch<T, PANELS, false, true>(hp, stream);
+  return hp.p.causal ? launch<T, PANELS, true, false>(hp, stream) : launch<T, PANELS, false, false>(hp, stream);
 }
 
-}  // namespace
+template <typename T>
+cudaError_t launch_for_type(const HopperAttentionParams& hp, cudaStream_t stream) {
+  return hp.p.head_dim <= HOPPER_BOX_COLS ? launch_for_mask<T, 1>(hp, stream) : launch_for_mask<T, 2>(hp, stream);
+}
 
-// The forward pass in bf16 or fp16 on Hopper; the parameters are described in device/params.h.
-cudaError_t flash_attention_hopper_forward(const HopperAttentionParams& hp, cudaStream_t stream) {
+cudaError_t forward_with(const HopperAttentionParams& hp, cudaStream_t stream) {
   const AttentionParams& p = hp.p;
   if (p.batch < 0 || p.heads < 1 || p.kv_heads < 1 || p.heads % p.kv_heads != 0 || p.seq_q < 1 || p.seq_k < 1 ||
       p.head_dim < 8 || p.head_dim % 8 != 0 || p.head_dim > MAX_HEAD_DIM || (p.causal && p.seq_q > p.seq_k) ||
@@ -236,4 +284,23 @@ cudaError_t flash_attention_hopper_forward(const HopperAttentionParams& hp, cuda
     return cudaErrorInvalidValue;
   if (p.batch == 0) return cudaSuccess;
   return p.bf16 ? launch_for_type<__nv_bfloat16>(hp, stream) : launch_for_type<__half>(hp, stream);
+}
+
+}  // namespace
+
+// The forward pass in bf16 or fp16 on Hopper; the parameters are described in device/params.h (no masks).
+cudaError_t flash_attention_hopper_forward(const HopperAttentionParams& hp, cudaStream_t stream) {
+  if (has_masks(hp.p.masks)) return cudaErrorInvalidValue;
+  return forward_with(hp, stream);
+}
+
+// The same with the masks beyond causal of p.masks (step 25, optional): a window needs causal, documents seq_q ==
+// seq_k (the binding checks them; key_start may be nullptr here).
+cudaError_t flash_attention_hopper_forward_masks(const HopperAttentionParams& hp, cudaStream_t stream) {
+  const AttentionParams& p = hp.p;
+  const AttentionMasks& m = p.masks;
+  if ((m.window_left >= 0 && !p.causal) || !(m.softcap >= 0.0f) ||
+      (m.cu_seqlens != nullptr && (m.documents < 1 || p.seq_q != p.seq_k)))
+    return cudaErrorInvalidValue;
+  return forward_with(hp, stream);
 }

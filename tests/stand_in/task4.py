@@ -94,9 +94,13 @@ class Task4Kernels(StandInKernels):
     @launched
     def forward_masks(self, q, k, v, out, causal, scale, key_start=None, window_left=None, softcap=None,
                       cu_seqlens=None):
-        """Steps 23-24: the binding's checks of the masks, then the masked attention in float32, row by row of the
-        scores (behaviour.masks: "unwritten", or "window_wide")."""
-        self._forward(q, k, v, out.clone(), causal, scale, key_start, check_cuda_float32)
+        """Steps 23-24 (float32), and step 25 (bf16/fp16: the Hopper kernel's, behaviour.hopper as forward_hopper's
+        too): the binding's checks of the masks, then the masked attention in float32, row by row of the scores, written
+        in q's type (behaviour.masks: "unwritten", or "window_wide", in either type)."""
+        if q.dtype in (torch.bfloat16, torch.float16):
+            self._forward_16bit(q, k, v, out.clone(), causal, scale, key_start, "forward_masks", self.behaviour.hopper)
+        else:
+            self._forward(q, k, v, out.clone(), causal, scale, key_start, check_cuda_float32)
         if window_left is not None and window_left < 0:
             raise RuntimeError(f"window_left must be None or >= 0 (the keys a query sees before its own), got "
                                f"{window_left}")
@@ -144,6 +148,8 @@ class Task4Kernels(StandInKernels):
             result[b][:, live] = (weights @ expand_kv_heads(v, heads)[b].float())[:, live]
         with self.work(attention_seconds(q, k, causal)):
             self.write(out, result)
+        if self.behaviour.hopper == "wrong" and q.dtype != torch.float32:
+            out.mul_(1.01)
 
     @launched
     def forward_lse(self, q, k, v, out, lse, causal, scale):
@@ -199,6 +205,9 @@ class Task4Kernels(StandInKernels):
         return True
 
     def has_masks(self):
+        return True
+
+    def has_hopper_masks(self):
         return True
 
     def has_backward(self):

@@ -1,8 +1,14 @@
-// The device library (see common.cuh): the masks beyond causal (task 4, steps 23-24, optional), the part every
+// The device library (see common.cuh): the masks beyond causal (task 4, steps 23-25, optional), the part every
 // kernel that takes them shares. The masks themselves (AttentionMasks in params.h) are the kernel's to apply.
 #pragma once
 
+#include "device/common.cuh"  // LOG2E
 #include "device/params.h"
+
+// Whether any of the masks is given (a launcher sends those to its MASKS instance).
+inline bool has_masks(const AttentionMasks& m) {
+  return m.window_left >= 0 || m.softcap > 0.0f || m.cu_seqlens != nullptr;
+}
 
 // The document that holds position `pos`: the d with cu_seqlens[d] <= pos < cu_seqlens[d + 1], found by bisection
 // over the documents + 1 cumulative lengths (0 = c_0 < c_1 < ... < c_documents = seq: the binding checks them).
@@ -15,4 +21,13 @@ __device__ __forceinline__ int document_of(const int* __restrict__ cu_seqlens, i
     else hi = mid - 1;
   }
   return lo;
+}
+
+// cap * tanh(x / cap) (inv_cap = 1 / cap), with tanh(y) = 1 - 2 / (1 + e^(2y)) on the fast exp2 and division: within
+// about 1e-7 of tanh absolutely, where tanh.approx.f32 is within 2^-11 relatively (half a unit of a float16's P);
+// +-cap at the ends (e^(2y) infinite or 0), never NaN for a finite x.
+__device__ __forceinline__ float soft_cap(float x, float cap, float inv_cap) {
+  float e;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(2.0f * LOG2E * inv_cap * x));
+  return cap * (1.0f - __fdividef(2.0f, 1.0f + e));
 }
