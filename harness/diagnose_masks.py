@@ -137,14 +137,15 @@ CAP_SLOPE_MISTAKES = [  # (what, slope(capped scores, softcap))
 
 
 def diagnose_masked_gradient(message: str, name: str, got, q, k, v, d_out, causal, *, window_left, documents,
-                             softcap, atol, rtol, scale=None) -> str:
-    """A failed gradient of a masked case: the cap's slope left out, named, else the steps to look at."""
+                             softcap, atol, rtol, scale=None, where: str | None = None) -> str:
+    """A failed gradient of a masked case: the cap's slope left out, named, else the steps to look at. where: the
+    README's words for the step of another task than task 3's (task 4's step 26)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     index = ("dq", "dk", "dv").index(name)
     if softcap is not None and isinstance(got, torch.Tensor) and torch.isnan(got).any():
-        return (f"{message}: NaN where a key is masked: cap_gradient was given the masked scores, whose -inf has "
-                f"no slope (1 - (-inf / softcap)^2 is -inf, times dS = 0 is NaN); give it the capped scores before "
-                f"mask_tile (README, Task 3, step 12)")
+        return (f"{message}: NaN where a key is masked: the cap's slope was taken of the masked scores, whose -inf "
+                f"has no slope (1 - (-inf / softcap)^2 is -inf, times dS = 0 is NaN); take it of the capped scores "
+                f"before the mask (README, {where or 'Task 3, step 12: cap_gradient before mask_tile'})")
     if softcap is not None and isinstance(got, torch.Tensor):
         right = attention_gradients(q, k, v, d_out, causal, scale, window_left=window_left, documents=documents,
                                     softcap=softcap)[index]
@@ -154,5 +155,9 @@ def diagnose_masked_gradient(message: str, name: str, got, q, k, v, d_out, causa
                                              slope)[index]
             if wrong.shape == got.shape and not _close(wrong, right, 2 * atol, 2 * rtol) and _close(got, wrong, atol,
                                                                                                    rtol):
-                return f"{message}: it matches {what} (cap_gradient, README, Task 3, step 12)"
-    return f"{message} (README, Task 3, steps 8 and 12: the masks in step 8, the loops' bounds and cap_gradient)"
+                return f"{message}: it matches {what} ({f'README, {where}' if where else TASK3_CAP})"
+    return f"{message} (README, {where or TASK3_BACKWARD})"
+
+
+TASK3_CAP = "cap_gradient, README, Task 3, step 12"
+TASK3_BACKWARD = "Task 3, steps 8 and 12: the masks in step 8, the loops' bounds and cap_gradient"

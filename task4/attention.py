@@ -126,26 +126,37 @@ class _FlashAttention(torch.autograd.Function):
     (steps 13-16), which computes the probabilities again from L, tile by tile."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, solution):
+    def forward(ctx, q, k, v, causal, scale, solution, masks):
         module = extension(solution)
         out, lse = torch.empty_like(q), q.new_empty(q.shape[:3])
-        module.forward_lse(q, k, v, out, lse, causal, scale)
+        module.forward_lse(q, k, v, out, lse, causal, scale, *masks)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal, ctx.scale, ctx.solution = causal, scale, solution
+        ctx.causal, ctx.scale, ctx.solution, ctx.masks = causal, scale, solution, masks
         return out
 
     @staticmethod
     def backward(ctx, d_out):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-        extension(ctx.solution).backward(q, k, v, out, d_out.contiguous(), lse, dq, dk, dv, ctx.causal, ctx.scale)
-        return dq, dk, dv, None, None, None
+        extension(ctx.solution).backward(q, k, v, out, d_out.contiguous(), lse, dq, dk, dv, ctx.causal, ctx.scale,
+                                         *ctx.masks)
+        return dq, dk, dv, None, None, None, None
 
 
-def flash_attention_trainable(q, k, v, causal: bool = False, scale: float | None = None, solution: bool = False):
-    """flash_attention (float32, no padding) that autograd can differentiate through your backward kernels."""
+def flash_attention_trainable(q, k, v, causal: bool = False, scale: float | None = None, solution: bool = False, *,
+                              window_left=None, cu_seqlens=None, softcap=None):
+    """flash_attention (float32, no padding) that autograd can differentiate through your backward kernels; with the
+    masks beyond causal (common/masks.py says each) once step 26 is written."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    return _FlashAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale, solution)
+    masks = (None, None, None)
+    if window_left is not None or cu_seqlens is not None or softcap is not None:
+        from common.masks import check_masks
+
+        window_left, documents, softcap = check_masks(q.shape[-2], k.shape[-2], causal, window_left, cu_seqlens,
+                                                      softcap)
+        ends = None if documents is None else torch.tensor(documents, dtype=torch.int32, device=q.device)
+        masks = (None if window_left is None else min(window_left, k.shape[-2]), softcap, ends)
+    return _FlashAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), causal, scale, solution, masks)
 
 
 class FlashMultiHeadAttention(AttentionLayer):

@@ -176,7 +176,7 @@ void forward_half(const torch::Tensor& q, const torch::Tensor& k, const torch::T
 }
 
 #if CUDART_VERSION >= 12000  // the tensor maps are CUDA 12's (device/params.h)
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled: the driver function that makes a TMA tensor map
+#include "../common/csrc/tensor_maps.h"  // tensor_map, tma_ready: what TMA reads the tensors through
 
 // Defined in kernels/attention_hopper.cu (optional, steps 17-22): the same on Hopper's wgmma and TMA, given the tensor
 // maps this binding makes (device/params.h). Weak, as the others.
@@ -186,44 +186,6 @@ __attribute__((weak)) cudaError_t flash_attention_hopper_forward_masks(const Hop
                                                                        cudaStream_t stream);
 static bool has_hopper() { return flash_attention_hopper_forward != nullptr; }
 static bool has_hopper_masks() { return has_hopper() && flash_attention_hopper_forward_masks != nullptr; }
-
-// A TMA tensor map of t, (batch, heads, seq, head_dim) contiguous, 16-byte aligned, head_dim a multiple of 8 (TMA's
-// strides are multiples of 16 bytes): device/params.h says what it describes.
-static CUtensorMap tensor_map(const torch::Tensor& t, const char* name, cuuint32_t box_rows) {
-  static const auto encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                                             &found);
-#else
-    const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found);
-#endif
-    TORCH_CHECK(err == cudaSuccess && found == cudaDriverEntryPointSuccess && fn != nullptr,
-                "the CUDA driver has no cuTensorMapEncodeTiled (it needs a driver for CUDA 12 or newer)");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  const cuuint64_t head_dim = t.size(3), seq = t.size(2);
-  const cuuint64_t dims[3] = {head_dim, seq, (cuuint64_t)(t.size(0) * t.size(1))};
-  const cuuint64_t strides[2] = {head_dim * 2, seq * head_dim * 2};  // bytes, of dims 1 and 2
-  const cuuint32_t box[3] = {HOPPER_BOX_COLS, box_rows, 1}, steps[3] = {1, 1, 1};
-  CUtensorMap map;
-  const CUresult result = encode(&map, t.scalar_type() == torch::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                                           : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                                 3, t.data_ptr(), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  TORCH_CHECK(result == CUDA_SUCCESS, "cuTensorMapEncodeTiled refused ", name, " ", shape(t), " (CUresult ",
-              num(result), ")");
-  return map;
-}
-
-// t as TMA can read it: itself, or a copy with head_dim padded by zeros to a multiple of 8 and 16-byte aligned.
-static torch::Tensor tma_ready(const torch::Tensor& t) {
-  const int64_t head_dim = t.size(3), padded = (head_dim + 7) / 8 * 8;
-  if (padded == head_dim && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0) return t;
-  return at::constant_pad_nd(t, {0, padded - head_dim});  // a new tensor: PyTorch's allocations are aligned
-}
 
 // The Hopper kernel (steps 17-22), with the masks of step 25 where given: as forward_half, on compute capability 9.0;
 // key_start_data from check_attention_half.
@@ -309,24 +271,35 @@ static void check_lse(const torch::Tensor& lse, const torch::Tensor& q,
   for (const auto& [t, name] : others) check_no_overlap(lse, "lse", *t, name);
 }
 
+// With the masks beyond causal (any of window_left, softcap, cu_seqlens: step 26, for the backward part's masks),
+// kernels/attention.cu's MASKS instance writes lse (steps 23-24), key_start zeros.
 void forward_lse(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& out,
-                 torch::Tensor& lse, bool causal, double scale) {
+                 torch::Tensor& lse, bool causal, double scale, std::optional<int64_t> window_left,
+                 std::optional<double> softcap, const std::optional<torch::Tensor>& cu_seqlens) {
   check_attention(q, k, v, out, causal, scale, std::nullopt, check_cuda_float32);
   check_lse(lse, q, {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}});
-  TORCH_CHECK(flash_attention_forward_lse != nullptr,
+  const AttentionMasks masks = checked_masks(q, k, causal, window_left, softcap, cu_seqlens);
+  const bool masked = has_masks(masks);
+  TORCH_CHECK(masked || flash_attention_forward_lse != nullptr,
               "this build's kernels/attention.cu has no flash_attention_forward_lse (README, Task 4, step 12)");
+  TORCH_CHECK(!masked || flash_attention_forward_masks != nullptr, "this build's kernels/attention.cu has no "
+              "flash_attention_forward_masks (README, Task 4, step 23)");
   if (q.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(q.device());
-  AttentionParams p = attention_params(q, k, v, out, nullptr, scale, causal);
-  p.lse = lse.data_ptr<float>();
-  check_launch(flash_attention_forward_lse(p, c10::cuda::getCurrentCUDAStream()), "flash_attention_forward_lse");
+  const torch::Tensor no_padding = masked ? torch::zeros({q.size(0)}, q.options().dtype(torch::kInt)) : torch::Tensor();
+  AttentionParams p = attention_params(q, k, v, out, masked ? no_padding.data_ptr<int>() : nullptr, scale, causal);
+  p.lse = lse.data_ptr<float>(), p.masks = masks;
+  check_launch(masked ? flash_attention_forward_masks(p, c10::cuda::getCurrentCUDAStream())
+                      : flash_attention_forward_lse(p, c10::cuda::getCurrentCUDAStream()), "flash_attention_forward_lse");
 }
 
-// dq, dk, dv (written) from dout and what forward_lse saved (q, k, v, out, lse).
+// dq, dk, dv (written) from dout and what forward_lse saved (q, k, v, out, lse), with the masks it was given (step 26).
 void backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& out,
               const torch::Tensor& dout, const torch::Tensor& lse, torch::Tensor& dq, torch::Tensor& dk,
-              torch::Tensor& dv, bool causal, double scale) {
+              torch::Tensor& dv, bool causal, double scale, std::optional<int64_t> window_left,
+              std::optional<double> softcap, const std::optional<torch::Tensor>& cu_seqlens) {
   check_attention(q, k, v, out, causal, scale, std::nullopt, check_cuda_float32);
+  const AttentionMasks masks = checked_masks(q, k, causal, window_left, softcap, cu_seqlens);
   check_lse(lse, q, {});
   const std::pair<const torch::Tensor*, const char*> inputs[] = {
       {&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&dout, "dout"}, {&lse, "lse"}};
@@ -362,7 +335,7 @@ void backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tenso
   p.dq = dq.data_ptr<float>(), p.dk = dk.data_ptr<float>(), p.dv = dv.data_ptr<float>();
   p.batch = (int)q.size(0), p.heads = (int)q.size(1), p.kv_heads = (int)k.size(1);
   p.seq_q = (int)q.size(2), p.seq_k = (int)k.size(2), p.head_dim = (int)q.size(3);
-  p.scale = (float)scale, p.causal = causal;
+  p.scale = (float)scale, p.causal = causal, p.masks = masks;
   check_launch(flash_attention_backward(p, c10::cuda::getCurrentCUDAStream()), "flash_attention_backward");
 }
 
@@ -402,12 +375,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "forward without padding that also writes lse, (batch, heads, seq_q) float32: each row's log-sum-exp of "
         "the scaled scores, what the backward pass needs (README, Task 4, step 12; optional)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("causal"),
-        py::arg("scale"));
+        py::arg("scale"), py::arg("window_left") = py::none(), py::arg("softcap") = py::none(),
+        py::arg("cu_seqlens") = py::none());
   m.def("backward", &backward,
         "dq, dk, dv (written in place) of the attention forward_lse computed, given dout = dLoss/d(out) and what "
         "it saved: q, k, v, out, lse (README, Task 4, steps 13-16; optional)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("dout"), py::arg("lse"), py::arg("dq"),
-        py::arg("dk"), py::arg("dv"), py::arg("causal"), py::arg("scale"));
+        py::arg("dk"), py::arg("dv"), py::arg("causal"), py::arg("scale"), py::arg("window_left") = py::none(),
+        py::arg("softcap") = py::none(), py::arg("cu_seqlens") = py::none());
   m.def("has_backward", [] { return flash_attention_forward_lse != nullptr && flash_attention_backward != nullptr; },
         "whether this build holds the backward part (step 12 in kernels/attention.cu, kernels/attention_backward.cu)");
   m.def("max_head_dim", &flash_attention_max_head_dim, "the largest head_dim the kernel supports");
@@ -427,9 +402,11 @@ KIT_OPERATORS(m) {
         "Tensor? key_start=None) -> ()");
   m.def("forward_masks(Tensor q, Tensor k, Tensor v, Tensor(a!) out, bool causal, float scale, "
         "Tensor? key_start=None, int? window_left=None, float? softcap=None, Tensor? cu_seqlens=None) -> ()");
-  m.def("forward_lse(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) lse, bool causal, float scale) -> ()");
+  m.def("forward_lse(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) lse, bool causal, float scale, "
+        "int? window_left=None, float? softcap=None, Tensor? cu_seqlens=None) -> ()");
   m.def("backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor dout, Tensor lse, Tensor(a!) dq, Tensor(b!) dk, "
-        "Tensor(c!) dv, bool causal, float scale) -> ()");
+        "Tensor(c!) dv, bool causal, float scale, int? window_left=None, float? softcap=None, "
+        "Tensor? cu_seqlens=None) -> ()");
 }
 
 void register_impls(torch::Library& m) {

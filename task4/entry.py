@@ -70,17 +70,17 @@ def _backward_present():
                            f"tested without it): {left_out}")
 
 
-def forward_lse(q, k, v, out, lse, causal, scale):
-    """The forward kernel that also writes each row's log-sum-exp (step 12, optional)."""
+def forward_lse(q, k, v, out, lse, causal, scale, window_left=None, softcap=None, cu_seqlens=None):
+    """The forward kernel that also writes each row's log-sum-exp (step 12, optional; with the masks, step 26's)."""
     _backward_present()
-    ext.forward_lse(q, k, v, out, lse, causal, scale)
+    ext.forward_lse(q, k, v, out, lse, causal, scale, window_left, softcap, cu_seqlens)
     torch.cuda.synchronize()
 
 
-def backward(q, k, v, out, dout, lse, dq, dk, dv, causal, scale):
-    """The backward kernels of kernels/attention_backward.cu (steps 13-16, optional)."""
+def backward(q, k, v, out, dout, lse, dq, dk, dv, causal, scale, window_left=None, softcap=None, cu_seqlens=None):
+    """The backward kernels of kernels/attention_backward.cu (steps 13-16, optional; with the masks, step 26)."""
     _backward_present()
-    ext.backward(q, k, v, out, dout, lse, dq, dk, dv, causal, scale)
+    ext.backward(q, k, v, out, dout, lse, dq, dk, dv, causal, scale, window_left, softcap, cu_seqlens)
     torch.cuda.synchronize()
 
 

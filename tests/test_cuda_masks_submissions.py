@@ -1,10 +1,11 @@
-"""Known-bad masks (task 4, steps 23-25, optional) on a GPU: the reference's float32 kernel (steps 23-24) and Hopper
-kernel (step 25, compute capability 9.0) with one exact edit each fail their optional part with the mistake named and
-its step (tests/test_known_bad_edits.py checks here, on the CPU, that each edit still applies)."""
+"""Known-bad masks (task 4, steps 23-26, optional) on a GPU: the reference's float32 kernel (steps 23-24), Hopper
+kernel (step 25, compute capability 9.0) and backward kernels (step 26) with one exact edit each fail their optional
+part with the mistake named and its step (tests/test_known_bad_edits.py checks here, on the CPU, that each edit still
+applies)."""
 
 import pytest
 
-from tests.conftest import needs_cuda, needs_solution, run_test, submission
+from tests.conftest import REPO, bad_variant, needs_cuda, needs_solution, run_test, submission
 from tests.test_cuda_hopper_submissions import hopper_submission, on_hopper
 from tests.test_cuda_submissions import kernel_file
 
@@ -62,4 +63,26 @@ def test_hopper_masks_that_are_wrong_fail_their_optional_part_with_the_mistake_n
     record = run_test(4, hopper_submission(tmp_path, edit), tmp_path, "--hopper-masks")
     wrong = [c["message"] for c in record["cases"] if c["kind"] == "optional" and not c["passed"]]
     assert wrong and any(words in m and "Task 4, step 25" in m for m in wrong), [m[:300] for m in wrong]
+    assert all(c["passed"] for c in record["cases"] if c["kind"] != "optional"), record["cases"]
+
+
+BACKWARD_REFERENCE = "task4/solution/kernels/attention_backward.cu"
+# Step 26's (the backward kernels): dS not taken back through the cap, the window's last query tile left out of dK/dV
+BACKWARD_EDITS = {
+    "no_cap_slope": (("    slope = 1.0f - (score / cap) * (score / cap);\n", ""),
+                     "it matches dS not multiplied by the cap's slope"),
+    "window_queries_one_short": (("end = min(end, last_key - causal_offset + masks.window_left + 1);",
+                                  "end = min(end, last_key - causal_offset + masks.window_left);"),
+                                 "elements differ"),
+}
+
+
+@pytest.mark.parametrize("name", list(BACKWARD_EDITS))
+def test_backward_masks_that_are_wrong_fail_their_optional_part_with_the_mistake_named(name, tmp_path):
+    edit, words = BACKWARD_EDITS[name]
+    files = {"task4/kernels/attention.cu": (REPO / MASKS_REFERENCE).read_text(),
+             "task4/kernels/attention_backward.cu": bad_variant(4, "kernels/attention_backward.cu", *edit)}
+    record = run_test(4, submission(tmp_path, files), tmp_path, "--backward-masks")
+    wrong = [c["message"] for c in record["cases"] if c["kind"] == "optional" and not c["passed"]]
+    assert wrong and any(words in m and "Task 4, step 26" in m for m in wrong), [m[:300] for m in wrong]
     assert all(c["passed"] for c in record["cases"] if c["kind"] != "optional"), record["cases"]

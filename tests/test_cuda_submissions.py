@@ -221,10 +221,10 @@ def test_task4_half_file_that_does_not_compile_is_left_out_and_its_part_says_why
 # -- the optional backward part (task4/kernels/attention_backward.cu, steps 12-16) --------------------------
 
 BACKWARD_REFERENCE = "task4/solution/kernels/attention_backward.cu"
-B4_NO_DELTA = ("ds_tile[at] = st[i][j] * (dpt[i][j] - delta_tile[tx + j * COL_THREADS]);",
-               "ds_tile[at] = st[i][j] * dpt[i][j];")  # dS = P dP: D left out of dK
-B4_DS_WITHOUT_P = ("ds_tile[at] = st[i][j] * (dpt[i][j] - delta_tile[tx + j * COL_THREADS]);",
-                   "ds_tile[at] = dpt[i][j] - delta_tile[tx + j * COL_THREADS];")  # dS = dP - D in dK
+B4_NO_DELTA = ("ds_tile[at] = st[i][j] * slope[i][j] * (dpt[i][j] - delta_tile[tx + j * COL_THREADS]);",
+               "ds_tile[at] = st[i][j] * slope[i][j] * dpt[i][j];")  # dS = P dP: D left out of dK
+B4_DS_WITHOUT_P = ("ds_tile[at] = st[i][j] * slope[i][j] * (dpt[i][j] - delta_tile[tx + j * COL_THREADS]);",
+                   "ds_tile[at] = slope[i][j] * (dpt[i][j] - delta_tile[tx + j * COL_THREADS]);")  # dS = dP - D in dK
 B4_DK_UNSCALED = ("store_rows<D>(dk, dk_acc, scale, kv_start", "store_rows<D>(dk, dk_acc, 1.0f, kv_start")
 B4_DQ_UNSCALED = ("store_rows<D>(dq, dq_acc, scale, q_start", "store_rows<D>(dq, dq_acc, 1.0f, q_start")
 B4_ONE_HEAD_OF_THE_GROUP = ("  for (int g = 0; g < group; ++g) {", "  for (int g = 0; g < 1; ++g) {")

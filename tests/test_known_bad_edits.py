@@ -8,13 +8,16 @@ import pytest
 
 from tests.conftest import REPO, needs_solution
 from tests.test_cuda_hopper_submissions import EDITS as HOPPER_EDITS, HOPPER_REFERENCE
-from tests.test_cuda_masks_submissions import EDITS as MASKS_EDITS, HOPPER_EDITS as HOPPER_MASKS_EDITS, MASKS_REFERENCE
+from tests.test_cuda_masks_submissions import (BACKWARD_EDITS as BACKWARD_MASKS_EDITS, BACKWARD_REFERENCE,
+                                               EDITS as MASKS_EDITS, HOPPER_EDITS as HOPPER_MASKS_EDITS,
+                                               MASKS_REFERENCE)
 from tests.test_cuda_submissions import DIAGNOSED, EDITS_BY_REFERENCE
 
 CASES = [(reference, edit) for reference, edits in {**EDITS_BY_REFERENCE, HOPPER_REFERENCE: HOPPER_EDITS}.items()
          for edit in edits]
 CASES += [(MASKS_REFERENCE, edit) for edit, _ in MASKS_EDITS.values()]
 CASES += [(HOPPER_REFERENCE, edit) for edit, _ in HOPPER_MASKS_EDITS.values()]
+CASES += [(BACKWARD_REFERENCE, edit) for edit, _ in BACKWARD_MASKS_EDITS.values()]
 CASES += [(f"task{task}/solution/kernels/{'decode' if task == 5 else 'attention'}.cu", edit)
           for task, edits, *_ in DIAGNOSED.values() for edit in edits]
 

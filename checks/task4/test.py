@@ -40,6 +40,8 @@ from checks.task4.backward import backward_part, backward_text, check_backward_e
 from checks.task4.forward import attention_part, check_errors, grouped_text, make_inputs, shape_text
 from checks.task4.half import check_half_errors, half_part, half_text
 from checks.task4.hopper import hopper_part, is_hopper
+from checks.task4.backward_masks import (BACKWARD_MASKS_PASS_NAME, backward_masks_part,
+                                         backward_masks_sanitizer_calls)
 from checks.task4.masks import (HOPPER_MASKS_PASS_NAME, MASKS_PASS_NAME, hopper_masks_part, masks_part,
                                 masks_sanitizer_calls, run_masks_benchmarks)
 
@@ -251,6 +253,25 @@ def optional_hopper_masks(report, worker, args, passes: list, hopper_chosen: boo
     return True
 
 
+def backward_masks_step_of(kernel: str):
+    return "Task 4, step 26 (optional)" if "dkdv" in kernel or "dq_kernel" in kernel else step_of(kernel)
+
+
+def optional_backward_masks(report, worker, args, passes: list, waiting_for: list[str]) -> bool:
+    """Step 26 (optional), once the parts it builds on passed where they ran (waiting_for: those that did not: the
+    backward part's kernels, the masks' forward): the backward part with the masks, then its sanitizer pass (added to
+    `passes`). Whether the checks passed."""
+    if waiting_for:
+        report.note(f"the backward part's masks (step 26) were not checked: they run on {' and '.join(waiting_for)}, "
+                    "which did not pass")
+        return False
+    if not backward_masks_part(report, worker, args.hidden):
+        return False
+    passes.append(sanitize.start(report, 4, args, backward_masks_sanitizer_calls(args.hidden), backward_masks_step_of,
+                                 BACKWARD_MASKS_PASS_NAME, kind="optional", part="backward masks"))
+    return True
+
+
 def optional_benchmarks(report, worker, timed: list[tuple[str, object]]) -> None:
     """The optional parts' benchmarks (a student's own run: the grader leaves them out), each part's in a fresh
     process of its own, after the float32 benchmarks."""
@@ -262,7 +283,8 @@ def optional_benchmarks(report, worker, timed: list[tuple[str, object]]) -> None
 
 # The README steps of each part (step 7 is the float32 kernel's tuning; step 12, in kernels/attention.cu, the backward's)
 PART_STEPS = {"attention": (1, 2, 3, 4, 5, 6, 7), "half": (8, 9, 10, 11), "backward": (12, 13, 14, 15, 16),
-              "hopper": (17, 18, 19, 20, 21, 22), "masks": (23, 24), "hopper_masks": (25,)}
+              "hopper": (17, 18, 19, 20, 21, 22), "masks": (23, 24), "hopper_masks": (25,),
+              "backward_masks": (26,)}
 
 
 def main(argv=None) -> int:
@@ -278,6 +300,8 @@ def main(argv=None) -> int:
                         help="test only README steps 23-24 (optional: a sliding window, documents, soft-capping)")
     parser.add_argument("--hopper-masks", action="store_true",
                         help="test only README step 25 (optional: the masks in the Hopper kernel, on 9.0)")
+    parser.add_argument("--backward-masks", action="store_true",
+                        help="test only README step 26 (optional: the masks in the backward kernels)")
     args = parser.parse_args(argv)
     chosen = [p for p in PART_STEPS if getattr(args, p)] or list(PART_STEPS)
     report = Report(4, args.solution, "fused FlashAttention kernel", args.student_dir)
@@ -303,6 +327,10 @@ def main(argv=None) -> int:
             if "masks" in chosen:
                 sanitize.add_to_report(report, 4, args, masks_sanitizer_calls(args.hidden), step_of, MASKS_PASS_NAME,
                                        kind="optional", part="masks")
+            if "backward_masks" in chosen:
+                sanitize.add_to_report(report, 4, args, backward_masks_sanitizer_calls(args.hidden),
+                                       backward_masks_step_of, BACKWARD_MASKS_PASS_NAME, kind="optional",
+                                       part="backward masks")
             if "hopper_masks" in chosen and is_hopper():
                 sanitize.add_to_report(report, 4, args, masks_sanitizer_calls(args.hidden, torch.bfloat16),
                                        hopper_masks_step_of, HOPPER_MASKS_PASS_NAME, kind="optional",
@@ -336,6 +364,12 @@ def main(argv=None) -> int:
         if "hopper_masks" in chosen and not report.stopped:
             worker.stop_until_next_call()  # the same
             optional_hopper_masks(report, worker, args, passes, "hopper" in chosen, hopper_passed)
+        if "backward_masks" in chosen and not report.stopped:
+            worker.stop_until_next_call()  # the same
+            waiting_for = [what for part, passed, what in (("backward", backward_passed, "the backward kernels"),
+                                                           ("masks", masks_passed, "the masks' forward kernel"))
+                           if part in chosen and not passed]
+            optional_backward_masks(report, worker, args, passes, waiting_for)
         training = lambda: report.run("a model trained through your kernels learns as with SDPA",  # noqa: E731
                                       lambda: check_training(worker, args.hidden, write_curves=args.backward,
                                                              timed=not args.grading), kind="optional")

@@ -168,7 +168,7 @@ def measure_hopper(worker) -> tune.Measured:
 
 
 HOPPER_PLAN = tune.Plan(task=4, kernel_file="task4/kernels/attention_hopper.cu",
-                        timed_kernel="flash_attention_hopper_kernel<__nv_bfloat16, 2, false>",
+                        timed_kernel="flash_attention_hopper_kernel<__nv_bfloat16, 2, false, false>",
                         what="Hopper, bf16, batch {} heads {} seq {} head_dim {}".format(*PERF_CASE), unit="TFLOP/s",
                         limit="16-bit tensor-core bound", configs=HOPPER_CONFIGS, measure=measure_hopper,
                         also=sdpa_beside([("flash backend (FlashAttention-2)", SDPBackend.FLASH_ATTENTION),
@@ -212,7 +212,7 @@ def sdpa_backward_beside(worker) -> list[str]:
 
 
 BACKWARD_PLAN = tune.Plan(task=4, kernel_file="task4/kernels/attention_backward.cu",
-                          timed_kernel="flash_attention_dkdv_kernel<128>",
+                          timed_kernel="flash_attention_dkdv_kernel<128, false>",
                           what="backward, batch {} heads {} seq {} head_dim {}".format(*PERF_CASE),
                           unit="TFLOP/s (2.5x the forward's flops)", limit="FFMA peak", configs=BACKWARD_CONFIGS,
                           measure=measure_backward, also=sdpa_backward_beside, part="the optional backward kernels")

@@ -81,17 +81,15 @@ SWAPS = [
      "        add_rows<D>(dq + head * seq_q * head_dim, dq_acc, scale, q_start, seq_q, head_dim, ty, tx);\n"
      "      }\n"
      "      // END SOLUTION\n"),
-    ("                                     stream>>>(p.q, p.k, p.v, p.dout, p.lse, p.delta, p.dk, p.dv, p.heads, p.kv_heads,\n",
-     "                                     stream>>>(p.q, p.k, p.v, p.dout, p.lse, p.delta, p.dk, p.dv, p.dq, p.heads,\n"
-     "                                               p.kv_heads,\n"),
-    ("    err = cudaGetLastError();\n    if (err != cudaSuccess) return err;\n    flash_attention_dq_kernel<D>",
-     "    err = cudaGetLastError();\n    if (err != cudaSuccess || DQ_ATOMIC) return err;\n    flash_attention_dq_kernel<D>"),
-    ("    const float scale_log2 = p.scale * LOG2E;\n",
-     "    const float scale_log2 = p.scale * LOG2E;\n"
-     "    if (DQ_ATOMIC) {  // the dK/dV kernel adds to it\n"
-     "      err = cudaMemsetAsync(p.dq, 0, sizeof(float) * p.batch * p.heads * p.seq_q * p.head_dim, stream);\n"
-     "      if (err != cudaSuccess) return err;\n"
-     "    }\n"),
+    ("p.delta, p.dk, p.dv, p.heads,\n", "p.delta, p.dk, p.dv, p.dq, p.heads,\n"),
+    ("  err = cudaGetLastError();\n  if (err != cudaSuccess) return err;\n  flash_attention_dq_kernel<D, MASKS>",
+     "  err = cudaGetLastError();\n  if (err != cudaSuccess || DQ_ATOMIC) return err;\n  flash_attention_dq_kernel<D, MASKS>"),
+    ("  const float scale_log2 = p.scale * LOG2E;\n",
+     "  const float scale_log2 = p.scale * LOG2E;\n"
+     "  if (DQ_ATOMIC) {  // the dK/dV kernel adds to it\n"
+     "    err = cudaMemsetAsync(p.dq, 0, sizeof(float) * p.batch * p.heads * p.seq_q * p.head_dim, stream);\n"
+     "    if (err != cudaSuccess) return err;\n"
+     "  }\n"),
 ]
 
 

@@ -18,7 +18,7 @@
 #   reference: last in a call).
 # masks: issue 61's task 4 steps 23-24 (b0062ce, compiled here without spills, never run): notes/tools/masks/
 #   skip_speed.py (each mask checked against float64, then the skip against causal, FlexAttention beside);
-#   masks-known-bad: tests/test_cuda_masks_submissions.py's eight verdicts (four float32, four Hopper: step 25).
+#   masks-known-bad: tests/test_cuda_masks_submissions.py's ten verdicts (four float32, four Hopper: step 25, two backward: step 26).
 # d128tiles: issue 57's 192-key tiles at head_dim 128 too (two stages: three do not fit beside them) against the
 #   file's 128 with three and with two, causal and not (compiled here without spills, 2026-12-04).
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
@@ -98,7 +98,7 @@ PY
 masks)  # the part itself runs in the grading (device-queue.md's first call); here the skip, FlexAttention beside
   ( time timeout 400 python notes/tools/masks/skip_speed.py --flex ) > $OUT/masks_skip.log 2>&1; tail -16 $OUT/masks_skip.log ;;
 masks-known-bad)
-  KB_FILES=tests/test_cuda_masks_submissions.py KB_JOBS=8 KB_LIMIT=500 timeout 540 bash notes/tools/checks.sh known-bad
+  KB_FILES=tests/test_cuda_masks_submissions.py KB_JOBS=10 KB_LIMIT=500 timeout 540 bash notes/tools/checks.sh known-bad
   mkdir -p $OUT/kb && cp /tmp/logs/kb_*.log $OUT/kb/ 2>/dev/null; sort $OUT/known_bad.log | cut -c1-150 ;;
 backward32)
   ( time timeout 500 python notes/tools/backward32_dq_atomic.py ) > $OUT/backward32.log 2>&1

@@ -284,12 +284,13 @@ static cudaError_t launch(const AttentionParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The entry points below: the parameters checked (p.lse and p.key_start never both: the backward part has
-// no padding; the masks only through flash_attention_forward_masks), then the kernel for head_dim's tile width.
+// The entry points below: the parameters checked (p.lse and p.key_start never both, but with the masks, whose
+// key_start is then zeros: the backward part has no padding; the masks only through flash_attention_forward_masks),
+// then the kernel for head_dim's tile width.
 static cudaError_t forward_with(const AttentionParams& p, cudaStream_t stream) {
   if (p.batch < 0 || p.heads < 1 || p.kv_heads < 1 || p.heads % p.kv_heads != 0 || p.seq_q < 1 || p.seq_k < 1 ||
       p.head_dim < 1 || p.head_dim > MAX_HEAD_DIM || (p.causal && p.seq_q > p.seq_k) ||
-      (p.seq_q - 1) / BLOCK_ROWS >= 65535 || (p.lse != nullptr && p.key_start != nullptr))
+      (p.seq_q - 1) / BLOCK_ROWS >= 65535 || (p.lse != nullptr && p.key_start != nullptr && !has_masks(p.masks)))
     return cudaErrorInvalidValue;
   if (p.batch == 0) return cudaSuccess;
   const bool masked = has_masks(p.masks);
@@ -306,11 +307,12 @@ cudaError_t flash_attention_forward(const AttentionParams& p, cudaStream_t strea
   return forward_with(p, stream);
 }
 
-// The same with the masks beyond causal of p.masks (steps 23-24, optional; lse not written): a window needs causal,
-// documents seq_q == seq_k, and key_start is never nullptr (all zeros for no padding).
+// The same with the masks beyond causal of p.masks (steps 23-24, optional): a window needs causal, documents seq_q ==
+// seq_k, and key_start is never nullptr (all zeros for no padding, and always where p.lse is given: the backward part
+// of step 26 has no padding).
 cudaError_t flash_attention_forward_masks(const AttentionParams& p, cudaStream_t stream) {
   const AttentionMasks& m = p.masks;
-  if (p.lse != nullptr || p.key_start == nullptr || (m.window_left >= 0 && !p.causal) || !(m.softcap >= 0.0f) ||
+  if (p.key_start == nullptr || (m.window_left >= 0 && !p.causal) || !(m.softcap >= 0.0f) ||
       (m.cu_seqlens != nullptr && (m.documents < 1 || p.seq_q != p.seq_k)))
     return cudaErrorInvalidValue;
   return forward_with(p, stream);

@@ -105,7 +105,8 @@ class Behaviour:
     (steps 17-22) the same, or "trap" (a kernel that traps: every call a CUDA error), or "hang" (one that never
     returns, as a named barrier no one arrives on);
     backward: task 4's backward kernels (steps 13-16) do the same with dk ("wrong", "unwritten"), or make one of
-    harness/diagnose_backward.py's mistakes (its `how`, "no D" say);
+    harness/diagnose_backward.py's mistakes (its `how`, "no D" say); with the masks (step 26), "no cap slope" (dS not
+    taken back through the cap) or "masks unwritten" (the skeleton's: dK and dV zeros, dQ not written);
     unscaled: the forward and decode kernels (float32 and 16-bit) ignore their scale: a mistake the checks name;
     decode_one_short: task 5's decodes leave out each sequence's last row (a row range ending at end - 1);
     update_rows_late: task 5's update writes each new row this many rows (> 0) late, flat over (batch x heads)

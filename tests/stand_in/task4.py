@@ -7,8 +7,9 @@ import math
 import torch
 
 
-from harness.attention_math import causal_mask, expand_kv_heads
+from harness.attention_math import attention_gradients, expand_kv_heads, masked_scores
 from harness.diagnose_backward import gradients_with
+from harness.diagnose_masks import gradients_with_cap_slope
 from tests.stand_in.gpu import launched
 from tests.stand_in.kernels import (Hang, StandInKernels, attention_in_torch, attention_seconds, check_cuda_float32,
                                     check_dim, check_finite, check_key_start, check_no_overlap, with_padding)
@@ -152,19 +153,29 @@ class Task4Kernels(StandInKernels):
             out.mul_(1.01)
 
     @launched
-    def forward_lse(self, q, k, v, out, lse, causal, scale):
-        """Step 12: forward without padding, and each row's log-sum-exp."""
+    def forward_lse(self, q, k, v, out, lse, causal, scale, window_left=None, softcap=None, cu_seqlens=None):
+        """Step 12: forward without padding, and each row's log-sum-exp; with the masks (step 26), forward_masks's
+        output and their log-sum-exp."""
         self._forward(q, k, v, out, causal, scale, None, check_cuda_float32)
         self._check_lse(lse, q, {"q": q, "k": k, "v": v, "out": out})
-        scores = (q @ expand_kv_heads(k, q.shape[1]).transpose(-2, -1)) * scale
-        if causal:
-            scores = scores.masked_fill(causal_mask(q.shape[2], k.shape[2]), -math.inf)
+        masks = dict(window_left=window_left, softcap=softcap, cu_seqlens=cu_seqlens)
+        if any(m is not None for m in masks.values()):
+            self.forward_masks(q, k, v, out, causal, scale, None, **masks)
+        scores = masked_scores(q, expand_kv_heads(k, q.shape[1]), causal, scale, **self._plain_masks(**masks))
         lse.copy_(torch.logsumexp(scores, dim=-1))
 
+    @staticmethod
+    def _plain_masks(window_left, softcap, cu_seqlens):
+        return dict(window_left=window_left, softcap=softcap,
+                    documents=None if cu_seqlens is None else cu_seqlens.tolist())
+
     @launched
-    def backward(self, q, k, v, out, dout, lse, dq, dk, dv, causal, scale):
+    def backward(self, q, k, v, out, dout, lse, dq, dk, dv, causal, scale, window_left=None, softcap=None,
+                 cu_seqlens=None):
         """Steps 13-16: the binding's checks, then the gradients written out in float64 (`gradients_with`; they
-        do not depend on out and lse, given that they are the forward's)."""
+        do not depend on out and lse, given that they are the forward's). With the masks (step 26): float64
+        autograd under them (behaviour.backward "no cap slope": dS not taken back through the cap; "masks unwritten":
+        the skeleton's step 26)."""
         self._forward(q, k, v, out.clone(), causal, scale, None, check_cuda_float32)  # q, k, v, out checked alike
         self._check_lse(lse, q, {})
         for t, name, model, model_name in ((dout, "dout", q, "q"), (dq, "dq", q, "q"), (dk, "dk", k, "k"),
@@ -178,6 +189,20 @@ class Task4Kernels(StandInKernels):
                 if name != o_name:
                     check_no_overlap(o, o_name, t, name)
         kept = dk.clone() if self.behaviour.backward == "unwritten" else None
+        masks = self._plain_masks(window_left, softcap, cu_seqlens)
+        if any(m is not None for m in masks.values()):
+            if self.behaviour.backward == "masks unwritten":  # the skeleton's step 26: dK, dV zeros, dQ unwritten
+                dk.zero_()
+                dv.zero_()
+                return
+            slope = (lambda cap, c: torch.ones_like(cap)) if self.behaviour.backward == "no cap slope" \
+                else (lambda cap, c: 1 - (cap / c) ** 2)
+            grads = (gradients_with_cap_slope(q.cpu(), k.cpu(), v.cpu(), dout.cpu(), causal, scale,
+                                              masks["window_left"], masks["documents"], softcap, slope) if softcap
+                     else attention_gradients(q.cpu(), k.cpu(), v.cpu(), dout.cpu(), causal, scale, **masks))
+            for got, grad in zip((dq, dk, dv), grads):
+                got.copy_(grad)
+            return
         with self.work(2.5 * attention_seconds(q, expand_kv_heads(k, q.shape[1]), causal)):
             how = self.behaviour.backward if self.behaviour.backward not in ("wrong", "unwritten", None) else ""
             for got, grad in zip((dq, dk, dv), gradients_with(q, k, v, dout, causal, scale, how)):

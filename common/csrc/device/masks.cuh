@@ -5,11 +5,6 @@
 #include "device/common.cuh"  // LOG2E
 #include "device/params.h"
 
-// Whether any of the masks is given (a launcher sends those to its MASKS instance).
-inline bool has_masks(const AttentionMasks& m) {
-  return m.window_left >= 0 || m.softcap > 0.0f || m.cu_seqlens != nullptr;
-}
-
 // The document that holds position `pos`: the d with cu_seqlens[d] <= pos < cu_seqlens[d + 1], found by bisection
 // over the documents + 1 cumulative lengths (0 = c_0 < c_1 < ... < c_documents = seq: the binding checks them).
 // A position past the last document is given the last one.

@@ -56,6 +56,11 @@ struct AttentionMasks {
   int documents = 0;
 };
 
+// Whether any of the masks is given (a launcher sends those to its MASKS instance).
+inline bool has_masks(const AttentionMasks& m) {
+  return m.window_left >= 0 || m.softcap > 0.0f || m.cu_seqlens != nullptr;
+}
+
 // Task 4: attention over a whole sequence, the forward pass (kernels/attention.cu's flash_attention_forward
 // and, with lse, flash_attention_forward_lse; attention_half.cu's flash_attention_half_forward).
 struct AttentionParams {
@@ -109,4 +114,5 @@ struct AttentionBackwardParams {
   int batch = 0, heads = 0, kv_heads = 0, seq_q = 0, seq_k = 0, head_dim = 0;
   float scale = 1.0f;
   bool causal = false;
+  AttentionMasks masks;  // step 26 (optional): the forward's masks, lse from its forward_masks; none by default
 };

@@ -20,6 +20,9 @@
 // Kernels 2 and 3 both recompute P and dP: 7 tile products a pair of tiles instead of 5. FlashAttention-2 instead
 // adds dQ from kernel 2 with atomicAdd on global memory; README, Task 4, step 16, weighs the two.
 //
+// Step 26 (optional, after steps 23-24): the masks beyond causal here too, in MASKS instances of kernels 2 and 3: each
+// walks only the tiles its rows' masks leave, and with soft-capped scores dS goes back through the cap's slope.
+//
 // All tensors are row-major, contiguous float32; plain FP32 FFMA, like the forward kernel. The kernels trust their
 // arguments: task4/binding.cpp checks the tensors.
 //
@@ -38,6 +41,7 @@
 
 #include "device/common.cuh"
 #include "device/float_tiles.cuh"
+#include "device/masks.cuh"
 #include "device/params.h"
 
 // ----------------------------------------------------------------------------
@@ -175,6 +179,38 @@ __device__ __forceinline__ void store_rows(float* dst, const acc_vec<D> (&acc)[T
   }
 }
 
+// Step 26 (given: steps 23-24's ranges, without padding): the keys query `row` sees, [lo, hi), causal's end included.
+__device__ __forceinline__ int2 keys_of(const AttentionMasks& masks, bool causal, int row, int seq_q, int seq_k) {
+  row = min(row, seq_q - 1);  // a row past the end takes the last one's
+  const int diagonal = row + seq_k - seq_q;
+  int lo = masks.window_left >= 0 ? diagonal - masks.window_left : 0, hi = causal ? diagonal + 1 : seq_k;
+  if (masks.cu_seqlens != nullptr) {
+    const int doc = document_of(masks.cu_seqlens, masks.documents, row);
+    lo = max(lo, masks.cu_seqlens[doc]);
+    hi = min(hi, masks.cu_seqlens[doc + 1]);
+  }
+  return make_int2(max(lo, 0), hi);
+}
+
+// Step 26: the probability of a score (`dot` = q . k) under the masks, and the slope dS is multiplied by: the scale,
+// the soft-cap (cap > 0; its slope 1 - (capped / cap)^2, else 1), then 0 for a key outside [keys.x, keys.y).
+// lse_log2: the row's L in log2 units.
+__device__ __forceinline__ float masked_probability(float dot, float scale, float cap, float lse_log2, int key,
+                                                    int2 keys, float& slope) {
+  // BEGIN SOLUTION "step 26: P of one score under the masks, and the cap's slope for dS"
+  float score = dot * scale;
+  slope = 1.0f;
+  if (cap > 0.0f) {
+    score = cap * tanhf(score / cap);
+    slope = 1.0f - (score / cap) * (score / cap);
+  }
+  return key >= keys.x && key < keys.y ? exp2f(score * LOG2E - lse_log2) : 0.0f;
+  // SKELETON
+  // slope = 1.0f;
+  // return 0.0f;
+  // END SOLUTION
+}
+
 // ----------------------------------------------------------------------------
 // Kernel 1: D = rowsum(dO * O), one warp a row. out, dout: (rows, head_dim); delta: (rows,).
 __global__ void delta_kernel(const float* __restrict__ out, const float* __restrict__ dout, float* __restrict__ delta,
@@ -197,14 +233,16 @@ __global__ void delta_kernel(const float* __restrict__ out, const float* __restr
 // Kernel 2: dK and dV for BLOCK_ROWS keys of one (batch, key/value head).
 // q, dout: (batch * heads, seq_q, head_dim); k, v, dk, dv: (batch * kv_heads, seq_k, head_dim); lse, delta:
 // (batch * heads, seq_q). grid (batch * kv_heads, ceil(seq_k / BLOCK_ROWS)), NUM_THREADS threads,
-// backward_smem_bytes<D>(). scale_log2 = scale * log2(e).
-template <int D>
+// backward_smem_bytes<D>() (and the walked queries' key ranges where MASKS). scale_log2 = scale * log2(e). MASKS:
+// step 26's instance, with `masks` (no padding here).
+template <int D, bool MASKS>
 __global__ void __launch_bounds__(NUM_THREADS, 1)
     flash_attention_dkdv_kernel(const float* __restrict__ q, const float* __restrict__ k,
                                 const float* __restrict__ v, const float* __restrict__ dout,
                                 const float* __restrict__ lse, const float* __restrict__ delta,
                                 float* __restrict__ dk, float* __restrict__ dv, int heads, int kv_heads, int seq_q,
-                                int seq_k, int head_dim, float scale, float scale_log2, bool causal) {
+                                int seq_k, int head_dim, float scale, float scale_log2, bool causal,
+                                AttentionMasks masks) {
   constexpr int LDP = BLOCK_COLS + P_PAD;
   using vec = acc_vec<D>;
   extern __shared__ float4 smem[];
@@ -216,6 +254,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   float* ds_tile = p_tile + P_TILE_FLOATS;             // (BLOCK_ROWS, LDP): dS^T
   float* lse_tile = ds_tile + P_TILE_FLOATS;           // (BLOCK_COLS,): L of the walked queries, in log2 units
   float* delta_tile = lse_tile + BLOCK_COLS;           // (BLOCK_COLS,): their D
+  __shared__ int2 query_keys[MASKS ? BLOCK_COLS : 1];  // step 26: the keys each walked query sees
 
   const int tx = threadIdx.x % COL_THREADS, ty = threadIdx.x / COL_THREADS;
   const int kv_start = blockIdx.y * BLOCK_ROWS;  // with a causal mask the first keys have the most queries
@@ -242,6 +281,24 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   // SKELETON
   // const int first_query = seq_q;
   // END SOLUTION
+  int query_begin = first_query, query_end = seq_q;  // the query tiles walked: from query_begin, before query_end
+  if constexpr (MASKS) {
+    // BEGIN SOLUTION "step 26: the queries that see some key of the block: from the first key's first to the last key's last"
+    // Key j is seen by queries from j - causal_offset (causal) and from its document's start, to j - causal_offset
+    // + window_left (the window) and its document's end: both ends rise with the key.
+    const int first_key = kv_start, last_key = min(kv_start + BLOCK_ROWS, seq_k) - 1;
+    int begin = causal ? first_key - causal_offset : 0, end = seq_q;
+    if (masks.window_left >= 0) end = min(end, last_key - causal_offset + masks.window_left + 1);
+    if (masks.cu_seqlens != nullptr) {  // seq_q == seq_k here: positions of queries and keys are the same
+      begin = max(begin, masks.cu_seqlens[document_of(masks.cu_seqlens, masks.documents, first_key)]);
+      end = min(end, masks.cu_seqlens[document_of(masks.cu_seqlens, masks.documents, last_key) + 1]);
+    }
+    query_begin = max(begin, 0) / BLOCK_COLS * BLOCK_COLS;
+    query_end = end;
+    // SKELETON
+    // query_end = 0;  // until step 26 is written: no query tile, dK and dV zeros
+    // END SOLUTION
+  }
 
   for (int g = 0; g < group; ++g) {
     // the query heads kv_head * group .. kv_head * group + group - 1 read this key/value head in place
@@ -250,7 +307,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
     const float* do_head = dout + head * seq_q * head_dim;
     const float* lse_head = lse + head * seq_q;
     const float* delta_head = delta + head * seq_q;
-    for (int q_start = first_query; q_start < seq_q; q_start += BLOCK_COLS) {
+    for (int q_start = query_begin; q_start < query_end; q_start += BLOCK_COLS) {
       // Two groups: S^T needs Q (with K), dP^T needs dO (with V), so dO keeps arriving while S^T is computed.
       load_tile<BLOCK_COLS, D, D + PAD, NUM_THREADS>(q_tile, q_head, q_start, seq_q, head_dim);
       __pipeline_commit();
@@ -262,13 +319,20 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
         const int row = q_start + idx;
         lse_tile[idx] = row < seq_q ? lse_head[row] * LOG2E : INFINITY;
         delta_tile[idx] = row < seq_q ? delta_head[row] : 0.0f;
+        if constexpr (MASKS) query_keys[idx] = keys_of(masks, causal, row, seq_q, seq_k);
       }
       __pipeline_wait_prior(1);  // K, V (the first time) and Q landed
       __syncthreads();
 
+      // st[i][j]: key kv_start + ty + i ROW_THREADS against query q_start + tx + j COL_THREADS (P^T, once computed);
+      // slope[i][j]: what dS is multiplied by there, 1 but for step 26's soft-cap (its slope)
+      float st[THREAD_ROWS][THREAD_COLS] = {}, slope[THREAD_ROWS][THREAD_COLS];
+#pragma unroll
+      for (int i = 0; i < THREAD_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < THREAD_COLS; ++j) slope[i][j] = 1.0f;
+      if constexpr (!MASKS) {
       // BEGIN SOLUTION "step 14: recompute this tile's P^T = exp(scale K Q^T - L), masked past the diagonal"
-      // st[i][j]: key kv_start + ty + i ROW_THREADS against query q_start + tx + j COL_THREADS.
-      float st[THREAD_ROWS][THREAD_COLS] = {};
       tile_dots<D>(k_tile, q_tile, st, ty, tx);
       // Only a tile that crosses the diagonal (its last key past its first query's reach) needs the mask. Keys
       // past seq_k need none: their rows of dK and dV are never written.
@@ -283,14 +347,22 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
           if (needs_mask && key > query + causal_offset) st[i][j] = 0.0f;
         }
       }
-      // SKELETON
-      // float st[THREAD_ROWS][THREAD_COLS] = {};
       // END SOLUTION
+      } else {  // step 26: P^T from the dot products under the masks (masked_probability), with the cap's slopes
+        tile_dots<D>(k_tile, q_tile, st, ty, tx);
+#pragma unroll
+        for (int i = 0; i < THREAD_ROWS; ++i)
+#pragma unroll
+          for (int j = 0; j < THREAD_COLS; ++j)
+            st[i][j] = masked_probability(st[i][j], scale, masks.softcap, lse_tile[tx + j * COL_THREADS],
+                                          kv_start + ty + i * ROW_THREADS, query_keys[tx + j * COL_THREADS],
+                                          slope[i][j]);
+      }
 
       __pipeline_wait_prior(0);  // dO landed
       __syncthreads();
 
-      // BEGIN SOLUTION "step 15: dP^T = V dO^T, dS^T = P^T (dP^T - D); then dV += P^T dO and dK += dS^T Q"
+      // BEGIN SOLUTION "step 15: dP^T = V dO^T, dS^T = P^T slope (dP^T - D); then dV += P^T dO and dK += dS^T Q"
       float dpt[THREAD_ROWS][THREAD_COLS] = {};
       tile_dots<D>(v_tile, do_tile, dpt, ty, tx);
 #pragma unroll
@@ -299,7 +371,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
         for (int j = 0; j < THREAD_COLS; ++j) {
           const int at = (ty + i * ROW_THREADS) * LDP + tx + j * COL_THREADS;
           p_tile[at] = st[i][j];
-          ds_tile[at] = st[i][j] * (dpt[i][j] - delta_tile[tx + j * COL_THREADS]);
+          ds_tile[at] = st[i][j] * slope[i][j] * (dpt[i][j] - delta_tile[tx + j * COL_THREADS]);
         }
       __syncthreads();  // P^T and dS^T complete
       tile_accumulate<D>(p_tile, do_tile, dv_acc, ty, tx);
@@ -318,13 +390,15 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
 
 // ----------------------------------------------------------------------------
 // Kernel 3: dQ for BLOCK_ROWS queries of one (batch, head). Shapes as kernel 2's; dq like q.
-// grid (batch * heads, ceil(seq_q / BLOCK_ROWS)), NUM_THREADS threads, backward_smem_bytes<D>().
-template <int D>
+// grid (batch * heads, ceil(seq_q / BLOCK_ROWS)), NUM_THREADS threads, backward_smem_bytes<D>(). MASKS: step 26's
+// instance, with `masks`.
+template <int D, bool MASKS>
 __global__ void __launch_bounds__(NUM_THREADS, 1)
     flash_attention_dq_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                               const float* __restrict__ dout, const float* __restrict__ lse,
                               const float* __restrict__ delta, float* __restrict__ dq, int heads, int kv_heads,
-                              int seq_q, int seq_k, int head_dim, float scale, float scale_log2, bool causal) {
+                              int seq_q, int seq_k, int head_dim, float scale, float scale_log2, bool causal,
+                              AttentionMasks masks) {
   constexpr int LDP = BLOCK_COLS + P_PAD;
   using vec = acc_vec<D>;
   extern __shared__ float4 smem[];
@@ -365,6 +439,7 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
 #pragma unroll
     for (int c = 0; c < ACC_VECS<D>; ++c) dq_acc[i][c] = vec{};
 
+  if constexpr (!MASKS) {
   // BEGIN SOLUTION "step 16: dQ = scale dS K over the key tiles these queries see; write scale dQ"
   int kv_end = seq_k;
   if (causal) kv_end = min(seq_k, min(q_start + BLOCK_ROWS, seq_q) + causal_offset);
@@ -402,18 +477,81 @@ __global__ void __launch_bounds__(NUM_THREADS, 1)
   }
   store_rows<D>(dq, dq_acc, scale, q_start, seq_q, head_dim, ty, tx);
   // END SOLUTION
+  } else {
+  // BEGIN SOLUTION "step 26: step 16's loop over the key tiles the rows' masks leave, P and dS under them; write scale dQ"
+  // The rows' keys (keys_of): the block's tiles from its first row's first key to its last row's last
+  int2 keys[THREAD_ROWS];
+#pragma unroll
+  for (int i = 0; i < THREAD_ROWS; ++i) keys[i] = keys_of(masks, causal, q_start + ty + i * ROW_THREADS, seq_q, seq_k);
+  const int kv_begin = keys_of(masks, causal, q_start, seq_q, seq_k).x / BLOCK_COLS * BLOCK_COLS;
+  const int kv_end = keys_of(masks, causal, q_start + BLOCK_ROWS - 1, seq_q, seq_k).y;
+  for (int kv_start = kv_begin; kv_start < kv_end; kv_start += BLOCK_COLS) {
+    load_tile<BLOCK_COLS, D, D + PAD, NUM_THREADS>(k_tile, k, kv_start, seq_k, head_dim);
+    __pipeline_commit();
+    load_tile<BLOCK_COLS, D, D + PAD, NUM_THREADS>(v_tile, v, kv_start, seq_k, head_dim);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);  // Q, dO (the first time) and K landed
+    __syncthreads();
+    float s[THREAD_ROWS][THREAD_COLS] = {};
+    tile_dots<D>(q_tile, k_tile, s, ty, tx);
+    __pipeline_wait_prior(0);  // V landed
+    __syncthreads();
+    float dp[THREAD_ROWS][THREAD_COLS] = {};
+    tile_dots<D>(do_tile, v_tile, dp, ty, tx);
+#pragma unroll
+    for (int i = 0; i < THREAD_ROWS; ++i)
+#pragma unroll
+      for (int j = 0; j < THREAD_COLS; ++j) {
+        float slope;
+        const float p = masked_probability(s[i][j], scale, masks.softcap, lse_i[i], kv_start + tx + j * COL_THREADS,
+                                           keys[i], slope);
+        ds_tile[(ty + i * ROW_THREADS) * LDP + tx + j * COL_THREADS] = p * slope * (dp[i][j] - delta_i[i]);
+      }
+    __syncthreads();  // dS complete
+    tile_accumulate<D>(ds_tile, k_tile, dq_acc, ty, tx);
+    __syncthreads();  // everyone is done with K, V and dS before the next tile overwrites them
+  }
+  store_rows<D>(dq, dq_acc, scale, q_start, seq_q, head_dim, ty, tx);
+  // END SOLUTION
+  }
   __pipeline_wait_prior(0);  // a skeleton's copies of Q and dO, never waited for above
 }
 
 // ----------------------------------------------------------------------------
 // Launcher: called by task4/binding.cpp on PyTorch's current stream. Returns the error of the launches.
 
+// Kernels 2 and 3 for head_dim's tile width D, with the masks (step 26) or without.
+template <int D, bool MASKS>
+static cudaError_t launch_backward(const AttentionBackwardParams& p, cudaStream_t stream) {
+  const size_t smem = backward_smem_bytes<D>();
+  cudaError_t err = cudaFuncSetAttribute(flash_attention_dkdv_kernel<D, MASKS>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (err == cudaSuccess)
+    err = cudaFuncSetAttribute(flash_attention_dq_kernel<D, MASKS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               (int)smem);
+  if (err != cudaSuccess) return err;
+  const float scale_log2 = p.scale * LOG2E;
+  flash_attention_dkdv_kernel<D, MASKS><<<dim3(p.batch * p.kv_heads, ceil_div(p.seq_k, BLOCK_ROWS)), NUM_THREADS,
+                                          smem, stream>>>(p.q, p.k, p.v, p.dout, p.lse, p.delta, p.dk, p.dv, p.heads,
+                                                          p.kv_heads, p.seq_q, p.seq_k, p.head_dim, p.scale,
+                                                          scale_log2, p.causal, p.masks);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  flash_attention_dq_kernel<D, MASKS><<<dim3(p.batch * p.heads, ceil_div(p.seq_q, BLOCK_ROWS)), NUM_THREADS, smem,
+                                        stream>>>(p.q, p.k, p.v, p.dout, p.lse, p.delta, p.dq, p.heads, p.kv_heads,
+                                                  p.seq_q, p.seq_k, p.head_dim, p.scale, scale_log2, p.causal,
+                                                  p.masks);
+  return cudaGetLastError();
+}
+
 // The backward pass: dq, dk and dv (overwritten) from dout and what the forward saved; the parameters are
-// described in device/params.h.
+// described in device/params.h (p.masks: step 26's, a window needing causal and documents seq_q == seq_k).
 cudaError_t flash_attention_backward(const AttentionBackwardParams& p, cudaStream_t stream) {
   if (p.batch < 0 || p.heads < 1 || p.kv_heads < 1 || p.heads % p.kv_heads != 0 || p.seq_q < 1 || p.seq_k < 1 ||
       p.head_dim < 1 || p.head_dim > MAX_HEAD_DIM || (p.causal && p.seq_q > p.seq_k) ||
-      (p.seq_q - 1) / BLOCK_ROWS >= 65535 || (p.seq_k - 1) / BLOCK_ROWS >= 65535)
+      (p.seq_q - 1) / BLOCK_ROWS >= 65535 || (p.seq_k - 1) / BLOCK_ROWS >= 65535 ||
+      (p.masks.window_left >= 0 && !p.causal) || !(p.masks.softcap >= 0.0f) ||
+      (p.masks.cu_seqlens != nullptr && (p.masks.documents < 1 || p.seq_q != p.seq_k)))
     return cudaErrorInvalidValue;
   if (p.batch == 0) return cudaSuccess;
 
@@ -426,22 +564,6 @@ cudaError_t flash_attention_backward(const AttentionBackwardParams& p, cudaStrea
 
   return with_head_dim_tile(p.head_dim, [&](auto tile) {
     constexpr int D = decltype(tile)::value;
-    const size_t smem = backward_smem_bytes<D>();
-    cudaError_t err = cudaFuncSetAttribute(flash_attention_dkdv_kernel<D>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (err == cudaSuccess)
-      err = cudaFuncSetAttribute(flash_attention_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)smem);
-    if (err != cudaSuccess) return err;
-    const float scale_log2 = p.scale * LOG2E;
-    flash_attention_dkdv_kernel<D><<<dim3(p.batch * p.kv_heads, ceil_div(p.seq_k, BLOCK_ROWS)), NUM_THREADS, smem,
-                                     stream>>>(p.q, p.k, p.v, p.dout, p.lse, p.delta, p.dk, p.dv, p.heads, p.kv_heads,
-                                               p.seq_q, p.seq_k, p.head_dim, p.scale, scale_log2, p.causal);
-    err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-    flash_attention_dq_kernel<D><<<dim3(p.batch * p.heads, ceil_div(p.seq_q, BLOCK_ROWS)), NUM_THREADS, smem,
-                                   stream>>>(p.q, p.k, p.v, p.dout, p.lse, p.delta, p.dq, p.heads, p.kv_heads, p.seq_q,
-                                             p.seq_k, p.head_dim, p.scale, scale_log2, p.causal);
-    return cudaGetLastError();
+    return has_masks(p.masks) ? launch_backward<D, true>(p, stream) : launch_backward<D, false>(p, stream);
   });
 }
