@@ -13,9 +13,11 @@
 # bars: issue 60's performance bars: tasks 4 and 5 graded with every scored step of the reference written but its
 #   `[skeleton: N]` constants (untuned; the optional files the skeletons), then task5.tune from that start (it tunes the
 #   checkout's file: the untuned one is put there for it, and the skeleton put back).
+# d64: split_chains.py then fused_scale.py at head_dim 64 (issue 57), each against the file's softmax.
 # fused: issue 57's softmax with the scale folded into ex2's argument (notes/tools/hopper/fused_scale.py), head_dim
 #   64 and 128, causal and not, against the file's (about 70 s each; compiled here without spills, 2026-12-05; it patches the copy's
 #   reference: last in a call).
+# parts: steps 25-26's parts and the bf16 skip (issue 61), head_dim 64's profile (issue 57).
 # masks: issue 61's task 4 steps 23-24 (b0062ce, compiled here without spills, never run): notes/tools/masks/
 #   skip_speed.py (each mask checked against float64, then the skip against causal, FlexAttention beside);
 #   masks-known-bad: tests/test_cuda_masks_submissions.py's ten verdicts (four float32, four Hopper: step 25, two backward: step 26).
@@ -57,6 +59,19 @@ known-bad-rest)
   grep -v "^0 " $OUT/known_bad.log | while read -r rc id took; do
     cp /tmp/logs/kb_$(grep -nxF "$id" /tmp/logs/ids | cut -d: -f1).log $OUT/kb/; done
   sort $OUT/known_bad.log | cut -c1-150 ;;
+d64)  # issue 57's two softmax experiments at head_dim 64, non-causal and causal, each against the file (each patches
+  # the copy's reference: it is put back between them)
+  cp task4/solution/kernels/attention_hopper.cu /tmp/attention_hopper.cu
+  for c in 0 1; do
+    ( timeout 100 python notes/tools/hopper/split_chains.py 64 $c ) > $OUT/chains_64_$c.log 2>&1
+    grep -E "^\*|^ +[0-9] |SDPA|rror" $OUT/chains_64_$c.log
+  done
+  cp /tmp/attention_hopper.cu task4/solution/kernels/attention_hopper.cu
+  for c in 0 1; do
+    ( timeout 100 python notes/tools/hopper/fused_scale.py 64 $c ) > $OUT/fused_64_$c.log 2>&1
+    grep -E "^\*|^ +[0-9] |SDPA|rror" $OUT/fused_64_$c.log
+  done
+  cp /tmp/attention_hopper.cu task4/solution/kernels/attention_hopper.cu ;;
 fused)
   for d in 64 128; do
     for c in 0 1; do
@@ -95,6 +110,14 @@ PY
   cp task5/kernels/decode.cu /tmp/decode_skeleton.cu && cp /tmp/untuned/task5/kernels/decode.cu task5/kernels/
   ( time timeout 150 python -m task5.tune --csv $OUT/tune5.csv ) > $OUT/tune5.log 2>&1; tail -15 $OUT/tune5.log
   cp /tmp/decode_skeleton.cu task5/kernels/decode.cu ;;
+parts)  # steps 25-26 (0eb7cc2, 828fb8e: compiled, never run): their parts on the reference with the masks' and the
+  # backward's, then the Hopper masks' skip in bf16 with FlexAttention beside, then head_dim 64's profile (issue 57)
+  ( time timeout 300 python -m task4.test --solution --masks --hopper --hopper-masks --backward --backward-masks \
+      --grading ) > $OUT/parts.log 2>&1
+  grep -E "FAIL|Task 4:|rror|memory-safe|note" $OUT/parts.log | cut -c1-300 | head -24; tail -3 $OUT/parts.log
+  ( time timeout 150 python notes/tools/masks/skip_speed.py --dtype bf16 --flex ) > $OUT/skip_bf16.log 2>&1
+  tail -16 $OUT/skip_bf16.log
+  ( timeout 90 python notes/tools/hopper/profile_at.py 64 ) > $OUT/profile64.log 2>&1; tail -2 $OUT/profile64.log ;;
 masks)  # the part itself runs in the grading (device-queue.md's first call); here the skip, FlexAttention beside
   ( time timeout 400 python notes/tools/masks/skip_speed.py --flex ) > $OUT/masks_skip.log 2>&1; tail -16 $OUT/masks_skip.log ;;
 masks-known-bad)
