@@ -31,8 +31,9 @@ HOPPER_TASK3_STEPS = {"task": 4, 9: "step 25", 10: "step 25", 11: "step 25", 4: 
 # (batch, heads, kv_heads, seq_q, seq_k, head_dim, causal, window_left, the documents' lengths, softcap, key_start),
 # None where unused. The reference's tiles are 128 x 128 and the skeleton's 64 x 64: windows of 1 key, of a tile
 # and wider than the sequence; documents of one position, of a tile, many short ones; caps that bind (the scaled
-# scores of these inputs reach about 5, and a third are past 1). The first case has no padding: a kernel that writes
-# nothing there is one not written.
+# scores of these inputs reach about 5, and a third are past 1) and one that never does (1e6: a soft-cap computed
+# with an error that grows with the cap, as 1 - 2 / (1 + e^(2x / c)) in float32, loses the scores). The first case
+# has no padding: a kernel that writes nothing there is one not written.
 MASK_CASES = [
     (1, 2, 2, 300, 300, 64, True, 0, None, None, None),  # a window of one key, the query's own
     (2, 4, 2, 333, 333, 64, True, 127, None, None, None),  # a window of a tile (128 keys), grouped heads
@@ -41,6 +42,7 @@ MASK_CASES = [
     (2, 2, 2, 400, 400, 64, False, None, (1, 128, 100, 171), None, None),  # documents of 1 and of a tile
     (1, 4, 2, 300, 300, 96, True, None, (5,) * 20 + (200,), None, None),  # many short documents, causal inside
     (2, 2, 2, 257, 257, 128, False, None, None, 1.0, None),  # soft-capping
+    (1, 2, 2, 130, 130, 64, True, None, None, 1e6, None),  # a cap that never binds: the scores as they are
     (1, 2, 2, 300, 300, 64, True, 60, (130, 170), 2.0, None),  # all three
     (2, 4, 2, 200, 260, 64, True, 50, None, None, (0, 100)),  # a window with left padding
     (2, 2, 2, 300, 300, 64, True, None, (90, 210), None, (0, 150)),  # documents, one cut by the padding
