@@ -23,8 +23,8 @@ SWAPS = [  # (old, new, count): patch_experiment.patched
     ("constexpr int MAX_HEAD_DIM = 128;\n",
      "constexpr int MAX_HEAD_DIM = 128;\n"
      "constexpr int FUSED_SCALE = 1;  // the experiment: 1, s * scale_log2 - shift in one FFMA; 0, as the file\n", 1),
-    ("  for (int i = 0; i < N / 2; ++i) s[i] *= scale_log2;",
-     "  for (int i = 0; i < N / 2; ++i)\n    if constexpr (!FUSED_SCALE) s[i] *= scale_log2;", 1),
+    ("  for (int i = 0; i < N / 2; ++i) s[i] *= scale_log2;  // scale, then mask",
+     "  for (int i = 0; i < N / 2; ++i)\n    if constexpr (!FUSED_SCALE) s[i] *= scale_log2;  // scale, then mask", 1),
     ("    float row_max = m[h];\n",
      "    float row_max = FUSED_SCALE ? -INFINITY : m[h];  // fused: the raw scores' maximum, scaled below\n", 1),
     ("    row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffff, row_max, 2));\n",

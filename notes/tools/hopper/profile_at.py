@@ -9,9 +9,10 @@ from harness import profile
 
 head_dim, flags = int(sys.argv[1]), sys.argv[2:]
 measure.PERF_CASE = (8, 32, 4096, head_dim)
-profile.NCU_ARGS += ["--section", "WarpStateStats", "--section", "InstructionStats", "--metrics",
-                     "regex:sm__inst_executed_pipe_.*\\.avg\\.pct_of_peak_sustained_active,"
-                     "regex:sm__pipe_.*_cycles_active\\.avg\\.pct_of_peak_sustained_active,"
-                     "smsp__issue_active.avg.pct_of_peak_sustained_active"]
+at = profile.NCU_ARGS.index("--metrics") + 1  # ncu takes one --metrics: the pipes' added to its list
+profile.NCU_ARGS[at] += (",regex:sm__inst_executed_pipe_.*\\.avg\\.pct_of_peak_sustained_active,"
+                         "regex:sm__pipe_.*_cycles_active\\.avg\\.pct_of_peak_sustained_active,"
+                         "smsp__issue_active.avg.pct_of_peak_sustained_active")
+profile.NCU_ARGS += ["--section", "WarpStateStats", "--section", "InstructionStats"]
 sys.argv = ["task4.profile", "--solution", "--hopper", "--raw", *flags]
 runpy.run_module("task4.profile", run_name="__main__")
