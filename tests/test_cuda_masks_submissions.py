@@ -50,8 +50,8 @@ HOPPER_EDITS = {
     "capped_twice": (("s[i] = soft_cap(s[i], cap, inv_cap);",
                       "s[i] = soft_cap(soft_cap(s[i], cap, inv_cap), cap, inv_cap);"),
                      "it matches the cap applied twice"),
-    "first_tile_late": (("    first_tile = keys_of_row(p, q_start, seq_q, seq_k, padding, skip).x / COLS;",
-                         "    first_tile = keys_of_row(p, q_start, seq_q, seq_k, padding, skip).x / COLS + 1;"),
+    "first_tile_late": (("b.first_tile = keys_of_row(p, b.q_start, b.seq_q, b.seq_k, b.padding, b.skip).x / COLS;",
+                         "b.first_tile = keys_of_row(p, b.q_start, b.seq_q, b.seq_k, b.padding, b.skip).x / COLS + 1;"),
                         "elements differ"),
 }
 

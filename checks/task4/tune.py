@@ -151,16 +151,18 @@ HALF_PLAN = tune.Plan(task=4, kernel_file="task4/kernels/attention_half.cu", tim
                       also=sdpa_flash_beside, part="the optional bf16/fp16 kernel")
 
 # The Hopper kernel's knobs (kernels/attention_hopper.cu, steps 17-22): the skeleton's first, then a third K/V stage
-# (it fits beside Q at head_dim 128: 225 KB), step 21's overlap, step 22's turns, and the registers split otherwise
-# between producer and consumers.
-HOPPER_CONFIGS = [
-    {"STAGES": 2, "PRODUCER_REGISTERS": 24, "CONSUMER_REGISTERS": 240, "OVERLAP": 0, "PINGPONG": 0},
-    {"STAGES": 3, "PRODUCER_REGISTERS": 24, "CONSUMER_REGISTERS": 240, "OVERLAP": 0, "PINGPONG": 0},
-    {"STAGES": 3, "PRODUCER_REGISTERS": 24, "CONSUMER_REGISTERS": 240, "OVERLAP": 1, "PINGPONG": 0},
-    {"STAGES": 2, "PRODUCER_REGISTERS": 24, "CONSUMER_REGISTERS": 240, "OVERLAP": 1, "PINGPONG": 1},
-    {"STAGES": 3, "PRODUCER_REGISTERS": 24, "CONSUMER_REGISTERS": 240, "OVERLAP": 1, "PINGPONG": 1},
-    {"STAGES": 3, "PRODUCER_REGISTERS": 40, "CONSUMER_REGISTERS": 232, "OVERLAP": 1, "PINGPONG": 1},
-]
+# (it fits beside Q at head_dim 128: 225 KB), step 21's overlap, step 22's turns, persistent blocks, and the registers
+# split otherwise between producer and consumers.
+_HOPPER_KNOBS = ("STAGES", "PRODUCER_REGISTERS", "CONSUMER_REGISTERS", "OVERLAP", "PINGPONG", "PERSISTENT")
+HOPPER_CONFIGS = [dict(zip(_HOPPER_KNOBS, values)) for values in [
+    (2, 24, 240, 0, 0, 0),
+    (3, 24, 240, 0, 0, 0),
+    (3, 24, 240, 1, 0, 0),
+    (2, 24, 240, 1, 1, 0),
+    (3, 24, 240, 1, 1, 0),
+    (3, 24, 240, 1, 1, 1),
+    (3, 40, 232, 1, 1, 1),
+]]
 
 
 def measure_hopper(worker) -> tune.Measured:

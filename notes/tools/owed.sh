@@ -8,6 +8,7 @@
 # known-bad-rest 1|2: the 25 known-bad verdicts the 2026-12-05 session did not see hold (its budget ran out), in two
 #   calls: 1, the Hopper ones, task 4's first-lines ones (past 380 s at 15 jobs there) and task 6's; 2, the rest,
 #   with task 5's two first-lines ones mended after failing there (715e450).
+# persistent parts|B,H,S: issue 57's persistent blocks and fused scale: the Hopper parts, or PERSISTENT 1 against 0.
 # backward32: the float32 backward with dQ by atomics beside the dQ kernel (task4.tune --backward, checked first).
 # wide: issue 57's 192-key tiles at head_dim 64 against 128 (measured and adopted: it patches d90da69's file only).
 # bars: issue 60's performance bars: tasks 4 and 5 graded with every scored step of the reference written but its
@@ -123,6 +124,21 @@ masks)  # the part itself runs in the grading (device-queue.md's first call); he
 masks-known-bad)
   KB_FILES=tests/test_cuda_masks_submissions.py KB_JOBS=10 KB_LIMIT=500 timeout 540 bash notes/tools/checks.sh known-bad
   mkdir -p $OUT/kb && cp /tmp/logs/kb_*.log $OUT/kb/ 2>/dev/null; sort $OUT/known_bad.log | cut -c1-150 ;;
+persistent)  # issue 57: persistent blocks and the fused scale (compiled here without spills). `persistent parts`: the
+  # Hopper parts (about 200 s); `persistent B,H,S`: PERSISTENT 1 (the file's) against 0 at head_dim 64 and 128,
+  # causal and not (about 300 s)
+  if [ "$2" = parts ]; then
+    ( time timeout 280 python -m task4.test --solution --hopper --hopper-masks ) > $OUT/persistent_parts.log 2>&1
+    grep -E "FAIL|Task 4:|rror|memory-safe|note" $OUT/persistent_parts.log | cut -c1-300 | head -16
+    tail -3 $OUT/persistent_parts.log
+  else
+    for d in 64 128; do
+      for c in 0 1; do
+        ( timeout 80 python notes/tools/hopper/tune_at.py $d $c --shape $2 PERSISTENT=0 ) > $OUT/persistent_${d}_$c.log 2>&1
+        grep -E "^\*|^ +[0-9] |SDPA|rror" $OUT/persistent_${d}_$c.log
+      done
+    done
+  fi ;;
 backward32)
   ( time timeout 500 python notes/tools/backward32_dq_atomic.py ) > $OUT/backward32.log 2>&1
   tail -25 $OUT/backward32.log ;;

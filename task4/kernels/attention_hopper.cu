@@ -27,6 +27,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -58,19 +59,26 @@ constexpr int OVERLAP = 0;
 // Step 22 (1): the two consumers take turns issuing their products, so that one's softmax runs while the other's
 // products are on the tensor cores (named barriers 1 and 2); 0: each issues as soon as its tiles have landed
 constexpr int PINGPONG = 0;
+// Persistent blocks (1): one block an SM, each walking one block of rows after another, its producer loading the next
+// rows' Q and tiles while the consumers finish the last ones (and Q in two buffers where they fit); 0: a block for
+// each block of rows, as many blocks as rows / BLOCK_ROWS
+constexpr int PERSISTENT = 0;
 constexpr int MAX_HEAD_DIM = 128;
 constexpr int ROW_BYTES = HOPPER_BOX_COLS * 2;        // a row of a 64-column panel: 128 bytes
 constexpr int Q_PANEL_BYTES = BLOCK_ROWS * ROW_BYTES;  // one 64-column panel of Q's tile: 16 KB
 
-// Shared memory: Q (PANELS panels), then STAGES K tiles and STAGES V tiles (PANELS panels of COLS rows each), then
-// the barriers. A swizzled tile starts on a 1024-byte boundary (the swizzle's pattern repeats every 8 rows of 128
+// Shared memory: Q (PANELS panels; Q_BUFFERS of them), then STAGES K tiles and STAGES V tiles (PANELS panels of COLS
+// rows each), then the barriers. A swizzled tile starts on a 1024-byte boundary (the swizzle's pattern repeats every 8 rows of 128
 // bytes), and so does each box within it: boxes one after another make one swizzled tile of all their rows.
 template <int PANELS>
 struct Layout {
   static constexpr int COLS = PANELS == 1 ? BLOCK_COLS : BLOCK_COLS_LARGE_D;  // keys per K/V tile
   static constexpr int KV_PANEL = COLS * ROW_BYTES, Q_TILE = PANELS * Q_PANEL_BYTES, KV_TILE = PANELS * KV_PANEL;
-  static constexpr int Q = 0, K = Q_TILE, V = K + STAGES * KV_TILE, BARRIERS = V + STAGES * KV_TILE;
-  static constexpr int BARRIER_COUNT = 1 + 3 * STAGES;  // Q's, then each stage's K full, V full, empty
+  // two Q buffers where they fit beside the ring (PERSISTENT: the next rows' Q lands while these are computed)
+  static constexpr int Q_BUFFERS = PERSISTENT && 1024 + 2 * Q_TILE + 2 * STAGES * KV_TILE + 256 <= 227 * 1024 ? 2 : 1;
+  static constexpr int Q = 0, K = Q_BUFFERS * Q_TILE, V = K + STAGES * KV_TILE, BARRIERS = V + STAGES * KV_TILE;
+  // each Q buffer's full and each stage's K full and V full, then each Q buffer's empty and each stage's empty
+  static constexpr int BARRIER_COUNT = 2 * Q_BUFFERS + 3 * STAGES;
   static constexpr int BYTES = 1024 + BARRIERS + 8 * BARRIER_COUNT;  // 1024: room to align the start
   static_assert(BYTES <= 227 * 1024, "Q and STAGES K/V tiles must fit in a block's 227 KB of shared memory");
   static_assert(COLS % HOPPER_KV_BOX_ROWS == 0, "a K/V tile is whole boxes of HOPPER_KV_BOX_ROWS rows");
@@ -149,9 +157,21 @@ __device__ __forceinline__ void pack_p(uint32_t (&pa)[N / 16][4], const float (&
   // TODO (README, Task 4, step 19: P to 16 bits, two neighbouring 8-key chunks of S's accumulator per A fragment)
 }
 
-// grid batch * heads * ceil(seq_q / BLOCK_ROWS), THREADS threads, Layout<PANELS>::BYTES of shared memory.
-// PANELS: 64-column panels of head_dim (1 up to 64, else 2). q, k, v are read through the maps; out: (batch * heads,
-// seq_q, head_dim), head_dim a multiple of 8. MASKS: hp.p.masks applied (step 25), CAUSAL false and p.causal read.
+// A block of query rows: BLOCK_ROWS queries of one (batch, head), the work of one block (PERSISTENT: one of several
+// that a block walks). `tiles` 0: nothing to compute (every row padding, or step 25 still to write).
+struct RowBlock {
+  int bh, kv_bh, batch;        // the query head's and its key/value head's index in batch * heads
+  int q_start;                 // the first row, in the positions after the padding
+  int seq_q, seq_k;            // the lengths after the padding
+  int padding, skip;           // padded keys and queries (key_start), 0 without
+  int first_tile, tiles;       // the block's K/V tiles: first_tile + j for j < tiles
+};
+
+// grid: batch * heads * ceil(seq_q / BLOCK_ROWS) blocks of rows, one a block; PERSISTENT: one block an SM, each
+// walking the blocks of rows blockIdx.x, blockIdx.x + gridDim.x, ... THREADS threads, Layout<PANELS>::BYTES of shared
+// memory. PANELS: 64-column panels of head_dim (1 up to 64, else 2). q, k, v are read through the maps; out: (batch *
+// heads, seq_q, head_dim), head_dim a multiple of 8. MASKS: hp.p.masks applied (step 25), CAUSAL false and p.causal
+// read.
 template <typename T, int PANELS, bool CAUSAL, bool MASKS>
 __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(const __grid_constant__ HopperAttentionParams hp) {
   using L = Layout<PANELS>;
@@ -160,98 +180,137 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
   const AttentionParams& p = hp.p;
   extern __shared__ char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  char *q_tile = smem + L::Q, *k_tiles = smem + L::K, *v_tiles = smem + L::V;
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L::BARRIERS);
-  uint64_t *k_full = q_full + 1, *v_full = k_full + STAGES, *empty = v_full + STAGES;
+  char *k_tiles = smem + L::K, *v_tiles = smem + L::V;
+  uint64_t* q_fulls = reinterpret_cast<uint64_t*>(smem + L::BARRIERS);
+  uint64_t *k_full = q_fulls + L::Q_BUFFERS, *v_full = k_full + STAGES, *q_empties = v_full + STAGES;
+  uint64_t* empty = q_empties + L::Q_BUFFERS;
 
-  // A head's query blocks are neighbours in the grid, so the blocks running at once share their K and V in L2; within
-  // a head the longest causal rows come first.
+  // A head's query blocks are neighbours, so the blocks running at once share their K and V in L2; within a head the
+  // longest causal rows come first.
   const int q_blocks = ceil_div(p.seq_q, BLOCK_ROWS);
-  const int bh = blockIdx.x / q_blocks, batch = bh / p.heads, head = bh % p.heads;
-  const int kv_bh = batch * p.kv_heads + head / (p.heads / p.kv_heads);
-  int q_start = (q_blocks - 1 - blockIdx.x % q_blocks) * BLOCK_ROWS;
-  int seq_q = p.seq_q, seq_k = p.seq_k, padding = 0, skip = 0;
-  T* out = static_cast<T*>(p.out) + (size_t)bh * seq_q * p.head_dim;
-  if (p.key_start != nullptr) {  // as steps 8-11: padded queries get zeros, the rest skip the padding
-    padding = p.key_start[batch];
-    skip = min(seq_q, max(0, padding - (seq_k - seq_q)));
-    for (int idx = threadIdx.x; idx < BLOCK_ROWS * p.head_dim; idx += THREADS) {
-      const int row = q_start + idx / p.head_dim;
-      if (row < skip) out[(size_t)row * p.head_dim + idx % p.head_dim] = Half<T>::from_float(0.0f);
+  const int64_t row_blocks = (int64_t)p.batch * p.heads * q_blocks;
+  const auto row_block = [&](int64_t index) {
+    RowBlock b;
+    b.bh = static_cast<int>(index / q_blocks);
+    b.batch = b.bh / p.heads;
+    b.kv_bh = b.batch * p.kv_heads + b.bh % p.heads / (p.heads / p.kv_heads);
+    b.q_start = (q_blocks - 1 - static_cast<int>(index % q_blocks)) * BLOCK_ROWS;
+    b.seq_q = p.seq_q, b.seq_k = p.seq_k, b.padding = 0, b.skip = 0;
+    if (p.key_start != nullptr) {  // as steps 8-11: the rows move past the padding (padded queries get zeros)
+      b.padding = p.key_start[b.batch];
+      b.skip = min(b.seq_q, max(0, b.padding - (b.seq_k - b.seq_q)));
+      b.seq_k -= b.padding;
+      b.seq_q -= b.skip;
     }
-    seq_k -= padding;
-    seq_q -= skip;
-    out += (size_t)skip * p.head_dim;
-    if (q_start >= seq_q) return;
-  }
-  const int causal_offset = seq_k - seq_q;  // query i sees keys j <= i + causal_offset
-  const int last_key = CAUSAL ? min(seq_k, q_start + BLOCK_ROWS + causal_offset) : seq_k;
-  int tiles = last_key > 0 ? ceil_div(last_key, COLS) : 0, first_tile = 0;  // the block's tiles: first_tile + j
-  if constexpr (MASKS) {
-    // TODO (README, Task 4, step 25: the block's tiles, from its first row's first key to its last row's last)
-    return;  // until step 25 is written: out is left as it was, and the part says which step is missing
-  }
-  const int first_key = padding + first_tile * COLS;  // the block's first tile's first key in the tensor
+    b.first_tile = 0;
+    b.tiles = 0;
+    if (b.q_start >= b.seq_q) return b;
+    const int causal_offset = b.seq_k - b.seq_q;  // query i sees keys j <= i + causal_offset
+    const int last_key = CAUSAL ? min(b.seq_k, b.q_start + BLOCK_ROWS + causal_offset) : b.seq_k;
+    b.tiles = last_key > 0 ? ceil_div(last_key, COLS) : 0;
+    if constexpr (MASKS) {
+      // TODO (README, Task 4, step 25: the block's tiles, from its first row's first key to its last row's last)
+      b.tiles = 0;  // until step 25 is written: out is left as it was, and the part says which step is missing
+    }
+    return b;
+  };
 
-  // q_full and each stage's k_full, v_full: one arrival (the producer's, with the bytes); empty: every consumer
-  // thread's
-  mbarrier_init_all(q_full, 1 + 2 * STAGES, 1);
-  mbarrier_init_all(empty, STAGES, 2 * WARPGROUP);
+  // q_full (a Q buffer's), each stage's k_full and v_full: one arrival (the producer's, with the bytes); q_empty and
+  // each stage's empty: every consumer thread's
+  mbarrier_init_all(q_fulls, L::Q_BUFFERS + 2 * STAGES, 1);
+  mbarrier_init_all(q_empties, L::Q_BUFFERS + STAGES, 2 * WARPGROUP);
   const int warpgroup = threadIdx.x / WARPGROUP;
   if (warpgroup == 0) {
     // TODO (README, Task 4, step 20: the producer: registers given back, then step 17's loads by one thread)
-    // TODO (README, Task 4, step 17: Q once, then K and V tile by tile into the ring of STAGES, each stage reused once empty)
+    // `done`: the blocks of rows this block has loaded; `ring`: the K/V tiles it has put through the ring
+    int done = 0, ring = 0;
+    for (int64_t index = blockIdx.x; index < row_blocks; index += gridDim.x) {
+      const RowBlock b = row_block(index);
+      if (b.tiles == 0) continue;
+      const int bh = b.bh, kv_bh = b.kv_bh, skip = b.skip, q_start = b.q_start, tiles = b.tiles;
+      const int first_key = b.padding + b.first_tile * COLS;  // the block's first tile's first key in the tensor
+      // Q's buffer for these rows, once the consumers are done with the rows it held before
+      const int buffer = done % L::Q_BUFFERS;
+      char* q_tile = smem + L::Q + buffer * L::Q_TILE;
+      uint64_t* q_full = &q_fulls[buffer];
+      if (done >= L::Q_BUFFERS) mbarrier_wait(&q_empties[buffer], (done / L::Q_BUFFERS + 1) % 2);
+      // TODO (README, Task 4, step 17: Q once, then K and V tile by tile into the ring of STAGES, each stage reused once empty)
+      ++done;
+      ring += tiles;
+    }
     return;
   }
 
   // TODO (README, Task 4, step 20: the consumers take the registers the producer gave back)
   const int consumer = warpgroup - 1, warp = (threadIdx.x % WARPGROUP) / WARP, lane = threadIdx.x % WARP;
-  const char* q_rows = q_tile + consumer * 64 * ROW_BYTES;  // this consumer's 64 rows, in every panel
-  const int row = q_start + consumer * 64 + warp * 16 + lane / 4;  // this lane's rows: row and row + 8
   const float scale_log2 = p.scale * LOG2E;
-  float o[D / 2];  // O, 64 x D, in the accumulator layout
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
-  float s[COLS / 2];         // S, 64 x COLS, in the accumulator layout
-  uint32_t pa[COLS / 16][4];  // P as A operands of k16 (keys 16t .. 16t + 15)
-  // Whether the tile from key0 has a key to mask for some row of the block (the last tile, the diagonal's)
-  const auto masked = [&](int key0) {
-    return key0 + COLS > seq_k || (CAUSAL && key0 + COLS - 1 > q_start + causal_offset);
-  };
-  // Step 25: the keys of this lane's rows, and those every row of this consumer sees (from its last row's first key
-  // to its first row's last): a tile inside them needs no mask
-  int2 keys[2], inside = make_int2(0, 0);
-  if constexpr (MASKS) {
-    keys[0] = keys_of_row(p, row, seq_q, seq_k, padding, skip);
-    keys[1] = keys_of_row(p, row + 8, seq_q, seq_k, padding, skip);
-    inside = make_int2(keys_of_row(p, q_start + consumer * 64 + 63, seq_q, seq_k, padding, skip).x,
-                       keys_of_row(p, q_start + consumer * 64, seq_q, seq_k, padding, skip).y);
-  }
   const float cap = p.masks.softcap * LOG2E;  // the soft-cap in log2 units (step 25)
-  // The softmax of tile j (the block's tile first_tile + j) in s: step 19's online_softmax, after step 25's
-  // mask_scores in the masks instance
-  const auto softmax = [&](int j) {
-    const int key0 = (first_tile + j) * COLS;
+  int done = 0, ring = 0;  // as the producer's
+  for (int64_t index = blockIdx.x; index < row_blocks; index += gridDim.x) {
+    const RowBlock b = row_block(index);
+    const int bh = b.bh, q_start = b.q_start, seq_q = b.seq_q, seq_k = b.seq_k, padding = b.padding, skip = b.skip;
+    const int tiles = b.tiles, first_tile = b.first_tile;
+    T* out = static_cast<T*>(p.out) + (size_t)bh * p.seq_q * p.head_dim;
+    for (int idx = threadIdx.x - WARPGROUP; skip > q_start && idx < BLOCK_ROWS * p.head_dim; idx += 2 * WARPGROUP) {
+      const int padded_row = q_start + idx / p.head_dim;  // the block's rows before the move: zeros if padded
+      if (padded_row < skip) out[(size_t)padded_row * p.head_dim + idx % p.head_dim] = Half<T>::from_float(0.0f);
+    }
+    if (tiles == 0) continue;
+    out += (size_t)skip * p.head_dim;
+    const int causal_offset = seq_k - seq_q;  // query i sees keys j <= i + causal_offset
+    const int buffer = done % L::Q_BUFFERS, q_parity = (done / L::Q_BUFFERS) % 2;  // Q's buffer, its phase's parity
+    const char* q_tile = smem + L::Q + buffer * L::Q_TILE;
+    uint64_t *q_full = &q_fulls[buffer], *q_empty = &q_empties[buffer];
+    const char* q_rows = q_tile + consumer * 64 * ROW_BYTES;  // this consumer's 64 rows, in every panel
+    const int row = q_start + consumer * 64 + warp * 16 + lane / 4;  // this lane's rows: row and row + 8
+    float o[D / 2];  // O, 64 x D, in the accumulator layout
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
+    float s[COLS / 2];         // S, 64 x COLS, in the accumulator layout
+    uint32_t pa[COLS / 16][4];  // P as A operands of k16 (keys 16t .. 16t + 15)
+    // Whether the tile from key0 has a key to mask for some row of the block (the last tile, the diagonal's)
+    const auto masked = [&](int key0) {
+      return key0 + COLS > seq_k || (CAUSAL && key0 + COLS - 1 > q_start + causal_offset);
+    };
+    // Step 25: the keys of this lane's rows, and those every row of this consumer sees (from its last row's first key
+    // to its first row's last): a tile inside them needs no mask
+    int2 keys[2], inside = make_int2(0, 0);
     if constexpr (MASKS) {
-      mask_scores<COLS>(s, key0 < inside.x || key0 + COLS > inside.y, key0, keys, scale_log2, cap);
-      online_softmax<false, COLS>(s, false, key0, seq_k, row, causal_offset, 1.0f, m, l, alpha);
+      keys[0] = keys_of_row(p, row, seq_q, seq_k, padding, skip);
+      keys[1] = keys_of_row(p, row + 8, seq_q, seq_k, padding, skip);
+      inside = make_int2(keys_of_row(p, q_start + consumer * 64 + 63, seq_q, seq_k, padding, skip).x,
+                         keys_of_row(p, q_start + consumer * 64, seq_q, seq_k, padding, skip).y);
+    }
+    // The softmax of tile j (the block's tile first_tile + j) in s: step 19's online_softmax, after step 25's
+    // mask_scores in the masks instance
+    const auto softmax = [&](int j) {
+      const int key0 = (first_tile + j) * COLS;
+      if constexpr (MASKS) {
+        mask_scores<COLS>(s, key0 < inside.x || key0 + COLS > inside.y, key0, keys, scale_log2, cap);
+        online_softmax<false, COLS>(s, false, key0, seq_k, row, causal_offset, 1.0f, m, l, alpha);
+      } else {
+        online_softmax<CAUSAL, COLS>(s, masked(key0), key0, seq_k, row, causal_offset, scale_log2, m, l, alpha);
+      }
+    };
+    if (!OVERLAP) {  // steps 18-20: each tile's products and softmax one after another
+      for (int j = 0; j < tiles; ++j) {
+        const int n = ring + j, stage = n % STAGES, parity = (n / STAGES) % 2;  // the ring's n-th tile
+        // TODO (README, Task 4, step 18: S = Q K^T once Q and K have landed, then wait for it)
+        if (j == tiles - 1) mbarrier_arrive(q_empty);  // every S of these rows is done: Q's buffer may be refilled
+        softmax(j);
+        // TODO (README, Task 4, step 19: O rescaled by alpha, P packed, O += P V once V has landed, then wait for it)
+        // TODO (README, Task 4, step 20: this thread is done with the stage: an arrival on its empty barrier)
+      }
     } else {
-      online_softmax<CAUSAL, COLS>(s, masked(key0), key0, seq_k, row, causal_offset, scale_log2, m, l, alpha);
+      // TODO (README, Task 4, step 21: tile j's S = Q K^T issued with tile j - 1's O += P V, the softmax while it runs)
+      mbarrier_arrive(q_empty);  // every S of these rows is done: Q's buffer may be refilled (PERSISTENT)
+      // TODO (README, Task 4, step 21: the last tile's O += P V, waited for, and its stage emptied)
     }
-  };
-  if (!OVERLAP) {  // steps 18-20: each tile's products and softmax one after another
-    for (int j = 0; j < tiles; ++j) {
-      const int stage = j % STAGES, parity = (j / STAGES) % 2;
-      // TODO (README, Task 4, step 18: S = Q K^T once Q and K have landed, then wait for it)
-      softmax(j);
-      // TODO (README, Task 4, step 19: O rescaled by alpha, P packed, O += P V once V has landed, then wait for it)
-      // TODO (README, Task 4, step 20: this thread is done with the stage: an arrival on its empty barrier)
-    }
-  } else {
-    // TODO (README, Task 4, step 21: tile j's S = Q K^T issued with tile j - 1's O += P V, the softmax while it runs)
+    // TODO (README, Task 4, step 20: out = O / l, l summed over the row's 4 lanes; zeros for a row that saw no key)
+    ++done;
+    ring += tiles;
   }
-  // TODO (README, Task 4, step 20: out = O / l, l summed over the row's 4 lanes; zeros for a row that saw no key)
 }
 
 template <typename T, int PANELS, bool CAUSAL, bool MASKS>
@@ -259,7 +318,13 @@ cudaError_t launch(const HopperAttentionParams& hp, cudaStream_t stream) {
   const auto kernel = flash_attention_hopper_kernel<T, PANELS, CAUSAL, MASKS>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<PANELS>::BYTES);
   if (err != cudaSuccess) return err;
-  const int grid = hp.p.batch * hp.p.heads * ceil_div(hp.p.seq_q, BLOCK_ROWS);
+  int grid = hp.p.batch * hp.p.heads * ceil_div(hp.p.seq_q, BLOCK_ROWS), device = 0, sms = 0;
+  if (PERSISTENT) {  // one block an SM (a block takes most of an SM's shared memory), fewer if there are fewer rows
+    if ((err = cudaGetDevice(&device)) != cudaSuccess ||
+        (err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess)
+      return err;
+    grid = std::min(grid, sms);
+  }
   kernel<<<grid, THREADS, Layout<PANELS>::BYTES, stream>>>(hp);
   return cudaGetLastError();
 }

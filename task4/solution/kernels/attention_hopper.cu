@@ -27,6 +27,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -58,19 +59,26 @@ constexpr int OVERLAP = 1;  // [skeleton: 0]
 // Step 22 (1): the two consumers take turns issuing their products, so that one's softmax runs while the other's
 // products are on the tensor cores (named barriers 1 and 2); 0: each issues as soon as its tiles have landed
 constexpr int PINGPONG = 1;  // [skeleton: 0]
+// Persistent blocks (1): one block an SM, each walking one block of rows after another, its producer loading the next
+// rows' Q and tiles while the consumers finish the last ones (and Q in two buffers where they fit); 0: a block for
+// each block of rows, as many blocks as rows / BLOCK_ROWS
+constexpr int PERSISTENT = 1;  // [skeleton: 0]
 constexpr int MAX_HEAD_DIM = 128;
 constexpr int ROW_BYTES = HOPPER_BOX_COLS * 2;        // a row of a 64-column panel: 128 bytes
 constexpr int Q_PANEL_BYTES = BLOCK_ROWS * ROW_BYTES;  // one 64-column panel of Q's tile: 16 KB
 
-// Shared memory: Q (PANELS panels), then STAGES K tiles and STAGES V tiles (PANELS panels of COLS rows each), then
-// the barriers. A swizzled tile starts on a 1024-byte boundary (the swizzle's pattern repeats every 8 rows of 128
+// Shared memory: Q (PANELS panels; Q_BUFFERS of them), then STAGES K tiles and STAGES V tiles (PANELS panels of COLS
+// rows each), then the barriers. A swizzled tile starts on a 1024-byte boundary (the swizzle's pattern repeats every 8 rows of 128
 // bytes), and so does each box within it: boxes one after another make one swizzled tile of all their rows.
 template <int PANELS>
 struct Layout {
   static constexpr int COLS = PANELS == 1 ? BLOCK_COLS : BLOCK_COLS_LARGE_D;  // keys per K/V tile
   static constexpr int KV_PANEL = COLS * ROW_BYTES, Q_TILE = PANELS * Q_PANEL_BYTES, KV_TILE = PANELS * KV_PANEL;
-  static constexpr int Q = 0, K = Q_TILE, V = K + STAGES * KV_TILE, BARRIERS = V + STAGES * KV_TILE;
-  static constexpr int BARRIER_COUNT = 1 + 3 * STAGES;  // Q's, then each stage's K full, V full, empty
+  // two Q buffers where they fit beside the ring (PERSISTENT: the next rows' Q lands while these are computed)
+  static constexpr int Q_BUFFERS = PERSISTENT && 1024 + 2 * Q_TILE + 2 * STAGES * KV_TILE + 256 <= 227 * 1024 ? 2 : 1;
+  static constexpr int Q = 0, K = Q_BUFFERS * Q_TILE, V = K + STAGES * KV_TILE, BARRIERS = V + STAGES * KV_TILE;
+  // each Q buffer's full and each stage's K full and V full, then each Q buffer's empty and each stage's empty
+  static constexpr int BARRIER_COUNT = 2 * Q_BUFFERS + 3 * STAGES;
   static constexpr int BYTES = 1024 + BARRIERS + 8 * BARRIER_COUNT;  // 1024: room to align the start
   static_assert(BYTES <= 227 * 1024, "Q and STAGES K/V tiles must fit in a block's 227 KB of shared memory");
   static_assert(COLS % HOPPER_KV_BOX_ROWS == 0, "a K/V tile is whole boxes of HOPPER_KV_BOX_ROWS rows");
@@ -110,8 +118,13 @@ __device__ __forceinline__ void online_softmax(float (&s)[N / 2], bool masked, i
                                                float (&alpha)[2]) {
   const int lane = threadIdx.x % WARP;
   // BEGIN SOLUTION "step 19: scale, then mask keys past seq_k and past each row's diagonal; m, l, alpha; S into P"
+  // A positive scale is left to the exponent's argument, s * scale - m in one FFMA: the maximum of the scaled scores
+  // is the scale times the raw scores' maximum. Any other is applied first (0 x -inf would be NaN: scale, then mask).
+  const float exp_scale = scale_log2 > 0.0f ? scale_log2 : 1.0f;
+  if (exp_scale != scale_log2) {
 #pragma unroll
-  for (int i = 0; i < N / 2; ++i) s[i] *= scale_log2;  // scale, then mask: -inf is never multiplied (0 x -inf is NaN)
+    for (int i = 0; i < N / 2; ++i) s[i] *= scale_log2;
+  }
   if (masked) {
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) {
@@ -121,19 +134,20 @@ __device__ __forceinline__ void online_softmax(float (&s)[N / 2], bool masked, i
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // the row's N / 4 values of this lane (2 per 8 keys), then the row's 4 lanes
-    float row_max = m[h];
+    float row_max = -INFINITY;
 #pragma unroll
     for (int n = 0; n < N / 8; ++n) row_max = fmaxf(row_max, fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]));
     row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffff, row_max, 1));
     row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffff, row_max, 2));
+    row_max = fmaxf(m[h], row_max * exp_scale);  // -inf stays -inf: exp_scale > 0
     const float shift = row_max == -INFINITY ? 0.0f : row_max;  // a row with no key yet: exp2(-inf) = 0
     alpha[h] = fast_exp2(m[h] - shift);
     m[h] = row_max;
     float sum = 0.0f;
 #pragma unroll
     for (int n = 0; n < N / 8; ++n) {
-      s[4 * n + 2 * h] = fast_exp2(s[4 * n + 2 * h] - shift);
-      s[4 * n + 2 * h + 1] = fast_exp2(s[4 * n + 2 * h + 1] - shift);
+      s[4 * n + 2 * h] = fast_exp2(fmaf(s[4 * n + 2 * h], exp_scale, -shift));
+      s[4 * n + 2 * h + 1] = fast_exp2(fmaf(s[4 * n + 2 * h + 1], exp_scale, -shift));
       sum += s[4 * n + 2 * h] + s[4 * n + 2 * h + 1];
     }
     l[h] = l[h] * alpha[h] + sum;  // this lane's part of the row's sum: the 4 lanes' are added at the end
@@ -240,9 +254,21 @@ __device__ __forceinline__ void pack_p(uint32_t (&pa)[N / 16][4], const float (&
   // END SOLUTION
 }
 
-// grid batch * heads * ceil(seq_q / BLOCK_ROWS), THREADS threads, Layout<PANELS>::BYTES of shared memory.
-// PANELS: 64-column panels of head_dim (1 up to 64, else 2). q, k, v are read through the maps; out: (batch * heads,
-// seq_q, head_dim), head_dim a multiple of 8. MASKS: hp.p.masks applied (step 25), CAUSAL false and p.causal read.
+// A block of query rows: BLOCK_ROWS queries of one (batch, head), the work of one block (PERSISTENT: one of several
+// that a block walks). `tiles` 0: nothing to compute (every row padding, or step 25 still to write).
+struct RowBlock {
+  int bh, kv_bh, batch;        // the query head's and its key/value head's index in batch * heads
+  int q_start;                 // the first row, in the positions after the padding
+  int seq_q, seq_k;            // the lengths after the padding
+  int padding, skip;           // padded keys and queries (key_start), 0 without
+  int first_tile, tiles;       // the block's K/V tiles: first_tile + j for j < tiles
+};
+
+// grid: batch * heads * ceil(seq_q / BLOCK_ROWS) blocks of rows, one a block; PERSISTENT: one block an SM, each
+// walking the blocks of rows blockIdx.x, blockIdx.x + gridDim.x, ... THREADS threads, Layout<PANELS>::BYTES of shared
+// memory. PANELS: 64-column panels of head_dim (1 up to 64, else 2). q, k, v are read through the maps; out: (batch *
+// heads, seq_q, head_dim), head_dim a multiple of 8. MASKS: hp.p.masks applied (step 25), CAUSAL false and p.causal
+// read.
 template <typename T, int PANELS, bool CAUSAL, bool MASKS>
 __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(const __grid_constant__ HopperAttentionParams hp) {
   using L = Layout<PANELS>;
@@ -251,75 +277,93 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
   const AttentionParams& p = hp.p;
   extern __shared__ char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  char *q_tile = smem + L::Q, *k_tiles = smem + L::K, *v_tiles = smem + L::V;
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L::BARRIERS);
-  uint64_t *k_full = q_full + 1, *v_full = k_full + STAGES, *empty = v_full + STAGES;
+  char *k_tiles = smem + L::K, *v_tiles = smem + L::V;
+  uint64_t* q_fulls = reinterpret_cast<uint64_t*>(smem + L::BARRIERS);
+  uint64_t *k_full = q_fulls + L::Q_BUFFERS, *v_full = k_full + STAGES, *q_empties = v_full + STAGES;
+  uint64_t* empty = q_empties + L::Q_BUFFERS;
 
-  // A head's query blocks are neighbours in the grid, so the blocks running at once share their K and V in L2; within
-  // a head the longest causal rows come first.
+  // A head's query blocks are neighbours, so the blocks running at once share their K and V in L2; within a head the
+  // longest causal rows come first.
   const int q_blocks = ceil_div(p.seq_q, BLOCK_ROWS);
-  const int bh = blockIdx.x / q_blocks, batch = bh / p.heads, head = bh % p.heads;
-  const int kv_bh = batch * p.kv_heads + head / (p.heads / p.kv_heads);
-  int q_start = (q_blocks - 1 - blockIdx.x % q_blocks) * BLOCK_ROWS;
-  int seq_q = p.seq_q, seq_k = p.seq_k, padding = 0, skip = 0;
-  T* out = static_cast<T*>(p.out) + (size_t)bh * seq_q * p.head_dim;
-  if (p.key_start != nullptr) {  // as steps 8-11: padded queries get zeros, the rest skip the padding
-    padding = p.key_start[batch];
-    skip = min(seq_q, max(0, padding - (seq_k - seq_q)));
-    for (int idx = threadIdx.x; idx < BLOCK_ROWS * p.head_dim; idx += THREADS) {
-      const int row = q_start + idx / p.head_dim;
-      if (row < skip) out[(size_t)row * p.head_dim + idx % p.head_dim] = Half<T>::from_float(0.0f);
+  const int64_t row_blocks = (int64_t)p.batch * p.heads * q_blocks;
+  const auto row_block = [&](int64_t index) {
+    RowBlock b;
+    b.bh = static_cast<int>(index / q_blocks);
+    b.batch = b.bh / p.heads;
+    b.kv_bh = b.batch * p.kv_heads + b.bh % p.heads / (p.heads / p.kv_heads);
+    b.q_start = (q_blocks - 1 - static_cast<int>(index % q_blocks)) * BLOCK_ROWS;
+    b.seq_q = p.seq_q, b.seq_k = p.seq_k, b.padding = 0, b.skip = 0;
+    if (p.key_start != nullptr) {  // as steps 8-11: the rows move past the padding (padded queries get zeros)
+      b.padding = p.key_start[b.batch];
+      b.skip = min(b.seq_q, max(0, b.padding - (b.seq_k - b.seq_q)));
+      b.seq_k -= b.padding;
+      b.seq_q -= b.skip;
     }
-    seq_k -= padding;
-    seq_q -= skip;
-    out += (size_t)skip * p.head_dim;
-    if (q_start >= seq_q) return;
-  }
-  const int causal_offset = seq_k - seq_q;  // query i sees keys j <= i + causal_offset
-  const int last_key = CAUSAL ? min(seq_k, q_start + BLOCK_ROWS + causal_offset) : seq_k;
-  int tiles = last_key > 0 ? ceil_div(last_key, COLS) : 0, first_tile = 0;  // the block's tiles: first_tile + j
-  if constexpr (MASKS) {
-    // BEGIN SOLUTION "step 25: the block's tiles, from its first row's first key to its last row's last"
-    // Both ends of a row's keys rise with the row. Every row sees a key (its own, or its document's), so tiles >= 1.
-    first_tile = keys_of_row(p, q_start, seq_q, seq_k, padding, skip).x / COLS;
-    tiles = ceil_div(keys_of_row(p, q_start + BLOCK_ROWS - 1, seq_q, seq_k, padding, skip).y, COLS) - first_tile;
-    // SKELETON
-    // return;  // until step 25 is written: out is left as it was, and the part says which step is missing
-    // END SOLUTION
-  }
-  const int first_key = padding + first_tile * COLS;  // the block's first tile's first key in the tensor
+    b.first_tile = 0;
+    b.tiles = 0;
+    if (b.q_start >= b.seq_q) return b;
+    const int causal_offset = b.seq_k - b.seq_q;  // query i sees keys j <= i + causal_offset
+    const int last_key = CAUSAL ? min(b.seq_k, b.q_start + BLOCK_ROWS + causal_offset) : b.seq_k;
+    b.tiles = last_key > 0 ? ceil_div(last_key, COLS) : 0;
+    if constexpr (MASKS) {
+      // BEGIN SOLUTION "step 25: the block's tiles, from its first row's first key to its last row's last"
+      // Both ends of a row's keys rise with the row. Every row sees a key (its own, or its document's), so tiles >= 1.
+      b.first_tile = keys_of_row(p, b.q_start, b.seq_q, b.seq_k, b.padding, b.skip).x / COLS;
+      b.tiles = ceil_div(keys_of_row(p, b.q_start + BLOCK_ROWS - 1, b.seq_q, b.seq_k, b.padding, b.skip).y, COLS) -
+                b.first_tile;
+      // SKELETON
+      // b.tiles = 0;  // until step 25 is written: out is left as it was, and the part says which step is missing
+      // END SOLUTION
+    }
+    return b;
+  };
 
-  // q_full and each stage's k_full, v_full: one arrival (the producer's, with the bytes); empty: every consumer
-  // thread's
-  mbarrier_init_all(q_full, 1 + 2 * STAGES, 1);
-  mbarrier_init_all(empty, STAGES, 2 * WARPGROUP);
+  // q_full (a Q buffer's), each stage's k_full and v_full: one arrival (the producer's, with the bytes); q_empty and
+  // each stage's empty: every consumer thread's
+  mbarrier_init_all(q_fulls, L::Q_BUFFERS + 2 * STAGES, 1);
+  mbarrier_init_all(q_empties, L::Q_BUFFERS + STAGES, 2 * WARPGROUP);
   const int warpgroup = threadIdx.x / WARPGROUP;
   if (warpgroup == 0) {
     // BEGIN SOLUTION "step 20: the producer: registers given back, then step 17's loads by one thread"
     registers_release<PRODUCER_REGISTERS>();
     if (threadIdx.x != 0) return;
     // END SOLUTION
-    // BEGIN SOLUTION "step 17: Q once, then K and V tile by tile into the ring of STAGES, each stage reused once empty"
-    mbarrier_expect_bytes(q_full, L::Q_TILE);
-    for (int panel = 0; panel < PANELS; ++panel)
-      tma_load_box(q_tile + panel * Q_PANEL_BYTES, &hp.q_map, panel * HOPPER_BOX_COLS, skip + q_start, bh, q_full);
-    for (int j = 0; j < tiles; ++j) {
-      const int stage = j % STAGES;
-      if (j >= STAGES) mbarrier_wait(&empty[stage], (j / STAGES + 1) % 2);  // the consumers of tile j - STAGES
-      const int key = first_key + j * COLS;
-      char *k_tile = k_tiles + stage * L::KV_TILE, *v_tile = v_tiles + stage * L::KV_TILE;
-      mbarrier_expect_bytes(&k_full[stage], L::KV_TILE);
+    // `done`: the blocks of rows this block has loaded; `ring`: the K/V tiles it has put through the ring
+    int done = 0, ring = 0;
+    for (int64_t index = blockIdx.x; index < row_blocks; index += gridDim.x) {
+      const RowBlock b = row_block(index);
+      if (b.tiles == 0) continue;
+      const int bh = b.bh, kv_bh = b.kv_bh, skip = b.skip, q_start = b.q_start, tiles = b.tiles;
+      const int first_key = b.padding + b.first_tile * COLS;  // the block's first tile's first key in the tensor
+      // Q's buffer for these rows, once the consumers are done with the rows it held before
+      const int buffer = done % L::Q_BUFFERS;
+      char* q_tile = smem + L::Q + buffer * L::Q_TILE;
+      uint64_t* q_full = &q_fulls[buffer];
+      if (done >= L::Q_BUFFERS) mbarrier_wait(&q_empties[buffer], (done / L::Q_BUFFERS + 1) % 2);
+      // BEGIN SOLUTION "step 17: Q once, then K and V tile by tile into the ring of STAGES, each stage reused once empty"
+      mbarrier_expect_bytes(q_full, L::Q_TILE);
       for (int panel = 0; panel < PANELS; ++panel)
-        for (int box = 0; box < COLS / HOPPER_KV_BOX_ROWS; ++box)  // rows box * 64 .. of the panel
-          tma_load_box(k_tile + panel * L::KV_PANEL + box * HOPPER_KV_BOX_ROWS * ROW_BYTES, &hp.k_map,
-                       panel * HOPPER_BOX_COLS, key + box * HOPPER_KV_BOX_ROWS, kv_bh, &k_full[stage]);
-      mbarrier_expect_bytes(&v_full[stage], L::KV_TILE);
-      for (int panel = 0; panel < PANELS; ++panel)
-        for (int box = 0; box < COLS / HOPPER_KV_BOX_ROWS; ++box)
-          tma_load_box(v_tile + panel * L::KV_PANEL + box * HOPPER_KV_BOX_ROWS * ROW_BYTES, &hp.v_map,
-                       panel * HOPPER_BOX_COLS, key + box * HOPPER_KV_BOX_ROWS, kv_bh, &v_full[stage]);
+        tma_load_box(q_tile + panel * Q_PANEL_BYTES, &hp.q_map, panel * HOPPER_BOX_COLS, skip + q_start, bh, q_full);
+      for (int j = 0; j < tiles; ++j) {
+        const int n = ring + j, stage = n % STAGES;  // the ring's n-th tile
+        if (n >= STAGES) mbarrier_wait(&empty[stage], (n / STAGES + 1) % 2);  // the consumers of tile n - STAGES
+        const int key = first_key + j * COLS;
+        char *k_tile = k_tiles + stage * L::KV_TILE, *v_tile = v_tiles + stage * L::KV_TILE;
+        mbarrier_expect_bytes(&k_full[stage], L::KV_TILE);
+        for (int panel = 0; panel < PANELS; ++panel)
+          for (int box = 0; box < COLS / HOPPER_KV_BOX_ROWS; ++box)  // rows box * 64 .. of the panel
+            tma_load_box(k_tile + panel * L::KV_PANEL + box * HOPPER_KV_BOX_ROWS * ROW_BYTES, &hp.k_map,
+                         panel * HOPPER_BOX_COLS, key + box * HOPPER_KV_BOX_ROWS, kv_bh, &k_full[stage]);
+        mbarrier_expect_bytes(&v_full[stage], L::KV_TILE);
+        for (int panel = 0; panel < PANELS; ++panel)
+          for (int box = 0; box < COLS / HOPPER_KV_BOX_ROWS; ++box)
+            tma_load_box(v_tile + panel * L::KV_PANEL + box * HOPPER_KV_BOX_ROWS * ROW_BYTES, &hp.v_map,
+                         panel * HOPPER_BOX_COLS, key + box * HOPPER_KV_BOX_ROWS, kv_bh, &v_full[stage]);
+      }
+      // END SOLUTION
+      ++done;
+      ring += tiles;
     }
-    // END SOLUTION
     return;
   }
 
@@ -327,122 +371,145 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
   registers_take<CONSUMER_REGISTERS>();
   // END SOLUTION
   const int consumer = warpgroup - 1, warp = (threadIdx.x % WARPGROUP) / WARP, lane = threadIdx.x % WARP;
-  const char* q_rows = q_tile + consumer * 64 * ROW_BYTES;  // this consumer's 64 rows, in every panel
-  const int row = q_start + consumer * 64 + warp * 16 + lane / 4;  // this lane's rows: row and row + 8
   const float scale_log2 = p.scale * LOG2E;
-  float o[D / 2];  // O, 64 x D, in the accumulator layout
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
-  float s[COLS / 2];         // S, 64 x COLS, in the accumulator layout
-  uint32_t pa[COLS / 16][4];  // P as A operands of k16 (keys 16t .. 16t + 15)
-  // Whether the tile from key0 has a key to mask for some row of the block (the last tile, the diagonal's)
-  const auto masked = [&](int key0) {
-    return key0 + COLS > seq_k || (CAUSAL && key0 + COLS - 1 > q_start + causal_offset);
-  };
-  // Step 25: the keys of this lane's rows, and those every row of this consumer sees (from its last row's first key
-  // to its first row's last): a tile inside them needs no mask
-  int2 keys[2], inside = make_int2(0, 0);
-  if constexpr (MASKS) {
-    keys[0] = keys_of_row(p, row, seq_q, seq_k, padding, skip);
-    keys[1] = keys_of_row(p, row + 8, seq_q, seq_k, padding, skip);
-    inside = make_int2(keys_of_row(p, q_start + consumer * 64 + 63, seq_q, seq_k, padding, skip).x,
-                       keys_of_row(p, q_start + consumer * 64, seq_q, seq_k, padding, skip).y);
-  }
   const float cap = p.masks.softcap * LOG2E;  // the soft-cap in log2 units (step 25)
-  // The softmax of tile j (the block's tile first_tile + j) in s: step 19's online_softmax, after step 25's
-  // mask_scores in the masks instance
-  const auto softmax = [&](int j) {
-    const int key0 = (first_tile + j) * COLS;
+  int done = 0, ring = 0;  // as the producer's
+  for (int64_t index = blockIdx.x; index < row_blocks; index += gridDim.x) {
+    const RowBlock b = row_block(index);
+    const int bh = b.bh, q_start = b.q_start, seq_q = b.seq_q, seq_k = b.seq_k, padding = b.padding, skip = b.skip;
+    const int tiles = b.tiles, first_tile = b.first_tile;
+    T* out = static_cast<T*>(p.out) + (size_t)bh * p.seq_q * p.head_dim;
+    for (int idx = threadIdx.x - WARPGROUP; skip > q_start && idx < BLOCK_ROWS * p.head_dim; idx += 2 * WARPGROUP) {
+      const int padded_row = q_start + idx / p.head_dim;  // the block's rows before the move: zeros if padded
+      if (padded_row < skip) out[(size_t)padded_row * p.head_dim + idx % p.head_dim] = Half<T>::from_float(0.0f);
+    }
+    if (tiles == 0) continue;
+    out += (size_t)skip * p.head_dim;
+    const int causal_offset = seq_k - seq_q;  // query i sees keys j <= i + causal_offset
+    const int buffer = done % L::Q_BUFFERS, q_parity = (done / L::Q_BUFFERS) % 2;  // Q's buffer, its phase's parity
+    const char* q_tile = smem + L::Q + buffer * L::Q_TILE;
+    uint64_t *q_full = &q_fulls[buffer], *q_empty = &q_empties[buffer];
+    const char* q_rows = q_tile + consumer * 64 * ROW_BYTES;  // this consumer's 64 rows, in every panel
+    const int row = q_start + consumer * 64 + warp * 16 + lane / 4;  // this lane's rows: row and row + 8
+    float o[D / 2];  // O, 64 x D, in the accumulator layout
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
+    float s[COLS / 2];         // S, 64 x COLS, in the accumulator layout
+    uint32_t pa[COLS / 16][4];  // P as A operands of k16 (keys 16t .. 16t + 15)
+    // Whether the tile from key0 has a key to mask for some row of the block (the last tile, the diagonal's)
+    const auto masked = [&](int key0) {
+      return key0 + COLS > seq_k || (CAUSAL && key0 + COLS - 1 > q_start + causal_offset);
+    };
+    // Step 25: the keys of this lane's rows, and those every row of this consumer sees (from its last row's first key
+    // to its first row's last): a tile inside them needs no mask
+    int2 keys[2], inside = make_int2(0, 0);
     if constexpr (MASKS) {
-      mask_scores<COLS>(s, key0 < inside.x || key0 + COLS > inside.y, key0, keys, scale_log2, cap);
-      online_softmax<false, COLS>(s, false, key0, seq_k, row, causal_offset, 1.0f, m, l, alpha);
+      keys[0] = keys_of_row(p, row, seq_q, seq_k, padding, skip);
+      keys[1] = keys_of_row(p, row + 8, seq_q, seq_k, padding, skip);
+      inside = make_int2(keys_of_row(p, q_start + consumer * 64 + 63, seq_q, seq_k, padding, skip).x,
+                         keys_of_row(p, q_start + consumer * 64, seq_q, seq_k, padding, skip).y);
+    }
+    // The softmax of tile j (the block's tile first_tile + j) in s: step 19's online_softmax, after step 25's
+    // mask_scores in the masks instance
+    const auto softmax = [&](int j) {
+      const int key0 = (first_tile + j) * COLS;
+      if constexpr (MASKS) {
+        mask_scores<COLS>(s, key0 < inside.x || key0 + COLS > inside.y, key0, keys, scale_log2, cap);
+        online_softmax<false, COLS>(s, false, key0, seq_k, row, causal_offset, 1.0f, m, l, alpha);
+      } else {
+        online_softmax<CAUSAL, COLS>(s, masked(key0), key0, seq_k, row, causal_offset, scale_log2, m, l, alpha);
+      }
+    };
+    if (!OVERLAP) {  // steps 18-20: each tile's products and softmax one after another
+      for (int j = 0; j < tiles; ++j) {
+        const int n = ring + j, stage = n % STAGES, parity = (n / STAGES) % 2;  // the ring's n-th tile
+        // BEGIN SOLUTION "step 18: S = Q K^T once Q and K have landed, then wait for it"
+        if (j == 0) mbarrier_wait(q_full, q_parity);
+        mbarrier_wait(&k_full[stage], parity);
+        issue_scores<T, D, COLS>(s, q_rows, k_tiles + stage * L::KV_TILE);
+        wgmma_wait<0>();
+        pin_registers(s);
+        // END SOLUTION
+        if (j == tiles - 1) mbarrier_arrive(q_empty);  // every S of these rows is done: Q's buffer may be refilled
+        softmax(j);
+        // BEGIN SOLUTION "step 19: O rescaled by alpha, P packed, O += P V once V has landed, then wait for it"
+        rescale<D>(o, alpha);
+        pack_p<T, COLS>(pa, s);
+        mbarrier_wait(&v_full[stage], parity);
+        issue_pv<T, D, COLS>(o, pa, v_tiles + stage * L::KV_TILE);
+        wgmma_wait<0>();
+        pin_registers(o);
+        pin_registers(pa);  // read by that wgmma until now
+        // END SOLUTION
+        // BEGIN SOLUTION "step 20: this thread is done with the stage: an arrival on its empty barrier"
+        mbarrier_arrive(&empty[stage]);
+        // END SOLUTION
+      }
     } else {
-      online_softmax<CAUSAL, COLS>(s, masked(key0), key0, seq_k, row, causal_offset, scale_log2, m, l, alpha);
-    }
-  };
-  if (!OVERLAP) {  // steps 18-20: each tile's products and softmax one after another
-    for (int j = 0; j < tiles; ++j) {
-      const int stage = j % STAGES, parity = (j / STAGES) % 2;
-      // BEGIN SOLUTION "step 18: S = Q K^T once Q and K have landed, then wait for it"
-      if (j == 0) mbarrier_wait(q_full, 0);
-      mbarrier_wait(&k_full[stage], parity);
-      issue_scores<T, D, COLS>(s, q_rows, k_tiles + stage * L::KV_TILE);
-      wgmma_wait<0>();
-      pin_registers(s);
-      // END SOLUTION
-      softmax(j);
-      // BEGIN SOLUTION "step 19: O rescaled by alpha, P packed, O += P V once V has landed, then wait for it"
-      rescale<D>(o, alpha);
-      pack_p<T, COLS>(pa, s);
-      mbarrier_wait(&v_full[stage], parity);
-      issue_pv<T, D, COLS>(o, pa, v_tiles + stage * L::KV_TILE);
-      wgmma_wait<0>();
-      pin_registers(o);
-      pin_registers(pa);  // read by that wgmma until now
-      // END SOLUTION
-      // BEGIN SOLUTION "step 20: this thread is done with the stage: an arrival on its empty barrier"
-      mbarrier_arrive(&empty[stage]);
-      // END SOLUTION
-    }
-  } else {
-    // BEGIN SOLUTION "step 21: tile j's S = Q K^T issued with tile j - 1's O += P V, the softmax while it runs"
-    // tiles >= 1 here: a block whose rows see no key returned above
-    turns_start(consumer);
-    mbarrier_wait(q_full, 0);
-    mbarrier_wait(&k_full[0], 0);
-    turn_begin(consumer);  // step 22: a turn is the products issued between these two calls
-    issue_scores<T, D, COLS>(s, q_rows, k_tiles);
-    turn_end(consumer, false);
-    wgmma_wait<0>();
-    pin_registers(s);
-    softmax(0);
-    pack_p<T, COLS>(pa, s);  // O is zero: nothing to rescale
-    for (int j = 1; j < tiles; ++j) {
-      const int stage = j % STAGES, before = (j - 1) % STAGES;
-      mbarrier_wait(&k_full[stage], (j / STAGES) % 2);
-      mbarrier_wait(&v_full[before], ((j - 1) / STAGES) % 2);
-      turn_begin(consumer);
-      issue_scores<T, D, COLS>(s, q_rows, k_tiles + stage * L::KV_TILE);
-      issue_pv<T, D, COLS>(o, pa, v_tiles + before * L::KV_TILE);
+      // BEGIN SOLUTION "step 21: tile j's S = Q K^T issued with tile j - 1's O += P V, the softmax while it runs"
+      // tiles >= 1 here: a block whose rows see no key was skipped above
+      turns_start(consumer);
+      mbarrier_wait(q_full, q_parity);
+      mbarrier_wait(&k_full[ring % STAGES], (ring / STAGES) % 2);
+      turn_begin(consumer);  // step 22: a turn is the products issued between these two calls
+      issue_scores<T, D, COLS>(s, q_rows, k_tiles + ring % STAGES * L::KV_TILE);
       turn_end(consumer, false);
-      wgmma_wait<1>();  // S of tile j is ready; O += P V of tile j - 1 may still run, beside this softmax
+      wgmma_wait<0>();
       pin_registers(s);
-      softmax(j);
+      softmax(0);
+      pack_p<T, COLS>(pa, s);  // O is zero: nothing to rescale
+      for (int j = 1; j < tiles; ++j) {
+        const int n = ring + j, stage = n % STAGES, before = (n - 1) % STAGES;  // the ring's n-th tile and the one before
+        mbarrier_wait(&k_full[stage], (n / STAGES) % 2);
+        mbarrier_wait(&v_full[before], ((n - 1) / STAGES) % 2);
+        turn_begin(consumer);
+        issue_scores<T, D, COLS>(s, q_rows, k_tiles + stage * L::KV_TILE);
+        issue_pv<T, D, COLS>(o, pa, v_tiles + before * L::KV_TILE);
+        turn_end(consumer, false);
+        wgmma_wait<1>();  // S of tile j is ready; O += P V of tile j - 1 may still run, beside this softmax
+        pin_registers(s);
+        softmax(j);
+        wgmma_wait<0>();
+        pin_registers(o);
+        pin_registers(pa);  // read by that wgmma until now: no other value may take their registers before
+        mbarrier_arrive(&empty[before]);
+        rescale<D>(o, alpha);  // O had tile j - 1's maximum; now tile j's
+        pack_p<T, COLS>(pa, s);
+      }
+      // END SOLUTION
+      mbarrier_arrive(q_empty);  // every S of these rows is done: Q's buffer may be refilled (PERSISTENT)
+      // BEGIN SOLUTION "step 21: the last tile's O += P V, waited for, and its stage emptied"
+      const int last = (ring + tiles - 1) % STAGES;
+      mbarrier_wait(&v_full[last], ((ring + tiles - 1) / STAGES) % 2);
+      turn_begin(consumer);
+      issue_pv<T, D, COLS>(o, pa, v_tiles + last * L::KV_TILE);
+      turn_end(consumer, true);
       wgmma_wait<0>();
       pin_registers(o);
-      pin_registers(pa);  // read by that wgmma until now: no other value may take their registers before
-      mbarrier_arrive(&empty[before]);
-      rescale<D>(o, alpha);  // O had tile j - 1's maximum; now tile j's
-      pack_p<T, COLS>(pa, s);
+      mbarrier_arrive(&empty[last]);
+      // END SOLUTION
     }
-    const int last = (tiles - 1) % STAGES;
-    mbarrier_wait(&v_full[last], ((tiles - 1) / STAGES) % 2);
-    turn_begin(consumer);
-    issue_pv<T, D, COLS>(o, pa, v_tiles + last * L::KV_TILE);
-    turn_end(consumer, true);
-    wgmma_wait<0>();
-    pin_registers(o);
-    mbarrier_arrive(&empty[last]);
+    // BEGIN SOLUTION "step 20: out = O / l, l summed over the row's 4 lanes; zeros for a row that saw no key"
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l[h] += __shfl_xor_sync(0xffffffff, l[h], 1);
+      l[h] += __shfl_xor_sync(0xffffffff, l[h], 2);
+      const int r = row + 8 * h;
+      if (r >= seq_q) continue;
+      const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+      T* out_row = out + (size_t)r * p.head_dim;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        const int col = 8 * n + 2 * (lane % 4);  // head_dim is a multiple of 8: both columns or neither
+        if (col < p.head_dim)
+          *reinterpret_cast<uint32_t*>(out_row + col) = Half<T>::pack(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+      }
+    }
     // END SOLUTION
+    ++done;
+    ring += tiles;
   }
-  // BEGIN SOLUTION "step 20: out = O / l, l summed over the row's 4 lanes; zeros for a row that saw no key"
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffff, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffff, l[h], 2);
-    const int r = row + 8 * h;
-    if (r >= seq_q) continue;
-    const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-    T* out_row = out + (size_t)r * p.head_dim;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      const int col = 8 * n + 2 * (lane % 4);  // head_dim is a multiple of 8: both columns or neither
-      if (col < p.head_dim)
-        *reinterpret_cast<uint32_t*>(out_row + col) = Half<T>::pack(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
-    }
-  }
-  // END SOLUTION
 }
 
 template <typename T, int PANELS, bool CAUSAL, bool MASKS>
@@ -450,7 +517,13 @@ cudaError_t launch(const HopperAttentionParams& hp, cudaStream_t stream) {
   const auto kernel = flash_attention_hopper_kernel<T, PANELS, CAUSAL, MASKS>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<PANELS>::BYTES);
   if (err != cudaSuccess) return err;
-  const int grid = hp.p.batch * hp.p.heads * ceil_div(hp.p.seq_q, BLOCK_ROWS);
+  int grid = hp.p.batch * hp.p.heads * ceil_div(hp.p.seq_q, BLOCK_ROWS), device = 0, sms = 0;
+  if (PERSISTENT) {  // one block an SM (a block takes most of an SM's shared memory), fewer if there are fewer rows
+    if ((err = cudaGetDevice(&device)) != cudaSuccess ||
+        (err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess)
+      return err;
+    grid = std::min(grid, sms);
+  }
   kernel<<<grid, THREADS, Layout<PANELS>::BYTES, stream>>>(hp);
   return cudaGetLastError();
 }
