@@ -151,17 +151,19 @@ HALF_PLAN = tune.Plan(task=4, kernel_file="task4/kernels/attention_half.cu", tim
                       also=sdpa_flash_beside, part="the optional bf16/fp16 kernel")
 
 # The Hopper kernel's knobs (kernels/attention_hopper.cu, steps 17-22): the skeleton's first, then a third K/V stage
-# (it fits beside Q at head_dim 128: 225 KB), step 21's overlap, step 22's turns, persistent blocks, and the registers
-# split otherwise between producer and consumers.
-_HOPPER_KNOBS = ("STAGES", "PRODUCER_REGISTERS", "CONSUMER_REGISTERS", "OVERLAP", "PINGPONG", "PERSISTENT")
+# (it fits beside Q at head_dim 128: 225 KB), step 21's overlap, step 22's turns, persistent blocks with and without
+# their turns carried on, and the registers split otherwise between producer and consumers.
+_HOPPER_KNOBS = ("STAGES", "PRODUCER_REGISTERS", "CONSUMER_REGISTERS", "OVERLAP", "PINGPONG", "PERSISTENT",
+                 "CHAIN_TURNS")
 HOPPER_CONFIGS = [dict(zip(_HOPPER_KNOBS, values)) for values in [
-    (2, 24, 240, 0, 0, 0),
-    (3, 24, 240, 0, 0, 0),
-    (3, 24, 240, 1, 0, 0),
-    (2, 24, 240, 1, 1, 0),
-    (3, 24, 240, 1, 1, 0),
-    (3, 24, 240, 1, 1, 1),
-    (3, 40, 232, 1, 1, 1),
+    (2, 24, 240, 0, 0, 0, 1),
+    (3, 24, 240, 0, 0, 0, 1),
+    (3, 24, 240, 1, 0, 0, 1),
+    (2, 24, 240, 1, 1, 0, 1),
+    (3, 24, 240, 1, 1, 0, 1),
+    (3, 24, 240, 1, 1, 1, 0),
+    (3, 24, 240, 1, 1, 1, 1),
+    (3, 40, 232, 1, 1, 1, 1),
 ]]
 
 

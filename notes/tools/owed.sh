@@ -125,8 +125,9 @@ masks-known-bad)
   KB_FILES=tests/test_cuda_masks_submissions.py KB_JOBS=10 KB_LIMIT=500 timeout 540 bash notes/tools/checks.sh known-bad
   mkdir -p $OUT/kb && cp /tmp/logs/kb_*.log $OUT/kb/ 2>/dev/null; sort $OUT/known_bad.log | cut -c1-150 ;;
 persistent)  # issue 57: persistent blocks and the fused scale (compiled here without spills). `persistent parts`: the
-  # Hopper parts (about 200 s); `persistent B,H,S`: PERSISTENT 1 (the file's) against 0 at head_dim 64 and 128,
-  # causal and not (about 300 s)
+  # Hopper parts (about 200 s); `persistent B,H,S`: the file (PERSISTENT 1, CHAIN_TURNS 1) against PERSISTENT 0 and
+  # CHAIN_TURNS 0 at head_dim 64 and 128,
+  # causal and not (about 450 s)
   if [ "$2" = parts ]; then
     ( time timeout 280 python -m task4.test --solution --hopper --hopper-masks ) > $OUT/persistent_parts.log 2>&1
     grep -E "FAIL|Task 4:|rror|memory-safe|note" $OUT/persistent_parts.log | cut -c1-300 | head -16
@@ -134,7 +135,8 @@ persistent)  # issue 57: persistent blocks and the fused scale (compiled here wi
   else
     for d in 64 128; do
       for c in 0 1; do
-        ( timeout 80 python notes/tools/hopper/tune_at.py $d $c --shape $2 PERSISTENT=0 ) > $OUT/persistent_${d}_$c.log 2>&1
+        ( timeout 130 python notes/tools/hopper/tune_at.py $d $c --shape $2 PERSISTENT=0 CHAIN_TURNS=0 ) \
+          > $OUT/persistent_${d}_$c.log 2>&1
         grep -E "^\*|^ +[0-9] |SDPA|rror" $OUT/persistent_${d}_$c.log
       done
     done

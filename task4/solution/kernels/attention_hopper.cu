@@ -63,6 +63,10 @@ constexpr int PINGPONG = 1;  // [skeleton: 0]
 // rows' Q and tiles while the consumers finish the last ones (and Q in two buffers where they fit); 0: a block for
 // each block of rows, as many blocks as rows / BLOCK_ROWS
 constexpr int PERSISTENT = 1;  // [skeleton: 0]
+// With PERSISTENT, step 22's turns carry on from one block of rows to the next (1): consumer 0's first products of the
+// next rows follow consumer 1's last of these, while consumer 1 writes its rows out; 0: each block of rows starts its
+// turns afresh, once both consumers are done with the last
+constexpr int CHAIN_TURNS = 1;
 constexpr int MAX_HEAD_DIM = 128;
 constexpr int ROW_BYTES = HOPPER_BOX_COLS * 2;        // a row of a 64-column panel: 128 bytes
 constexpr int Q_PANEL_BYTES = BLOCK_ROWS * ROW_BYTES;  // one 64-column panel of Q's tile: 16 KB
@@ -90,7 +94,8 @@ static_assert(!PINGPONG || OVERLAP, "PINGPONG takes turns in step 21's loop: it 
 // Step 22: consumer c's turns. Before each, it waits on named barrier 1 + c; after each, it arrives on the other's,
 // 2 - c (256 threads a phase: the 128 of the one waiting and the 128 of the one arriving). Consumer 1 arrives on
 // consumer 0's once before its first turn, so consumer 0 goes first; after its last turn it does not arrive, as
-// consumer 0 has no turn left to wait for (an arrival no one waits for would be left on the barrier).
+// consumer 0 has no turn left to wait for (an arrival no one waits for would be left on the barrier). The given loop
+// calls turns_start; `last`: the last turn of the block's last rows (with CHAIN_TURNS, else of each block of rows).
 __device__ __forceinline__ void turns_start(int consumer) {
   // BEGIN SOLUTION "step 22: consumer 1 lets consumer 0 go first"
   if (PINGPONG && consumer == 1) named_barrier_arrive(1, 2 * WARPGROUP);
@@ -385,6 +390,15 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
     }
     if (tiles == 0) continue;
     out += (size_t)skip * p.head_dim;
+    // Step 22's turns (they do nothing until PINGPONG): started before the first rows, or each rows' with CHAIN_TURNS
+    // 0; `last_rows`: no rows with a tile follow in this block (its last turn's arrival is left out)
+    if (!CHAIN_TURNS || done == 0) turns_start(consumer);
+    bool last_rows = true;
+    for (int64_t next = index + gridDim.x; CHAIN_TURNS && next < row_blocks; next += gridDim.x)
+      if (row_block(next).tiles > 0) {
+        last_rows = false;
+        break;
+      }
     const int causal_offset = seq_k - seq_q;  // query i sees keys j <= i + causal_offset
     const int buffer = done % L::Q_BUFFERS, q_parity = (done / L::Q_BUFFERS) % 2;  // Q's buffer, its phase's parity
     const char* q_tile = smem + L::Q + buffer * L::Q_TILE;
@@ -449,7 +463,6 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
     } else {
       // BEGIN SOLUTION "step 21: tile j's S = Q K^T issued with tile j - 1's O += P V, the softmax while it runs"
       // tiles >= 1 here: a block whose rows see no key was skipped above
-      turns_start(consumer);
       mbarrier_wait(q_full, q_parity);
       mbarrier_wait(&k_full[ring % STAGES], (ring / STAGES) % 2);
       turn_begin(consumer);  // step 22: a turn is the products issued between these two calls
@@ -484,7 +497,7 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
       mbarrier_wait(&v_full[last], ((ring + tiles - 1) / STAGES) % 2);
       turn_begin(consumer);
       issue_pv<T, D, COLS>(o, pa, v_tiles + last * L::KV_TILE);
-      turn_end(consumer, true);
+      turn_end(consumer, last_rows);
       wgmma_wait<0>();
       pin_registers(o);
       mbarrier_arrive(&empty[last]);
