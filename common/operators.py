@@ -15,7 +15,8 @@ import torch
 OPERATORS = {
     2: ("softmax", "gemm_nt", "gemm_nn", "attention"),
     4: ("forward", "forward_half", "forward_hopper", "forward_masks", "forward_lse", "backward"),
-    5: ("update_cache", "update_cache_half", "decode", "decode_half", "update_cache_paged", "decode_paged", "linear"),
+    5: ("update_cache", "update_cache_half", "decode", "decode_half", "update_cache_paged", "decode_paged",
+        "update_cache_paged_half", "decode_paged_half", "linear"),
 }
 
 _faked: set[str] = set()

@@ -69,21 +69,25 @@ def update_cache_paged(k_new, v_new, k_pages, v_pages, block_table, pos, solutio
 
     k_pages, v_pages: (num_pages, kv_heads, page_size, head_dim), page_size a power of two;
     block_table: int32 (batch, max_pages) on the GPU, sequence b's position p in page
-    block_table[b, p // page_size]; pos: an int or int32 (batch,) on the GPU.
+    block_table[b, p // page_size]; pos: an int or int32 (batch,) on the GPU. Pools of bfloat16 or
+    float16 (new rows of their type) go to step 7's kernels (kernels/decode_half.cu).
     """
     most = block_table.shape[1] * k_pages.shape[2] - k_new.shape[2]  # the last start that fits
-    extension(solution).update_cache_paged(k_new, v_new, k_pages, v_pages, block_table,
-                                           per_sequence(pos, "pos", 0, most, block_table))
+    name = "update_cache_paged_half" if is_half(k_pages) else "update_cache_paged"
+    getattr(extension(solution), name)(k_new, v_new, k_pages, v_pages, block_table,
+                                       per_sequence(pos, "pos", 0, most, block_table))
 
 
 def decode_paged(q, k_pages, v_pages, block_table, length, scale: float | None = None, out=None, splits: int = 0,
                  solution: bool = False, key_start=None):
-    """Step 5 (optional): decode as `decode` does, over a paged cache (see update_cache_paged)."""
+    """Step 5 (optional): decode as `decode` does, over a paged cache (see update_cache_paged); pools of bfloat16
+    or float16 (q and out of their type) go to step 7's kernel."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     out = torch.full_like(q, math.nan) if out is None else out
     most = block_table.shape[1] * k_pages.shape[2]  # the positions a sequence's pages hold
-    extension(solution).decode_paged(q, k_pages, v_pages, out, block_table,
-                                     per_sequence(length, "length", 1, most, block_table), scale, splits, key_start)
+    name = "decode_paged_half" if is_half(k_pages) else "decode_paged"
+    getattr(extension(solution), name)(q, k_pages, v_pages, out, block_table,
+                                       per_sequence(length, "length", 1, most, block_table), scale, splits, key_start)
     return out
 
 

@@ -30,8 +30,8 @@ int decode_splits(int batch, int heads, int kv_heads, int max_length, int head_d
 int decode_max_head_dim();
 int decode_max_splits();
 // Defined in kernels/decode_half.cu (optional, step 6): the cache update and the decode for bf16 or fp16
-// tensors (p.bf16; every tensor of a call one type, but the partial outputs of a split decode, float32), a
-// contiguous cache only. Weak: a build without that file still loads, and update_cache_half and decode_half
+// tensors (p.bf16; every tensor of a call one type, but the partial outputs of a split decode, float32),
+// contiguous or (step 7) paged. Weak: a build without that file still loads, and update_cache_half and decode_half
 // then say the kernels are missing.
 __attribute__((weak)) cudaError_t update_cache_half(const CacheUpdateParams& p, cudaStream_t stream);
 __attribute__((weak)) cudaError_t decode_half_forward(const DecodeParams& p, cudaStream_t stream);
@@ -244,13 +244,31 @@ void run_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torc
     check_launch(decode_forward(p, stream), "decode_forward");
 }
 
-// The pools (num_pages, kv_heads, page_size, head_dim), page_size a power of two, and the block
+// The type of a paged call's tensors: float32 for step 5's kernels (decode.cu); for step 7's (half = true,
+// decode_half.cu), the pool's bfloat16 or float16, once the build is known to hold them.
+at::ScalarType pages_type(const torch::Tensor& k_pages, bool half) {
+  const auto type = k_pages.scalar_type();
+  const bool sixteen = type == torch::kBFloat16 || type == torch::kHalf;
+  if (!half) {
+    TORCH_CHECK(!sixteen, "k_pages must be float32 for update_cache_paged and decode_paged, got ", dtype_name(type),
+                " (a bfloat16 or float16 pool goes to update_cache_paged_half and decode_paged_half: README, Task 5, "
+                "step 7)");
+    return torch::kFloat32;
+  }
+  TORCH_CHECK(sixteen, "k_pages must be bfloat16 or float16 for the 16-bit paged cache (update_cache_paged_half, "
+              "decode_paged_half), got ", dtype_name(type), " (a float32 pool goes to update_cache_paged and "
+              "decode_paged)");
+  return cache_type(k_pages, true);  // the build holds the 16-bit kernels
+}
+
+// The pools (num_pages, kv_heads, page_size, head_dim) of `type`, page_size a power of two, and the block
 // table (batch, max_pages) int32 on their device (its values are the kernels' to check).
-void check_pages(const torch::Tensor& k_pages, const torch::Tensor& v_pages, const torch::Tensor& table) {
-  check_cuda_float32(k_pages, "k_pages");
+void check_pages(const torch::Tensor& k_pages, const torch::Tensor& v_pages, const torch::Tensor& table,
+                 at::ScalarType type) {
+  check_typed(k_pages, "k_pages", type, "k_pages");
   check_dim(k_pages, "k_pages", 4);
   check_not_empty(k_pages, "k_pages");
-  check_cuda_float32(v_pages, "v_pages");
+  check_typed(v_pages, "v_pages", type, "k_pages");
   TORCH_CHECK(v_pages.sizes() == k_pages.sizes(), "v_pages must have k_pages's shape ", shape(k_pages),
               " (num_pages, kv_heads, page_size, head_dim), got ", shape(v_pages));
   check_same_device(v_pages, "v_pages", k_pages, "k_pages");
@@ -274,18 +292,20 @@ void check_pages(const torch::Tensor& k_pages, const torch::Tensor& v_pages, con
 // Step 5 (optional): k_new, v_new (batch, kv_heads, n_new, head_dim) into the paged cache at positions
 // pos[b] .. pos[b] + n_new - 1 of each sequence b (pos int32 (batch,) on the GPU): page
 // block_table[b, p / page_size], row p % page_size. What would not fit, or names a page outside the
-// pool, is not written.
+// pool, is not written. half: step 7's, a pool of bfloat16 or float16.
 void update_paged_at(const torch::Tensor& k_new, const torch::Tensor& v_new, torch::Tensor& k_pages,
-                     torch::Tensor& v_pages, const torch::Tensor& block_table, const torch::Tensor& pos) {
-  check_pages(k_pages, v_pages, block_table);
+                     torch::Tensor& v_pages, const torch::Tensor& block_table, const torch::Tensor& pos,
+                     bool half = false) {
+  const at::ScalarType type = pages_type(k_pages, half);
+  check_pages(k_pages, v_pages, block_table, type);
   const int64_t batch = block_table.size(0);
-  check_cuda_float32(k_new, "k_new");
+  check_typed(k_new, "k_new", type, "k_pages");
   check_dim(k_new, "k_new", 4);
   TORCH_CHECK(k_new.size(0) == batch && k_new.size(1) == k_pages.size(1) && k_new.size(3) == k_pages.size(3),
               "k_new must be (batch, kv_heads, n_new, head_dim) with block_table's batch and the pages' kv_heads "
               "and head_dim (block_table is ", shape(block_table), ", k_pages ", shape(k_pages), "), got ",
               shape(k_new));
-  check_cuda_float32(v_new, "v_new");
+  check_typed(v_new, "v_new", type, "k_pages");
   TORCH_CHECK(v_new.sizes() == k_new.sizes(), "v_new must have k_new's shape ", shape(k_new), ", got ",
               shape(v_new));
   check_same_device(k_new, "k_new", k_pages, "k_pages");
@@ -304,16 +324,23 @@ void update_paged_at(const torch::Tensor& k_new, const torch::Tensor& v_new, tor
   p.pos = pos.data_ptr<int>();
   p.block_table = block_table.data_ptr<int>(), p.max_pages = (int)block_table.size(1);
   p.num_pages = (int)k_pages.size(0), p.page_size = (int)k_pages.size(2), p.max_seq = p.max_pages * p.page_size;
-  check_launch(update_cache(p, c10::cuda::getCurrentCUDAStream()), "update_cache (paged)");
+  p.bf16 = type == torch::kBFloat16;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (type != torch::kFloat32)
+    check_launch(update_cache_half(p, stream), "update_cache_half (paged)");
+  else
+    check_launch(update_cache(p, stream), "update_cache (paged)");
 }
 
 // Step 5 (optional): decode over a paged cache, as decode with length int32 (batch,) on the GPU; the
 // splits chosen for sequences up to max_pages * page_size positions. A sequence whose length or
-// key_start is out of range, or whose table names a page outside the pool, gets NaN.
+// key_start is out of range, or whose table names a page outside the pool, gets NaN. half: step 7's, a
+// pool of bfloat16 or float16 (q and out of its type).
 void decode_paged(const torch::Tensor& q, const torch::Tensor& k_pages, const torch::Tensor& v_pages,
                   torch::Tensor& out, const torch::Tensor& block_table, const torch::Tensor& length, double scale,
-                  int64_t splits, const std::optional<torch::Tensor>& key_start) {
-  check_pages(k_pages, v_pages, block_table);
+                  int64_t splits, const std::optional<torch::Tensor>& key_start, bool half = false) {
+  const at::ScalarType type = pages_type(k_pages, half);
+  check_pages(k_pages, v_pages, block_table, type);
   const int64_t batch = block_table.size(0), kv_heads = k_pages.size(1);
   check_query(q, out, batch, k_pages, v_pages, "k_pages", "v_pages", scale, splits);
   check_per_sequence(length, "length", "the positions of the cache written so far", batch, q, "q");
@@ -327,7 +354,12 @@ void decode_paged(const torch::Tensor& q, const torch::Tensor& k_pages, const to
                                  key_start.has_value() ? key_start->data_ptr<int>() : nullptr, scale, partials);
   p.block_table = block_table.data_ptr<int>(), p.max_pages = max_pages, p.num_pages = (int)k_pages.size(0);
   p.page_size = page_size, p.max_seq = max_pages * page_size;
-  check_launch(decode_forward(p, c10::cuda::getCurrentCUDAStream()), "decode_forward (paged)");
+  p.bf16 = type == torch::kBFloat16;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (type != torch::kFloat32)
+    check_launch(decode_half_forward(p, stream), "decode_half_forward (paged)");
+  else
+    check_launch(decode_forward(p, stream), "decode_forward (paged)");
 }
 
 // out = softmax(scale * q K[key_start[b]:length[b]]^T) V[key_start[b]:length[b]] for each sequence b,
@@ -407,6 +439,26 @@ void linear(const torch::Tensor& x, const torch::Tensor& weight, torch::Tensor& 
                  "linear");
 }
 
+// The paged functions as Python and operators call them: float32 (step 5), or 16-bit (step 7).
+void update_paged_op(const torch::Tensor& k_new, const torch::Tensor& v_new, torch::Tensor& k_pages,
+                     torch::Tensor& v_pages, const torch::Tensor& block_table, const torch::Tensor& pos) {
+  update_paged_at(k_new, v_new, k_pages, v_pages, block_table, pos);
+}
+void update_paged_half_op(const torch::Tensor& k_new, const torch::Tensor& v_new, torch::Tensor& k_pages,
+                          torch::Tensor& v_pages, const torch::Tensor& block_table, const torch::Tensor& pos) {
+  update_paged_at(k_new, v_new, k_pages, v_pages, block_table, pos, true);
+}
+void decode_paged_op(const torch::Tensor& q, const torch::Tensor& k_pages, const torch::Tensor& v_pages,
+                     torch::Tensor& out, const torch::Tensor& block_table, const torch::Tensor& length, double scale,
+                     int64_t splits, const std::optional<torch::Tensor>& key_start) {
+  decode_paged(q, k_pages, v_pages, out, block_table, length, scale, splits, key_start);
+}
+void decode_paged_half_op(const torch::Tensor& q, const torch::Tensor& k_pages, const torch::Tensor& v_pages,
+                          torch::Tensor& out, const torch::Tensor& block_table, const torch::Tensor& length,
+                          double scale, int64_t splits, const std::optional<torch::Tensor>& key_start) {
+  decode_paged(q, k_pages, v_pages, out, block_table, length, scale, splits, key_start, true);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // The tensor forms first: pybind11 tries overloads in order, and a one-element int tensor
   // would also pass as an int (read back to the host, which is what the tensor form avoids).
@@ -476,16 +528,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("scale"), py::arg("splits") = 0, py::arg("key_start") = py::none());
   m.def("has_half", [] { return update_cache_half != nullptr && decode_half_forward != nullptr; },
         "whether this build holds the bf16/fp16 cache kernels (task5/kernels/decode_half.cu)");
-  m.def("update_cache_paged", &update_paged_at,
+  m.def("update_cache_paged", &update_paged_op,
         "step 5: write k_new and v_new (batch, kv_heads, n_new, head_dim) into the paged cache (num_pages, kv_heads, "
         "page_size, head_dim) at positions pos .. pos + n_new - 1 of each sequence (pos int32 (batch,) on the GPU), "
         "position p in page block_table[b, p / page_size]",
         py::arg("k_new"), py::arg("v_new"), py::arg("k_pages"), py::arg("v_pages"), py::arg("block_table"),
         py::arg("pos"));
-  m.def("decode_paged", &decode_paged,
+  m.def("decode_paged", &decode_paged_op,
         "step 5: decode over the paged cache, as decode with length int32 (batch,) on the GPU",
         py::arg("q"), py::arg("k_pages"), py::arg("v_pages"), py::arg("out"), py::arg("block_table"),
         py::arg("length"), py::arg("scale"), py::arg("splits") = 0, py::arg("key_start") = py::none());
+  const char* paged_half_doc = "step 7 (optional): the same for a pool of bfloat16 or float16 (every tensor of its "
+                               "type but the block table and the int32 positions)";
+  m.def("update_cache_paged_half", &update_paged_half_op, paged_half_doc, py::arg("k_new"), py::arg("v_new"),
+        py::arg("k_pages"), py::arg("v_pages"), py::arg("block_table"), py::arg("pos"));
+  m.def("decode_paged_half", &decode_paged_half_op, paged_half_doc, py::arg("q"), py::arg("k_pages"),
+        py::arg("v_pages"), py::arg("out"), py::arg("block_table"), py::arg("length"), py::arg("scale"),
+        py::arg("splits") = 0, py::arg("key_start") = py::none());
   m.def("splits_for", &decode_splits, "the number of splits the launcher chooses for sequences up to max_length",
         py::arg("batch"), py::arg("heads"), py::arg("kv_heads"), py::arg("max_length"), py::arg("head_dim"));
   m.def("max_head_dim", &decode_max_head_dim, "the largest head_dim the kernels support");
@@ -511,6 +570,10 @@ KIT_OPERATORS(m) {
         "Tensor pos) -> ()");
   m.def("decode_paged(Tensor q, Tensor k_pages, Tensor v_pages, Tensor(a!) out, Tensor block_table, Tensor length, "
         "float scale, int splits=0, Tensor? key_start=None) -> ()");
+  m.def("update_cache_paged_half(Tensor k_new, Tensor v_new, Tensor(a!) k_pages, Tensor(b!) v_pages, "
+        "Tensor block_table, Tensor pos) -> ()");
+  m.def("decode_paged_half(Tensor q, Tensor k_pages, Tensor v_pages, Tensor(a!) out, Tensor block_table, "
+        "Tensor length, float scale, int splits=0, Tensor? key_start=None) -> ()");
   m.def("linear(Tensor x, Tensor weight, Tensor(a!) out) -> ()");
 }
 
@@ -537,8 +600,10 @@ void register_impls(torch::Library& m) {
   m.impl("update_cache_half", &update_half_op);
   m.impl("decode", &decode_op);
   m.impl("decode_half", &decode_half_op);
-  m.impl("update_cache_paged", &update_paged_at);
-  m.impl("decode_paged", &decode_paged);
+  m.impl("update_cache_paged", &update_paged_op);
+  m.impl("decode_paged", &decode_paged_op);
+  m.impl("update_cache_paged_half", &update_paged_half_op);
+  m.impl("decode_paged_half", &decode_paged_half_op);
   m.impl("linear", &linear);
 }
 

@@ -82,10 +82,24 @@ def decode_paged(q, k_pages, v_pages, out, block_table, length, scale, splits, k
 
 
 def decode_paged_batch(sets, pages, length, scale, splits):
-    """decode_batch over paged caches: pages[c] is (k_pages, v_pages, block_table)."""
+    """decode_batch over paged caches: pages[c] is (k_pages, v_pages, block_table); 16-bit pools to step 7's."""
     for q, out, c in sets:
         k_pages, v_pages, block_table = pages[c]
-        ext.decode_paged(q, k_pages, v_pages, out, block_table, length, scale, splits)
+        call = ext.decode_paged_half if attention.is_half(k_pages) else ext.decode_paged
+        call(q, k_pages, v_pages, out, block_table, length, scale, splits)
+    torch.cuda.synchronize()
+
+
+def update_cache_paged_half(k_new, v_new, k_pages, v_pages, block_table, pos):
+    """The paged cache of 16-bit values (kernels/decode_half.cu, step 7)."""
+    _half_build_said()
+    ext.update_cache_paged_half(k_new, v_new, k_pages, v_pages, block_table, pos)
+    torch.cuda.synchronize()
+
+
+def decode_paged_half(q, k_pages, v_pages, out, block_table, length, scale, splits, key_start=None):
+    _half_build_said()
+    ext.decode_paged_half(q, k_pages, v_pages, out, block_table, length, scale, splits, key_start)
     torch.cuda.synchronize()
 
 

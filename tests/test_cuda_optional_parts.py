@@ -130,6 +130,47 @@ def test_task5s_half_precision_cache_is_checked_in_both_types_and_scores_nothing
     assert any("--half tests the optional part alone" in n for n in record["notes"]), record["notes"]
 
 
+def test_task5s_paged_16_bit_cache_is_checked_against_step_6s_decode_and_scores_nothing(stand_in, tmp_path):
+    """Step 7 (optional): with --paged-half, step 6's part first, then every public and hidden paged case in both
+    types, bit for bit step 6's decode; the pass covers its kernels, bad input names the function a pool's type
+    goes to, and the bf16 paged decode is timed against the contiguous one; a lookup one row off fails step 7's
+    decode cases only, named with its step; while step 6 fails, step 7 waits and says why."""
+    from checks.task4.measure import HALF_TYPES
+    from checks.task5.cases import PAGED_DECODE_CASES, PAGED_UPDATE_CASES
+    from checks.task5.half import HALF_PASS_NAME
+    from grader.hidden import CASES as HIDDEN_CASES
+
+    def paged(record):
+        return [c for c in record["cases"] if c["kind"] == "optional" and c["name"].split()[:2] in
+                [[t, "paged"] for t in HALF_TYPES] and "(step 7)" not in c["name"]]  # the timing left out
+
+    record = stand_in.run(5, "--solution", "--paged-half", *HIDDEN)
+    cases = (len(PAGED_UPDATE_CASES) + len(HIDDEN_CASES[5]["paged update"]) + len(PAGED_DECODE_CASES)
+             + len(HIDDEN_CASES[5]["paged decode"]))
+    checks = paged(record)
+    assert len(checks) == len(HALF_TYPES) * cases, [c["name"] for c in checks]
+    assert all(c["passed"] for c in checks), failed(record)
+    assert all("bit for bit" in c["message"] for c in checks if " decode " in c["name"]), checks
+    assert half_cache_checks(record) and all(c["passed"] for c in half_cache_checks(record))  # step 6's ran first
+    passes = {c["name"]: c for c in record["cases"] if c["name"].startswith("memory-safe")}
+    assert passes[HALF_PASS_NAME]["passed"] and "decode_paged_half" in passes[HALF_PASS_NAME]["message"]
+    errors = [c for c in record["cases"] if c["name"].startswith("bad input to the bf16/fp16 cache")]
+    assert len(errors) == 1 and errors[0]["passed"], errors
+    timed = [c for c in record["cases"] if c["name"].startswith("bf16 paged decode (step 7)")]
+    assert len(timed) == 1 and timed[0]["passed"] and "(8 kv heads)" in timed[0]["message"], timed
+    assert any("--paged-half tests the optional part alone" in n for n in record["notes"]), record["notes"]
+
+    stand_in.student[5] = Behaviour(paged_half="wrong")
+    record = stand_in.run(5, "--solution", "--paged-half")
+    wrong = [c for c in paged(record) if not c["passed"]]
+    assert wrong and all(" decode " in c["name"] and "Task 5, step 7" in c["message"] for c in wrong), wrong
+    assert all(c["passed"] for c in paged(record) if " update " in c["name"])
+
+    stand_in.student[5] = Behaviour(half="unwritten")
+    record = stand_in.run(5, "--paged-half")  # the handout's skeleton: step 6 TODO, so step 7 waits
+    assert not paged(record) and any("step 7" in n and "once step 6's part passes" in n for n in record["notes"])
+
+
 def test_a_16_bit_cache_goes_to_step_6s_kernels(stand_in):
     """task5/attention.py's update_cache and decode take a bf16/fp16 cache to update_cache_half and decode_half (as
     task 4's flash_attention does for its 16-bit kernel): the cached layer, and tasks 6 and 7, run in 16 bits through

@@ -76,6 +76,10 @@ def samples(task, ext=None):
             ("decode_half", (q.bfloat16(), *half_caches, torch.empty_like(q.bfloat16()), length, 0.125, 2, None)),
             ("update_cache_paged", (cuda(batch, kv_heads, 1, d), cuda(batch, kv_heads, 1, d), *pages, table, pos)),
             ("decode_paged", (q, *pages, torch.empty_like(q), table, length, 0.125, 0, None)),
+            ("update_cache_paged_half", (*(cuda(batch, kv_heads, 1, d).bfloat16() for _ in range(2)),
+                                         *(p.bfloat16() for p in pages), table, pos)),
+            ("decode_paged_half", (q.bfloat16(), *(p.bfloat16() for p in pages), torch.empty_like(q.bfloat16()),
+                                   table, length, 0.125, 2, None)),
             ("linear", (cuda(3, 64), cuda(96, 64), torch.empty(3, 96, device=DEVICE)))]
 
 

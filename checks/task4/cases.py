@@ -83,6 +83,10 @@ HOPPER_CASES = [
     (2, 4, 4, 90, 90, 64, (0, 37)),
     (2, 4, 2, 30, 200, 128, (5, 199)),
     (2, 2, 1, 600, 700, 128, (0, 450)),  # padding that skips more than a block of queries
+    # more blocks of rows than an H100/H200 has SMs (132): PERSISTENT's blocks walk several, the ring, Q's buffers and
+    # the turns carried on from one to the next; padded rows that see no key skipped on the way (320 blocks of rows)
+    (2, 32, 8, 600, 600, 64, (0, 300)),
+    (3, 24, 24, 200, 450, 128, None),  # 144 blocks of rows at head_dim 128 (one Q buffer)
 ]
 # The Hopper kernel's tensors as a caller may hand them, 2 bytes off a 16-byte boundary (TMA reads aligned rows only,
 # so the binding copies them): (which tensors, shape, causal), in bfloat16.

@@ -47,6 +47,8 @@ MASK_CASES = [
     (2, 4, 2, 200, 260, 64, True, 50, None, None, (0, 100)),  # a window with left padding
     (2, 2, 2, 300, 300, 64, True, None, (90, 210), None, (0, 150)),  # documents, one cut by the padding
     (2, 2, 1, 150, 150, 33, False, None, None, 1.5, (0, 70)),  # a cap with padding, head_dim not a tile's
+    # 160 blocks of the Hopper kernel's rows, more than an H100/H200's SMs: its persistent blocks walk several
+    (2, 16, 4, 600, 600, 64, True, 200, (150, 450), None, (0, 100)),
 ]
 
 

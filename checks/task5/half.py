@@ -1,5 +1,5 @@
-"""Task 5's step 6 (optional): the cache in bf16 and fp16, its checks, bad input and sanitizer pass, run in a
-process of its own by checks/task5/test.py.
+"""Task 5's steps 6 and 7 (optional): the cache in bf16 and fp16, contiguous (step 6) and paged (step 7), their
+checks, bad input and sanitizer pass, run in a process of its own by checks/task5/test.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from harness.checks import (GUARD_BITS_16, compare, expect_errors, guard_damage,
 from harness.attention_math import attention_float64, expand_kv_heads
 from harness.diagnose import decode_schedules, diagnose, kernel_constants
 from checks.task4 import measure as task4_measure
-from checks.task5.cases import HALF_DECODE_CASES, HALF_UPDATE_CASES
+from checks.task5.cases import HALF_DECODE_CASES, HALF_UPDATE_CASES, PAGED_DECODE_CASES, PAGED_UPDATE_CASES
 from checks.task5.cache_decode import (HALF_CALL_LIMIT, check_update, decode_inputs, describe_grouped, grouped,
                                        launcher_splits, on_gpu, out_of_range)
 
@@ -62,8 +62,9 @@ def check_half_decode(worker, shape, seed, splits, dtype, constants=None):
                   f"half a unit in the last place): {'; '.join(said)}"), {}
 
 
-def check_half_errors(worker):
-    """The given binding's errors for the 16-bit cache (not the student's work: reported, not scored)."""
+def check_half_errors(worker, paged: bool = False):
+    """The given binding's errors for the 16-bit cache, and with `paged` its pools' (not the student's work:
+    reported, not scored)."""
     cache = torch.zeros(1, 2, 16, 64, device="cuda", dtype=torch.bfloat16)
     new = torch.zeros(1, 2, 1, 64, device="cuda", dtype=torch.bfloat16)
     q = torch.zeros(1, 2, 1, 64, device="cuda", dtype=torch.bfloat16)
@@ -82,13 +83,49 @@ def check_half_errors(worker):
          "length must be between 1 and max_seq"),
         ("out is q", ("decode_half", q, cache, cache.clone(), q, 4, 0.125, 0), "must not share memory"),
     ]
+    if paged:
+        pages = torch.zeros(4, 2, 8, 64, device="cuda", dtype=torch.bfloat16)
+        table = torch.tensor([[0, 1]], dtype=torch.int32, device="cuda")
+        length, pos = (torch.tensor([n], dtype=torch.int32, device="cuda") for n in (4, 3))
+        bad += [
+            ("a bf16 pool to the float32 paged decode", ("decode_paged", q, pages, pages.clone(), out, table, length,
+                                                         0.125, 0), "decode_paged_half"),
+            ("a float32 pool to the 16-bit paged decode", ("decode_paged_half", q.float(), pages.float(),
+                                                           pages.float(), out.float(), table, length, 0.125, 0),
+             "must be bfloat16 or float16"),
+            ("fp16 new rows for a bf16 pool", ("update_cache_paged_half", new.half(), new.half(), pages, pages.clone(),
+                                               table, pos), "like k_pages"),
+            ("a page size of 6", ("update_cache_paged_half", new, new.clone(), pages[:, :, :6].contiguous(),
+                                   pages[:, :, :6].contiguous(), table, pos), "power of two"),
+        ]
     return expect_errors(lambda *call: worker.call(*call), bad)
 
 
-def half_sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Call]:
+def half_sanitizer_calls(hidden: cli.Hidden | None, with_pages: bool = False) -> list[sanitize.Call]:
     """Step 6's pass: the update (one sequence that does not fit), and the decode with 16-byte rows and with a
-    value at a time, groups, padding, a length out of range and splits, bf16 and fp16 in turn."""
+    value at a time, groups, padding, a length out of range and splits, bf16 and fp16 in turn; with_pages, step
+    7's paged update and decode (a page outside the pool: not written, NaN)."""
     calls = []
+    if with_pages:  # as the float32 pass's (checks/task5/test.py): sequence 1 reaches page 2, outside the pool
+        from checks.task5.paged import page_pool
+
+        for i, dtype in enumerate((torch.bfloat16, torch.float16)):
+            k_pages, v_pages, table = page_pool(2, 2, 8, 3, 64 - 24 * i, cli.seed(70 + i, hidden))
+            k_pages, v_pages = (p.nan_to_num().to(dtype) for p in (k_pages, v_pages))
+            table[1, 2] = k_pages.shape[0]
+            d = k_pages.shape[-1]
+            k_new, v_new = (random_tensor((2, 2, 3, d), cli.seed(72 + j, hidden), dtype=dtype) for j in range(2))
+            calls.append(sanitize.Call(f"{str(dtype)[6:]} update_cache_paged_half pages of 8 head_dim {d}",
+                                       "update_cache_paged_half",
+                                       (k_new, v_new, k_pages, v_pages, table, torch.tensor([6, 20], dtype=torch.int32)),
+                                       ("k_new", "v_new", "k_pages", "v_pages", "block_table", "pos")))
+            q = random_tensor((2, 4, 1, d), cli.seed(74 + i, hidden), dtype=dtype)
+            splits = 1 + 2 * i
+            calls.append(sanitize.Call(f"{str(dtype)[6:]} decode_paged_half pages of 8 head_dim {d} lengths 24,20 "
+                                       f"splits {splits}", "decode_paged_half",
+                                       (q, k_pages, v_pages, torch.empty_like(q), table,
+                                        torch.tensor([24, 20], dtype=torch.int32), 0.125, splits),
+                                       ("q", "k_pages", "v_pages", "out", "block_table", "length")))
     for i, (b, h, max_seq, pos, n, d) in enumerate([(2, 1, 40, (3, 39), 2, 17), (1, 2, 10, 9, 1, 128)]):
         dtype = (torch.bfloat16, torch.float16)[i % 2]
         k_new, v_new = (random_tensor((b, h, n, d), cli.seed(60 + 2 * i + j, hidden)).to(dtype) for j in range(2))
@@ -116,6 +153,8 @@ HALF_PASS_NAME = f"{sanitize.PASS_NAME}, the bf16/fp16 cache (optional)"
 HALF_KERNEL_STEPS = {name: "Task 5, step 6 (optional)" for name in
                      ("update_cache_kernel", "attend_rows", "decode_kernel", "decode_split_kernel",
                       "combine_splits_kernel", "block_rows", "write_nan", "first_position")}
+HALF_KERNEL_STEPS |= {name: "Task 5, step 7 (optional)" for name in ("update_paged_kernel", "cache_rows", "offset",
+                                                                       "sequence_pages")}
 
 
 def half_part(report, worker, hidden_cases, constants=None) -> bool:
@@ -140,15 +179,47 @@ def half_part(report, worker, hidden_cases, constants=None) -> bool:
     return report.end_part("half")
 
 
-def optional_half(report, worker, args, passes: list) -> bool:
-    """Step 6 (optional): the 16-bit cache's checks, then bad input while its own sanitizer pass runs (added to
-    `passes`); every case optional, so nothing here moves a point. Whether the checks passed (then its benchmarks
-    come last)."""
+def paged_half_part(report, worker, hidden_cases) -> bool:
+    """Step 7 (optional): the paged cache in both 16-bit types, step 5's cases: the update exact, the decode bit for
+    bit step 6's contiguous decode on the same rows; whether every case passed. As half_part, the first case whose
+    process crashed or hung ends the part."""
+    from checks.task5.paged import check_decode_paged, check_update_paged
+
+    report.begin_part("paged half", (7,), optional=True)
+    runs = [(case, lambda c=case, t=dtype: check_update_paged(worker, c, t))
+            for name, dtype in task4_measure.HALF_TYPES.items()
+            for case in cli.cases(5, "paged update", PAGED_UPDATE_CASES, hidden_cases, causal=(False,),
+                                  shape_text=lambda s, n=name: f"{n} paged update batch {s[0]} kv heads {s[1]} pages "
+                                                               f"of {s[2]} ({s[3]} a sequence) pos {s[4]} n_new {s[5]} "
+                                                               f"head_dim {s[6]}")]
+    runs += [(case, lambda c=case, t=dtype: check_decode_paged(worker, c, t))
+             for name, dtype in task4_measure.HALF_TYPES.items()
+             for case in cli.cases(5, "paged decode", PAGED_DECODE_CASES, hidden_cases, causal=(False,),
+                                   shape_text=lambda s, n=name: f"{n} paged decode batch {s[0]} heads {s[1]} kv heads "
+                                                                f"{s[2]} pages of {s[3]} ({s[4]} a sequence) lengths "
+                                                                f"{s[5]} head_dim {s[6]} key_start {s[7]} splits {s[8]}")]
+    for case, check in runs:
+        before = len(report.cases)
+        report.run(case.name, check)
+        if report.process_died_since(before, "the bf16/fp16 paged part"):
+            break
+    return report.end_part("paged half")
+
+
+def optional_half(report, worker, args, passes: list, paged: bool = False) -> tuple[bool, bool]:
+    """Step 6 (optional): the 16-bit cache's checks, then (`paged`) step 7's, then bad input while their own
+    sanitizer pass runs (added to `passes`); every case optional, so nothing here moves a point. Whether each
+    part's checks passed (step 6's, step 7's: then their benchmarks come last). Step 7's part runs once step 6's
+    has passed: its decode is compared with step 6's."""
     if not half_part(report, worker, args.hidden,
                      kernel_constants("task5/kernels/decode_half.cu", args.student_dir, args.solution)):
-        return False
-    passes.append(sanitize.start(report, 5, args, half_sanitizer_calls(args.hidden), HALF_KERNEL_STEPS.get,
-                                 HALF_PASS_NAME, kind="optional", part="half"))
+        if paged:
+            report.note("the bf16/fp16 paged cache (step 7) is checked once step 6's part passes: its decode is "
+                        "compared with step 6's, bit for bit")
+        return False, False
+    paged_passed = paged and paged_half_part(report, worker, args.hidden)
+    passes.append(sanitize.start(report, 5, args, half_sanitizer_calls(args.hidden, paged_passed),
+                                 HALF_KERNEL_STEPS.get, HALF_PASS_NAME, kind="optional", part="half"))
     report.run("bad input to the bf16/fp16 cache raises clear errors (the given binding)",
-               lambda: check_half_errors(worker), kind="optional")
-    return not report.stopped
+               lambda: check_half_errors(worker, paged), kind="optional")
+    return not report.stopped, paged_passed and not report.stopped

@@ -244,19 +244,22 @@ def naive_decode(q, k, v, scale):
 
 
 PAGED_BENCHMARK = (16, 32, 32, 4096, 128)  # (batch, heads, kv_heads, cached tokens, head_dim)
+PAGED_HALF_BENCHMARK = (16, 32, 8, 4096, 128)  # step 7's, in bf16: the grouped heads of Llama-3-style models
 PAGE_SIZES = (16, 64)
 
 
-def time_paged(worker, splits: int):
-    """Step 5: your paged decode against your contiguous decode on the same rows, both with the lengths in GPU
-    memory, in the same run (host clock around requests of many calls, as the decode benchmarks): {page size or 0
-    for contiguous: Timing}, or a message. Every paged output must be the contiguous one, bit for bit."""
-    batch, heads, kv_heads, length, d = PAGED_BENCHMARK
+def time_paged(worker, splits: int, dtype=torch.float32):
+    """Step 5 (step 7 for a 16-bit dtype): your paged decode against your contiguous decode on the same rows, both
+    with the lengths in GPU memory, in the same run (host clock around requests of many calls, as the decode
+    benchmarks): {page size or 0 for contiguous: Timing}, or a message. Every paged output must be the contiguous
+    one, bit for bit."""
+    batch, heads, kv_heads, length, d = PAGED_BENCHMARK if dtype == torch.float32 else PAGED_HALF_BENCHMARK
+    contiguous_call = "decode_batch" if dtype == torch.float32 else "decode_half_batch"
     scale = 1.0 / math.sqrt(d)
-    k, v = (torch.randn(batch, kv_heads, length, d, device="cuda") for _ in range(2))
+    k, v = (torch.randn(batch, kv_heads, length, d, device="cuda", dtype=dtype) for _ in range(2))
     count = 32
-    sets = [(torch.randn(batch, heads, 1, d, device="cuda"), torch.empty(batch, heads, 1, d, device="cuda"), 0)
-            for _ in range(count)]
+    sets = [(torch.randn(batch, heads, 1, d, device="cuda", dtype=dtype),
+             torch.empty(batch, heads, 1, d, device="cuda", dtype=dtype), 0) for _ in range(count)]
     lengths = torch.full((batch,), length, dtype=torch.int32, device="cuda")
     kept_sets = worker.keep("paged sets", sets)
     timings, expected = {}, None
@@ -266,7 +269,8 @@ def time_paged(worker, splits: int):
                 pages_per_seq = length // page_size
                 order = torch.randperm(batch * pages_per_seq, device="cuda")
                 table = order.view(batch, pages_per_seq).to(torch.int32)
-                pools = [torch.empty(batch * pages_per_seq, kv_heads, page_size, d, device="cuda") for _ in range(2)]
+                pools = [torch.empty(batch * pages_per_seq, kv_heads, page_size, d, device="cuda", dtype=dtype)
+                         for _ in range(2)]
                 for pool, cache in zip(pools, (k, v)):  # page table[b, i] holds rows i * page_size .. of sequence b
                     pool[order] = cache.view(batch, kv_heads, pages_per_seq, page_size, d).transpose(1, 2).reshape(
                         -1, kv_heads, page_size, d)
@@ -274,10 +278,10 @@ def time_paged(worker, splits: int):
                 request = lambda: worker.call("decode_paged_batch", kept_sets, kept, lengths, scale, splits)  # noqa: E731
             else:
                 kept = worker.keep("paged caches", [(k, v)])
-                request = lambda: worker.call("decode_batch", kept_sets, kept, lengths, scale, splits)  # noqa: E731
+                request = lambda: worker.call(contiguous_call, kept_sets, kept, lengths, scale, splits)  # noqa: E731
             request()  # warm-up
             timings[page_size] = bench.host_clock(request, reps=REPS, per_request=count)
-            outs = torch.stack([out for _, out, _ in sets]).view(torch.int32)
+            outs = torch.stack([out for _, out, _ in sets]).view(torch.int16 if dtype != torch.float32 else torch.int32)
             if expected is None:
                 expected = outs.clone()
             elif not torch.equal(outs, expected):
@@ -292,7 +296,7 @@ def time_paged(worker, splits: int):
     return timings
 
 
-def paged_result(timings):
+def paged_result(timings, dtype=torch.float32):
     if isinstance(timings, str):
         return False, timings, {}
     contiguous = timings[0].median_ms
@@ -301,9 +305,12 @@ def paged_result(timings):
         ms = timings[page_size].median_ms
         metrics |= {f"paged_{page_size}_ms": ms, f"paged_{page_size}_over_contiguous": ms / contiguous}
         said.append(f"pages of {page_size}: {ms:.3f} ms ({ms / contiguous:.3f}x)")
-    batch, heads, _, length, d = PAGED_BENCHMARK
-    metrics[points.NOT_SCORED] = "the paged cache (step 5) is reported only"
-    return True, (f"batch {batch} heads {heads} cached tokens {length} head_dim {d}: contiguous {contiguous:.3f} ms; "
+    batch, heads, kv_heads, length, d = PAGED_BENCHMARK if dtype == torch.float32 else PAGED_HALF_BENCHMARK
+    step = 5 if dtype == torch.float32 else 7
+    metrics[points.NOT_SCORED] = f"the paged cache (step {step}) is reported only"
+    grouped = f" ({kv_heads} kv heads)" if kv_heads != heads else ""
+    return True, (f"batch {batch} heads {heads}{grouped} cached tokens {length} head_dim {d}: contiguous "
+                  f"{contiguous:.3f} ms; "
                   f"{'; '.join(said)}; outputs bit for bit the contiguous decode's; not scored"), metrics
 
 
@@ -366,9 +373,14 @@ HALF_BENCHMARKS = [(16, 32, 32, 4096, 128, torch.bfloat16), (16, 32, 32, 4096, 1
                    (1, 32, 32, 32768, 128, torch.bfloat16), (16, 32, 8, 4096, 128, torch.bfloat16)]
 
 
-def run_half_benchmarks(report, worker):
-    """The 16-bit cache's decode timed in the worker (the launcher's splits), the worker ended, then the copy
-    bandwidth and the reference here; each line an optional case: reported, never scored."""
+def run_half_benchmarks(report, worker, paged_passed: bool = False):
+    """The 16-bit cache's decode timed in the worker (the launcher's splits), and with paged_passed step 7's paged
+    decode in bf16 against it, the worker ended, then the copy bandwidth and the reference here; each line an
+    optional case: reported, never scored."""
+    if paged_passed:
+        paged = time_paged(worker, 0, torch.bfloat16)
+        report.run("bf16 paged decode (step 7) against the contiguous decode",
+                   lambda: paged_result(paged, torch.bfloat16), kind="optional")
     timed_sets, student = {}, {}
     for case in HALF_BENCHMARKS:
         batch, heads, kv_heads, length, d, dtype = case

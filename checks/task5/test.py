@@ -1,4 +1,4 @@
-"""python -m task5.test [--cache | --decode | --split | --layer | --paged | --half] [--solution] [--json PATH]
+"""python -m task5.test [--cache | --decode | --split | --layer | --paged | --half | --paged-half] [--solution] [--json PATH]
 
 Checks Task 5's kernels on the GPU against float64 PyTorch, then measures them:
 - the cache update (step 1): positions pos .. pos + n - 1 written exactly, nothing else;
@@ -12,8 +12,8 @@ Checks Task 5's kernels on the GPU against float64 PyTorch, then measures them:
 - the cached layer: prefill (your task 4 kernel) and decode steps against
   nn.MultiheadAttention, up to a full cache;
 - the paged cache (step 5, optional) bit for bit against the contiguous decode; the cache in
-  bf16 and fp16 (step 6, optional) against float64 on the same 16-bit values, in a process of
-  its own: both reported, not scored.
+  bf16 and fp16 (step 6, optional) against float64 on the same 16-bit values, and paged (step 7,
+  optional) bit for bit against step 6's decode, in a process of their own: all reported, not scored.
 Then the decode kernel alone (batch 16 / 4096 cached tokens, batch 1 / 32768), in GB/s of
 K and V read against the copy bandwidth measured in the same run, naive PyTorch, SDPA and
 the reference kernel; and the handout's generation run (batch 16, prompt 1024, cache
@@ -52,7 +52,9 @@ PARTS = {  # name: (README steps, optional)
     "layer": ((1, 2), False),
     "paged": ((5,), True),
     "half": ((6,), True),
+    "paged_half": ((7,), True),
 }
+SIXTEEN_BIT = {"half", "paged_half"}  # the parts that run in the 16-bit process (checks/task5/half.py)
 
 def small_layer(worker):
     """A fresh layer in the worker: hidden 64, 2 heads, a cache of 4 positions."""
@@ -236,7 +238,7 @@ def sanitizer_calls(hidden: cli.Hidden | None, with_splits: bool, with_pages: bo
 def main(argv=None) -> int:
     parser = cli.parser(5, __doc__.splitlines()[2])
     for part, (steps, optional) in PARTS.items():
-        parser.add_argument(f"--{part}", action="store_true",
+        parser.add_argument(f"--{part.replace('_', '-')}", action="store_true",
                             help=f"test only README step{'s' if len(steps) > 1 else ''} "
                                  f"{', '.join(map(str, steps))}{' (optional)' if optional else ''}")
     args = parser.parse_args(argv)
@@ -250,7 +252,7 @@ def main(argv=None) -> int:
         split_passed = paged_passed = False
         prefill = {"by": "task4", "why": ""}  # the layer's prefill: your Task 4 kernel, unless it fails
         constants = kernel_constants("task5/kernels/decode.cu", args.student_dir, args.solution)
-        for part in [] if args.sanitize else [p for p in chosen if p != "half"]:
+        for part in [] if args.sanitize else [p for p in chosen if p not in SIXTEEN_BIT]:
             steps, optional = PARTS[part]
             report.begin_part(part, steps, optional=optional)
             first = len(report.cases)
@@ -299,30 +301,33 @@ def main(argv=None) -> int:
             if part == "paged":
                 paged_passed = len(report.cases) > first and all(c.passed for c in report.cases[first:])
         passes = []  # each sanitizer pass runs beside the checks that follow it, in processes of its own
-        if (args.sanitize and chosen != ["half"]) or any(c.passed and c.kind == "check" for c in report.cases):
+        sixteen_only = set(chosen) <= SIXTEEN_BIT
+        if (args.sanitize and not sixteen_only) or any(c.passed and c.kind == "check" for c in report.cases):
             with_splits = split_passed or (args.sanitize and "split" in chosen)
             with_pages = paged_passed or (args.sanitize and "paged" in chosen)
             passes.append(sanitize.start(report, 5, args, sanitizer_calls(args.hidden, with_splits, with_pages),
                                          KERNEL_STEPS.get))
         if args.sanitize:
             sanitize.finish(report, passes.pop() if passes else None)
-            if "half" in chosen:
-                sanitize.add_to_report(report, 5, args, half_sanitizer_calls(args.hidden), HALF_KERNEL_STEPS.get,
-                                       HALF_PASS_NAME, kind="optional")
+            if set(chosen) & SIXTEEN_BIT:
+                sanitize.add_to_report(report, 5, args, half_sanitizer_calls(args.hidden, "paged_half" in chosen),
+                                       HALF_KERNEL_STEPS.get, HALF_PASS_NAME, kind="optional")
             return report.finish(args.json)
-        if chosen != ["half"]:  # the optional part alone: its own bad input and benchmarks follow it
+        if not sixteen_only:  # the 16-bit parts alone: their own bad input and benchmarks follow them
             report.run("bad input raises clear errors (the given binding and layer)", lambda: check_errors(worker),
                        kind="given")
             report.run("a step past a full cache raises a clear error (the given layer)",
                        lambda: check_cache_full(worker), kind="given")
             report.run("task 6's decode-step products (the given linear) match float64",
                        lambda: check_linear(worker, args.hidden), kind="given")
-        half_timed = False
-        if "half" in chosen and not report.stopped:
+        half_timed = paged_half_timed = False
+        if set(chosen) & SIXTEEN_BIT and not report.stopped:
             # In a process of its own (the next call starts one): a crash or a hang in the optional kernels costs
             # their own part, never the float32 checks or the sanitizer pass before it, or the benchmarks after it.
+            # --paged-half alone runs step 6's part too: step 7's is compared with it.
             worker.stop_until_next_call()
-            half_timed = optional_half(report, worker, args, passes) and not args.grading
+            half_timed, paged_half_timed = optional_half(report, worker, args, passes, "paged_half" in chosen)
+            half_timed, paged_half_timed = (half_timed and not args.grading, paged_half_timed and not args.grading)
         if any(passes):
             report.heading("compute-sanitizer")
         for started in passes:
@@ -330,7 +335,7 @@ def main(argv=None) -> int:
         # The timings last: in a grading, the other tasks' tests check side by side with this one, and a timed
         # part waits until none of them is in the middle of its checks (harness/gpu_share.py).
         required = [c for c in report.cases if c.kind != "optional"]
-        if chosen == ["half"]:
+        if sixteen_only:
             pass
         elif set(chosen) < {"cache", "decode", "layer"}:
             report.note("benchmarks run when every part is tested (no --cache/--decode/--layer flag)")
@@ -348,13 +353,14 @@ def main(argv=None) -> int:
         if half_timed:
             report.heading("bf16/fp16 benchmarks (optional)")
             with gpu_share.alone_in_a_fresh_process(worker):
-                measure.run_half_benchmarks(report, worker)
+                measure.run_half_benchmarks(report, worker, paged_half_timed)
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(5, args.solution, args.student_dir, report.attention_ops), kind="rule")
-    if chosen == ["half"]:  # the status below counts required checks only, and this run has none
+    if sixteen_only:  # the status below counts required checks only, and this run has none
         optional = [c for c in report.cases if c.kind == "optional"]
-        report.note(f"--half tests the optional part alone: {sum(c.passed for c in optional)} of its "
-                    f"{len(optional)} checks passed")
+        flags = " ".join(f"--{p.replace('_', '-')}" for p in chosen)
+        report.note(f"{flags} tests the optional part{'s' if len(chosen) > 1 else ''} alone: "
+                    f"{sum(c.passed for c in optional)} of {len(optional)} checks passed")
     return report.finish(args.json)
 
 

@@ -13,7 +13,8 @@
 // Everything after the conversion is decode.cu's: the groups of G lanes, UNROLL rows of K and V
 // in flight per lane, up to MAX_QUERIES query heads of a group per block, the merge of the groups,
 // and split-KV with a combining kernel (the partial outputs in float32, the output in 16 bits).
-// A paged cache is decode.cu's alone.
+// Step 7 (optional) reads a paged cache of 16-bit values, as decode.cu's step 5 does for float32: the
+// same pool of pages and block table, the same lookup (CacheRows below).
 //
 // The kernels trust their arguments (task5/binding.cpp checks the tensors, and the values from
 // the host); values read from GPU memory are checked where they are read, as in decode.cu: a
@@ -30,7 +31,7 @@
 #include <cstdint>
 
 #include "device/common.cuh"  // WARP, LOG2E, ceil_div
-#include "device/decode.cuh"  // first_position, sum_over_group, Merged, block_rows (as in decode.cu)
+#include "device/decode.cuh"  // first_position, sum_over_group, Merged, block_rows, Paging, sequence_pages
 #include "device/half.cuh"    // Half<T>: bf16 and fp16 to and from float, unpack8 (a 16-byte load to 8 floats)
 #include "device/params.h"    // CacheUpdateParams, DecodeParams: what the launchers take from the binding
 
@@ -65,11 +66,64 @@ __global__ void update_cache_kernel(const T* __restrict__ k_new, const T* __rest
   // TODO (README, Task 5, step 6: copy each new 16-bit row of K and V into the cache at position pos[b] + its index)
 }
 
-// Q queries against rows [begin, end) of one head's cache (k, v: its row 0), as decode.cu's
+// Step 7 (optional): append new 16-bit keys and values to a paged cache, as decode.cu's
+// update_paged_kernel (step 5) does for float32. k_new, v_new: (batch * kv_heads, n_new, head_dim);
+// k_pages, v_pages: (num_pages, kv_heads, page_size, head_dim); table: (batch, max_pages); pos: (batch,).
+// Sequence b's new row t goes to position pos[b] + t: page table[b * max_pages + (pos[b] + t) / page_size].
+// A sequence whose rows would not fit in its max_pages pages writes nothing (first_position), and a row
+// whose page is not in the pool (a table entry outside 0 .. num_pages - 1) is not written.
+template <typename T>
+__global__ void update_paged_kernel(const T* __restrict__ k_new, const T* __restrict__ v_new,
+                                    T* __restrict__ k_pages, T* __restrict__ v_pages, const int* __restrict__ table,
+                                    int max_pages, int num_pages, int page_shift, int batch, int kv_heads, int n_new,
+                                    int head_dim, const int* __restrict__ pos) {
+  // TODO (README, Task 5, step 7: copy each new 16-bit row into its page: the block table gives the page of pos[b] + t)
+}
+
+// Where one head's cached rows lie, as decode.cu's CacheRows, in 16-bit values: a contiguous cache keeps
+// a head's max_seq rows one after another; a paged one (step 7) a pool of pages and the sequence's block
+// table. Call offset(row) only for a row the sequence holds (row < end): a paged cache reads the block
+// table there. PAGED is a compiled choice here (the kernels come in both): the paged fields' registers would
+// push the contiguous kernels of 4 queries a block past their 128 registers a thread.
+template <typename T, bool PAGED>
+struct CacheRows {
+  const T* k;          // contiguous: the head's row 0; paged: the head's row 0 of page 0 of the pool
+  const T* v;
+  const int* table;    // paged: the sequence's block table
+  int page_shift;      // paged: log2(page_size)
+  size_t page_values;  // paged: values from one page of the pool to the next (kv_heads * page_size * head_dim)
+  int head_dim;
+
+  // Where cached row `row` starts, in values from k (and from v).
+  __device__ __forceinline__ size_t offset(int row) const {
+    if constexpr (!PAGED) return (size_t)row * head_dim;
+    // TODO (README, Task 5, step 7: the row's page from the block table, then the row within the page (step 5's lookup))
+    return (size_t)row * head_dim;
+  }
+};
+
+// Given: where the block's head's rows lie, contiguous or paged (as decode.cu's cache_rows; every thread
+// of the block calls it: it ends with a barrier when paged).
+template <typename T, bool PAGED>
+__device__ __forceinline__ CacheRows<T, PAGED> cache_rows(BlockRows& b, const T* k_cache, const T* v_cache,
+                                                          int kv_heads, int max_seq, int head_dim,
+                                                          const Paging& paging) {
+  if constexpr (!PAGED) {
+    const size_t at = b.cache_head * max_seq * head_dim;
+    return CacheRows<T, PAGED>{k_cache + at, v_cache + at, nullptr, 0, 0, head_dim};
+  }
+  const int head = (int)(b.cache_head % kv_heads);
+  const int* table = sequence_pages(b, kv_heads, paging);
+  const size_t page_values = ((size_t)kv_heads << paging.page_shift) * head_dim;
+  const size_t at = ((size_t)head << paging.page_shift) * head_dim;
+  return CacheRows<T, PAGED>{k_cache + at, v_cache + at, table, paging.page_shift, page_values, head_dim};
+}
+
+// Q queries against rows [begin, end) of one head's cache (`rows`: where they lie), as decode.cu's
 // attend_rows: groups of G lanes, each with its own online softmax per query, merged at the end.
-template <typename T, int VEC, int G, int Q>
-__device__ Merged<Q> attend_rows(const T* __restrict__ q, int queries, const T* __restrict__ k,
-                                 const T* __restrict__ v, int head_dim, int begin, int end, float scale_log2) {
+template <typename T, int VEC, int G, int Q, bool PAGED>
+__device__ Merged<Q> attend_rows(const T* __restrict__ q, int queries, const CacheRows<T, PAGED>& rows, int head_dim,
+                                 int begin, int end, float scale_log2) {
   using Split = RowSplit<VEC, G>;
   constexpr int E = Split::E;
   constexpr int GROUPS = DECODE_WARPS * Split::ROWS;
@@ -167,30 +221,32 @@ __device__ __forceinline__ void write_nan(T* __restrict__ rows, int count, int h
 template <int VEC, int G, int Q>
 constexpr int MIN_BLOCKS_PER_SM = Q == 1 && VEC == 8 && G > 1 ? 2 : 1;
 
-// q, out: (batch, heads, head_dim); k_cache, v_cache: (batch, kv_heads, max_seq, head_dim).
-template <typename T, int VEC, int G, int Q>
+// q, out: (batch, heads, head_dim); k_cache, v_cache: (batch, kv_heads, max_seq, head_dim), or the pools of a
+// paged cache (paging.table set, step 7).
+template <typename T, int VEC, int G, int Q, bool PAGED>
 __global__ void __launch_bounds__(DECODE_WARPS * WARP, MIN_BLOCKS_PER_SM<VEC, G, Q>)
     decode_kernel(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                   T* __restrict__ out, int heads, int kv_heads, const int* __restrict__ length,
-                  const int* __restrict__ key_start, int max_seq, int head_dim, float scale_log2) {
-  const BlockRows b = block_rows<Q>(heads, kv_heads, length, key_start, max_seq);
+                  const int* __restrict__ key_start, int max_seq, int head_dim, float scale_log2, Paging paging) {
+  BlockRows b = block_rows<Q>(heads, kv_heads, length, key_start, max_seq);
+  const CacheRows<T, PAGED> rows = cache_rows<T, PAGED>(b, k_cache, v_cache, kv_heads, max_seq, head_dim, paging);
   if (b.invalid) return write_nan(out + b.first_query * head_dim, b.queries, head_dim);
-  const size_t at = b.cache_head * max_seq * head_dim;
-  const Merged<Q> r = attend_rows<T, VEC, G, Q>(q + b.first_query * head_dim, b.queries, k_cache + at,
-                                                v_cache + at, head_dim, b.begin, b.end, scale_log2);
+  const Merged<Q> r = attend_rows<T, VEC, G, Q, PAGED>(q + b.first_query * head_dim, b.queries, rows, head_dim, b.begin,
+                                                b.end, scale_log2);
   // TODO (README, Task 5, step 6: write out = O / L in the 16-bit type)
   (void)r, (void)out;
 }
 
 // Split-KV (decode.cu's step 3): the partial outputs and log-sum-exps in float32.
 // partial_out: (batch * heads, splits, head_dim); partial_lse: (batch * heads, splits).
-template <typename T, int VEC, int G, int Q>
+template <typename T, int VEC, int G, int Q, bool PAGED>
 __global__ void __launch_bounds__(DECODE_WARPS * WARP, MIN_BLOCKS_PER_SM<VEC, G, Q>)
     decode_split_kernel(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                         float* __restrict__ partial_out, float* __restrict__ partial_lse, int heads, int kv_heads,
                         const int* __restrict__ length, const int* __restrict__ key_start, int max_seq,
-                        int head_dim, float scale_log2) {
-  const BlockRows b = block_rows<Q>(heads, kv_heads, length, key_start, max_seq);
+                        int head_dim, float scale_log2, Paging paging) {
+  BlockRows b = block_rows<Q>(heads, kv_heads, length, key_start, max_seq);
+  const CacheRows<T, PAGED> rows = cache_rows<T, PAGED>(b, k_cache, v_cache, kv_heads, max_seq, head_dim, paging);
   const int split = blockIdx.y, splits = gridDim.y;
   if (b.invalid) {  // NaN partial outputs of weight 1: the combined output is NaN too
     for (int i = 0; i < b.queries; ++i) {
@@ -202,9 +258,8 @@ __global__ void __launch_bounds__(DECODE_WARPS * WARP, MIN_BLOCKS_PER_SM<VEC, G,
   }
   const int rows_per_split = (b.end - b.begin + splits - 1) / splits;
   const int begin = min(b.end, b.begin + split * rows_per_split), end = min(b.end, begin + rows_per_split);
-  const size_t at = b.cache_head * max_seq * head_dim;
-  const Merged<Q> r = attend_rows<T, VEC, G, Q>(q + b.first_query * head_dim, b.queries, k_cache + at,
-                                                v_cache + at, head_dim, begin, end, scale_log2);
+  const Merged<Q> r = attend_rows<T, VEC, G, Q, PAGED>(q + b.first_query * head_dim, b.queries, rows, head_dim, begin, end,
+                                                scale_log2);
 #pragma unroll
   for (int i = 0; i < Q; ++i) {
     if (i >= b.queries) break;
@@ -251,8 +306,8 @@ int queries_per_block(int group) {
   return q;
 }
 
-template <typename T, int VEC, int G, int Q>
-cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
+template <typename T, int VEC, int G, int Q, bool PAGED>
+cudaError_t launch_decode(const DecodeParams& p, const Paging& paging, cudaStream_t stream) {
   const T* q = static_cast<const T*>(p.q);
   const T* k_cache = static_cast<const T*>(p.k_cache);
   const T* v_cache = static_cast<const T*>(p.v_cache);
@@ -260,14 +315,14 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
   const int group = p.heads / p.kv_heads;
   const int threads = DECODE_WARPS * WARP, blocks = p.batch * p.kv_heads * ceil_div(group, Q);
   if (p.splits == 1) {
-    decode_kernel<T, VEC, G, Q><<<blocks, threads, 0, stream>>>(q, k_cache, v_cache, out, p.heads, p.kv_heads,
+    decode_kernel<T, VEC, G, Q, PAGED><<<blocks, threads, 0, stream>>>(q, k_cache, v_cache, out, p.heads, p.kv_heads,
                                                                  p.length, p.key_start, p.max_seq, p.head_dim,
-                                                                 p.scale * LOG2E);
+                                                                 p.scale * LOG2E, paging);
     return cudaGetLastError();
   }
-  decode_split_kernel<T, VEC, G, Q><<<dim3(blocks, p.splits), threads, 0, stream>>>(
+  decode_split_kernel<T, VEC, G, Q, PAGED><<<dim3(blocks, p.splits), threads, 0, stream>>>(
       q, k_cache, v_cache, p.partial_out, p.partial_lse, p.heads, p.kv_heads, p.length, p.key_start, p.max_seq,
-      p.head_dim, p.scale * LOG2E);
+      p.head_dim, p.scale * LOG2E, paging);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   combine_splits_kernel<T><<<p.batch * p.heads, dim3(MAX_HEAD_DIM, COMBINE_PARTS), 0, stream>>>(
@@ -278,11 +333,13 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
 // The row split from head_dim (16-byte loads need head_dim % 8 == 0 and 16-byte aligned rows),
 // the queries per block from the group size.
 template <typename T>
-cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
+cudaError_t launch(const DecodeParams& p, const Paging& paging, cudaStream_t stream) {
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   const bool vec8 = p.head_dim % 8 == 0 && aligned(p.q) && aligned(p.k_cache) && aligned(p.v_cache);
   const int lanes = (p.head_dim + 7) / 8, queries = queries_per_block(p.heads / p.kv_heads);
-#define LAUNCH_Q(VEC, G, Q) launch_decode<T, VEC, G, Q>(p, stream)
+#define LAUNCH_Q(VEC, G, Q)                                                                            \
+  (paging.table != nullptr ? launch_decode<T, VEC, G, Q, true>(p, paging, stream)                           \
+                           : launch_decode<T, VEC, G, Q, false>(p, paging, stream))
 #define LAUNCH(VEC, G) \
   (queries == 1 ? LAUNCH_Q(VEC, G, 1) : queries == 2 ? LAUNCH_Q(VEC, G, 2) : LAUNCH_Q(VEC, G, MAX_QUERIES))
   if (!vec8) return LAUNCH(1, 32);
@@ -295,41 +352,57 @@ cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
 #undef LAUNCH_Q
 }
 
+// One launch of the update kernels: step 6's into a contiguous cache, step 7's into a paged one.
+template <typename T>
+void launch_update(const CacheUpdateParams& p, int page_shift, int blocks, cudaStream_t stream) {
+  const T* k_new = static_cast<const T*>(p.k_new);
+  const T* v_new = static_cast<const T*>(p.v_new);
+  T* k_cache = static_cast<T*>(p.k_cache);
+  T* v_cache = static_cast<T*>(p.v_cache);
+  if (p.block_table != nullptr)
+    update_paged_kernel<T><<<blocks, 256, 0, stream>>>(k_new, v_new, k_cache, v_cache, p.block_table, p.max_pages,
+                                                       p.num_pages, page_shift, p.batch, p.kv_heads, p.n_new,
+                                                       p.head_dim, p.pos);
+  else
+    update_cache_kernel<T><<<blocks, 256, 0, stream>>>(k_new, v_new, k_cache, v_cache, p.batch, p.kv_heads, p.n_new,
+                                                       p.max_seq, p.head_dim, p.pos);
+}
+
 }  // namespace
 
 // Launchers, called by task5/binding.cpp on PyTorch's current stream; bf16: true for bfloat16,
 // false for float16 (every tensor of a call the same type).
 
-// The new rows into a contiguous 16-bit cache (a paged cache is decode.cu's alone); the parameters
-// are described in device/params.h.
+// The new rows into a 16-bit cache, contiguous or (p.block_table, step 7) paged; the parameters are
+// described in device/params.h.
 cudaError_t update_cache_half(const CacheUpdateParams& p, cudaStream_t stream) {
-  if (p.batch < 0 || p.kv_heads < 1 || p.n_new < 0 || p.n_new > p.max_seq || p.head_dim < 1 ||
-      p.block_table != nullptr)
+  const bool paged = p.block_table != nullptr;
+  const int page_shift = paged ? page_shift_of(p.page_size) : 0;
+  if (p.batch < 0 || p.kv_heads < 1 || p.n_new < 0 || p.head_dim < 1 || (!paged && p.n_new > p.max_seq) ||
+      (paged && (page_shift < 0 || p.max_pages < 1 || p.num_pages < 1)))
     return cudaErrorInvalidValue;
   const size_t total = (size_t)p.batch * p.kv_heads * p.n_new * p.head_dim;
   if (total == 0) return cudaSuccess;
-  const int threads = 256;
-  const int blocks = (int)std::min<size_t>((total + threads - 1) / threads, 65535 * 8);
+  const int blocks = (int)std::min<size_t>((total + 255) / 256, 65535 * 8);
   if (p.bf16)
-    update_cache_kernel<__nv_bfloat16><<<blocks, threads, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(p.k_new), static_cast<const __nv_bfloat16*>(p.v_new),
-        static_cast<__nv_bfloat16*>(p.k_cache), static_cast<__nv_bfloat16*>(p.v_cache), p.batch, p.kv_heads,
-        p.n_new, p.max_seq, p.head_dim, p.pos);
+    launch_update<__nv_bfloat16>(p, page_shift, blocks, stream);
   else
-    update_cache_kernel<__half><<<blocks, threads, 0, stream>>>(
-        static_cast<const __half*>(p.k_new), static_cast<const __half*>(p.v_new), static_cast<__half*>(p.k_cache),
-        static_cast<__half*>(p.v_cache), p.batch, p.kv_heads, p.n_new, p.max_seq, p.head_dim, p.pos);
+    launch_update<__half>(p, page_shift, blocks, stream);
   return cudaGetLastError();
 }
 
-// A decode step over a contiguous 16-bit cache, in p.splits blocks per (batch, kv_head, chunk): 1,
-// or decode.cu's decode_splits, with the partial outputs in float32; the parameters are described in
-// device/params.h.
+// A decode step over a 16-bit cache, contiguous or (p.block_table, step 7) paged, in p.splits blocks per
+// (batch, kv_head, chunk): 1, or decode.cu's decode_splits, with the partial outputs in float32; the
+// parameters are described in device/params.h.
 cudaError_t decode_half_forward(const DecodeParams& p, cudaStream_t stream) {
+  const bool paged = p.block_table != nullptr;
+  const int page_shift = paged ? page_shift_of(p.page_size) : 0;
   if (p.batch < 0 || p.heads < 1 || p.kv_heads < 1 || p.heads % p.kv_heads != 0 || p.length == nullptr ||
       p.max_seq < 1 || p.head_dim < 1 || p.head_dim > MAX_HEAD_DIM || p.splits < 1 || p.splits > MAX_SPLITS ||
-      (p.splits > 1 && (p.partial_out == nullptr || p.partial_lse == nullptr)) || p.block_table != nullptr)
+      (p.splits > 1 && (p.partial_out == nullptr || p.partial_lse == nullptr)) ||
+      (paged && (page_shift < 0 || p.max_pages < 1 || p.num_pages < 1 || p.max_seq != p.max_pages * p.page_size)))
     return cudaErrorInvalidValue;
   if (p.batch == 0) return cudaSuccess;
-  return p.bf16 ? launch<__nv_bfloat16>(p, stream) : launch<__half>(p, stream);
+  const Paging paging{p.block_table, p.max_pages, p.num_pages, page_shift};
+  return p.bf16 ? launch<__nv_bfloat16>(p, paging, stream) : launch<__half>(p, paging, stream);
 }

@@ -115,7 +115,9 @@ class Behaviour:
     masks: task 4's masks beyond causal (steps 23-24) write nothing ("unwritten"), or see one key more before the
     window ("window_wide");
     library: the file the module says it was loaded from (its `__file__`), a real object whose instructions the
-    Hopper part reads (tests/test_machine_code.py); by default one that does not exist.
+    Hopper part reads (tests/test_machine_code.py); by default one that does not exist;
+    paged_half: task 5's 16-bit paged decode (step 7) reads each sequence's first row in place of its last one
+    ("wrong"): right but for one row, so only the bit-for-bit comparison with step 6's decode sees it.
     """
 
     slowdown: float = 1.0
@@ -129,6 +131,7 @@ class Behaviour:
     update_rows_late: int = 0
     library: Path | None = None
     masks: str | None = None
+    paged_half: str | None = None
 
 
 # The stand-in worker's build folder (harness.sandbox.Worker's `builds`)

@@ -184,10 +184,30 @@ class Task5Kernels(StandInKernels):
             k, v = (expand_kv_heads(c[:, :, :length - short], heads) for c in (k_cache, v_cache))
             self.write(out, with_padding(attend, q, k, v, key_start))
 
+    def _check_pages_type(self, k_pages, half: bool):
+        """The binding's pages_type: float32 pools for step 5's functions, 16-bit ones for step 7's."""
+        sixteen = k_pages.dtype in (torch.bfloat16, torch.float16)
+        if not half and sixteen:
+            raise RuntimeError(f"k_pages must be float32 for update_cache_paged and decode_paged, got "
+                               f"{str(k_pages.dtype)[6:]} (a bfloat16 or float16 pool goes to update_cache_paged_half "
+                               "and decode_paged_half: README, Task 5, step 7)")
+        if half and not sixteen:
+            raise RuntimeError(f"k_pages must be bfloat16 or float16 for the 16-bit paged cache "
+                               f"(update_cache_paged_half, decode_paged_half), got {str(k_pages.dtype)[6:]} (a "
+                               "float32 pool goes to update_cache_paged and decode_paged)")
+        if not half:
+            check_cuda_float32(k_pages, "k_pages")
+        page_size = k_pages.shape[2]
+        if page_size & (page_size - 1):
+            raise RuntimeError(f"page_size (k_pages.size(2)) must be a power of two, got {page_size}")
+
     @launched
-    def update_cache_paged(self, k_new, v_new, k_pages, v_pages, block_table, pos):
+    def update_cache_paged(self, k_new, v_new, k_pages, v_pages, block_table, pos, half=False):
         """task5/binding.cpp's update_cache_paged: each new row into the page its block table names."""
-        check_cuda_float32(k_pages, "k_pages")
+        self._check_pages_type(k_pages, half)
+        for row, name in ((k_new, "k_new"), (v_new, "v_new")):
+            if half and row.dtype != k_pages.dtype:
+                raise RuntimeError(f"{name} must be {str(k_pages.dtype)[6:]} like k_pages, got {str(row.dtype)[6:]}")
         check_per_sequence(pos, "pos", "the first new position", block_table.shape[0])
         page_size, max_pages, n_new = k_pages.shape[2], block_table.shape[1], k_new.shape[2]
         with self.work(2 * k_new.nbytes / BYTES_PER_S):
@@ -201,10 +221,11 @@ class Task5Kernels(StandInKernels):
                         v_pages[page, :, (p + t) % page_size] = v_new[b, :, t]
 
     @launched
-    def decode_paged(self, q, k_pages, v_pages, out, block_table, length, scale, splits=0, key_start=None):
+    def decode_paged(self, q, k_pages, v_pages, out, block_table, length, scale, splits=0, key_start=None,
+                     half=False):
         """task5/binding.cpp's decode_paged: the pages gathered into a contiguous cache, then decode; a sequence
         whose table names a page outside the pool for a row it holds gets NaN (its length taken as 0)."""
-        check_cuda_float32(k_pages, "k_pages")
+        self._check_pages_type(k_pages, half)
         check_per_sequence(length, "length", "the positions of the cache written so far", block_table.shape[0])
         page_size, num_pages = k_pages.shape[2], k_pages.shape[0]
         lengths = length.tolist()
@@ -214,9 +235,25 @@ class Task5Kernels(StandInKernels):
             used = block_table[b, :max(0, -(-end // page_size))]
             if bool(((used < 0) | (used >= num_pages)).any()):
                 lengths[b] = 0
+        if half and self.behaviour.paged_half == "wrong":  # each sequence's last row read from its first
+            for b, end in enumerate(lengths):
+                if end > 1:
+                    k[b, :, end - 1], v[b, :, end - 1] = k[b, :, 0], v[b, :, 0]
         fixed = torch.tensor(lengths, dtype=torch.int32)
         fixed.on_host = False
-        run_kernel(lambda: self.decode.__wrapped__(self, q, k, v, out, fixed, scale, splits, key_start), (), {})
+        decode = self.decode_half if half else self.decode
+        run_kernel(lambda: decode.__wrapped__(self, q, k, v, out, fixed, scale, splits, key_start), (), {})
+
+    @launched
+    def update_cache_paged_half(self, k_new, v_new, k_pages, v_pages, block_table, pos):
+        """Step 7's: update_cache_paged for a pool of 16-bit values."""
+        self.update_cache_paged.__wrapped__(self, k_new, v_new, k_pages, v_pages, block_table, pos, half=True)
+
+    @launched
+    def decode_paged_half(self, q, k_pages, v_pages, out, block_table, length, scale, splits=0, key_start=None):
+        """Step 7's: decode_paged over a pool of 16-bit values (step 6's decode on the gathered rows)."""
+        self.decode_paged.__wrapped__(self, q, k_pages, v_pages, out, block_table, length, scale, splits, key_start,
+                                      half=True)
 
     def splits_for(self, batch, heads, kv_heads, max_length, head_dim):
         return max(1, min(self.MAX_SPLITS, max_length // 512))

@@ -89,3 +89,31 @@ __device__ BlockRows block_rows(int heads, int kv_heads, const int* length, cons
   return BlockRows{(size_t)batch * heads + head, min(Q, group - chunk * Q), (size_t)cache_head,
                    invalid ? 0 : begin, invalid ? 0 : end, invalid};
 }
+
+// A paged cache (steps 5 and 7): a pool of pages (num_pages, kv_heads, page_size, head_dim), page_size
+// a power of two (page_shift its log2), and the block table (batch, max_pages): sequence b's position p
+// lies in page table[b * max_pages + p / page_size]. table == nullptr: a contiguous cache.
+struct Paging {
+  const int* table;
+  int max_pages, num_pages, page_shift;
+};
+
+// page_size's log2, or -1 when it is not a power of two (the launchers' check).
+inline int page_shift_of(int page_size) {
+  int shift = 0;
+  while (shift < 30 && (1 << shift) < page_size) ++shift;
+  return (1 << shift) == page_size ? shift : -1;
+}
+
+// The block table of block b's sequence. A sequence whose table names a page outside the pool for a
+// row it holds makes b invalid (it reads nothing and writes NaN). Every thread of the block calls
+// this: it ends with a barrier.
+__device__ __forceinline__ const int* sequence_pages(BlockRows& b, int kv_heads, const Paging& paging) {
+  const int* table = paging.table + (b.cache_head / kv_heads) * paging.max_pages;
+  bool outside = false;
+  if (!b.invalid)
+    for (int i = (b.begin >> paging.page_shift) + threadIdx.x; i <= (b.end - 1) >> paging.page_shift; i += blockDim.x)
+      outside |= table[i] < 0 || table[i] >= paging.num_pages;
+  if (__syncthreads_or(outside)) b.invalid = true, b.begin = b.end = 0;
+  return table;
+}

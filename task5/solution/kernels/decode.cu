@@ -54,7 +54,7 @@
 #include <cstdint>
 
 #include "device/common.cuh"  // WARP, LOG2E, ceil_div
-#include "device/decode.cuh"  // first_position, sum_over_group, Merged, block_rows (given)
+#include "device/decode.cuh"  // first_position, sum_over_group, Merged, block_rows, Paging, sequence_pages (given)
 #include "device/params.h"  // CacheUpdateParams, DecodeParams: what the launchers below take from the binding
 
 // ----------------------------------------------------------------------------
@@ -347,15 +347,8 @@ __device__ __forceinline__ void write_nan(float* __restrict__ rows, int count, i
   for (int i = threadIdx.x; i < count * head_dim; i += blockDim.x) rows[i] = NAN;
 }
 
-// A paged cache (step 5): the block table (batch, max_pages) and the pool's page count and
-// page size; table == nullptr for a contiguous cache.
-struct Paging {
-  const int* table;
-  int max_pages, num_pages, page_shift;
-};
-
-// Given: where the block's head's rows lie (CacheRows), contiguous or paged; with pages, a
-// sequence whose table names a page outside the pool for a row it holds becomes invalid (every
+// Given: where the block's head's rows lie (CacheRows), contiguous or paged (Paging, device/decode.cuh); with
+// pages, a sequence whose table names a page outside the pool for a row it holds becomes invalid (every
 // thread of the block calls this: it ends with a barrier).
 __device__ __forceinline__ CacheRows cache_rows(BlockRows& b, const float* k_cache, const float* v_cache, int kv_heads,
                                 int max_seq, int head_dim, const Paging& paging) {
@@ -363,13 +356,8 @@ __device__ __forceinline__ CacheRows cache_rows(BlockRows& b, const float* k_cac
     const size_t at = b.cache_head * max_seq * head_dim;  // the cache itself: no copy, no slice
     return CacheRows{k_cache + at, v_cache + at, nullptr, 0, 0, head_dim};
   }
-  const int seq = (int)(b.cache_head / kv_heads), head = (int)(b.cache_head % kv_heads);
-  const int* table = paging.table + (size_t)seq * paging.max_pages;
-  bool outside = false;
-  if (!b.invalid)
-    for (int i = (b.begin >> paging.page_shift) + threadIdx.x; i <= (b.end - 1) >> paging.page_shift; i += blockDim.x)
-      outside |= table[i] < 0 || table[i] >= paging.num_pages;
-  if (__syncthreads_or(outside)) b.invalid = true, b.begin = b.end = 0;
+  const int head = (int)(b.cache_head % kv_heads);
+  const int* table = sequence_pages(b, kv_heads, paging);  // given (device/decode.cuh): pages outside the pool
   const size_t page_floats = ((size_t)kv_heads << paging.page_shift) * head_dim;
   const size_t at = ((size_t)head << paging.page_shift) * head_dim;
   return CacheRows{k_cache + at, v_cache + at, table, paging.page_shift, page_floats, head_dim};
@@ -490,17 +478,11 @@ __global__ void __launch_bounds__(MAX_HEAD_DIM * COMBINE_PARTS)
 // Launchers: called by task5/binding.cpp on PyTorch's current stream. Each returns the
 // error of its launch; errors inside a kernel surface at the next synchronisation.
 
-static int log2_of(int page_size) {
-  int shift = 0;
-  while ((1 << shift) < page_size) ++shift;
-  return (1 << shift) == page_size ? shift : -1;
-}
-
 // The new rows of every sequence into its cache, contiguous or (p.block_table, step 5) paged; the
 // parameters are described in device/params.h.
 cudaError_t update_cache(const CacheUpdateParams& p, cudaStream_t stream) {
   const bool paged = p.block_table != nullptr;
-  const int page_shift = paged ? log2_of(p.page_size) : 0;
+  const int page_shift = paged ? page_shift_of(p.page_size) : 0;
   if (p.batch < 0 || p.kv_heads < 1 || p.n_new < 0 || p.head_dim < 1 || (!paged && p.n_new > p.max_seq) ||
       (paged && (page_shift < 0 || p.max_pages < 1 || p.num_pages < 1)))
     return cudaErrorInvalidValue;
@@ -568,7 +550,7 @@ static cudaError_t launch_decode(const DecodeParams& p, const Paging& paging, cu
 // group size.
 cudaError_t decode_forward(const DecodeParams& p, cudaStream_t stream) {
   const bool paged = p.block_table != nullptr;
-  const int page_shift = paged ? log2_of(p.page_size) : 0;
+  const int page_shift = paged ? page_shift_of(p.page_size) : 0;
   if (p.batch < 0 || p.heads < 1 || p.kv_heads < 1 || p.heads % p.kv_heads != 0 || p.length == nullptr ||
       p.max_seq < 1 || p.head_dim < 1 || p.head_dim > MAX_HEAD_DIM || p.splits < 1 || p.splits > MAX_SPLITS ||
       (p.splits > 1 && (p.partial_out == nullptr || p.partial_lse == nullptr)) ||
