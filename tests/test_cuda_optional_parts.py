@@ -3,6 +3,8 @@ kernels (tests/stand_in/): task 4's bf16/fp16 kernel and backward pass, task 5's
 16-bit models. Each is checked, timed where a student's own run times it, and moves no point.
 """
 
+import sys
+
 import pytest
 import torch
 
@@ -78,16 +80,19 @@ def half_cache_checks(record):
             and " cached tokens " not in c["name"]]
 
 
-def test_task5s_half_precision_cache_is_checked_in_both_types_and_scores_nothing(stand_in, tmp_path):
+def test_task5s_half_precision_cache_is_checked_in_both_types_and_scores_nothing(stand_in, tmp_path, monkeypatch):
     """The optional bf16/fp16 cache (step 6): every public and hidden update and decode case in both types passes for
-    the reference, then its own sanitizer pass, its bad input and its timings, all optional; a decode 1% off fails
-    those cases only and keeps every point; the skeleton's step 6 says so, the float32 parts untouched by it."""
+    the reference, then its own sanitizer pass, its bad input and its timings (FlashInfer's decode beside them, here
+    its stand-in), all optional; a decode 1% off fails those cases only and keeps every point; the skeleton's step 6
+    says so, the float32 parts untouched by it."""
+    from tests.stand_in.flashinfer import installed
     from checks.task4.measure import HALF_TYPES
     from checks.task5 import measure
     from checks.task5.cases import HALF_DECODE_CASES, HALF_UPDATE_CASES
     from checks.task5.half import HALF_PASS_NAME
     from grader.hidden import CASES as HIDDEN_CASES
 
+    installed(monkeypatch)
     record = stand_in.run(5, "--solution", "--half", *HIDDEN)
     checks = half_cache_checks(record)
     cases = (len(HALF_UPDATE_CASES) + len(HIDDEN_CASES[5]["half update"]) + len(HALF_DECODE_CASES)
@@ -103,7 +108,10 @@ def test_task5s_half_precision_cache_is_checked_in_both_types_and_scores_nothing
     timed = [c for c in record["cases"] if " cached tokens " in c["name"] and c["name"].split()[0] in HALF_TYPES]
     assert len(timed) == len(measure.HALF_BENCHMARKS), [c["name"] for c in timed]
     assert all(c["kind"] == "optional" and c["passed"] and c["message"].endswith("not scored")
-               and "copy bandwidth" in c["message"] and "reference kernel" in c["message"] for c in timed), timed
+               and "copy bandwidth" in c["message"] and "reference kernel" in c["message"]
+               and "FlashInfer" in c["message"] and "of copy)" in c["message"].split("FlashInfer")[1] for c in timed), timed
+    grouped = [c for c in timed if "kv heads" in c["name"]]  # FlashInfer over pages too, for grouped heads
+    assert grouped and all("FlashInfer over pages of 16" in c["message"] for c in grouped), grouped
     graded = stand_in.run(5, "--solution", "--grading", "--half")
     assert half_cache_checks(graded) and not [c for c in graded["cases"] if " cached tokens " in c["name"]
                                               and c["name"].split()[0] in HALF_TYPES]
@@ -130,7 +138,8 @@ def test_task5s_half_precision_cache_is_checked_in_both_types_and_scores_nothing
     assert any("--half tests the optional part alone" in n for n in record["notes"]), record["notes"]
 
 
-def test_task5s_paged_16_bit_cache_is_checked_against_step_6s_decode_and_scores_nothing(stand_in, tmp_path):
+def test_task5s_paged_16_bit_cache_is_checked_against_step_6s_decode_and_scores_nothing(stand_in, tmp_path,
+                                                                                       monkeypatch):
     """Step 7 (optional): with --paged-half, step 6's part first, then every public and hidden paged case in both
     types, bit for bit step 6's decode; the pass covers its kernels, bad input names the function a pool's type
     goes to, and the bf16 paged decode is timed against the contiguous one; a lookup one row off fails step 7's
@@ -144,7 +153,9 @@ def test_task5s_paged_16_bit_cache_is_checked_against_step_6s_decode_and_scores_
         return [c for c in record["cases"] if c["kind"] == "optional" and c["name"].split()[:2] in
                 [[t, "paged"] for t in HALF_TYPES] and "(step 7)" not in c["name"]]  # the timing left out
 
+    monkeypatch.setitem(sys.modules, "flashinfer", None)  # not installed: its benchmarks say so in one line
     record = stand_in.run(5, "--solution", "--paged-half", *HIDDEN)
+    assert sum("FlashInfer is not installed" in n for n in record["notes"]) == 1, record["notes"]
     cases = (len(PAGED_UPDATE_CASES) + len(HIDDEN_CASES[5]["paged update"]) + len(PAGED_DECODE_CASES)
              + len(HIDDEN_CASES[5]["paged decode"]))
     checks = paged(record)

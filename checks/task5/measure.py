@@ -14,7 +14,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-from harness import bench, points
+from harness import bench, flashinfer_decode, points
 from harness.checks import GUARD_BITS, GUARD_BITS_16, bit_sum, compare, exact_float32, within
 from harness.attention_math import attention_float64
 from harness.sandbox import WorkerError
@@ -381,6 +381,9 @@ def run_half_benchmarks(report, worker, paged_passed: bool = False):
         paged = time_paged(worker, 0, torch.bfloat16)
         report.run("bf16 paged decode (step 7) against the contiguous decode",
                    lambda: paged_result(paged, torch.bfloat16), kind="optional")
+    flashinfer_missing = flashinfer_decode.missing()
+    if flashinfer_missing:
+        report.note(flashinfer_missing)
     timed_sets, student = {}, {}
     for case in HALF_BENCHMARKS:
         batch, heads, kv_heads, length, d, dtype = case
@@ -394,12 +397,54 @@ def run_half_benchmarks(report, worker, paged_passed: bool = False):
         short = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
         name = (f"{short} decode batch {batch} heads {heads}"
                 f"{f' ({kv_heads} kv heads)' if kv_heads != heads else ''} cached tokens {length} head_dim {d}")
-        report.run(name, lambda: half_result(student[case], timed_sets[case], reference, copy_gbs), kind="optional")
+        report.run(name, lambda: half_result(student[case], timed_sets[case], reference, copy_gbs,
+                                             flashinfer=flashinfer_missing is None), kind="optional")
         del timed_sets[case]
         torch.cuda.empty_cache()
 
 
-def half_result(timing, timed: TimedDecode, reference, copy_gbs):
+def flashinfer_beside(timed: TimedDecode, copy_gbs) -> tuple[str, dict]:
+    """FlashInfer's decode (harness/flashinfer_decode.py) on the same caches and queries, on the same clock:
+    contiguous, and with grouped heads in pages of 16 too (the pools in a random order, as the kit's paged
+    benchmark). Each is timed, then run once more and checked as the student's outputs are (every element written,
+    picked heads against float64 within the 16-bit allowance): a way whose outputs are wrong says so instead of a
+    time. The words for the benchmark's line and their metrics."""
+    batch, heads, length, head_dim = timed.shape
+    scale = 1.0 / math.sqrt(head_dim)
+    ways = [("FlashInfer", "flashinfer", flashinfer_decode.contiguous(timed.caches[0][0].shape, length, heads, scale,
+                                                                      timed.dtype))]
+    page_size = 16
+    if timed.kv_heads != heads and length % page_size == 0:
+        order = torch.randperm(batch * (length // page_size), device="cuda")
+        pools = {id(k): tuple(flashinfer_decode.to_pages(c, page_size, order) for c in (k, v)) for k, v in timed.caches}
+        paged = flashinfer_decode.PagedDecode(pools[id(timed.caches[0][0])][0].shape,
+                                              order.view(batch, -1).to(torch.int32), [length] * batch, heads, scale,
+                                              timed.dtype)
+        ways.append((f"FlashInfer over pages of {page_size}", f"flashinfer_paged_{page_size}",
+                     lambda q, k, v, out: paged(q, *pools[id(k)], out)))
+    said, metrics = [], {}
+    for label, key, decode in ways:
+        timing = time_decode_here(decode, timed)
+        if isinstance(timing, str):
+            said.append(f"{label}: {timing}")
+            continue
+        try:  # the outputs of one more request, checked
+            timed.refresh()
+            with torch.no_grad():
+                for q, out, c in timed.sets:
+                    decode(q, *timed.caches[c], out)
+            torch.cuda.synchronize()
+            timed.check(scale)
+        except AssertionError as err:
+            said.append(f"{label}: its outputs were wrong here, so no time is given ({str(err)[:200]})")
+            continue
+        metrics[f"{key}_ms"] = timing.median_ms
+        said.append(f"{label} {timing.median_ms:.3f} ms "
+                    f"({timed.bytes_read / (timing.median_ms * 1e-3) / 1e9 / copy_gbs:.0%} of copy)")
+    return ", ".join(said), metrics
+
+
+def half_result(timing, timed: TimedDecode, reference, copy_gbs, flashinfer: bool = False):
     if isinstance(timing, str):
         return False, timing, {}
     gbs = timed.bytes_read / (timing.median_ms * 1e-3) / 1e9
@@ -414,6 +459,10 @@ def half_result(timing, timed: TimedDecode, reference, copy_gbs):
             metrics["reference_ms"] = t_ref.median_ms
             message += (f", reference kernel {t_ref.median_ms:.3f} ms "
                         f"({timed.bytes_read / (t_ref.median_ms * 1e-3) / 1e9 / copy_gbs:.0%} of copy)")
+    if flashinfer:
+        words, beside = flashinfer_beside(timed, copy_gbs)
+        message += f", {words}"
+        metrics |= beside
     message += "; not scored"
     if gbs > FASTEST_VS_COPY * copy_gbs:
         return False, message + (f": faster than {FASTEST_VS_COPY}x the copy bandwidth, more than the GPU can "

@@ -49,7 +49,8 @@ SMALL = {  # module: {name: the small value the stand-in uses}
     # the copy model small enough to train twice on a CPU in seconds, and still learn in its steps
     "task4.train": {"TRAINING": TrainingConfig(layers=2, hidden=32, heads=2, prefix=9, batch=16, steps=150, lr=3e-3)},
     "checks.task5.measure": {"DECODE_BENCHMARKS": [(1, 2, 2, 2048, 48), (1, 1, 1, 4096, 48), (1, 4, 2, 2048, 48)], "LONG_CACHE_NEEDS_SPLITS_BELOW": 2,
-                   "PAGED_BENCHMARK": (2, 2, 2, 256, 16), "SHAPE_BENCHMARKS": [(1, 3, 3, 700, 40), (2, 4, 2, 300, 48)],
+                   "PAGED_BENCHMARK": (2, 2, 2, 256, 16), "PAGED_HALF_BENCHMARK": (2, 4, 2, 256, 16),
+                   "SHAPE_BENCHMARKS": [(1, 3, 3, 700, 40), (2, 4, 2, 300, 48)],
                    "HALF_BENCHMARKS": [(1, 2, 2, 2048, 48, torch.bfloat16), (1, 4, 2, 2048, 48, torch.float16)]},
     "checks.task5.generation": {"HANDOUT": dict(batch=2, prompt=40, max_seq=64, hidden=64, heads=4, steps=8)},
 }

@@ -1,0 +1,84 @@
+"""FlashInfer's decode beside the kit's: the library serving engines (vLLM, SGLang) decode with, timed on the same
+caches where it is installed and supports the GPU (task 5's bf16/fp16 benchmarks). An optional extra, never
+required: `pip install -e ".[flashinfer]"` (the package `flashinfer-python`, which compiles its kernels for this
+GPU on first use); without it, the benchmarks say so in one line and time the rest.
+
+FlashInfer's batch decode reads a paged cache in its "HND" layout, (num_pages, kv_heads, page_size, head_dim): the
+kit's pools exactly (task 5, steps 5 and 7), and a contiguous cache (batch, kv_heads, max_seq, head_dim) too, read as
+one page of max_seq positions a sequence. Its page table is a CSR list (indptr, indices, the last page's length),
+made here from the kit's block table and lengths. Trusted code, run in the checking process, as SDPA is.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+
+import torch
+
+MIN_CAPABILITY = (8, 0)  # the GPUs FlashInfer's decode kernels are built for (Ampere and later)
+WORKSPACE_BYTES = 128 << 20  # its float workspace: the split-KV partial outputs (its documentation's size)
+
+
+def missing() -> str | None:
+    """Why FlashInfer's decode cannot be timed here (one line), or None when it can."""
+    try:
+        importlib.import_module("flashinfer")
+    except ImportError:
+        return ("FlashInfer is not installed, so its decode was not timed beside yours (an optional extra: pip install "
+                "-e \".[flashinfer]\")")
+    except Exception as err:  # noqa: BLE001 - a broken install says what broke, and the benchmarks go on
+        first = (str(err).splitlines() or [type(err).__name__])[0]
+        return f"FlashInfer is installed but did not import ({first[:200]}), so its decode was not timed"
+    if not torch.cuda.is_available():
+        return "FlashInfer's decode runs on a GPU: not timed here"
+    if torch.cuda.get_device_capability() < MIN_CAPABILITY:
+        major, minor = torch.cuda.get_device_capability()
+        return (f"FlashInfer's decode needs compute capability {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or later, this "
+                f"GPU has {major}.{minor}: not timed")
+    return None
+
+
+class PagedDecode:
+    """FlashInfer's batch decode planned once for pools (num_pages, kv_heads, page_size, head_dim) of one shape,
+    sequence b holding `lengths[b]` positions in the pages `block_table[b, :]` names in order (the kit's block
+    table: int32 (batch, max_pages)). `decode(q, k_pages, v_pages, out)`: q and out (batch, heads, 1, head_dim)."""
+
+    def __init__(self, pool_shape, block_table: torch.Tensor, lengths: list[int], heads: int, scale: float,
+                 dtype: torch.dtype):
+        import flashinfer
+
+        _, kv_heads, page_size, head_dim = pool_shape
+        device = block_table.device
+        pages = [-(-n // page_size) for n in lengths]  # each sequence's pages, the last one partly filled
+        self.indptr = torch.tensor([0, *itertools.accumulate(pages)], dtype=torch.int32, device=device)
+        self.indices = torch.cat([block_table[b, :n] for b, n in enumerate(pages)]).to(torch.int32).contiguous()
+        self.last = torch.tensor([n - (p - 1) * page_size for n, p in zip(lengths, pages)], dtype=torch.int32,
+                                 device=device)
+        self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "HND")
+        self.wrapper.plan(self.indptr, self.indices, self.last, heads, kv_heads, head_dim, page_size,
+                          q_data_type=dtype, kv_data_type=dtype, sm_scale=scale)
+
+    def __call__(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, out: torch.Tensor) -> None:
+        batch, heads, _, head_dim = q.shape
+        self.wrapper.run(q.view(batch, heads, head_dim), (k_pages, v_pages), out=out.view(batch, heads, head_dim))
+
+
+def contiguous(cache_shape, length: int, heads: int, scale: float, dtype: torch.dtype, device="cuda") -> PagedDecode:
+    """FlashInfer's decode over contiguous caches (batch, kv_heads, max_seq, head_dim), every sequence `length`
+    positions: each sequence is one page of max_seq positions (the same memory, read in place)."""
+    batch = cache_shape[0]
+    table = torch.arange(batch, dtype=torch.int32, device=device).view(batch, 1)
+    return PagedDecode(cache_shape, table, [length] * batch, heads, scale, dtype)
+
+
+def to_pages(cache: torch.Tensor, page_size: int, order: torch.Tensor) -> torch.Tensor:
+    """A contiguous cache (batch, kv_heads, length, head_dim), length a multiple of page_size, as a pool of pages in
+    the kit's layout: page order[b * pages + i] holds positions i * page_size .. of sequence b."""
+    batch, kv_heads, length, head_dim = cache.shape
+    pages = length // page_size
+    pool = torch.empty(batch * pages, kv_heads, page_size, head_dim, device=cache.device, dtype=cache.dtype)
+    pool[order] = cache.view(batch, kv_heads, pages, page_size, head_dim).transpose(1, 2).reshape(
+        -1, kv_heads, page_size, head_dim)
+    return pool
