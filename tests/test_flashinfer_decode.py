@@ -37,7 +37,8 @@ def test_the_kit_s_block_table_reads_the_same_rows_through_flashinfer_s_page_tab
 
 def test_without_flashinfer_one_line_says_it_was_not_timed(monkeypatch):
     monkeypatch.setitem(sys.modules, "flashinfer", None)  # an import of it fails as when it is not installed
-    assert "FlashInfer is not installed" in flashinfer_decode.missing() and "[flashinfer]" in flashinfer_decode.missing()
+    said = flashinfer_decode.missing()
+    assert "FlashInfer is not installed" in said and "[flashinfer]" in said, said
     installed(monkeypatch)
     if not torch.cuda.is_available():
         assert "runs on a GPU" in flashinfer_decode.missing()

@@ -117,7 +117,8 @@ def half_sanitizer_calls(hidden: cli.Hidden | None, with_pages: bool = False) ->
             k_new, v_new = (random_tensor((2, 2, 3, d), cli.seed(72 + j, hidden), dtype=dtype) for j in range(2))
             calls.append(sanitize.Call(f"{str(dtype)[6:]} update_cache_paged_half pages of 8 head_dim {d}",
                                        "update_cache_paged_half",
-                                       (k_new, v_new, k_pages, v_pages, table, torch.tensor([6, 20], dtype=torch.int32)),
+                                       (k_new, v_new, k_pages, v_pages, table,
+                                        torch.tensor([6, 20], dtype=torch.int32)),
                                        ("k_new", "v_new", "k_pages", "v_pages", "block_table", "pos")))
             q = random_tensor((2, 4, 1, d), cli.seed(74 + i, hidden), dtype=dtype)
             splits = 1 + 2 * i
@@ -195,9 +196,10 @@ def paged_half_part(report, worker, hidden_cases) -> bool:
     runs += [(case, lambda c=case, t=dtype: check_decode_paged(worker, c, t))
              for name, dtype in task4_measure.HALF_TYPES.items()
              for case in cli.cases(5, "paged decode", PAGED_DECODE_CASES, hidden_cases, causal=(False,),
-                                   shape_text=lambda s, n=name: f"{n} paged decode batch {s[0]} heads {s[1]} kv heads "
-                                                                f"{s[2]} pages of {s[3]} ({s[4]} a sequence) lengths "
-                                                                f"{s[5]} head_dim {s[6]} key_start {s[7]} splits {s[8]}")]
+                                   shape_text=lambda s, n=name: (
+                                       f"{n} paged decode batch {s[0]} heads {s[1]} kv heads {s[2]} pages of {s[3]} "
+                                       f"({s[4]} a sequence) lengths {s[5]} head_dim {s[6]} key_start {s[7]} splits "
+                                       f"{s[8]}"))]
     for case, check in runs:
         before = len(report.cases)
         report.run(case.name, check)

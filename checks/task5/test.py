@@ -1,4 +1,4 @@
-"""python -m task5.test [--cache | --decode | --split | --layer | --paged | --half | --paged-half] [--solution] [--json PATH]
+"""python -m task5.test [--cache | --decode | --split | --layer | --paged | --half | --paged-half] [--solution]
 
 Checks Task 5's kernels on the GPU against float64 PyTorch, then measures them:
 - the cache update (step 1): positions pos .. pos + n - 1 written exactly, nothing else;

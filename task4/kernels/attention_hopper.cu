@@ -72,8 +72,9 @@ constexpr int ROW_BYTES = HOPPER_BOX_COLS * 2;        // a row of a 64-column pa
 constexpr int Q_PANEL_BYTES = BLOCK_ROWS * ROW_BYTES;  // one 64-column panel of Q's tile: 16 KB
 
 // Shared memory: Q (PANELS panels; Q_BUFFERS of them), then STAGES K tiles and STAGES V tiles (PANELS panels of COLS
-// rows each), then the barriers. A swizzled tile starts on a 1024-byte boundary (the swizzle's pattern repeats every 8 rows of 128
-// bytes), and so does each box within it: boxes one after another make one swizzled tile of all their rows.
+// rows each), then the barriers. A swizzled tile starts on a 1024-byte boundary (the swizzle's pattern repeats every
+// 8 rows of 128 bytes), and so does each box within it: boxes one after another make one swizzled tile of all their
+// rows.
 template <int PANELS>
 struct Layout {
   static constexpr int COLS = PANELS == 1 ? BLOCK_COLS : BLOCK_COLS_LARGE_D;  // keys per K/V tile
@@ -239,7 +240,7 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
       char* q_tile = smem + L::Q + buffer * L::Q_TILE;
       uint64_t* q_full = &q_fulls[buffer];
       if (done >= L::Q_BUFFERS) mbarrier_wait(&q_empties[buffer], (done / L::Q_BUFFERS + 1) % 2);
-      // TODO (README, Task 4, step 17: Q once, then K and V tile by tile into the ring of STAGES, each stage reused once empty)
+      // TODO (README, Task 4, step 17: Q, then K and V tile by tile into the ring of STAGES, a stage reused once empty)
       ++done;
       ring += tiles;
     }

@@ -97,7 +97,7 @@ struct CacheRows {
   // Where cached row `row` starts, in values from k (and from v).
   __device__ __forceinline__ size_t offset(int row) const {
     if constexpr (!PAGED) return (size_t)row * head_dim;
-    // TODO (README, Task 5, step 7: the row's page from the block table, then the row within the page (step 5's lookup))
+    // TODO (README, Task 5, step 7: step 5's lookup, the row's page from the block table, then the row in the page)
     return (size_t)row * head_dim;
   }
 };
@@ -231,8 +231,8 @@ __global__ void __launch_bounds__(DECODE_WARPS * WARP, MIN_BLOCKS_PER_SM<VEC, G,
   BlockRows b = block_rows<Q>(heads, kv_heads, length, key_start, max_seq);
   const CacheRows<T, PAGED> rows = cache_rows<T, PAGED>(b, k_cache, v_cache, kv_heads, max_seq, head_dim, paging);
   if (b.invalid) return write_nan(out + b.first_query * head_dim, b.queries, head_dim);
-  const Merged<Q> r = attend_rows<T, VEC, G, Q, PAGED>(q + b.first_query * head_dim, b.queries, rows, head_dim, b.begin,
-                                                b.end, scale_log2);
+  const Merged<Q> r = attend_rows<T, VEC, G, Q, PAGED>(q + b.first_query * head_dim, b.queries, rows, head_dim,
+                                                       b.begin, b.end, scale_log2);
   // TODO (README, Task 5, step 6: write out = O / L in the 16-bit type)
   (void)r, (void)out;
 }
@@ -258,8 +258,8 @@ __global__ void __launch_bounds__(DECODE_WARPS * WARP, MIN_BLOCKS_PER_SM<VEC, G,
   }
   const int rows_per_split = (b.end - b.begin + splits - 1) / splits;
   const int begin = min(b.end, b.begin + split * rows_per_split), end = min(b.end, begin + rows_per_split);
-  const Merged<Q> r = attend_rows<T, VEC, G, Q, PAGED>(q + b.first_query * head_dim, b.queries, rows, head_dim, begin, end,
-                                                scale_log2);
+  const Merged<Q> r = attend_rows<T, VEC, G, Q, PAGED>(q + b.first_query * head_dim, b.queries, rows, head_dim,
+                                                       begin, end, scale_log2);
 #pragma unroll
   for (int i = 0; i < Q; ++i) {
     if (i >= b.queries) break;

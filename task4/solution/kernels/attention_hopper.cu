@@ -72,8 +72,9 @@ constexpr int ROW_BYTES = HOPPER_BOX_COLS * 2;        // a row of a 64-column pa
 constexpr int Q_PANEL_BYTES = BLOCK_ROWS * ROW_BYTES;  // one 64-column panel of Q's tile: 16 KB
 
 // Shared memory: Q (PANELS panels; Q_BUFFERS of them), then STAGES K tiles and STAGES V tiles (PANELS panels of COLS
-// rows each), then the barriers. A swizzled tile starts on a 1024-byte boundary (the swizzle's pattern repeats every 8 rows of 128
-// bytes), and so does each box within it: boxes one after another make one swizzled tile of all their rows.
+// rows each), then the barriers. A swizzled tile starts on a 1024-byte boundary (the swizzle's pattern repeats every
+// 8 rows of 128 bytes), and so does each box within it: boxes one after another make one swizzled tile of all their
+// rows.
 template <int PANELS>
 struct Layout {
   static constexpr int COLS = PANELS == 1 ? BLOCK_COLS : BLOCK_COLS_LARGE_D;  // keys per K/V tile
@@ -345,7 +346,7 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
       char* q_tile = smem + L::Q + buffer * L::Q_TILE;
       uint64_t* q_full = &q_fulls[buffer];
       if (done >= L::Q_BUFFERS) mbarrier_wait(&q_empties[buffer], (done / L::Q_BUFFERS + 1) % 2);
-      // BEGIN SOLUTION "step 17: Q once, then K and V tile by tile into the ring of STAGES, each stage reused once empty"
+      // BEGIN SOLUTION "step 17: Q, then K and V tile by tile into the ring of STAGES, a stage reused once empty"
       mbarrier_expect_bytes(q_full, L::Q_TILE);
       for (int panel = 0; panel < PANELS; ++panel)
         tma_load_box(q_tile + panel * Q_PANEL_BYTES, &hp.q_map, panel * HOPPER_BOX_COLS, skip + q_start, bh, q_full);
@@ -473,7 +474,7 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
       softmax(0);
       pack_p<T, COLS>(pa, s);  // O is zero: nothing to rescale
       for (int j = 1; j < tiles; ++j) {
-        const int n = ring + j, stage = n % STAGES, before = (n - 1) % STAGES;  // the ring's n-th tile and the one before
+        const int n = ring + j, stage = n % STAGES, before = (n - 1) % STAGES;  // the ring's n-th tile, n - 1th
         mbarrier_wait(&k_full[stage], (n / STAGES) % 2);
         mbarrier_wait(&v_full[before], ((n - 1) / STAGES) % 2);
         turn_begin(consumer);
@@ -516,7 +517,8 @@ __global__ void __launch_bounds__(THREADS, 1) flash_attention_hopper_kernel(cons
       for (int n = 0; n < D / 8; ++n) {
         const int col = 8 * n + 2 * (lane % 4);  // head_dim is a multiple of 8: both columns or neither
         if (col < p.head_dim)
-          *reinterpret_cast<uint32_t*>(out_row + col) = Half<T>::pack(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+          *reinterpret_cast<uint32_t*>(out_row + col) =
+              Half<T>::pack(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
       }
     }
     // END SOLUTION
