@@ -4,9 +4,11 @@ required: `pip install -e ".[flashinfer]"` (the package `flashinfer-python`, whi
 GPU on first use); without it, the benchmarks say so in one line and time the rest.
 
 FlashInfer's batch decode reads a paged cache in its "HND" layout, (num_pages, kv_heads, page_size, head_dim): the
-kit's pools exactly (task 5, steps 5 and 7), and a contiguous cache (batch, kv_heads, max_seq, head_dim) too, read as
-one page of max_seq positions a sequence. Its page table is a CSR list (indptr, indices, the last page's length),
-made here from the kit's block table and lengths. Trusted code, run in the checking process, as SDPA is.
+kit's pools exactly (task 5, steps 5 and 7). A contiguous cache (batch, kv_heads, max_seq, head_dim) is timed over
+the same rows copied into pages (`to_pages`): FlashInfer splits a long sequence's keys across blocks by whole pages
+only, so one page of max_seq positions a sequence would leave it without split-KV. Its page table is a CSR list
+(indptr, indices, the last page's length), made here from the kit's block table and lengths. Trusted code, run in
+the checking process, as SDPA is.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ class PagedDecode:
         self.indices = torch.cat([block_table[b, :n] for b, n in enumerate(pages)]).to(torch.int32).contiguous()
         self.last = torch.tensor([n - (p - 1) * page_size for n, p in zip(lengths, pages)], dtype=torch.int32,
                                  device=device)
-        self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)  # zeros before its first use
         self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "HND")
         self.wrapper.plan(self.indptr, self.indices, self.last, heads, kv_heads, head_dim, page_size,
                           q_data_type=dtype, kv_data_type=dtype, sm_scale=scale)
@@ -63,14 +65,6 @@ class PagedDecode:
     def __call__(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, out: torch.Tensor) -> None:
         batch, heads, _, head_dim = q.shape
         self.wrapper.run(q.view(batch, heads, head_dim), (k_pages, v_pages), out=out.view(batch, heads, head_dim))
-
-
-def contiguous(cache_shape, length: int, heads: int, scale: float, dtype: torch.dtype, device="cuda") -> PagedDecode:
-    """FlashInfer's decode over contiguous caches (batch, kv_heads, max_seq, head_dim), every sequence `length`
-    positions: each sequence is one page of max_seq positions (the same memory, read in place)."""
-    batch = cache_shape[0]
-    table = torch.arange(batch, dtype=torch.int32, device=device).view(batch, 1)
-    return PagedDecode(cache_shape, table, [length] * batch, heads, scale, dtype)
 
 
 def to_pages(cache: torch.Tensor, page_size: int, order: torch.Tensor) -> torch.Tensor:

@@ -158,7 +158,7 @@ void update(const torch::Tensor& k_new, const torch::Tensor& v_new, torch::Tenso
 // or the pages), splits and scale: every check of a decode but the cache's own and the lengths'.
 void check_query(const torch::Tensor& q, const torch::Tensor& out, int64_t batch, const torch::Tensor& k,
                  const torch::Tensor& v, const char* k_name, const char* v_name, double scale, int64_t splits) {
-  check_typed(q, "q", k.scalar_type());
+  check_typed(q, "q", k.scalar_type(), k_name);
   check_dim(q, "q", 4);
   TORCH_CHECK(q.size(0) == batch && q.size(3) == k.size(3), "q must be (batch, heads, 1, head_dim) with the cache's ",
               "batch (", num(batch), ") and head_dim (", num(k.size(3)), "), got ", shape(q));
@@ -169,7 +169,7 @@ void check_query(const torch::Tensor& q, const torch::Tensor& out, int64_t batch
   check_same_device(q, "q", k, k_name);
   TORCH_CHECK(q.size(2) == 1, "q must hold one query per (batch, head) (q.size(2) == 1), got shape ",
               shape(q));
-  check_typed(out, "out", k.scalar_type());
+  check_typed(out, "out", k.scalar_type(), k_name);
   TORCH_CHECK(out.sizes() == q.sizes(), "out must have q's shape ", shape(q), ", got ", shape(out));
   check_same_device(out, "out", q, "q");
   const int64_t max_splits = decode_max_splits();

@@ -29,10 +29,6 @@ def test_the_kit_s_block_table_reads_the_same_rows_through_flashinfer_s_page_tab
     for b, n in enumerate(lengths):  # against the contiguous cache the pools were made from
         k, v = (expand_kv_heads(c[b:b + 1, :, :n], heads) for c in cache)
         assert torch.allclose(out[b:b + 1].double(), attention_float64(q[b:b + 1], k, v, False, scale)[0], atol=1e-6)
-    contiguous = flashinfer_decode.contiguous(cache[0].shape, 17, heads, scale, torch.float32, device="cpu")
-    contiguous(q, *cache, out)
-    k, v = (expand_kv_heads(c[:, :, :17], heads) for c in cache)
-    assert torch.allclose(out.double(), attention_float64(q, k, v, False, scale)[0], atol=1e-6)
 
 
 def test_without_flashinfer_one_line_says_it_was_not_timed(monkeypatch):

@@ -154,8 +154,7 @@ HALF_PASS_NAME = f"{sanitize.PASS_NAME}, the bf16/fp16 cache (optional)"
 HALF_KERNEL_STEPS = {name: "Task 5, step 6 (optional)" for name in
                      ("update_cache_kernel", "attend_rows", "decode_kernel", "decode_split_kernel",
                       "combine_splits_kernel", "block_rows", "write_nan", "first_position")}
-HALF_KERNEL_STEPS |= {name: "Task 5, step 7 (optional)" for name in ("update_paged_kernel", "cache_rows", "offset",
-                                                                       "sequence_pages")}
+HALF_KERNEL_STEPS |= {"update_paged_kernel": "Task 5, step 7 (optional)", "offset": "Task 5, steps 6-7 (optional)"}
 
 
 def half_part(report, worker, hidden_cases, constants=None) -> bool:

@@ -52,7 +52,7 @@ PARTS = {  # name: (README steps, optional)
     "layer": ((1, 2), False),
     "paged": ((5,), True),
     "half": ((6,), True),
-    "paged_half": ((7,), True),
+    "paged_half": ((6, 7), True),  # step 7's decode is compared with step 6's, whose part runs first
 }
 SIXTEEN_BIT = {"half", "paged_half"}  # the parts that run in the 16-bit process (checks/task5/half.py)
 

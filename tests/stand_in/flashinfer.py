@@ -38,12 +38,6 @@ class FakeBatchDecode:
             out[b] = attention_float64(q[b][:, None], k, v, False, scale)[0][:, 0].to(out.dtype)
 
 
-def fake_flashinfer(monkeypatch):
-    module = types.ModuleType("flashinfer")
-    module.BatchDecodeWithPagedKVCacheWrapper = FakeBatchDecode
-    monkeypatch.setitem(sys.modules, "flashinfer", module)
-
-
 def installed(monkeypatch):
     """`import flashinfer` finds the stand-in until the test ends."""
     module = types.ModuleType("flashinfer")
