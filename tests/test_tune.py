@@ -5,6 +5,7 @@ import pytest
 from harness import kernel_configs, tune
 from common.resources import KernelResources
 from tests.conftest import REPO, needs_nvcc
+from tests.stand_in import stand_in  # noqa: F401  (the fixture)
 
 KERNEL = REPO / "task4/kernels/attention.cu"  # the student's file: the skeleton in a fresh handout
 
@@ -154,3 +155,49 @@ def test_the_hopper_kernel_timed_is_one_the_build_reports_at_every_setting(tmp_p
         names = [k.name for k in built.kernels]
         assert built.error is None and HOPPER_PLAN.kernel_name({}) in names, (built.error, names)
         assert not next(k for k in built.kernels if k.name == HOPPER_PLAN.kernel_name({})).spills
+
+
+def test_the_16_bit_decodes_knobs_are_constants_of_its_file_and_skeleton():
+    from checks.task5.tune import HALF_PLAN
+
+    for path in (REPO / "task5/kernels/decode_half.cu", REPO / "task5/solution/kernels/decode_half.cu"):
+        text = path.read_text()
+        for config in HALF_PLAN.configs:
+            kernel_configs.configure(text, config)  # an unknown name would raise
+        assert HALF_PLAN.configs[0].items() <= kernel_configs.tunables(text).items(), "the first row is the file as it is"
+
+
+@needs_nvcc
+def test_the_16_bit_decode_timed_is_one_the_build_reports(tmp_path):
+    """The grouped bf16 case's instance (4 query heads a block, 16-byte rows of head_dim 128, contiguous), named from
+    the constants: the figures task5.tune --half shows are its own."""
+    from checks.task5.tune import HALF_PLAN
+
+    source = REPO / "task5/solution/kernels/decode_half.cu"
+    for config, built in zip([{}], kernel_configs.build_configs(source, [{}], tmp_path, "90", jobs=1)):
+        name = HALF_PLAN.kernel_name(kernel_configs.tunables(source.read_text()) | config)
+        assert built.error is None and name in [k.name for k in built.kernels], (name, [k.name for k in built.kernels])
+        assert not next(k for k in built.kernels if k.name == name).spills
+
+
+def test_the_16_bit_decode_tune_measures_a_checked_timing_with_the_stand_ins(stand_in, monkeypatch):
+    """task5.tune --half's measure, as the driver calls it on a configuration's worker (here the stand-ins): each
+    check in both types, then the grouped bf16 case timed; a configuration whose decode is wrong is refused."""
+    import torch
+
+    from checks.task5 import tune as task5_tune
+    from harness import sandbox
+    from tests.stand_in import Behaviour, CudaOnTheCpu
+
+    monkeypatch.setattr(task5_tune, "HALF_BENCHMARK", (2, 8, 2, 256, 16, torch.bfloat16))  # a CPU's size
+    monkeypatch.setattr(task5_tune, "copy_gbs", lambda: 3000.0)  # the stand-in GPU's
+    with CudaOnTheCpu():
+        worker = sandbox.Worker(5, REPO, solution=True)
+        worker.start()
+        measured = task5_tune.measure_half(worker)
+        assert measured.error is None and measured.ms > 0 and 0 < measured.share, measured
+        stand_in.student[5] = Behaviour(half="wrong")
+        worker = sandbox.Worker(5, REPO)
+        worker.start()
+        refused = task5_tune.measure_half(worker)
+    assert refused.error.startswith("wrong at bf16") and refused.ms is None, refused
