@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import math
 
 import torch
 
@@ -76,3 +77,45 @@ def to_pages(cache: torch.Tensor, page_size: int, order: torch.Tensor) -> torch.
     pool[order] = cache.view(batch, kv_heads, pages, page_size, head_dim).transpose(1, 2).reshape(
         -1, kv_heads, page_size, head_dim)
     return pool
+
+
+def beside(timed, copy_gbs, time_here) -> tuple[str, dict]:
+    """FlashInfer's decode on checks/task5/measure.py's TimedDecode's rows and queries (`time_here`: its clock for a
+    trusted decode): the caches
+    copied into pages of 16 in a random order (its own layout: FlashInfer splits a sequence by whole pages), timed,
+    then run once more and checked as the student's outputs are (every element written, picked heads against
+    float64 within the 16-bit allowance): outputs that are wrong, or any failure of FlashInfer's (its first-use
+    build, its plan, memory), say so instead of a time and cost the student's line nothing. The words for the
+    benchmark's line and their metrics."""
+    batch, heads, length, head_dim = timed.shape
+    scale = 1.0 / math.sqrt(head_dim)
+    page_size = 16
+    label = f"FlashInfer over pages of {page_size}"
+    if length % page_size:
+        return f"{label}: not timed ({length} positions are not whole pages)", {}
+    try:
+        order = torch.randperm(batch * (length // page_size), device="cuda")
+        pools = {id(k): tuple(to_pages(c, page_size, order) for c in (k, v)) for k, v in timed.caches}
+        paged = PagedDecode(pools[id(timed.caches[0][0])][0].shape,
+                                              order.view(batch, -1).to(torch.int32), [length] * batch, heads, scale,
+                                              timed.dtype)
+
+        def decode(q, k, v, out):
+            paged(q, *pools[id(k)], out)
+        timing = time_here(decode, timed)
+        if isinstance(timing, str):
+            return f"{label}: {timing}", {}
+        timed.refresh()  # the outputs of one more request, checked
+        with torch.no_grad():
+            for q, out, c in timed.sets:
+                decode(q, *timed.caches[c], out)
+        torch.cuda.synchronize()
+        timed.check(scale)
+    except AssertionError as err:
+        return f"{label}: its outputs were wrong here, so no time is given ({str(err)[:200]})", {}
+    except Exception as err:  # noqa: BLE001 - the library's failure is said, the student's line stands
+        first = (str(err).splitlines() or [type(err).__name__])[0]
+        return f"{label}: failed here ({type(err).__name__}: {first[:200]})", {}
+    gbs = timed.bytes_read / (timing.median_ms * 1e-3) / 1e9
+    return (f"{label} {timing.median_ms:.3f} ms ({gbs / copy_gbs:.0%} of copy)",
+            {f"flashinfer_paged_{page_size}_ms": timing.median_ms})

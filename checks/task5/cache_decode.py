@@ -383,3 +383,13 @@ def check_layer(worker, hidden, heads, max_seq, prompt_len, steps, seed, prefill
         by = "" if prefill["by"] == "task4" else " (the prefill in plain PyTorch: your Task 4 kernel's was wrong)"
         result.message = f"prefill of {prompt_len} and {steps} steps match{full}{by}; {result.message}"
     return result
+
+
+def page_pool(batch, kv_heads, page_size, max_pages, head_dim, seed, spare=3):
+    """A pool of pages holding NaN, and a block table handing each sequence max_pages of them in a random order
+    (`spare` pages belong to no sequence): (k_pages, v_pages, table)."""
+    num_pages = batch * max_pages + spare
+    order = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed))
+    table = order[:batch * max_pages].view(batch, max_pages).to(torch.int32).contiguous()
+    shape = (num_pages, kv_heads, page_size, head_dim)
+    return torch.full(shape, math.nan), torch.full(shape, math.nan), table

@@ -14,9 +14,9 @@ from harness.checks import (GUARD_BITS_16, compare, expect_errors, guard_damage,
 from harness.attention_math import attention_float64, expand_kv_heads
 from harness.diagnose import decode_schedules, diagnose, kernel_constants
 from checks.task4 import measure as task4_measure
-from checks.task5.cases import HALF_DECODE_CASES, HALF_UPDATE_CASES, PAGED_DECODE_CASES, PAGED_UPDATE_CASES
+from checks.task5.cases import HALF_DECODE_CASES, HALF_UPDATE_CASES
 from checks.task5.cache_decode import (HALF_CALL_LIMIT, check_update, decode_inputs, describe_grouped, grouped,
-                                       launcher_splits, on_gpu, out_of_range)
+                                       launcher_splits, on_gpu, out_of_range, page_pool)
 
 
 def check_half_decode(worker, shape, seed, splits, dtype, constants=None):
@@ -107,8 +107,6 @@ def half_sanitizer_calls(hidden: cli.Hidden | None, with_pages: bool = False) ->
     7's paged update and decode (a page outside the pool: not written, NaN)."""
     calls = []
     if with_pages:  # as the float32 pass's (checks/task5/test.py): sequence 1 reaches page 2, outside the pool
-        from checks.task5.paged import page_pool
-
         for i, dtype in enumerate((torch.bfloat16, torch.float16)):
             k_pages, v_pages, table = page_pool(2, 2, 8, 3, 64 - 24 * i, cli.seed(70 + i, hidden))
             k_pages, v_pages = (p.nan_to_num().to(dtype) for p in (k_pages, v_pages))
@@ -179,35 +177,7 @@ def half_part(report, worker, hidden_cases, constants=None) -> bool:
     return report.end_part("half")
 
 
-def paged_half_part(report, worker, hidden_cases) -> bool:
-    """Step 7 (optional): the paged cache in both 16-bit types, step 5's cases: the update exact, the decode bit for
-    bit step 6's contiguous decode on the same rows; whether every case passed. As half_part, the first case whose
-    process crashed or hung ends the part."""
-    from checks.task5.paged import check_decode_paged, check_update_paged
-
-    report.begin_part("paged half", (7,), optional=True)
-    runs = [(case, lambda c=case, t=dtype: check_update_paged(worker, c, t))
-            for name, dtype in task4_measure.HALF_TYPES.items()
-            for case in cli.cases(5, "paged update", PAGED_UPDATE_CASES, hidden_cases, causal=(False,),
-                                  shape_text=lambda s, n=name: f"{n} paged update batch {s[0]} kv heads {s[1]} pages "
-                                                               f"of {s[2]} ({s[3]} a sequence) pos {s[4]} n_new {s[5]} "
-                                                               f"head_dim {s[6]}")]
-    runs += [(case, lambda c=case, t=dtype: check_decode_paged(worker, c, t))
-             for name, dtype in task4_measure.HALF_TYPES.items()
-             for case in cli.cases(5, "paged decode", PAGED_DECODE_CASES, hidden_cases, causal=(False,),
-                                   shape_text=lambda s, n=name: (
-                                       f"{n} paged decode batch {s[0]} heads {s[1]} kv heads {s[2]} pages of {s[3]} "
-                                       f"({s[4]} a sequence) lengths {s[5]} head_dim {s[6]} key_start {s[7]} splits "
-                                       f"{s[8]}"))]
-    for case, check in runs:
-        before = len(report.cases)
-        report.run(case.name, check)
-        if report.process_died_since(before, "the bf16/fp16 paged part"):
-            break
-    return report.end_part("paged half")
-
-
-def optional_half(report, worker, args, passes: list, paged: bool = False) -> tuple[bool, bool]:
+def optional_half(report, worker, args, passes: list, paged=None) -> tuple[bool, bool]:
     """Step 6 (optional): the 16-bit cache's checks, then (`paged`) step 7's, then bad input while their own
     sanitizer pass runs (added to `passes`); every case optional, so nothing here moves a point. Whether each
     part's checks passed (step 6's, step 7's: then their benchmarks come last). Step 7's part runs once step 6's
@@ -218,7 +188,7 @@ def optional_half(report, worker, args, passes: list, paged: bool = False) -> tu
             report.note("the bf16/fp16 paged cache (step 7) is checked once step 6's part passes: its decode is "
                         "compared with step 6's, bit for bit")
         return False, False
-    paged_passed = paged and paged_half_part(report, worker, args.hidden)
+    paged_passed = paged is not None and paged()  # checks/task5/paged.py's paged_half_part
     passes.append(sanitize.start(report, 5, args, half_sanitizer_calls(args.hidden, paged_passed),
                                  HALF_KERNEL_STEPS.get, HALF_PASS_NAME, kind="optional", part="half"))
     report.run("bad input to the bf16/fp16 cache raises clear errors (the given binding)",

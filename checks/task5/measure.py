@@ -405,47 +405,6 @@ def run_half_benchmarks(report, worker, paged_passed: bool = False):
         torch.cuda.empty_cache()
 
 
-def flashinfer_beside(timed: TimedDecode, copy_gbs) -> tuple[str, dict]:
-    """FlashInfer's decode (harness/flashinfer_decode.py) on the same rows and queries, on the same clock: the caches
-    copied into pages of 16 in a random order (its own layout: FlashInfer splits a sequence by whole pages), timed,
-    then run once more and checked as the student's outputs are (every element written, picked heads against
-    float64 within the 16-bit allowance): outputs that are wrong, or any failure of FlashInfer's (its first-use
-    build, its plan, memory), say so instead of a time and cost the student's line nothing. The words for the
-    benchmark's line and their metrics."""
-    batch, heads, length, head_dim = timed.shape
-    scale = 1.0 / math.sqrt(head_dim)
-    page_size = 16
-    label = f"FlashInfer over pages of {page_size}"
-    if length % page_size:
-        return f"{label}: not timed ({length} positions are not whole pages)", {}
-    try:
-        order = torch.randperm(batch * (length // page_size), device="cuda")
-        pools = {id(k): tuple(flashinfer_decode.to_pages(c, page_size, order) for c in (k, v)) for k, v in timed.caches}
-        paged = flashinfer_decode.PagedDecode(pools[id(timed.caches[0][0])][0].shape,
-                                              order.view(batch, -1).to(torch.int32), [length] * batch, heads, scale,
-                                              timed.dtype)
-
-        def decode(q, k, v, out):
-            paged(q, *pools[id(k)], out)
-        timing = time_decode_here(decode, timed)
-        if isinstance(timing, str):
-            return f"{label}: {timing}", {}
-        timed.refresh()  # the outputs of one more request, checked
-        with torch.no_grad():
-            for q, out, c in timed.sets:
-                decode(q, *timed.caches[c], out)
-        torch.cuda.synchronize()
-        timed.check(scale)
-    except AssertionError as err:
-        return f"{label}: its outputs were wrong here, so no time is given ({str(err)[:200]})", {}
-    except Exception as err:  # noqa: BLE001 - the library's failure is said, the student's line stands
-        first = (str(err).splitlines() or [type(err).__name__])[0]
-        return f"{label}: failed here ({type(err).__name__}: {first[:200]})", {}
-    gbs = timed.bytes_read / (timing.median_ms * 1e-3) / 1e9
-    return (f"{label} {timing.median_ms:.3f} ms ({gbs / copy_gbs:.0%} of copy)",
-            {f"flashinfer_paged_{page_size}_ms": timing.median_ms})
-
-
 def half_result(timing, timed: TimedDecode, reference, copy_gbs, flashinfer: bool = False):
     if isinstance(timing, str):
         return False, timing, {}
@@ -462,7 +421,7 @@ def half_result(timing, timed: TimedDecode, reference, copy_gbs, flashinfer: boo
             message += (f", reference kernel {t_ref.median_ms:.3f} ms "
                         f"({timed.bytes_read / (t_ref.median_ms * 1e-3) / 1e9 / copy_gbs:.0%} of copy)")
     if flashinfer:
-        words, beside = flashinfer_beside(timed, copy_gbs)
+        words, beside = flashinfer_decode.beside(timed, copy_gbs, time_decode_here)
         message += f", {words}"
         metrics |= beside
     message += "; not scored"

@@ -8,19 +8,13 @@ import math
 
 import torch
 
+from harness import cli
 from harness.checks import CheckResult, guard_damage, guarded_output, random_tensor
-from checks.task5.cache_decode import HALF_CALL_LIMIT, check_decode_per_sequence, decode_inputs, on_gpu
+from checks.task4 import measure as task4_measure
+from checks.task5.cases import PAGED_DECODE_CASES, PAGED_UPDATE_CASES
+from checks.task5.cache_decode import (HALF_CALL_LIMIT, check_decode_per_sequence, decode_inputs, on_gpu,
+                                       page_pool)
 from checks.task5.half import check_half_decode
-
-
-def page_pool(batch, kv_heads, page_size, max_pages, head_dim, seed, spare=3):
-    """A pool of pages holding NaN, and a block table handing each sequence max_pages of them in a random order
-    (`spare` pages belong to no sequence): (k_pages, v_pages, table)."""
-    num_pages = batch * max_pages + spare
-    order = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed))
-    table = order[:batch * max_pages].view(batch, max_pages).to(torch.int32).contiguous()
-    shape = (num_pages, kv_heads, page_size, head_dim)
-    return torch.full(shape, math.nan), torch.full(shape, math.nan), table
 
 
 def to_pages(cache, pages, table):
@@ -124,3 +118,29 @@ def check_decode_paged(worker, case, dtype=torch.float32):
                        f"offset(row) must find row p in page block_table[b, p / page_size] (README, Task 5, step "
                        f"{step})"), {}
     return True, f"bit for bit the contiguous decode's output over pages of {page_size}", {}
+
+
+def paged_half_part(report, worker, hidden_cases) -> bool:
+    """Step 7 (optional): the paged cache in both 16-bit types, step 5's cases: the update exact, the decode bit for
+    bit step 6's contiguous decode on the same rows; whether every case passed. As half_part, the first case whose
+    process crashed or hung ends the part."""
+    report.begin_part("paged half", (7,), optional=True)
+    runs = [(case, lambda c=case, t=dtype: check_update_paged(worker, c, t))
+            for name, dtype in task4_measure.HALF_TYPES.items()
+            for case in cli.cases(5, "paged update", PAGED_UPDATE_CASES, hidden_cases, causal=(False,),
+                                  shape_text=lambda s, n=name: f"{n} paged update batch {s[0]} kv heads {s[1]} pages "
+                                                               f"of {s[2]} ({s[3]} a sequence) pos {s[4]} n_new {s[5]} "
+                                                               f"head_dim {s[6]}")]
+    runs += [(case, lambda c=case, t=dtype: check_decode_paged(worker, c, t))
+             for name, dtype in task4_measure.HALF_TYPES.items()
+             for case in cli.cases(5, "paged decode", PAGED_DECODE_CASES, hidden_cases, causal=(False,),
+                                   shape_text=lambda s, n=name: (
+                                       f"{n} paged decode batch {s[0]} heads {s[1]} kv heads {s[2]} pages of {s[3]} "
+                                       f"({s[4]} a sequence) lengths {s[5]} head_dim {s[6]} key_start {s[7]} splits "
+                                       f"{s[8]}"))]
+    for case, check in runs:
+        before = len(report.cases)
+        report.run(case.name, check)
+        if report.process_died_since(before, "the bf16/fp16 paged part"):
+            break
+    return report.end_part("paged half")

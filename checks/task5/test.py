@@ -42,7 +42,7 @@ from checks.task5.cases import (CACHE_CASES, DECODE_CASES, GROUPED_DECODE_CASES,
 from checks.task5.cache_decode import (check_decode, check_layer, check_update, decode_inputs, describe_decode,
                                        describe_grouped)
 from checks.task5.half import HALF_KERNEL_STEPS, HALF_PASS_NAME, half_sanitizer_calls, optional_half
-from checks.task5.paged import check_decode_paged, check_update_paged, page_pool
+from checks.task5.paged import check_decode_paged, check_update_paged, page_pool, paged_half_part
 
 
 PARTS = {  # name: (README steps, optional)
@@ -326,7 +326,9 @@ def main(argv=None) -> int:
             # their own part, never the float32 checks or the sanitizer pass before it, or the benchmarks after it.
             # --paged-half alone runs step 6's part too: step 7's is compared with it.
             worker.stop_until_next_call()
-            half_timed, paged_half_timed = optional_half(report, worker, args, passes, "paged_half" in chosen)
+            half_timed, paged_half_timed = optional_half(
+                report, worker, args, passes,
+                (lambda: paged_half_part(report, worker, args.hidden)) if "paged_half" in chosen else None)
             half_timed, paged_half_timed = (half_timed and not args.grading, paged_half_timed and not args.grading)
         if any(passes):
             report.heading("compute-sanitizer")
