@@ -124,9 +124,10 @@ __device__ __forceinline__ CacheRows<T, PAGED> cache_rows(BlockRows& b, const T*
 template <typename T, int VEC, int G, int Q, bool PAGED>
 __device__ Merged<Q> attend_rows(const T* __restrict__ q, int queries, const CacheRows<T, PAGED>& rows, int head_dim,
                                  int begin, int end, float scale_log2) {
-  // Given: a paged block of 4 query heads holds half the rows in flight: their page lookups' registers would push
-  // it past a thread's 128 (16 warps a block) and ptxas would spill
-  constexpr int UNROLL = PAGED && Q > 2 ? ::UNROLL / 2 : ::UNROLL;
+  // Given: a block of 4 query heads holds half the rows in flight. Paged, the lookups' registers would push it past
+  // a thread's 128 (16 warps a block) and ptxas would spill; contiguous too, so that both sum the rows in the same
+  // order (step 7's decode is step 6's, bit for bit)
+  constexpr int UNROLL = Q > 2 ? ::UNROLL / 2 : ::UNROLL;
   using Split = RowSplit<VEC, G>;
   constexpr int E = Split::E;
   constexpr int GROUPS = DECODE_WARPS * Split::ROWS;
