@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -276,6 +277,8 @@ def parse(argv=None):
     p.add_argument("--reps", type=int, default=5, help="timed requests per measurement (default 5)")
     p.add_argument("--csv", type=Path, default=Path("compare.csv"),
                    help="where to write the table (the plot goes beside it: the same name, .png)")
+    p.add_argument("--decode", action="store_true", help="instead: task 5's 16-bit decode beside SDPA's and "
+                   "FlashInfer's (its own options: python -m harness.compare --decode --help)")
     p.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)  # the workers' folders (default build/)
     args = p.parse_args(argv)
     for name in ("heads", "tokens", "reps"):
@@ -287,6 +290,11 @@ def parse(argv=None):
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--decode" in argv:  # task 5's decode beside SDPA's and FlashInfer's, with options of its own
+        from harness import compare_decode
+
+        return compare_decode.main(argv)
     args = parse(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     shapes = sweep_shapes(args, device)

@@ -248,12 +248,13 @@ PAGED_HALF_BENCHMARK = (16, 32, 8, 4096, 128)  # step 7's, in bf16: the grouped 
 PAGE_SIZES = (16, 64)
 
 
-def time_paged(worker, splits: int, dtype=torch.float32):
+def time_paged(worker, splits: int, dtype=torch.float32, shape=None):
     """Step 5 (step 7 for a 16-bit dtype): your paged decode against your contiguous decode on the same rows, both
     with the lengths in GPU memory, in the same run (host clock around requests of many calls, as the decode
     benchmarks): {page size or 0 for contiguous: Timing}, or a message. Every paged output must be the contiguous
-    one, bit for bit."""
-    batch, heads, kv_heads, length, d = PAGED_BENCHMARK if dtype == torch.float32 else PAGED_HALF_BENCHMARK
+    one, bit for bit. shape: (batch, heads, kv_heads, length, head_dim), length a multiple of every page size
+    (default: the part's benchmark, PAGED_BENCHMARK or PAGED_HALF_BENCHMARK)."""
+    batch, heads, kv_heads, length, d = shape or (PAGED_BENCHMARK if dtype == torch.float32 else PAGED_HALF_BENCHMARK)
     contiguous_call = "decode_batch" if dtype == torch.float32 else "decode_half_batch"
     scale = 1.0 / math.sqrt(d)
     k, v = (torch.randn(batch, kv_heads, length, d, device="cuda", dtype=dtype) for _ in range(2))
