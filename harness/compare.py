@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -262,7 +261,8 @@ def ints(text: str) -> tuple[int, ...]:
 
 
 def parse(argv=None):
-    p = argparse.ArgumentParser(prog="python -m harness.compare", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m harness.compare", description=__doc__.split("\n\n")[0],
+                                epilog="Task 5's decode has a comparison of its own: python -m task5.compare.")
     add_solution_flag(p, 1, "compare the reference solution's implementations",
                       "python -m harness.compare compares your own")
     p.add_argument("--student-dir", type=Path, default=REPO, metavar="DIR", help="whose files (default: this checkout)")
@@ -277,8 +277,6 @@ def parse(argv=None):
     p.add_argument("--reps", type=int, default=5, help="timed requests per measurement (default 5)")
     p.add_argument("--csv", type=Path, default=Path("compare.csv"),
                    help="where to write the table (the plot goes beside it: the same name, .png)")
-    p.add_argument("--decode", action="store_true", help="instead: task 5's 16-bit decode beside SDPA's and "
-                   "FlashInfer's (its own options: python -m harness.compare --decode --help)")
     p.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)  # the workers' folders (default build/)
     args = p.parse_args(argv)
     for name in ("heads", "tokens", "reps"):
@@ -290,11 +288,6 @@ def parse(argv=None):
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if "--decode" in argv:  # task 5's decode beside SDPA's and FlashInfer's, with options of its own
-        from harness import compare_decode
-
-        return compare_decode.main(argv)
     args = parse(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     shapes = sweep_shapes(args, device)

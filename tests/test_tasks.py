@@ -27,7 +27,7 @@ def test_the_worker_never_gets_the_checks_or_the_references():
 
 # What a task folder holds besides the worker's view and solution/: the commands students type. test.py and tune.py
 # are thin entry points into the trusted side (checks/taskN/), which the worker never sees.
-COMMANDS = {"test.py", "tune.py", "compile.py", "profile.py", "inference.py", "inference_ref.py"}
+COMMANDS = {"test.py", "tune.py", "compile.py", "profile.py", "inference.py", "inference_ref.py", "compare.py"}
 
 
 def test_a_task_folder_holds_the_workers_view_its_solution_and_its_commands():
@@ -39,7 +39,7 @@ def test_a_task_folder_holds_the_workers_view_its_solution_and_its_commands():
                 continue
             assert path.name in COMMANDS, f"{rel} is neither the worker's view, solution/ nor a command: trusted " \
                                           f"code belongs in checks/task{n}/"
-        for name in ("test.py", "tune.py"):
+        for name in ("test.py", "tune.py", "compare.py"):
             thin = REPO / f"task{n}" / name
             if thin.exists():
                 text = thin.read_text()

@@ -252,13 +252,14 @@ def time_paged(worker, splits: int, dtype=torch.float32, shape=None):
     """Step 5 (step 7 for a 16-bit dtype): your paged decode against your contiguous decode on the same rows, both
     with the lengths in GPU memory, in the same run (host clock around requests of many calls, as the decode
     benchmarks): {page size or 0 for contiguous: Timing}, or a message. Every paged output must be the contiguous
-    one, bit for bit. shape: (batch, heads, kv_heads, length, head_dim), length a multiple of every page size
-    (default: the part's benchmark, PAGED_BENCHMARK or PAGED_HALF_BENCHMARK)."""
+    one, bit for bit, and the contiguous one is trusted here: its checks passed first. shape: (batch, heads,
+    kv_heads, length, head_dim), length a multiple of every page size (default: the part's benchmark,
+    PAGED_BENCHMARK or PAGED_HALF_BENCHMARK)."""
     batch, heads, kv_heads, length, d = shape or (PAGED_BENCHMARK if dtype == torch.float32 else PAGED_HALF_BENCHMARK)
     contiguous_call = "decode_batch" if dtype == torch.float32 else "decode_half_batch"
     scale = 1.0 / math.sqrt(d)
     k, v = (torch.randn(batch, kv_heads, length, d, device="cuda", dtype=dtype) for _ in range(2))
-    count = 32
+    count = bench.sets_for(2 * batch * heads * d * dtype.itemsize, k.nbytes * 2 / 3e12 * 1e3, most=128)
     sets = [(torch.randn(batch, heads, 1, d, device="cuda", dtype=dtype),
              torch.empty(batch, heads, 1, d, device="cuda", dtype=dtype), 0) for _ in range(count)]
     lengths = torch.full((batch,), length, dtype=torch.int32, device="cuda")
@@ -280,9 +281,16 @@ def time_paged(worker, splits: int, dtype=torch.float32, shape=None):
             else:
                 kept = worker.keep("paged caches", [(k, v)])
                 request = lambda: worker.call(contiguous_call, kept_sets, kept, lengths, scale, splits)  # noqa: E731
+            for _, out, _ in sets:  # poisoned: an output this decode leaves unwritten shows
+                out.view(torch.int32 if dtype == torch.float32 else torch.int16).fill_(
+                    GUARD_BITS if dtype == torch.float32 else GUARD_BITS_16)
             request()  # warm-up
             timings[page_size] = bench.host_clock(request, reps=REPS, per_request=count)
-            outs = torch.stack([out for _, out, _ in sets]).view(torch.int16 if dtype != torch.float32 else torch.int32)
+            outs = torch.stack([out for _, out, _ in sets])
+            if not outs.isfinite().all():
+                return (f"{f'pages of {page_size}' if page_size else 'contiguous'}: not every output element was "
+                        "written (or NaN was computed)")
+            outs = outs.view(torch.int16 if dtype != torch.float32 else torch.int32)
             if expected is None:
                 expected = outs.clone()
             elif not torch.equal(outs, expected):

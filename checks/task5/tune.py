@@ -90,7 +90,8 @@ PLAN = tune.Plan(task=5, kernel_file="task5/kernels/decode.cu", timed_kernel="de
 
 
 # The 16-bit decode's knobs (step 6, kernels/decode_half.cu): the file's first, then fewer rows in flight, fewer warps,
-# more of both, and 2 query heads a block (each key/value head then read twice for a group of 4).
+# more of both, and 2 query heads a block (each key/value head then read twice for a group of 4). A block of 4 query
+# heads holds UNROLL / 2 rows in flight (attend_rows), so the last one holds 4 where the first holds 2.
 HALF_CONFIGS = [{"DECODE_WARPS": w, "UNROLL": u, "MAX_QUERIES": q}
                 for w, u, q in ((16, 4, 4), (16, 2, 4), (8, 4, 4), (8, 8, 4), (16, 8, 4), (16, 4, 2))]
 HALF_CHECKS = [((2, 8, 2, 100, 33, 128, None), 1), ((1, 12, 3, 60, 41, 8, None), 1), ((2, 6, 3, 600, 513, 80, (0, 500)), 3)]

@@ -11,7 +11,8 @@
 // read by G = head_dim / 8 lanes (rounded up to a power of two), each converting its 8 values to
 // float32 in registers; otherwise by all 32 lanes, one value at a time (4 per lane at most).
 // Everything after the conversion is decode.cu's: the groups of G lanes, UNROLL rows of K and V
-// in flight per lane, up to MAX_QUERIES query heads of a group per block, the merge of the groups,
+// in flight per lane (half as many in a block of 4 query heads: its registers), up to MAX_QUERIES
+// query heads of a group per block, the merge of the groups,
 // and split-KV with a combining kernel (the partial outputs in float32, the output in 16 bits).
 // Step 7 (optional) reads a paged cache of 16-bit values, as decode.cu's step 5 does for float32: the
 // same pool of pages and block table, the same lookup (CacheRows below).
@@ -38,7 +39,7 @@
 namespace {  // decode.cu has kernels and helpers of the same names: these stay in this file
 
 constexpr int DECODE_WARPS = 16;  // warps per block
-constexpr int UNROLL = 4;         // rows of K (and of V) each lane has in flight
+constexpr int UNROLL = 4;         // rows of K (and of V) each lane has in flight (a block of 4 query heads: half)
 constexpr int MAX_QUERIES = 4;    // query heads of one group a block attends with at once
 constexpr int MAX_HEAD_DIM = 128;
 constexpr int MAX_SPLITS = 256;
@@ -158,7 +159,7 @@ __device__ Merged<Q> attend_rows(const T* __restrict__ q, int queries, const Cac
   // Given: a block of 4 query heads holds half the rows in flight. Paged, the lookups' registers would push it past
   // a thread's 128 (16 warps a block) and ptxas would spill; contiguous too, so that both sum the rows in the same
   // order (step 7's decode is step 6's, bit for bit)
-  constexpr int UNROLL = Q > 2 ? ::UNROLL / 2 : ::UNROLL;
+  constexpr int UNROLL = Q > 2 && ::UNROLL > 1 ? ::UNROLL / 2 : ::UNROLL;
   using Split = RowSplit<VEC, G>;
   constexpr int E = Split::E;
   constexpr int GROUPS = DECODE_WARPS * Split::ROWS;
