@@ -351,10 +351,10 @@ COLUMNS = ("implementation", "batch", "heads", "seq", "head_dim", "causal", "dty
            "gbs", "peak_extra_mib", "max_abs_err", "mean_abs_err", "mse", "max_rel_err", "non_finite", "problem")
 
 
-def write_csv(rows, path: Path):
+def write_csv(rows, path: Path, columns=COLUMNS):
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     print(f"wrote {path}")

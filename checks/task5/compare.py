@@ -19,7 +19,6 @@ Writes compare_decode.csv (--csv), and a bar chart beside it with matplotlib. Re
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import torch.nn.functional as F
 
 from common.impl import REPO, add_solution_flag, remaining_todos
 from harness import bench, flashinfer_decode, sandbox
+from harness.compare import write_csv
 from harness.sandbox import WorkerDied, WorkerError
 from checks.task5.measure import (FASTEST_VS_COPY, PAGE_SIZES, TimedDecode, time_decode_here, time_paged,
                                   time_student_decode)
@@ -200,18 +200,9 @@ def main(argv=None) -> int:
     finally:
         worker.stop()
     if rows:
-        write_csv(rows, args.csv)
+        write_csv(rows, args.csv, COLUMNS)
         plot(rows, args.csv.with_suffix(".png"), args.dtype)
     return 1 if ended or not rows else 0
-
-
-def write_csv(rows, path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {path}")
 
 
 def plot(rows, png: Path, dtype: str):
