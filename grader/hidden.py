@@ -38,6 +38,8 @@ CASES = {
         "hopper": [(1, 1, 1, 300, 4100, 64, None), (2, 6, 3, 257, 1029, 112, (0, 900)), (3, 5, 5, 191, 191, 72, None)],
         # the optional backward pass: (batch, heads, kv_heads, seq_q, seq_k, head_dim)
         "backward": [(2, 3, 3, 191, 250, 72), (1, 8, 2, 96, 96, 128), (3, 2, 1, 40, 33, 40)],
+        # the optional 16-bit backward pass, in both types, as "backward"
+        "backward_half": [(2, 3, 3, 191, 250, 72), (1, 8, 2, 96, 96, 128), (3, 2, 1, 40, 33, 24)],
         # the optional masks (steps 23-24), as checks/task4/masks.py's MASK_CASES: a window of 2 keys over grouped
         # heads and padding, a window one key past a tile, documents many and short with a cap, length 1
         "masks": [(2, 6, 3, 190, 250, 72, True, 1, None, None, (0, 120)),

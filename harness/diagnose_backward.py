@@ -29,8 +29,8 @@ class GradientMistake:
 
 MISTAKES = [
     GradientMistake("dS without D (dS = P dP: the D = rowsum(dO * O) term left out of dK)", "dk", 15, "no D"),
-    GradientMistake("dS without D (dS = P dP: the D = rowsum(dO * O) term left out of dQ, or D never computed, "
-                    "step 13, when dK fails so too)", "dq", 16, "no D"),
+    GradientMistake("dS without D (dS = P dP: the D = rowsum(dO * O) term left out of dQ, or D never computed "
+                    "by its kernel, when dK fails so too)", "dq", 16, "no D"),
     GradientMistake("dS without P (dS = dP - D where P (dP - D) is meant) in dK", "dk", 15, "no P"),
     GradientMistake("dS without P (dS = dP - D where P (dP - D) is meant) in dQ", "dq", 16, "no P"),
     GradientMistake("dK without its scale (write scale * dK at the end)", "dk", 15, "dk unscaled"),
@@ -109,10 +109,11 @@ def _skipped_late(seq_q: int, seq_k: int, block_rows: int, block_cols: int) -> t
 
 
 def diagnose_gradient(result: CheckResult, name: str, got, q, k, v, d_out, causal: bool, scale: float, *,
-                      atol: float, rtol: float, tiles=(64, 64)) -> CheckResult:
+                      atol: float, rtol: float, tiles=(64, 64), steps: dict[int, int] | None = None) -> CheckResult:
     """`result`, a failed comparison of the gradient `name` ("dq", "dk" or "dv") with float64, with the first
     mistake it matches said in front ("looks like ...: see README, Task 4, step N."). tiles: the student's
-    (BLOCK_ROWS, BLOCK_COLS)."""
+    (BLOCK_ROWS, BLOCK_COLS). steps: where another part makes each mistake, by float32's step (the 16-bit
+    backward's, steps 28-30)."""
     if result.passed or result.untouched or not isinstance(got, torch.Tensor):
         return result
     grouped = q.shape[-3] != k.shape[-3]
@@ -129,6 +130,7 @@ def diagnose_gradient(result: CheckResult, name: str, got, q, k, v, d_out, causa
             if compare(wrong, right, atol=2 * atol, rtol=2 * rtol).passed:
                 continue
             if compare(got, wrong, atol=atol, rtol=rtol).passed:
-                result.message = f"looks like {mistake.says}: see README, Task 4, step {mistake.step}. {result.message}"
+                step = (steps or {}).get(mistake.step, mistake.step)
+                result.message = f"looks like {mistake.says}: see README, Task 4, step {step}. {result.message}"
                 return result
     return result

@@ -128,7 +128,7 @@ class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, solution, masks):
         module = extension(solution)
-        out, lse = torch.empty_like(q), q.new_empty(q.shape[:3])
+        out, lse = torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
         module.forward_lse(q, k, v, out, lse, causal, scale, *masks)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.scale, ctx.solution, ctx.masks = causal, scale, solution, masks

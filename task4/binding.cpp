@@ -37,6 +37,10 @@ __attribute__((weak)) cudaError_t flash_attention_forward_masks(const AttentionP
 // In kernels/attention_backward.cu (steps 13-16): dq, dk, dv from dout and what the forward saved; delta is scratch
 // of lse's shape. Shapes as forward's; dq like q, dk and dv like k.
 __attribute__((weak)) cudaError_t flash_attention_backward(const AttentionBackwardParams& p, cudaStream_t stream);
+// In kernels/attention_backward_half.cu (steps 27-30, optional): the same in bf16 or fp16, lse from the 16-bit
+// forward (step 27, in kernels/attention_half.cu), head_dim a multiple of 8 and 16-byte aligned tensors.
+__attribute__((weak)) cudaError_t flash_attention_backward_half(const AttentionBackwardHalfParams& p,
+                                                                cudaStream_t stream);
 int flash_attention_block_rows();
 int flash_attention_block_cols();
 int flash_attention_max_head_dim();
@@ -157,26 +161,49 @@ static std::pair<int, int> compute_capability(const torch::Tensor& q) {
   return {major, minor};
 }
 
+// mma.sync.m16n8k16 and cp.async, what the 16-bit kernels of steps 8-11 and 27-30 are built on: compute capability
+// 8.0 or newer (checked on q's device, made the current one for the launch).
+static void check_ampere(const torch::Tensor& q, const char* what) {
+  const auto [major, minor] = compute_capability(q);
+  TORCH_CHECK(major >= 8, what, " uses mma.sync.m16n8k16 and cp.async, which need compute capability 8.0 (Ampere) or "
+              "newer; this GPU is ", num(major), ".", num(minor));
+}
+
+// The bf16/fp16 forward kernel is in this build and can run on q's GPU.
+static void check_half_forward(const torch::Tensor& q) {
+  TORCH_CHECK(flash_attention_half_forward != nullptr,
+              "this build has no bf16/fp16 kernel: task4/kernels/attention_half.cu is missing, did not compile, or "
+              "does not define flash_attention_half_forward with the signature above (README, Task 4, step 8)");
+  check_ampere(q, "the bf16/fp16 kernel");
+}
+
+static bool is_16_bit(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kHalf;
+}
+
 // The optional bf16/fp16 kernel (steps 8-11): q, k, v and out all bfloat16 or all float16, the rest as forward.
 void forward_half(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                   torch::Tensor& out, bool causal, double scale,
                   const std::optional<torch::Tensor>& key_start) {
   const int* key_start_data = check_attention_half(q, k, v, out, causal, scale, key_start, "forward_half");
-  TORCH_CHECK(flash_attention_half_forward != nullptr,
-              "this build has no bf16/fp16 kernel: task4/kernels/attention_half.cu is missing, did not compile, or "
-              "does not define flash_attention_half_forward with the signature above (README, Task 4, step 8)");
-  const c10::cuda::CUDAGuard guard(q.device());
-  const auto [major, minor] = compute_capability(q);
-  TORCH_CHECK(major >= 8, "the bf16/fp16 kernel uses mma.sync.m16n8k16 and cp.async, which need compute "
-              "capability 8.0 (Ampere) or newer; this GPU is ", num(major), ".", num(minor));
+  check_half_forward(q);
   if (q.numel() == 0) return;
+  const c10::cuda::CUDAGuard guard(q.device());
   check_launch(flash_attention_half_forward(attention_params(q, k, v, out, key_start_data, scale, causal),
                                             c10::cuda::getCurrentCUDAStream()),
                "flash_attention_half_forward");
 }
 
+// t itself, or a copy with head_dim padded by zeros to a multiple of 8 and 16-byte aligned: what a kernel that copies
+// 16 bytes at a time reads (the 16-bit backward's cp.async; the Hopper kernel's TMA).
+static torch::Tensor rows_of_16_bytes(const torch::Tensor& t) {
+  const int64_t head_dim = t.size(-1), padded = (head_dim + 7) / 8 * 8;
+  if (padded == head_dim && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0) return t;
+  return at::constant_pad_nd(t, {0, padded - head_dim});  // a new tensor: PyTorch's allocations are aligned
+}
+
 #if CUDART_VERSION >= 12000  // the tensor maps are CUDA 12's (device/params.h)
-#include "../common/csrc/tensor_maps.h"  // tensor_map, tma_ready: what TMA reads the tensors through
+#include "../common/csrc/tensor_maps.h"  // tensor_map: what TMA reads the tensors through
 
 // Defined in kernels/attention_hopper.cu (optional, steps 17-22): the same on Hopper's wgmma and TMA, given the tensor
 // maps this binding makes (device/params.h). Weak, as the others.
@@ -203,7 +230,7 @@ static void launch_hopper(const torch::Tensor& q, const torch::Tensor& k, const 
               "on compute capability 9.0 (H100, H200) only; this GPU is ", num(major), ".", num(minor),
               masks ? " (the masks beyond causal in 16 bits are the Hopper kernel's: give float32 tensors)" : "");
   if (q.numel() == 0) return;
-  const torch::Tensor q_ready = tma_ready(q), k_ready = tma_ready(k), v_ready = tma_ready(v);
+  const torch::Tensor q_ready = rows_of_16_bytes(q), k_ready = rows_of_16_bytes(k), v_ready = rows_of_16_bytes(v);
   torch::Tensor out_ready = q_ready.size(3) == q.size(3) && reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0
                                 ? out : torch::empty_like(q_ready);
   HopperAttentionParams p;
@@ -271,14 +298,35 @@ static void check_lse(const torch::Tensor& lse, const torch::Tensor& q,
   for (const auto& [t, name] : others) check_no_overlap(lse, "lse", *t, name);
 }
 
+// The 16-bit backward part (steps 27-30) has no masks beyond causal yet: float32's have them (step 26).
+static void check_no_16_bit_masks(const AttentionMasks& masks) {
+  TORCH_CHECK(!has_masks(masks), "the bf16/fp16 backward part (steps 27-30) takes no window_left, softcap or "
+              "cu_seqlens: the masks beyond causal in the backward pass are float32's (step 26): give float32 tensors");
+}
+
 // With the masks beyond causal (any of window_left, softcap, cu_seqlens: step 26, for the backward part's masks),
 // kernels/attention.cu's MASKS instance writes lse (steps 23-24), key_start zeros.
+// bf16 and fp16 tensors go to kernels/attention_half.cu, which writes lse where given (step 27), without the masks.
 void forward_lse(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& out,
                  torch::Tensor& lse, bool causal, double scale, std::optional<int64_t> window_left,
                  std::optional<double> softcap, const std::optional<torch::Tensor>& cu_seqlens) {
-  check_attention(q, k, v, out, causal, scale, std::nullopt, check_cuda_float32);
+  const bool half = is_16_bit(q);
+  if (half)
+    check_attention_half(q, k, v, out, causal, scale, std::nullopt, "forward_lse");
+  else
+    check_attention(q, k, v, out, causal, scale, std::nullopt, check_cuda_float32);
   check_lse(lse, q, {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}});
   const AttentionMasks masks = checked_masks(q, k, causal, window_left, softcap, cu_seqlens);
+  if (half) {
+    check_no_16_bit_masks(masks);
+    check_half_forward(q);
+    if (q.numel() == 0) return;
+    const c10::cuda::CUDAGuard guard(q.device());
+    AttentionParams p = attention_params(q, k, v, out, nullptr, scale, causal);
+    p.lse = lse.data_ptr<float>();
+    check_launch(flash_attention_half_forward(p, c10::cuda::getCurrentCUDAStream()), "flash_attention_half_forward");
+    return;
+  }
   const bool masked = has_masks(masks);
   TORCH_CHECK(masked || flash_attention_forward_lse != nullptr,
               "this build's kernels/attention.cu has no flash_attention_forward_lse (README, Task 4, step 12)");
@@ -293,12 +341,55 @@ void forward_lse(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
                       : flash_attention_forward_lse(p, c10::cuda::getCurrentCUDAStream()), "flash_attention_forward_lse");
 }
 
-// dq, dk, dv (written) from dout and what forward_lse saved (q, k, v, out, lse), with the masks it was given (step 26).
+// backward's bf16/fp16 tensors (checked there) to kernels/attention_backward_half.cu (steps 27-30).
+static void backward_half(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                          const torch::Tensor& out, const torch::Tensor& dout, const torch::Tensor& lse,
+                          torch::Tensor& dq, torch::Tensor& dk, torch::Tensor& dv, bool causal, double scale) {
+  TORCH_CHECK(flash_attention_backward_half != nullptr,
+              "this build has no bf16/fp16 backward kernels: task4/kernels/attention_backward_half.cu is missing, did "
+              "not compile, or does not define flash_attention_backward_half with the signature above (README, Task "
+              "4, step 28)");
+  check_ampere(q, "the bf16/fp16 backward part");
+  const c10::cuda::CUDAGuard guard(q.device());
+  if (q.numel() == 0) {  // as float32's: no query reads a key
+    dk.zero_();
+    dv.zero_();
+    return;
+  }
+  // the kernels' rows: head_dim a multiple of 8, 16-byte aligned; a copy where a tensor is not, the results copied back
+  const torch::Tensor q16 = rows_of_16_bytes(q), k16 = rows_of_16_bytes(k), v16 = rows_of_16_bytes(v);
+  const torch::Tensor out16 = rows_of_16_bytes(out), dout16 = rows_of_16_bytes(dout);
+  const auto ready = [&](torch::Tensor& t, const torch::Tensor& like) {
+    return t.size(3) == like.size(3) && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 ? t : torch::empty_like(like);
+  };
+  torch::Tensor dq16 = ready(dq, q16), dk16 = ready(dk, k16), dv16 = ready(dv, k16);
+  // D = rowsum(dout * out): NaN until the first kernel writes it, as float32's; dQ's float32 sums start at zero
+  torch::Tensor delta = torch::full_like(lse, std::numeric_limits<float>::quiet_NaN());
+  torch::Tensor dq_accum = torch::zeros(q16.sizes(), lse.options());
+  AttentionBackwardHalfParams p;
+  p.q = q16.data_ptr(), p.k = k16.data_ptr(), p.v = v16.data_ptr(), p.out = out16.data_ptr();
+  p.dout = dout16.data_ptr(), p.lse = lse.data_ptr<float>(), p.delta = delta.data_ptr<float>();
+  p.dq_accum = dq_accum.data_ptr<float>(), p.dq = dq16.data_ptr(), p.dk = dk16.data_ptr(), p.dv = dv16.data_ptr();
+  p.bf16 = q.scalar_type() == torch::kBFloat16;
+  p.batch = (int)q.size(0), p.heads = (int)q.size(1), p.kv_heads = (int)k.size(1);
+  p.seq_q = (int)q.size(2), p.seq_k = (int)k.size(2), p.head_dim = (int)q16.size(3);
+  p.scale = (float)scale, p.causal = causal;
+  check_launch(flash_attention_backward_half(p, c10::cuda::getCurrentCUDAStream()), "flash_attention_backward_half");
+  for (auto [mine, theirs] : {std::pair<torch::Tensor*, torch::Tensor*>{&dq16, &dq}, {&dk16, &dk}, {&dv16, &dv}})
+    if (!mine->is_same(*theirs)) theirs->copy_(mine->narrow(3, 0, theirs->size(3)));
+}
+
+// dq, dk, dv (written) from dout and what forward_lse saved (q, k, v, out, lse), with the masks it was given (step 26);
+// bf16 or fp16 tensors to the 16-bit backward part (steps 27-30), without the masks.
 void backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& out,
               const torch::Tensor& dout, const torch::Tensor& lse, torch::Tensor& dq, torch::Tensor& dk,
               torch::Tensor& dv, bool causal, double scale, std::optional<int64_t> window_left,
               std::optional<double> softcap, const std::optional<torch::Tensor>& cu_seqlens) {
-  check_attention(q, k, v, out, causal, scale, std::nullopt, check_cuda_float32);
+  const bool half = is_16_bit(q);
+  if (half)
+    check_attention_half(q, k, v, out, causal, scale, std::nullopt, "backward");
+  else
+    check_attention(q, k, v, out, causal, scale, std::nullopt, check_cuda_float32);
   const AttentionMasks masks = checked_masks(q, k, causal, window_left, softcap, cu_seqlens);
   check_lse(lse, q, {});
   const std::pair<const torch::Tensor*, const char*> inputs[] = {
@@ -306,7 +397,14 @@ void backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tenso
   const std::tuple<const torch::Tensor*, const char*, const torch::Tensor*, const char*> like[] = {
       {&dout, "dout", &q, "q"}, {&dq, "dq", &q, "q"}, {&dk, "dk", &k, "k"}, {&dv, "dv", &k, "k"}};
   for (const auto& [t, name, model, model_name] : like) {
-    check_cuda_float32(*t, name);
+    if (half) {
+      TORCH_CHECK(t->is_cuda(), name, " must be a CUDA tensor, got one on ", t->device().str(), " (move it with .cuda())");
+      TORCH_CHECK(t->scalar_type() == q.scalar_type(), name, " must be ", dtype_name(q.scalar_type()), " like q, got ",
+                  dtype_name(t->scalar_type()));
+      TORCH_CHECK(t->is_contiguous(), name, " must be contiguous (call .contiguous() first)");
+    } else {
+      check_cuda_float32(*t, name);
+    }
     TORCH_CHECK(t->sizes() == model->sizes(), name, " must have ", model_name, "'s shape ", shape(*model), ", got ",
                 shape(*t));
     check_same_device(*t, name, q, "q");
@@ -317,6 +415,11 @@ void backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tenso
     for (const auto& [t, name] : inputs) check_no_overlap(*o, o_name, *t, name);
     for (const auto& [t, name] : outputs)
       if (t != o) check_no_overlap(*o, o_name, *t, name);
+  }
+  if (half) {
+    check_no_16_bit_masks(masks);
+    backward_half(q, k, v, out, dout, lse, dq, dk, dv, causal, scale);
+    return;
   }
   TORCH_CHECK(flash_attention_backward != nullptr,
               "this build has no backward kernels: task4/kernels/attention_backward.cu is missing, did not compile, "
@@ -385,6 +488,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("softcap") = py::none(), py::arg("cu_seqlens") = py::none());
   m.def("has_backward", [] { return flash_attention_forward_lse != nullptr && flash_attention_backward != nullptr; },
         "whether this build holds the backward part (step 12 in kernels/attention.cu, kernels/attention_backward.cu)");
+  m.def("has_backward_half",
+        [] { return flash_attention_half_forward != nullptr && flash_attention_backward_half != nullptr; },
+        "whether this build holds the bf16/fp16 backward part (kernels/attention_half.cu and "
+        "kernels/attention_backward_half.cu)");
   m.def("max_head_dim", &flash_attention_max_head_dim, "the largest head_dim the kernel supports");
   m.def(
       "tile_sizes",

@@ -60,26 +60,32 @@ def extension_file():
     return getattr(ext, "__file__", None)
 
 
-def _backward_present():
-    """Raises what left the backward part out of this build, where the binding could only say it is absent."""
+def _backward_present(q=None):
+    """Raises what left the backward part out of this build (for 16-bit q, the 16-bit one's files: steps 27-30),
+    where the binding could only say it is absent."""
     from common.build import OPTIONAL_LEFT_OUT
 
-    left_out = OPTIONAL_LEFT_OUT.get("task4/kernels/attention_backward.cu")
-    if left_out and not ext.has_backward():
-        raise RuntimeError(f"task4/kernels/attention_backward.cu was left out of the build (the float32 kernel is "
-                           f"tested without it): {left_out}")
+    half = q is not None and q.dtype in (torch.bfloat16, torch.float16)
+    files = ("attention_half.cu", "attention_backward_half.cu") if half else ("attention_backward.cu",)
+    for name in files:
+        left_out = OPTIONAL_LEFT_OUT.get(f"task4/kernels/{name}")
+        if left_out and not (ext.has_backward_half() if half else ext.has_backward()):
+            raise RuntimeError(f"task4/kernels/{name} was left out of the build (the float32 kernel is tested "
+                               f"without it): {left_out}")
 
 
 def forward_lse(q, k, v, out, lse, causal, scale, window_left=None, softcap=None, cu_seqlens=None):
-    """The forward kernel that also writes each row's log-sum-exp (step 12, optional; with the masks, step 26's)."""
-    _backward_present()
+    """The forward kernel that also writes each row's log-sum-exp (step 12, optional; with the masks, step 26's; in
+    bf16/fp16, step 27's)."""
+    _backward_present(q)
     ext.forward_lse(q, k, v, out, lse, causal, scale, window_left, softcap, cu_seqlens)
     torch.cuda.synchronize()
 
 
 def backward(q, k, v, out, dout, lse, dq, dk, dv, causal, scale, window_left=None, softcap=None, cu_seqlens=None):
-    """The backward kernels of kernels/attention_backward.cu (steps 13-16, optional; with the masks, step 26)."""
-    _backward_present()
+    """The backward kernels of kernels/attention_backward.cu (steps 13-16, optional; with the masks, step 26), or for
+    bf16/fp16 tensors kernels/attention_backward_half.cu's (steps 28-30)."""
+    _backward_present(q)
     ext.backward(q, k, v, out, dout, lse, dq, dk, dv, causal, scale, window_left, softcap, cu_seqlens)
     torch.cuda.synchronize()
 

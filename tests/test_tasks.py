@@ -136,8 +136,8 @@ def test_files_missing_from_a_checkout_are_named_in_one_note(tmp_path):
     (student / "task5/kernels/decode_half.cu").symlink_to(student / "task5/kernels/decode.cu")
     notes = make_view(5, student, tmp_path / "view", solution=False)
     assert notes[0] == ("task4/kernels/attention.cu, task4/kernels/attention_half.cu, "
-                        "task4/kernels/attention_backward.cu, task4/kernels/attention_hopper.cu: missing, so they "
-                        "were not used")
+                        "task4/kernels/attention_backward.cu, task4/kernels/attention_hopper.cu, "
+                        "task4/kernels/attention_backward_half.cu: missing, so they were not used")
     assert notes[1:] == ["task5/kernels/decode_half.cu: not a regular file (a link?), so it was not used"]
 
 

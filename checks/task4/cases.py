@@ -119,3 +119,21 @@ BACKWARD_CASES = [
 # (measured in the same check) where that is more (a NaN, or a wrong step, is far outside either).
 BACKWARD_NEGATIVE = ((1, 2, 2, 50, 100, 64), 4.0)
 NEGATIVE_TOLERANCE = 1e-3
+# The optional 16-bit backward part (steps 27-30), run in both types: (batch, heads, kv_heads, seq_q, seq_k, head_dim),
+# each causal and not (causal needs seq_q <= seq_k). Lengths around its tiles (128 keys a block, 32 queries a tile),
+# seq_q != seq_k both ways, grouped heads down to one key/value head, head_dim 64 and 128 (its two tile widths) and
+# between, one the binding pads to a multiple of 8 (33), a query of length 1.
+BACKWARD_HALF_CASES = [
+    (1, 1, 1, 1, 1, 64),
+    (2, 2, 2, 100, 100, 64),
+    (1, 2, 2, 127, 129, 128),
+    (2, 4, 2, 77, 131, 96),
+    (1, 6, 1, 70, 70, 64),  # MQA: six query heads add into one dK, dV
+    (1, 2, 2, 300, 100, 64),  # more queries than keys (not causal)
+    (1, 3, 1, 130, 250, 40),
+    (1, 2, 2, 77, 131, 33),  # padded to 40 by the binding
+    (1, 2, 2, 1, 257, 128),
+    (1, 2, 2, 520, 520, 128),  # five key blocks, 17 query tiles: every stage of Q and dO reused
+]
+# Every score very negative, as BACKWARD_NEGATIVE, in 16 bits: a key past seq_k that is not masked makes dQ NaN.
+BACKWARD_HALF_NEGATIVE = ((1, 2, 2, 50, 200, 64), 4.0)

@@ -37,6 +37,8 @@ from harness.records import Report
 from harness.attention_math import attention_float64
 from checks.task4 import measure, measure_backward
 from checks.task4.backward import backward_part, backward_text, check_backward_errors, check_training
+from checks.task4.backward_half import (BACKWARD_HALF_PASS_NAME, backward_half_sanitizer_calls, backward_half_step_of,
+                                        optional_backward_half)
 from checks.task4.forward import attention_part, check_errors, grouped_text, make_inputs, shape_text
 from checks.task4.half import check_half_errors, half_part, half_text
 from checks.task4.hopper import hopper_part, is_hopper
@@ -284,7 +286,7 @@ def optional_benchmarks(report, worker, timed: list[tuple[str, object]]) -> None
 # The README steps of each part (step 7 is the float32 kernel's tuning; step 12, in kernels/attention.cu, the backward's)
 PART_STEPS = {"attention": (1, 2, 3, 4, 5, 6, 7), "half": (8, 9, 10, 11), "backward": (12, 13, 14, 15, 16),
               "hopper": (17, 18, 19, 20, 21, 22), "masks": (23, 24), "hopper_masks": (25,),
-              "backward_masks": (26,)}
+              "backward_masks": (26,), "backward_half": (27, 28, 29, 30)}
 
 
 def main(argv=None) -> int:
@@ -302,6 +304,8 @@ def main(argv=None) -> int:
                         help="test only README step 25 (optional: the masks in the Hopper kernel, on 9.0)")
     parser.add_argument("--backward-masks", action="store_true",
                         help="test only README step 26 (optional: the masks in the backward kernels)")
+    parser.add_argument("--backward-half", action="store_true",
+                        help="test only README steps 27-30 (optional: the backward pass in bf16/fp16)")
     args = parser.parse_args(argv)
     chosen = [p for p in PART_STEPS if getattr(args, p)] or list(PART_STEPS)
     report = Report(4, args.solution, "fused FlashAttention kernel", args.student_dir)
@@ -335,6 +339,10 @@ def main(argv=None) -> int:
                 sanitize.add_to_report(report, 4, args, masks_sanitizer_calls(args.hidden, torch.bfloat16),
                                        hopper_masks_step_of, HOPPER_MASKS_PASS_NAME, kind="optional",
                                        part="hopper masks")
+            if "backward_half" in chosen:
+                sanitize.add_to_report(report, 4, args, backward_half_sanitizer_calls(args.hidden),
+                                       backward_half_step_of(step_of), BACKWARD_HALF_PASS_NAME, kind="optional",
+                                       part="backward half")
             return report.finish(args.json)
         # Every check first, the timings last: in a grading, the other tasks' tests check side by side with this
         # one, and a timed part waits until none of them is in the middle of its checks (harness/gpu_share.py). Each
@@ -342,7 +350,7 @@ def main(argv=None) -> int:
         passes = []
         if "attention" in chosen:
             float_part(report, worker, args, passes)
-        half_passed = backward_passed = hopper_passed = masks_passed = False
+        half_passed = backward_passed = hopper_passed = masks_passed = backward_half_passed = False
         if "half" in chosen and not report.stopped:
             # In a process of its own (the next call starts one): a crash or a hang in the optional kernel costs
             # its own part, never the float32 checks or the sanitizer pass before it, or the benchmarks after it.
@@ -370,6 +378,9 @@ def main(argv=None) -> int:
                                                            ("masks", masks_passed, "the masks' forward kernel"))
                            if part in chosen and not passed]
             optional_backward_masks(report, worker, args, passes, waiting_for)
+        if "backward_half" in chosen and not report.stopped:
+            worker.stop_until_next_call()  # the same
+            backward_half_passed = optional_backward_half(report, worker, args, passes, step_of)
         training = lambda: report.run("a model trained through your kernels learns as with SDPA",  # noqa: E731
                                       lambda: check_training(worker, args.hidden, write_curves=args.backward,
                                                              timed=not args.grading), kind="optional")
@@ -394,6 +405,9 @@ def main(argv=None) -> int:
                                                                         "forward_hopper")))
         if masks_passed and not args.grading and not report.stopped:
             timed.append(("masks", lambda: run_masks_benchmarks(report, worker)))
+        if backward_half_passed and not args.grading and not report.stopped:
+            timed.append(("bf16 backward", lambda: measure_backward.run_backward_benchmarks(
+                report, worker, measure_backward.backward_cases(half=True), torch.bfloat16)))
         optional_benchmarks(report, worker, timed)
     report.run("own work: no PyTorch attention, no reference solution",
                lambda: impl.check_own_work(4, args.solution, args.student_dir, report.attention_ops), kind="rule")

@@ -1,5 +1,5 @@
 // The TMA tensor maps of task 4's Hopper part (kernels/attention_hopper.cu, steps 17-22), made by its binding: the
-// driver's cuTensorMapEncodeTiled (a kernel file may not call the driver), and the tensors made ready for it. CUDA 12
+// driver's cuTensorMapEncodeTiled (a kernel file may not call the driver). CUDA 12
 // or newer (the binding includes this only there).
 #pragma once
 
@@ -40,12 +40,5 @@ inline CUtensorMap tensor_map(const torch::Tensor& t, const char* name, cuuint32
   TORCH_CHECK(result == CUDA_SUCCESS, "cuTensorMapEncodeTiled refused ", name, " ", shape(t), " (CUresult ",
               num(result), ")");
   return map;
-}
-
-// t as TMA can read it: itself, or a copy with head_dim padded by zeros to a multiple of 8 and 16-byte aligned.
-inline torch::Tensor tma_ready(const torch::Tensor& t) {
-  const int64_t head_dim = t.size(3), padded = (head_dim + 7) / 8 * 8;
-  if (padded == head_dim && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0) return t;
-  return at::constant_pad_nd(t, {0, padded - head_dim});  // a new tensor: PyTorch's allocations are aligned
 }
 

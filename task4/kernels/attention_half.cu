@@ -72,7 +72,8 @@ __device__ __forceinline__ void qk_step(float (&s)[M][N][4], const uint32_t (&a)
 template <typename T, int D, int COLS, int WARPS, bool VEC>
 __global__ void __launch_bounds__(WARPS * WARP)
     flash_attention_half_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                                T* __restrict__ out, int heads, int kv_heads, const int* __restrict__ key_start,
+                                T* __restrict__ out, float* __restrict__ lse, int heads, int kv_heads,
+                                const int* __restrict__ key_start,
                                 int seq_q, int seq_k, int head_dim, float scale_log2, bool causal) {
   static_assert(D % 16 == 0 && D <= MAX_HEAD_DIM, "D is a multiple of the mma's k (16)");
   constexpr int THREADS = WARPS * WARP, BLOCK_ROWS = WARPS * WARP_ROWS;
@@ -91,6 +92,7 @@ __global__ void __launch_bounds__(WARPS * WARP)
   const int kv_head = head / (heads / kv_heads);
   q += (size_t)blockIdx.x * seq_q * head_dim;
   out += (size_t)blockIdx.x * seq_q * head_dim;
+  if (lse != nullptr) lse += (size_t)blockIdx.x * seq_q;  // step 27
   k += ((size_t)batch * kv_heads + kv_head) * seq_k * head_dim;
   v += ((size_t)batch * kv_heads + kv_head) * seq_k * head_dim;
   if (key_start != nullptr) {  // as the float32 kernel: padded queries get zeros, the rest skip the padding
@@ -105,6 +107,7 @@ __global__ void __launch_bounds__(WARPS * WARP)
     seq_k -= padding;
     q += (size_t)skip * head_dim;
     out += (size_t)skip * head_dim;
+    if (lse != nullptr) lse += skip;
     seq_q -= skip;
     if (q_start >= seq_q) return;
   }
@@ -177,6 +180,8 @@ __global__ void __launch_bounds__(WARPS * WARP)
 
   // out = O / l: the row sums are still split over the 4 threads of each row.
   // TODO (README, Task 4, step 11: out = O / l, l summed over the row's 4 threads; zeros for a row that saw no key)
+  if (lse == nullptr) return;
+  // TODO (README, Task 4, step 27: lse = L = (m + log2 l) ln 2 for each row, m in the scaled log2 units of the softmax)
 }
 
 template <typename T, int D, int COLS, int WARPS>
@@ -196,7 +201,7 @@ cudaError_t launch_tiles(const AttentionParams& p, cudaStream_t stream) {
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != cudaSuccess) return err;
   kernel<<<grid, WARPS * WARP, smem, stream>>>(static_cast<const T*>(p.q), static_cast<const T*>(p.k),
-                                          static_cast<const T*>(p.v), static_cast<T*>(p.out), p.heads, p.kv_heads,
+                                          static_cast<const T*>(p.v), static_cast<T*>(p.out), p.lse, p.heads, p.kv_heads,
                                           p.key_start, p.seq_q, p.seq_k, p.head_dim, p.scale * LOG2E, p.causal);
   return cudaGetLastError();
 }
@@ -224,11 +229,11 @@ cudaError_t launch(const AttentionParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-// The forward pass in bf16 or fp16; the parameters are described in device/params.h (p.bf16 picks the type;
-// p.lse: nullptr, the backward part is float32's).
+// The forward pass in bf16 or fp16; the parameters are described in device/params.h (p.bf16 picks the type; p.lse,
+// for the backward part of steps 27-30: nullptr, or where each row's log-sum-exp goes).
 cudaError_t flash_attention_half_forward(const AttentionParams& p, cudaStream_t stream) {
   if (p.batch < 0 || p.heads < 1 || p.kv_heads < 1 || p.heads % p.kv_heads != 0 || p.seq_q < 1 || p.seq_k < 1 ||
-      p.head_dim < 1 || p.head_dim > MAX_HEAD_DIM || (p.causal && p.seq_q > p.seq_k) || p.lse != nullptr ||
+      p.head_dim < 1 || p.head_dim > MAX_HEAD_DIM || (p.causal && p.seq_q > p.seq_k) ||
       (p.seq_q - 1) / (BLOCK_WARPS * WARP_ROWS) >= 65535)  // grid.y, at the smaller block
     return cudaErrorInvalidValue;
   if (p.batch == 0) return cudaSuccess;

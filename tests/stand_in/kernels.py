@@ -107,6 +107,8 @@ class Behaviour:
     backward: task 4's backward kernels (steps 13-16) do the same with dk ("wrong", "unwritten"), or make one of
     harness/diagnose_backward.py's mistakes (its `how`, "no D" say); with the masks (step 26), "no cap slope" (dS not
     taken back through the cap) or "masks unwritten" (the skeleton's: dK and dV zeros, dQ not written);
+    backward_half: task 4's 16-bit backward part (steps 27-30) the same with dk ("wrong", "unwritten", a mistake's
+    `how`), or "lse unwritten" (step 27's skeleton: forward_lse leaves lse as it was);
     unscaled: the forward and decode kernels (float32 and 16-bit) ignore their scale: a mistake the checks name;
     decode_one_short: task 5's decodes leave out each sequence's last row (a row range ending at end - 1);
     update_rows_late: task 5's update writes each new row this many rows (> 0) late, flat over (batch x heads)
@@ -126,6 +128,7 @@ class Behaviour:
     half: str | None = None
     hopper: str | None = None
     backward: str | None = None
+    backward_half: str | None = None
     unscaled: bool = False
     decode_one_short: bool = False
     update_rows_late: int = 0

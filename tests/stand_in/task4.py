@@ -32,11 +32,9 @@ class Task4Kernels(StandInKernels):
         """The Hopper kernel (steps 17-22): forward_half's checks and result; behaviour.hopper as .half."""
         self._forward_16bit(q, k, v, out, causal, scale, key_start, "forward_hopper", self.behaviour.hopper)
 
-    def _forward_16bit(self, q, k, v, out, causal, scale, key_start, function, behaviour):
-        if behaviour == "trap":  # a kernel that traps: CUDA's words, and the process's context gone with it
-            raise RuntimeError("CUDA error: unspecified launch failure")
-        if behaviour == "hang":
-            raise Hang()
+    @staticmethod
+    def _same_type_as(q, function):
+        """The binding's check of a 16-bit kernel's tensors: q bf16 or fp16, and each tensor given of q's type."""
         if q.dtype not in (torch.bfloat16, torch.float16):
             raise RuntimeError(f"q must be bfloat16 or float16 for {function}, got {str(q.dtype)[6:]} "
                                "(float32 goes to forward)")
@@ -48,6 +46,14 @@ class Task4Kernels(StandInKernels):
                 raise RuntimeError(f"{name} must be {str(q.dtype)[6:]} like q, got {str(t.dtype)[6:]}")
             if not t.is_contiguous():
                 raise RuntimeError(f"{name} must be contiguous (call .contiguous() first)")
+        return same_type
+
+    def _forward_16bit(self, q, k, v, out, causal, scale, key_start, function, behaviour):
+        if behaviour == "trap":  # a kernel that traps: CUDA's words, and the process's context gone with it
+            raise RuntimeError("CUDA error: unspecified launch failure")
+        if behaviour == "hang":
+            raise Hang()
+        same_type = self._same_type_as(q, function)
         kept = out.clone() if behaviour == "unwritten" else None
         self._forward(q, k, v, out, causal, scale, key_start, same_type)
         if behaviour == "wrong":
@@ -155,10 +161,18 @@ class Task4Kernels(StandInKernels):
     @launched
     def forward_lse(self, q, k, v, out, lse, causal, scale, window_left=None, softcap=None, cu_seqlens=None):
         """Step 12: forward without padding, and each row's log-sum-exp; with the masks (step 26), forward_masks's
-        output and their log-sum-exp."""
-        self._forward(q, k, v, out, causal, scale, None, check_cuda_float32)
+        output and their log-sum-exp; in bf16/fp16 (step 27), forward_half's output and the log-sum-exp in float32."""
+        half = q.dtype in (torch.bfloat16, torch.float16)
+        self._forward(q, k, v, out, causal, scale, None,
+                      self._same_type_as(q, "forward_lse") if half else check_cuda_float32)
         self._check_lse(lse, q, {"q": q, "k": k, "v": v, "out": out})
         masks = dict(window_left=window_left, softcap=softcap, cu_seqlens=cu_seqlens)
+        if half:
+            self._no_16_bit_masks(masks)
+            if self.behaviour.backward_half != "lse unwritten":
+                lse.copy_(torch.logsumexp(masked_scores(q.float(), expand_kv_heads(k, q.shape[1]).float(), causal,
+                                                        scale), dim=-1))
+            return
         if any(m is not None for m in masks.values()):
             self.forward_masks(q, k, v, out, causal, scale, None, **masks)
         scores = masked_scores(q, expand_kv_heads(k, q.shape[1]), causal, scale, **self._plain_masks(**masks))
@@ -176,11 +190,13 @@ class Task4Kernels(StandInKernels):
         do not depend on out and lse, given that they are the forward's). With the masks (step 26): float64
         autograd under them (behaviour.backward "no cap slope": dS not taken back through the cap; "masks unwritten":
         the skeleton's step 26)."""
-        self._forward(q, k, v, out.clone(), causal, scale, None, check_cuda_float32)  # q, k, v, out checked alike
+        half = q.dtype in (torch.bfloat16, torch.float16)
+        check_type = self._same_type_as(q, "backward") if half else check_cuda_float32
+        self._forward(q, k, v, out.clone(), causal, scale, None, check_type)  # q, k, v, out checked alike
         self._check_lse(lse, q, {})
         for t, name, model, model_name in ((dout, "dout", q, "q"), (dq, "dq", q, "q"), (dk, "dk", k, "k"),
                                            (dv, "dv", k, "k")):
-            check_cuda_float32(t, name)
+            check_type(t, name)
             if t.shape != model.shape:
                 raise RuntimeError(f"{name} must have {model_name}'s shape {list(model.shape)}, got {list(t.shape)}")
         outputs = {"dq": dq, "dk": dk, "dv": dv}
@@ -188,7 +204,10 @@ class Task4Kernels(StandInKernels):
             for name, t in {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, **outputs}.items():
                 if name != o_name:
                     check_no_overlap(o, o_name, t, name)
-        kept = dk.clone() if self.behaviour.backward == "unwritten" else None
+        behaviour = self.behaviour.backward_half if half else self.behaviour.backward
+        kept = dk.clone() if behaviour == "unwritten" else None
+        if half:
+            self._no_16_bit_masks(dict(window_left=window_left, softcap=softcap, cu_seqlens=cu_seqlens))
         masks = self._plain_masks(window_left, softcap, cu_seqlens)
         if any(m is not None for m in masks.values()):
             if self.behaviour.backward == "masks unwritten":  # the skeleton's step 26: dK, dV zeros, dQ unwritten
@@ -204,13 +223,20 @@ class Task4Kernels(StandInKernels):
                 got.copy_(grad)
             return
         with self.work(2.5 * attention_seconds(q, expand_kv_heads(k, q.shape[1]), causal)):
-            how = self.behaviour.backward if self.behaviour.backward not in ("wrong", "unwritten", None) else ""
+            how = behaviour if behaviour not in ("wrong", "unwritten", "lse unwritten", None) else ""
             for got, grad in zip((dq, dk, dv), gradients_with(q, k, v, dout, causal, scale, how)):
                 got.copy_(grad)
-        if self.behaviour.backward == "wrong":
+        if behaviour == "wrong":
             dk.mul_(1.01)
         elif kept is not None:
             dk.copy_(kept)
+
+    @staticmethod
+    def _no_16_bit_masks(masks):
+        if any(m is not None for m in masks.values()):
+            raise RuntimeError("the bf16/fp16 backward part (steps 27-30) takes no window_left, softcap or cu_seqlens: "
+                               "the masks beyond causal in the backward pass are float32's (step 26): give float32 "
+                               "tensors")
 
     @staticmethod
     def _check_lse(lse, q, others):
@@ -236,6 +262,9 @@ class Task4Kernels(StandInKernels):
         return True
 
     def has_backward(self):
+        return True
+
+    def has_backward_half(self):
         return True
 
     def tile_sizes(self):

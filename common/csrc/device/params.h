@@ -116,3 +116,24 @@ struct AttentionBackwardParams {
   bool causal = false;
   AttentionMasks masks;  // step 26 (optional): the forward's masks, lse from its forward_masks; none by default
 };
+
+// Task 4: the backward pass in bf16 or fp16 (kernels/attention_backward_half.cu's flash_attention_backward_half, steps
+// 27-30, optional); shapes as AttentionBackwardParams's, head_dim a multiple of 8 and every tensor 16-byte aligned
+// (the binding pads and copies where a caller's are not: the kernels copy 16 bytes at a time).
+struct AttentionBackwardHalfParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* out = nullptr;
+  const void* dout = nullptr;
+  const float* lse = nullptr;  // (batch, heads, seq_q), from the 16-bit forward (step 27)
+  float* delta = nullptr;      // (batch, heads, seq_q): scratch for D = rowsum(dout * out), in float32
+  float* dq_accum = nullptr;   // like q, float32, zeros: dQ summed over the key blocks before it is rounded (step 29)
+  void* dq = nullptr;          // written
+  void* dk = nullptr;
+  void* dv = nullptr;
+  bool bf16 = false;  // bfloat16 (true) or float16 (false), every 16-bit tensor the same type
+  int batch = 0, heads = 0, kv_heads = 0, seq_q = 0, seq_k = 0, head_dim = 0;
+  float scale = 1.0f;
+  bool causal = false;
+};

@@ -1,0 +1,77 @@
+"""Task 4's optional 16-bit backward part (steps 27-30) graded on the CPU from end to end, with PyTorch standing in for
+the kernels (tests/stand_in/): checked in both types against float64 within SDPA's own 16-bit error, its sanitizer
+pass and bad input, and no point moved either way."""
+
+from grader.rubric import RUBRIC, score
+from tests.conftest import REPO, needs_solution
+from tests.stand_in import HIDDEN, SCORED, Behaviour, failed, stand_in  # noqa: F401
+
+pytestmark = [needs_solution(4)]
+
+
+def half_backward_checks(record):
+    """The part's checks: optional cases named "bf16 backward ..." or "fp16 backward ...", timings left out."""
+    return [c for c in record["cases"] if c["kind"] == "optional" and c["name"].split()[0] in ("bf16", "fp16")
+            and c["name"].split()[1] == "backward" and " pass time: " not in c["name"]]
+
+
+def test_the_reference_passes_every_case_in_both_types_and_scores_nothing(stand_in):
+    """Every public and hidden case in bf16 and fp16 (causal too where seq_q <= seq_k) and the very negative scores
+    pass for the reference, each gradient within its allowance, said; then the part's sanitizer pass and the binding's
+    bad input, and its timings against SDPA's flash backward; a grading the same but the timings; the points are the
+    float32 part's alone."""
+    from checks.task4 import measure_backward
+    from checks.task4.backward_half import BACKWARD_HALF_PASS_NAME
+    from checks.task4.cases import BACKWARD_HALF_CASES
+    from checks.task4.measure import HALF_TYPES
+    from grader.hidden import CASES as HIDDEN_CASES
+
+    for flags in ((), ("--grading",)):
+        record = stand_in.run(4, "--solution", *SCORED[4], "--backward-half", *HIDDEN, *flags)
+        checks = half_backward_checks(record)
+        shapes = BACKWARD_HALF_CASES + HIDDEN_CASES[4]["backward_half"]
+        causal = sum(1 for s in shapes if s[3] <= s[4])
+        assert len(checks) == len(HALF_TYPES) * (len(shapes) + causal + 1), [c["name"] for c in checks]
+        assert all(c["passed"] and "lse " in c["message"] and "dq " in c["message"] and "x SDPA's" in c["message"]
+                   for c in checks), failed(record)
+        assert sum("every score very negative" in c["name"] for c in checks) == len(HALF_TYPES)
+        passes = {c["name"]: c for c in record["cases"] if c["name"].startswith("memory-safe")}
+        assert passes[BACKWARD_HALF_PASS_NAME]["kind"] == "optional" and passes[BACKWARD_HALF_PASS_NAME]["passed"]
+        errors = [c for c in record["cases"] if c["name"].startswith("bad input to the 16-bit backward part")]
+        assert len(errors) == 1 and errors[0]["passed"] and "6 kinds" in errors[0]["message"], errors
+        assert score(4, record)[0] == RUBRIC[4].points
+        timed = [c for c in record["cases"] if c["name"].startswith("bf16 backward pass time: ")]
+        if flags:  # a grading times nothing optional
+            assert not timed
+            continue
+        assert len(timed) == len(measure_backward.BACKWARD_HALF_BENCHMARKS) * 2, [c["name"] for c in timed]
+        assert all(c["kind"] == "optional" and c["passed"] and c["message"].endswith("not scored")
+                   and "SDPA's backward (flash backend, bfloat16)" in c["message"]
+                   and "reference kernels" in c["message"] for c in timed), timed
+
+
+def test_a_wrong_student_part_fails_its_cases_named_and_keeps_every_point(stand_in, tmp_path):
+    """A student's dk 1% off fails the part's cases with the steps named, and no point; a mistake of the common list
+    (D left out of dS) is named with the 16-bit part's step, said once; the handout's skeletons stop at step 27."""
+    for rel in ("task4/kernels/attention.cu", "task4/kernels/attention_half.cu",
+                "task4/kernels/attention_backward_half.cu"):  # a finished student's files
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text((REPO / rel.replace("kernels/", "solution/kernels/")).read_text())
+    stand_in.student[4] = Behaviour(backward_half="wrong")
+    record = stand_in.run(4, "--student-dir", str(tmp_path), *SCORED[4], "--backward-half")
+    points, why = score(4, record)
+    assert record["status"] == "passed" and points == RUBRIC[4].points, why
+    wrong = [c for c in half_backward_checks(record) if not c["passed"]]
+    assert wrong and all("dk" in c["message"] and "steps 28-29" in c["message"] for c in wrong), wrong
+    assert all(c["passed"] for c in record["cases"] if c["kind"] == "check")
+
+    stand_in.student[4] = Behaviour(backward_half="no D")  # dS = P dP: named with step 30 (dQ is checked first)
+    record = stand_in.run(4, "--student-dir", str(tmp_path), "--backward-half")
+    wrong = [c for c in half_backward_checks(record) if not c["passed"]]
+    assert wrong and all(c["message"].startswith("looks like dS without D") and "Task 4, step 30." in c["message"]
+                         for c in wrong), [c["message"][:150] for c in wrong]
+
+    stand_in.student[4] = Behaviour(backward_half="lse unwritten")
+    record = stand_in.run(4, "--backward-half")  # the handout's skeletons: every step TODO
+    said = [c["message"] for c in record["cases"] if c["kind"] == "optional" and not c["passed"]]
+    assert len(said) == 1 and "not implemented yet: see README, Task 4, step 27" in said[0], said
