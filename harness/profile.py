@@ -195,7 +195,7 @@ def main(task: int, kernel: str, entry: str, args_of, what_of, argv=None, causal
         parser.add_argument("--causal", action="store_true", help="with the causal mask")
     parser.add_argument("--student-dir", type=Path, default=REPO, help=argparse.SUPPRESS)
     for flag, (said, _, _) in optional.items():
-        parser.add_argument(f"--{flag}", action="store_true", help=said)
+        parser.add_argument(f"--{flag.replace('_', '-')}", dest=flag, action="store_true", help=said)
     parser.add_argument("--raw", action="store_true", help="also print ncu's whole report")
     options = parser.parse_args(argv)
     chosen = [flag for flag in optional if getattr(options, flag)]

@@ -290,21 +290,23 @@ def main(plan: Plan, argv=None, **optional: Plan) -> int:
     add_solution_flag(parser, plan.task, "tune the reference solution instead of your code",
                       f"python -m task{plan.task}.tune tunes your own kernel")
     for flag, other in optional.items():
-        parser.add_argument(f"--{flag}", action="store_true", help=f"tune {other.part} ({other.kernel_file})")
+        parser.add_argument(f"--{flag.replace('_', '-')}", dest=flag, action="store_true",
+                            help=f"tune {other.part} ({other.kernel_file})")
     parser.add_argument("--student-dir", type=Path, default=REPO, metavar="DIR", help=argparse.SUPPRESS)
     parser.add_argument("--build-only", action="store_true",
                         help="only compile each configuration: registers, spills, or why it does not build (no GPU)")
     parser.add_argument("--jobs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
                         help="configurations built at once (default: half the CPU cores, at most 8)")
     parser.add_argument("--csv", type=Path, help=f"where the rows go (default: task{plan.task}-tune.csv"
-                        + "".join(f", task{plan.task}-{flag}-tune.csv with --{flag}" for flag in optional) + ")")
+                        + "".join(f", task{plan.task}-{flag.replace('_', '-')}-tune.csv with --{flag.replace('_', '-')}"
+                                  for flag in optional) + ")")
     args = parser.parse_args(argv)
     chosen = [flag for flag in optional if getattr(args, flag)]
     if len(chosen) > 1:
         print(f"task {plan.task}: {' and '.join('--' + f for f in chosen)}: one optional part at a time")
         return 2
     plan = optional[chosen[0]] if chosen else plan
-    args.csv = args.csv or Path(f"task{plan.task}-{chosen[0] + '-' if chosen else ''}tune.csv")
+    args.csv = args.csv or Path(f"task{plan.task}-{chosen[0].replace('_', '-') + '-' if chosen else ''}tune.csv")
 
     source = source_of(plan.kernel_file, args.student_dir, args.solution)
     text = source.read_text()

@@ -350,6 +350,8 @@ static void backward_half(const torch::Tensor& q, const torch::Tensor& k, const 
               "not compile, or does not define flash_attention_backward_half with the signature above (README, Task "
               "4, step 28)");
   check_ampere(q, "the bf16/fp16 backward part");
+  TORCH_CHECK(k.size(0) * k.size(1) <= 65535, "the bf16/fp16 backward part runs one row of blocks per (batch, "
+              "kv_head): batch * kv_heads must be at most 65535, got ", num(k.size(0) * k.size(1)));
   const c10::cuda::CUDAGuard guard(q.device());
   if (q.numel() == 0) {  // as float32's: no query reads a key
     dk.zero_();
@@ -360,7 +362,8 @@ static void backward_half(const torch::Tensor& q, const torch::Tensor& k, const 
   const torch::Tensor q16 = rows_of_16_bytes(q), k16 = rows_of_16_bytes(k), v16 = rows_of_16_bytes(v);
   const torch::Tensor out16 = rows_of_16_bytes(out), dout16 = rows_of_16_bytes(dout);
   const auto ready = [&](torch::Tensor& t, const torch::Tensor& like) {
-    return t.size(3) == like.size(3) && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 ? t : torch::empty_like(like);
+    const bool aligned = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+    return t.size(3) == like.size(3) && aligned ? t : torch::empty_like(like);
   };
   torch::Tensor dq16 = ready(dq, q16), dk16 = ready(dk, k16), dv16 = ready(dv, k16);
   // D = rowsum(dout * out): NaN until the first kernel writes it, as float32's; dQ's float32 sums start at zero

@@ -182,6 +182,14 @@ def profile_launch_backward(batch, heads, seq, head_dim, causal):
     torch.cuda.synchronize()
 
 
+def profile_launch_backward_half(batch, heads, seq, head_dim, causal):
+    """The same in bf16 (python -m task4.profile --backward-half): out and lse from your 16-bit forward_lse."""
+    q, k, v, dout = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    out, lse = torch.empty_like(q), torch.empty(batch, heads, seq, device="cuda")
+    forward_lse(q, k, v, out, lse, causal, head_dim ** -0.5)
+    backward(q, k, v, out, dout, lse, *(torch.empty_like(t) for t in (q, k, v)), causal, head_dim ** -0.5)
+
+
 def profile_launch_half(batch, heads, seq, head_dim, causal):
     """The same for the bf16 kernel (python -m task4.profile --half)."""
     q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))

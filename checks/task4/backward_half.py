@@ -79,8 +79,8 @@ def check_backward_half_case(worker, shape, causal, seed, dtype, shift=0.0, tile
         atol = gradient_allowance(yardstick, expected, dtype)
         result = compare(got.tensor, expected, atol=atol, rtol=0.0, name=got.name, poisoned=True)
         result = dataclasses.replace(result, message=f"{result.message} (allowed {atol:.1e}: the larger of "
-                                                     f"{HALF_ERROR_FACTOR:g}x SDPA's {yardstick:.1e} and half a unit "
-                                                     "in the last place of the largest |expected|)")
+                                                     f"{HALF_ERROR_FACTOR:g}x SDPA's {yardstick:.1e}, half a unit "
+                                                     f"in the last place of the largest |expected| and {ATOL:g})")
         if not result.passed:
             diagnosed = diagnose_gradient(result, got.name, got.tensor, q, k, v, d_out, causal, scale, atol=atol,
                                           rtol=torch.finfo(dtype).eps, tiles=tiles, steps=HALF_STEPS)

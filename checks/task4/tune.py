@@ -1,4 +1,5 @@
-"""python -m task4.tune [--half | --backward | --hopper] [--configs NAME=N,... ...] [--solution] [--build-only] [--jobs N] [--csv PATH]
+"""python -m task4.tune [--half | --backward | --hopper | --backward-half] [--configs NAME=N,... ...] [--solution]
+       [--build-only] [--jobs N] [--csv PATH]
 
 Builds your kernel (task4/kernels/attention.cu) at several settings of its tile constants, side
 by side, then checks each on a few edge cases and times it at batch 8, 32 heads, seq 4096,
@@ -19,6 +20,10 @@ the table), with SDPA's backward pass beside; writes task4-backward-tune.csv.
 --hopper: the optional Hopper kernel (task4/kernels/attention_hopper.cu, steps 17-22, compute capability 9.0) in bf16,
 its K/V stages, step 21's overlap, step 22's turns and the registers' split between producer and consumers, with
 SDPA's flash and cuDNN backends timed beside the file as it is; writes task4-hopper-tune.csv.
+
+--backward-half: the optional 16-bit backward kernels (task4/kernels/attention_backward_half.cu, steps 27-30) in
+bf16, warps a block and queries a tile, timed as python -m task4.test --backward-half times them, with SDPA's flash
+backward beside; writes task4-backward-half-tune.csv.
 """
 
 import math
@@ -31,8 +36,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from harness import bench, tune
 from harness.attention_math import attention_flops, fp32_peak_tflops, half_tensor_core_bound_tflops
 from checks.task4.measure import PERF_CASE, time_here, time_student
-from checks.task4.measure_backward import BACKWARD_FLOPS, time_sdpa_backward, time_student_backward
+from checks.task4.measure_backward import (BACKWARD_FLOPS, BACKWARD_HALF_BENCHMARKS, time_sdpa_backward,
+                                           time_student_backward)
 from checks.task4.backward import backward_text, check_backward_case
+from checks.task4.backward_half import check_backward_half_case
 from checks.task4.forward import check_case, shape_text
 from checks.task4.half import check_half_case
 from checks.task4.hopper import HOPPER_MISTAKES_STEP, HOPPER_TILES
@@ -223,8 +230,50 @@ BACKWARD_PLAN = tune.Plan(task=4, kernel_file="task4/kernels/attention_backward.
 
 
 
+# The 16-bit backward's knobs (kernels/attention_backward_half.cu): the file's first (8 warps: 128 keys a block, 32
+# queries a tile), then 64-query tiles (fewer turns of the loop, more registers: they spill at 8 warps) and 4-warp
+# blocks (64 keys: more blocks, each walked query tile serving fewer keys).
+BACKWARD_HALF_CONFIGS = [{"WARPS": 8, "BLOCK_QUERIES": 32}, {"WARPS": 8, "BLOCK_QUERIES": 64},
+                         {"WARPS": 4, "BLOCK_QUERIES": 32}, {"WARPS": 4, "BLOCK_QUERIES": 64}]
+BACKWARD_HALF_CASE = BACKWARD_HALF_BENCHMARKS[1]  # batch 4, 32 heads, 2048 tokens, head_dim 128
+
+
+def measure_backward_half(worker) -> tune.Measured:
+    for n, (shape, causal) in enumerate(BACKWARD_CHECKS):
+        tiles = (128, 32)  # the mistakes' tiles only name a mistake: a wrong row fails either way
+        result = check_backward_half_case(worker, shape, causal, 900 + 10 * n, torch.bfloat16, tiles=tiles)
+        passed, message = (result.passed, result.message) if hasattr(result, "passed") else result[:2]
+        if not passed:
+            return tune.Measured(error=f"wrong at bf16 {backward_text(shape)}{' causal' if causal else ''}: "
+                                       f"{message.splitlines()[0]}")
+    b, h, s, d = BACKWARD_HALF_CASE
+    timing = time_student_backward(worker, b, h, s, d, False, torch.bfloat16)
+    if isinstance(timing, str):
+        return tune.Measured(error=f"timed run failed: {timing.splitlines()[0]}")
+    tflops = BACKWARD_FLOPS * attention_flops(b, h, s, s, d, False) / (timing.median_ms * 1e-3) / 1e12
+    return tune.Measured(ms=timing.median_ms, throughput=tflops, share=100 * tflops / half_tensor_core_bound_tflops())
+
+
+def sdpa_flash_backward_beside(worker) -> list[str]:
+    """SDPA's backward pass (flash backend, bf16) at the same case"""
+    b, h, s, d = BACKWARD_HALF_CASE
+    t_sdpa = time_sdpa_backward(b, h, s, d, False, torch.bfloat16)
+    flops = BACKWARD_FLOPS * attention_flops(b, h, s, s, d, False)
+    return [f"SDPA's backward pass (flash backend, FlashAttention-2's, bf16), same case: {bench.timing_text(t_sdpa)}"
+            + (f", {flops / (t_sdpa.median_ms * 1e-3) / 1e12:.0f} TFLOP/s" if not isinstance(t_sdpa, str) else "")]
+
+
+BACKWARD_HALF_PLAN = tune.Plan(
+    task=4, kernel_file="task4/kernels/attention_backward_half.cu",
+    timed_kernel=lambda values: "flash_attention_dkdv_half_kernel<__nv_bfloat16, 128, {}>".format(
+        values.get("BLOCK_QUERIES")),
+    what="bf16 backward, batch {} heads {} seq {} head_dim {}".format(*BACKWARD_HALF_CASE),
+    unit="TFLOP/s (2.5x the forward's flops)", limit="16-bit tensor-core bound", configs=BACKWARD_HALF_CONFIGS,
+    measure=measure_backward_half, also=sdpa_flash_backward_beside, part="the optional 16-bit backward kernels")
+
+
 def main() -> int:
-    return tune.main(PLAN, half=HALF_PLAN, backward=BACKWARD_PLAN, hopper=HOPPER_PLAN)
+    return tune.main(PLAN, half=HALF_PLAN, backward=BACKWARD_PLAN, hopper=HOPPER_PLAN, backward_half=BACKWARD_HALF_PLAN)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,13 @@
 //      K and V in shared memory, their dK and dV in registers. It walks the query tiles (BLOCK_QUERIES rows) that
 //      see them, of every query head of the group, Q and dO double-buffered by cp.async. Warp w owns keys 16w ..
 //      16w + 15 of everything: its rows of S^T = K Q^T and dP^T = V dO^T (its A operands are its K and V rows, the
-//      query tile's rows are the B operands), P^T and dS^T computed on those accumulators, then repacked to 16-bit
-//      A operands in registers (the accumulator of two n8 tiles is the A operand of one k16 step: step 10's P)
-//      for dV += P^T dO and dK += dS^T Q. No shared memory for P.
-//      dQ needs dS K summed over every key block: the block writes dS^T to shared memory, its warps split the tile's
-//      dQ += dS K, and add it to a float32 dq_accum in global memory with atomics (step 30). The adds of different
-//      blocks land in any order: dQ's last bits may differ from run to run, within float32's rounding.
+//      query tile's rows are the B operands), P^T and dS^T computed on those accumulators. P^T is repacked to 16-bit
+//      A operands in registers (the accumulator of two n8 tiles is the A operand of one k16 step: step 10's P) for
+//      dV += P^T dO: no shared memory for P. dS^T goes to shared memory in 16 bits, where dK += dS^T Q reads its A
+//      operands back (the registers it would hold are what a 64-query tile needs) and dQ reads the whole tile's:
+//      dQ needs dS K summed over every key block, so the warps split the tile's dQ += dS K and add it to a float32
+//      dq_accum in global memory with atomics (step 30). The adds of different blocks land in any order: dQ's last
+//      bits may differ from run to run, within float32's rounding.
 //   3. dq_kernel (step 30): dq = scale dq_accum, in 16 bits.
 // FlashAttention-2's way: 5 tile products a pair of tiles, where steps 14-16 do 7 (kernel 3 there recomputes S and
 // dP). README, Task 4, step 30, weighs the two.
@@ -91,33 +92,27 @@ __device__ __forceinline__ void rows_times_rows_t(float (&c)[N][4], const T* a_r
   }
 }
 
-// acc (16 x D) += A (16 x 16 K_STEPS, as K_STEPS A operands in registers) times B (16 K_STEPS x D, row-major in
-// shared memory at b_rows, read transposed by ldmatrix.trans): dV += P^T dO and dK += dS^T Q.
-template <typename T, int D, int K_STEPS, int LD>
-__device__ __forceinline__ void frags_times_rows(float (&acc)[D / 8][4], const uint32_t (&a)[K_STEPS][4],
-                                                 const T* b_rows) {
+// acc (16 x D) += a (a 16 x 16 A operand in registers) times 16 rows of B (16 x D, row-major in shared memory at
+// b_rows, read transposed by ldmatrix.trans): one k16 step of dV += P^T dO and of dK += dS^T Q.
+template <typename T, int D, int LD>
+__device__ __forceinline__ void frag_times_rows(float (&acc)[D / 8][4], const uint32_t (&a)[4], const T* b_rows) {
 #pragma unroll
-  for (int st = 0; st < K_STEPS; ++st)
-#pragma unroll
-    for (int d = 0; d < D / 8; d += 2) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, b_rows + st * 16 * LD + d * 8);
-      mma16816<T>(acc[d], a[st], b[0], b[1]);
-      mma16816<T>(acc[d + 1], a[st], b[2], b[3]);
-    }
+  for (int d = 0; d < D / 8; d += 2) {
+    uint32_t b[4];
+    ldmatrix_x4_trans(b, b_rows + d * 8);
+    mma16816<T>(acc[d], a, b[0], b[1]);
+    mma16816<T>(acc[d + 1], a, b[2], b[3]);
+  }
 }
 
-// The accumulator of a 16 x (16 K_STEPS) product as K_STEPS A operands: mma.sync's C layout to its A layout, two n8
-// tiles a k16 step (step 10 packs P so).
-template <typename T, int K_STEPS>
-__device__ __forceinline__ void pack_a(uint32_t (&a)[K_STEPS][4], const float (&c)[2 * K_STEPS][4]) {
-#pragma unroll
-  for (int st = 0; st < K_STEPS; ++st) {
-    a[st][0] = Half<T>::pack(c[2 * st][0], c[2 * st][1]);
-    a[st][1] = Half<T>::pack(c[2 * st][2], c[2 * st][3]);
-    a[st][2] = Half<T>::pack(c[2 * st + 1][0], c[2 * st + 1][1]);
-    a[st][3] = Half<T>::pack(c[2 * st + 1][2], c[2 * st + 1][3]);
-  }
+// Two neighbouring n8 tiles of an accumulator (a 16 x 16 piece: lo, then hi) as one A operand in 16 bits: mma.sync's
+// C layout is its A layout, as step 10 packs P.
+template <typename T>
+__device__ __forceinline__ void pack_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+  a[0] = Half<T>::pack(lo[0], lo[1]);
+  a[1] = Half<T>::pack(lo[2], lo[3]);
+  a[2] = Half<T>::pack(hi[0], hi[1]);
+  a[3] = Half<T>::pack(hi[2], hi[3]);
 }
 
 // dst[0] += a and dst[1] += b, atomically: one vector reduction on 9.0 (red.global.add.v2.f32; dst 8-byte aligned),
@@ -147,10 +142,11 @@ constexpr size_t dkdv_smem_bytes() {
   return sizeof(T) * ((2 * KEYS + 4 * QUERIES) * (D + PAD) + KEYS * (QUERIES + PAD)) + sizeof(float) * 4 * QUERIES;
 }
 
-// Kernel 2 (steps 28-30): grid (batch * kv_heads, ceil(seq_k / (16 WARPS))), WARPS * 32 threads, dkdv_smem_bytes().
+// Kernel 2 (steps 28-30): grid (ceil(seq_k / (16 WARPS)), batch * kv_heads), WARPS * 32 threads, dkdv_smem_bytes().
 // D: head_dim's tile width (64 or 128); QUERIES: the query tile's rows.
 template <typename T, int D, int QUERIES>
-__global__ void __launch_bounds__(WARPS * WARP, 1) flash_attention_dkdv_half_kernel(const AttentionBackwardHalfParams p) {
+__global__ void __launch_bounds__(WARPS * WARP, 1)
+    flash_attention_dkdv_half_kernel(const AttentionBackwardHalfParams p) {
   constexpr int KEYS = 16 * WARPS, THREADS = WARPS * WARP, LD = D + PAD, LDS = QUERIES + PAD;
   constexpr int Q_TILES = QUERIES / 8;  // n8 tiles of S^T (queries)
   constexpr int K_STEPS = QUERIES / 16;  // k16 steps of dV += P^T dO and dK += dS^T Q
@@ -167,10 +163,12 @@ __global__ void __launch_bounds__(WARPS * WARP, 1) flash_attention_dkdv_half_ker
   float* delta_tiles = lse_tiles + 2 * QUERIES;                       // 2 stages of QUERIES
 
   const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-  const int batch = blockIdx.x / p.kv_heads, kv_head = blockIdx.x % p.kv_heads, group = p.heads / p.kv_heads;
-  const int n0 = blockIdx.y * KEYS, seq_q = p.seq_q, seq_k = p.seq_k, head_dim = p.head_dim;
+  // blockIdx.x: the key block, the grid's fastest index, so that the blocks running at once are mostly those of one
+  // (batch, key/value head): they walk the same Q and dO and add into the same rows of dq_accum, which L2 then holds
+  const int batch = blockIdx.y / p.kv_heads, kv_head = blockIdx.y % p.kv_heads, group = p.heads / p.kv_heads;
+  const int n0 = blockIdx.x * KEYS, seq_q = p.seq_q, seq_k = p.seq_k, head_dim = p.head_dim;
   const int causal_offset = seq_k - seq_q;  // query i sees keys j <= i + causal_offset
-  const size_t kv_offset = ((size_t)blockIdx.x * seq_k + n0) * head_dim;
+  const size_t kv_offset = ((size_t)blockIdx.y * seq_k + n0) * head_dim;
   const T* q = static_cast<const T*>(p.q);
   const T* dout = static_cast<const T*>(p.dout);
 
@@ -222,11 +220,13 @@ __global__ void __launch_bounds__(WARPS * WARP, 1) flash_attention_dkdv_half_ker
 
     float s[Q_TILES][4] = {}, dp[Q_TILES][4] = {};  // S^T, then P^T; dP^T, then dS^T
     // s[n][e]: key key0 + 8 (e / 2), query m0 + 8 n + 2 (lane % 4) + e % 2 (the accumulator layout)
-    // TODO (README, Task 4, step 28: S^T = K Q^T and dP^T = V dO^T for this warp's keys; P^T, masked, and dS^T = P^T (dP^T - D))
-    uint32_t a[K_STEPS][4];  // P^T, then dS^T, as A operands
-    // TODO (README, Task 4, step 29: dV += P^T dO and dK += dS^T Q, P^T and dS^T repacked to 16-bit A operands)
+    // TODO (README, Task 4, step 28: S^T = K Q^T and dP^T = V dO^T for this warp's keys; P^T (masked), dS^T = P^T (dP^T - D))
+    __syncwarp();  // this warp's rows of dS^T written, for its own ldmatrix below
 
-    // TODO (README, Task 4, step 30: dS^T to shared memory; dQ += dS K split among the warps, added to dq_accum)
+    // TODO (README, Task 4, step 29: dV += P^T dO (P^T repacked to A operands) and dK += dS^T Q (dS^T's from shared memory))
+    __syncthreads();  // dS^T complete: every warp's rows
+
+    // TODO (README, Task 4, step 30: dQ += dS K for the tile, split among the warps, added to dq_accum)
     __syncthreads();  // everyone is done with this stage's Q, dO, and with dS^T, before they are written again
   }
   cp_async_wait<0>();
@@ -247,7 +247,7 @@ cudaError_t launch_dkdv(const AttentionBackwardHalfParams& p, cudaStream_t strea
   static_assert(smem <= 227 * 1024, "the tiles fit in a block's shared memory on 9.0");
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != cudaSuccess) return err;
-  kernel<<<dim3(p.batch * p.kv_heads, ceil_div(p.seq_k, 16 * WARPS)), WARPS * WARP, smem, stream>>>(p);
+  kernel<<<dim3(ceil_div(p.seq_k, 16 * WARPS), p.batch * p.kv_heads), WARPS * WARP, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -272,7 +272,7 @@ cudaError_t backward_for_type(const AttentionBackwardHalfParams& p, cudaStream_t
 cudaError_t flash_attention_backward_half(const AttentionBackwardHalfParams& p, cudaStream_t stream) {
   if (p.batch < 0 || p.heads < 1 || p.kv_heads < 1 || p.heads % p.kv_heads != 0 || p.seq_q < 1 || p.seq_k < 1 ||
       p.head_dim < 8 || p.head_dim > MAX_HEAD_DIM || p.head_dim % 8 != 0 || (p.causal && p.seq_q > p.seq_k) ||
-      (p.seq_k - 1) / (16 * WARPS) >= 65535)
+      p.batch * p.kv_heads > 65535)  // grid.y
     return cudaErrorInvalidValue;
   if (p.batch == 0) return cudaSuccess;
   return p.bf16 ? backward_for_type<__nv_bfloat16>(p, stream) : backward_for_type<__half>(p, stream);
