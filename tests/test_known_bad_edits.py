@@ -12,6 +12,7 @@ from tests.test_cuda_masks_submissions import (BACKWARD_EDITS as BACKWARD_MASKS_
                                                EDITS as MASKS_EDITS, HOPPER_EDITS as HOPPER_MASKS_EDITS,
                                                MASKS_REFERENCE)
 from tests.test_cuda_submissions import DIAGNOSED, EDITS_BY_REFERENCE
+from tests import test_cuda_backward_half_submissions as backward_half
 
 CASES = [(reference, edit) for reference, edits in {**EDITS_BY_REFERENCE, HOPPER_REFERENCE: HOPPER_EDITS}.items()
          for edit in edits]
@@ -20,6 +21,8 @@ CASES += [(HOPPER_REFERENCE, edit) for edit, _ in HOPPER_MASKS_EDITS.values()]
 CASES += [(BACKWARD_REFERENCE, edit) for edit, _ in BACKWARD_MASKS_EDITS.values()]
 CASES += [(f"task{task}/solution/kernels/{'decode' if task == 5 else 'attention'}.cu", edit)
           for task, edits, *_ in DIAGNOSED.values() for edit in edits]
+CASES += [(backward_half.HALF_BACKWARD_REFERENCE, edit) for edit in backward_half.HALF_BACKWARD_EDITS]
+CASES += [("task4/solution/kernels/attention_half.cu", backward_half.LSE_WITHOUT_THE_SUM)]
 
 
 @needs_solution(4)
