@@ -45,15 +45,24 @@ MISTAKES = [
                     14, "no queries"),
     GradientMistake("dK with the causal skip a query tile late (the first tile that sees a block's keys skipped)",
                     "dk", 14, "late", "causal"),
+    # where dQ is added up by the dK/dV kernel (the 16-bit part, steps 28-30: dq_with_dk), its walk shows in dQ too,
+    # and dQ is checked first; with a dQ kernel of its own (steps 13-16) these dQ are right, and name nothing
+    GradientMistake("dQ of one query head of each group alone: the key blocks do not walk the group's other heads",
+                    "dq", 14, "one head", "grouped"),
+    GradientMistake("dQ of no query tile at all (the first query tile past the last)", "dq", 14, "no queries"),
+    GradientMistake("dQ with the causal skip a query tile late (the first tile that sees a block's keys skipped)",
+                    "dq", 14, "late", "causal"),
     GradientMistake("dV with the causal skip a query tile late (the first tile that sees a block's keys skipped)",
                     "dv", 14, "late", "causal"),
 ]
 
 
-def gradients_with(q, k, v, d_out, causal: bool, scale: float, how: str = "", tiles=(64, 64), head: int = 0):
+def gradients_with(q, k, v, d_out, causal: bool, scale: float, how: str = "", tiles=(64, 64), head: int = 0,
+                   dq_with_dk: bool = False):
     """(dq, dk, dv) in float64 with one mistake (`how`, GradientMistake.how; "" for none). tiles: the backward's
     (BLOCK_ROWS, BLOCK_COLS), for the pairs its kernels visit ("late", "no P"); head: which head of a group
-    "one head" keeps (0, the first, or -1, the last)."""
+    "one head" keeps (0, the first, or -1, the last). dq_with_dk: dQ is added up by the dK/dV kernel (the 16-bit
+    part), so it visits that kernel's pairs, and a walk that leaves some out leaves them out of dQ too."""
     heads, kv_heads = q.shape[-3], k.shape[-3]
     q, k, v, d_out = (t.detach().to("cpu", torch.float64) for t in (q, k, v, d_out))
     k_all, v_all = expand_kv_heads(k, heads), expand_kv_heads(v, heads)
@@ -68,13 +77,21 @@ def gradients_with(q, k, v, d_out, causal: bool, scale: float, how: str = "", ti
     if how == "no P":  # dP - D on every pair a kernel visits: masked pairs of the tiles it computes count too
         seq_q, seq_k = q.shape[-2], k.shape[-2]
         d_s = (d_p - delta).masked_fill(~_visited(seq_q, seq_k, causal, *tiles, "dk"), 0.0)
-        d_s_for_q = (d_p - delta).masked_fill(~_visited(seq_q, seq_k, causal, *tiles, "dq"), 0.0)
-    d_q = (1.0 if how == "dq unscaled" else scale) * d_s_for_q @ k_all
+        d_s_for_q = (d_p - delta).masked_fill(~_visited(seq_q, seq_k, causal, *tiles, "dk" if dq_with_dk else "dq"),
+                                              0.0)
     kept = p, d_s
     if how == "late":  # the first query tile that sees each key block's keys: left out of dK and dV
         kept = tuple(t.masked_fill(_skipped_late(q.shape[-2], k.shape[-2], *tiles), 0.0) for t in kept)
     if how == "no queries":
         kept = tuple(torch.zeros_like(t) for t in kept)
+    if dq_with_dk and how in ("late", "no queries"):
+        d_s_for_q = kept[1]
+    d_q = (1.0 if how == "dq unscaled" else scale) * d_s_for_q @ k_all
+    if dq_with_dk and how == "one head":  # the heads of a group past the first (or before the last) never walked
+        group = heads // kv_heads
+        walked = torch.zeros(group, dtype=torch.bool)
+        walked[head] = True
+        d_q = d_q * walked.repeat(kv_heads).view(1, heads, 1, 1)
     d_v = kept[0].transpose(-2, -1) @ d_out
     d_k = (1.0 if how == "dk unscaled" else scale) * kept[1].transpose(-2, -1) @ q
     group = heads // kv_heads
@@ -109,22 +126,23 @@ def _skipped_late(seq_q: int, seq_k: int, block_rows: int, block_cols: int) -> t
 
 
 def diagnose_gradient(result: CheckResult, name: str, got, q, k, v, d_out, causal: bool, scale: float, *,
-                      atol: float, rtol: float, tiles=(64, 64), steps: dict[int, int] | None = None) -> CheckResult:
+                      atol: float, rtol: float, tiles=(64, 64), steps: dict[int, int] | None = None,
+                      dq_with_dk: bool = False) -> CheckResult:
     """`result`, a failed comparison of the gradient `name` ("dq", "dk" or "dv") with float64, with the first
     mistake it matches said in front ("looks like ...: see README, Task 4, step N."). tiles: the student's
     (BLOCK_ROWS, BLOCK_COLS). steps: where another part makes each mistake, by float32's step (the 16-bit
-    backward's, steps 28-30)."""
+    backward's, steps 28-30); dq_with_dk: as gradients_with's."""
     if result.passed or result.untouched or not isinstance(got, torch.Tensor):
         return result
     grouped = q.shape[-3] != k.shape[-3]
     which = "dq dk dv".split().index(name)
-    right = gradients_with(q, k, v, d_out, causal, scale, "", tiles)[which]
+    right = gradients_with(q, k, v, d_out, causal, scale, "", tiles, dq_with_dk=dq_with_dk)[which]
     for mistake in MISTAKES:
         if mistake.grad != name or (mistake.needs == "causal" and not causal) or (
                 mistake.needs == "grouped" and not grouped):
             continue
         for head in (0, -1) if mistake.how == "one head" else (0,):
-            wrong = gradients_with(q, k, v, d_out, causal, scale, mistake.how, tiles, head)[which]
+            wrong = gradients_with(q, k, v, d_out, causal, scale, mistake.how, tiles, head, dq_with_dk)[which]
             # a mistake that does not show on these inputs (its gradient within twice the tolerance of the right
             # one) names nothing: an output that only just misses the tolerance would match it too
             if compare(wrong, right, atol=2 * atol, rtol=2 * rtol).passed:

@@ -50,8 +50,8 @@ def half_backward_submission(tmp_path, *edits, forward_edits=()):
                           "step 30."),
     ((DK_UNSCALED,), (), "looks like dK without its scale (write scale * dK at the end): see README, Task 4, step 29."),
     ((DQ_UNSCALED,), (), "looks like dQ without its scale (write scale * dQ at the end): see README, Task 4, step 30."),
-    ((ONE_HEAD_OF_THE_GROUP,), (), "looks like dK of one query head of each group alone: the heads that share a "
-                                   "key/value head not summed: see README, Task 4, step 28."),
+    ((ONE_HEAD_OF_THE_GROUP,), (), "looks like dQ of one query head of each group alone: the key blocks do not walk "
+                                   "the group's other heads: see README, Task 4, step 28."),
     ((DQ_STORED,), (), "(README, Task 4, steps 28 and 30)"),
     ((TAIL_UNMASKED,), (), "(README, Task 4, steps 28"),
     ((), (LSE_WITHOUT_THE_SUM,), "forward_lse's lse"),

@@ -31,10 +31,10 @@ def test_the_reference_passes_every_case_in_both_types_and_scores_nothing(stand_
         checks = half_backward_checks(record)
         shapes = BACKWARD_HALF_CASES + HIDDEN_CASES[4]["backward_half"]
         causal = sum(1 for s in shapes if s[3] <= s[4])
-        assert len(checks) == len(HALF_TYPES) * (len(shapes) + causal + 1), [c["name"] for c in checks]
+        assert len(checks) == len(HALF_TYPES) * (len(shapes) + causal + 2), [c["name"] for c in checks]
         assert all(c["passed"] and "lse " in c["message"] and "dq " in c["message"] and "x SDPA's" in c["message"]
                    for c in checks), failed(record)
-        assert sum("every score very negative" in c["name"] for c in checks) == len(HALF_TYPES)
+        assert sum("every score very negative" in c["name"] for c in checks) == 2 * len(HALF_TYPES)
         passes = {c["name"]: c for c in record["cases"] if c["name"].startswith("memory-safe")}
         assert passes[BACKWARD_HALF_PASS_NAME]["kind"] == "optional" and passes[BACKWARD_HALF_PASS_NAME]["passed"]
         errors = [c for c in record["cases"] if c["name"].startswith("bad input to the 16-bit backward part")]
@@ -70,6 +70,14 @@ def test_a_wrong_student_part_fails_its_cases_named_and_keeps_every_point(stand_
     wrong = [c for c in half_backward_checks(record) if not c["passed"]]
     assert wrong and all(c["message"].startswith("looks like dS without D") and "Task 4, step 30." in c["message"]
                          for c in wrong), [c["message"][:150] for c in wrong]
+
+    stand_in.student[4] = Behaviour(backward_half="one head")  # the key blocks walk a group's first head alone
+    record = stand_in.run(4, "--student-dir", str(tmp_path), "--backward-half")
+    wrong = [c for c in half_backward_checks(record) if not c["passed"]]
+    assert wrong and all(c["message"].startswith("looks like dQ of one query head of each group")
+                         and "Task 4, step 28." in c["message"] and ("kv heads" in c["name"] or "MQA" in c["name"])
+                         for c in wrong), \
+        [(c["name"], c["message"][:150]) for c in wrong]
 
     stand_in.student[4] = Behaviour(backward_half="lse unwritten")
     record = stand_in.run(4, "--backward-half")  # the handout's skeletons: every step TODO

@@ -83,7 +83,7 @@ def check_backward_half_case(worker, shape, causal, seed, dtype, shift=0.0, tile
                                                      f"in the last place of the largest |expected| and {ATOL:g})")
         if not result.passed:
             diagnosed = diagnose_gradient(result, got.name, got.tensor, q, k, v, d_out, causal, scale, atol=atol,
-                                          rtol=torch.finfo(dtype).eps, tiles=tiles, steps=HALF_STEPS)
+                                          rtol=torch.finfo(dtype).eps, tiles=tiles, steps=HALF_STEPS, dq_with_dk=True)
             if diagnosed.message.startswith("looks like"):
                 return diagnosed
             return dataclasses.replace(result, message=f"{result.message} (README, Task 4, {steps[got.name]})")
@@ -155,12 +155,15 @@ def backward_half_part(report, worker, hidden_cases, constants=None) -> bool:
             return report.end_part("backward_half")
     shape, shift = BACKWARD_HALF_NEGATIVE
     for i, (name, dtype) in enumerate(HALF_TYPES.items()):
-        before = len(report.cases)
-        report.run(f"{name} {backward_text(shape)} causal, every score very negative (q + {shift:g}, k - {shift:g})",
-                   lambda: check_backward_half_case(worker, shape, True, cli.seed(31 + i, hidden_cases), dtype, shift,
-                                                    tiles))
-        if report.process_died_since(before, "the 16-bit backward part"):
-            break
+        for causal in (False, True):  # not causal: only the keys past seq_k are masked there
+            before = len(report.cases)
+            report.run(f"{name} {backward_text(shape)}{' causal' if causal else ''}, every score very negative "
+                       f"(q + {shift:g}, k - {shift:g})",
+                       lambda: check_backward_half_case(worker, shape, causal, cli.seed(31 + 2 * i + causal,
+                                                                                        hidden_cases),
+                                                        dtype, shift, tiles))
+            if report.process_died_since(before, "the 16-bit backward part"):
+                return report.end_part("backward_half")
     return report.end_part("backward_half")
 
 

@@ -224,7 +224,7 @@ class Task4Kernels(StandInKernels):
             return
         with self.work(2.5 * attention_seconds(q, expand_kv_heads(k, q.shape[1]), causal)):
             how = behaviour if behaviour not in ("wrong", "unwritten", "lse unwritten", None) else ""
-            for got, grad in zip((dq, dk, dv), gradients_with(q, k, v, dout, causal, scale, how)):
+            for got, grad in zip((dq, dk, dv), gradients_with(q, k, v, dout, causal, scale, how, dq_with_dk=half)):
                 got.copy_(grad)
         if behaviour == "wrong":
             dk.mul_(1.01)
