@@ -437,4 +437,5 @@ def test_a_submission_without_an_optional_file_gets_its_skeleton_and_a_plain_not
     assert any(n.startswith("task1/attention.py: missing") for n in notes)  # a required file: said as before
     # graded alone, task 4 says nothing of the other tasks' files (it runs none of them)
     assert [n.split(":")[0] for n in prepare_submission(submission, tmp_path / "graded4", [4])] == [
-        "task4/kernels/attention_half.cu", "task4/kernels/attention_backward.cu", "task4/kernels/attention_hopper.cu"]
+        "task4/kernels/attention_half.cu", "task4/kernels/attention_backward.cu", "task4/kernels/attention_hopper.cu",
+        "task4/kernels/attention_backward_half.cu"]
