@@ -37,8 +37,8 @@ from harness.records import Report
 from harness.attention_math import attention_float64
 from checks.task4 import measure, measure_backward
 from checks.task4.backward import backward_part, backward_text, check_backward_errors, check_training
-from checks.task4.backward_half import (BACKWARD_HALF_PASS_NAME, backward_half_sanitizer_calls, backward_half_step_of,
-                                        optional_backward_half)
+from checks.task4.backward_half import (BACKWARD_HALF_PASS_NAME, PART_STEPS as BACKWARD_HALF_STEPS,
+                                        backward_half_sanitizer_calls, backward_half_step_of, optional_backward_half)
 from checks.task4.forward import attention_part, check_errors, grouped_text, make_inputs, shape_text
 from checks.task4.half import check_half_errors, half_part, half_text
 from checks.task4.hopper import hopper_part, is_hopper
@@ -286,7 +286,7 @@ def optional_benchmarks(report, worker, timed: list[tuple[str, object]]) -> None
 # The README steps of each part (step 7 is the float32 kernel's tuning; step 12, in kernels/attention.cu, the backward's)
 PART_STEPS = {"attention": (1, 2, 3, 4, 5, 6, 7), "half": (8, 9, 10, 11), "backward": (12, 13, 14, 15, 16),
               "hopper": (17, 18, 19, 20, 21, 22), "masks": (23, 24), "hopper_masks": (25,),
-              "backward_masks": (26,), "backward_half": (27, 28, 29, 30)}
+              "backward_masks": (26,), "backward_half": BACKWARD_HALF_STEPS}
 
 
 def main(argv=None) -> int:
