@@ -330,6 +330,14 @@ LOGITS_ATOL, LOGITS_RTOL = 1e-4, 1e-4
 # with PyTorch's own attention, measured on the same tokens (tasks 6 and 7's optional 16-bit parts).
 HALF_ERROR_FACTOR = 2.0
 HALF_TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # their short names, as case names say them
+
+
+def in_each_type(cases_of, grading: bool = False) -> list:
+    """(case, dtype) for an optional 16-bit part: every case of cases_of(short name) in bf16 and in fp16, or in a
+    grading each case in one of them, by turns (both types still run, at half the cost every grading pays; a
+    student's own run checks both)."""
+    return [(case, dtype) for t, (name, dtype) in enumerate(HALF_TYPES.items())
+            for i, case in enumerate(cases_of(name)) if not grading or i % len(HALF_TYPES) == t]
 # A 16-bit model's call in tasks 6 and 7 (teacher-forced, or a generation). Their slowest case took 18.6 s in a
 # grading on an H200 (the first: the build's load and warm-up included), so a 16-bit kernel that hangs (the Hopper
 # kernel's turns, task 4's step 22) costs two minutes there, not the five of any other call.

@@ -98,14 +98,17 @@ def run_batch_backward(sets, causal, scale):
     torch.cuda.synchronize()
 
 
-def train_with_kernels(seed, steps=None):
+def train_with_kernels(seed, steps=None, dtype="float32"):
     """task4/train.py's model trained with your forward_lse and backward (flash_attention_trainable): the loss of
-    every step (of `steps` only: a warm-up)."""
+    every step (of `steps` only: a warm-up). dtype "bfloat16": under autocast, through the 16-bit kernels."""
     from task4 import train
 
-    _backward_present()
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype: 'float32' or 'bfloat16' expected, got {dtype!r}")
+    dtype = getattr(torch, dtype)
+    _backward_present(torch.empty(0, dtype=dtype))
     return train.train(lambda q, k, v: attention.flash_attention_trainable(q, k, v, causal=True), train.TRAINING,
-                       seed, "cuda", steps)
+                       seed, "cuda", steps, dtype)
 
 
 def run_batch(sets, causal, scale):

@@ -7,7 +7,9 @@ separator, then the same tokens again, and the loss counts the copied half only.
 can be predicted without attending back to the first, so the loss falls only if the gradients that flow through
 attention are right. The same model, weights and batches are trained twice: once with `attention` from your
 kernels (`flash_attention_trainable`, whose backward is kernels/attention_backward.cu), once with PyTorch's
-scaled_dot_product_attention; python -m task4.test compares the two loss curves step by step.
+scaled_dot_product_attention; python -m task4.test compares the two loss curves step by step. With the 16-bit
+backward part (steps 27-30) the same training runs again in bf16 (autocast: the weights and Adam stay float32, the
+products and attention run in bf16), through your 16-bit kernels and through SDPA's.
 """
 
 from __future__ import annotations
@@ -93,18 +95,25 @@ def batch_of(config: Config, step: int, seed: int, device) -> torch.Tensor:
     return torch.cat([prefix, separator, prefix], dim=1).to(device)
 
 
-def train(attention, config: Config, seed: int, device, steps: int | None = None) -> list[float]:
+def train(attention, config: Config, seed: int, device, steps: int | None = None,
+          dtype: torch.dtype = torch.float32) -> list[float]:
     """Trains a fresh model (its weights from `seed`) for config.steps steps (or `steps`) of Adam with
-    attention(q, k, v), causal; the loss of every step."""
+    attention(q, k, v), causal; the loss of every step. dtype bfloat16: the forward pass under autocast, so
+    attention gets bf16 q, k and v and its backward a bf16 gradient (no loss scaling: bf16 has float32's range)."""
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"dtype: float32 or bfloat16 expected, got {dtype}")
     torch.manual_seed(seed)
     model = CopyModel(config).to(device)  # drawn on the CPU, then moved: the same weights everywhere
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     copied = slice(config.prefix, 2 * config.prefix)  # the positions whose next token is a copied one
+    where = next(model.parameters()).device.type  # autocast's device: where the weights are
     losses = []
     for step in range(config.steps if steps is None else steps):
         tokens = batch_of(config, step, seed, device)
-        logits = model(tokens[:, :-1], attention)
-        loss = F.cross_entropy(logits[:, copied].reshape(-1, config.vocab), tokens[:, copied.start + 1:].reshape(-1))
+        with torch.autocast(where, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            logits = model(tokens[:, :-1], attention)
+            loss = F.cross_entropy(logits[:, copied].reshape(-1, config.vocab).float(),
+                                   tokens[:, copied.start + 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -121,9 +130,10 @@ def chance_loss(config: Config) -> float:
     return math.log(config.vocab - 1)
 
 
-def write_curves(curves: dict[str, list[float]], path: str = "task4-training.csv") -> list[str]:
-    """The loss curves as a CSV (step, one column each) and, when matplotlib is installed, a plot beside it; the
-    paths written."""
+def write_curves(curves: dict[str, list[float]], path: str = "task4-training.csv",
+                 dtype: torch.dtype = torch.float32) -> list[str]:
+    """The loss curves (trained in `dtype`) as a CSV (step, one column each) and, when matplotlib is installed, a
+    plot beside it; the paths written."""
     import csv
 
     names = list(curves)
@@ -145,7 +155,8 @@ def write_curves(curves: dict[str, list[float]], path: str = "task4-training.csv
     ax.set_xlabel("training step")
     ax.set_ylabel("loss on the copied tokens")
     ax.set_yscale("log")
-    ax.set_title(f"copy task, {TRAINING.layers} layers, hidden {TRAINING.hidden}, {TRAINING.heads} heads")
+    ax.set_title(f"copy task, {TRAINING.layers} layers, hidden {TRAINING.hidden}, {TRAINING.heads} heads, "
+                 f"{str(dtype)[6:]}")
     ax.legend()
     fig.tight_layout()
     png = path.rsplit(".", 1)[0] + ".png"

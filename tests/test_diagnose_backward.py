@@ -66,3 +66,19 @@ def test_zeros_are_no_query_tile_and_a_mistake_that_does_not_show_names_nothing(
     assert not result.passed
     assert not diagnose_gradient(result, "dq", close, q, k, v, d_out, False, 0.25, atol=0.0,
                                  rtol=RTOL).message.startswith("looks like")
+
+
+def test_a_mistake_that_makes_the_gradient_larger_is_matched_at_its_own_size():
+    """dS without P makes dQ tens of times larger; the 16-bit kernels round dS before its product, so their dQ is
+    off the mistake's float64 model by the tolerance's share of that size, not of the right one's: still named."""
+    q, k, v, d_out = inputs()
+    right, wrong = (gradients_with(q, k, v, d_out, False, 0.25, how, dq_with_dk=True)[0] for how in ("", "no P"))
+    growth = float(wrong.abs().max() / right.abs().max())
+    assert growth > 4, growth
+    atol = 1e-3 * float(right.abs().max())
+    rounded = wrong + 0.5 * atol * growth * (2 * torch.rand_like(wrong) - 1)  # within the share, past atol
+    assert not compare(rounded, wrong, atol=atol, rtol=0.0).passed
+    result = compare(rounded, right, atol=atol, rtol=0.0)
+    said = diagnose_gradient(result, "dq", rounded, q, k, v, d_out, False, 0.25, atol=atol, rtol=0.0,
+                             dq_with_dk=True).message
+    assert said.startswith("looks like dS without P"), said

@@ -2,6 +2,11 @@
 the kernels (tests/stand_in/): checked in both types against float64 within SDPA's own 16-bit error, its sanitizer
 pass and bad input, and no point moved either way."""
 
+import math
+
+import torch
+
+from checks.task4.backward import check_training, training_name
 from grader.rubric import RUBRIC, score
 from tests.conftest import REPO, needs_solution
 from tests.stand_in import HIDDEN, SCORED, Behaviour, failed, stand_in  # noqa: F401
@@ -31,19 +36,27 @@ def test_the_reference_passes_every_case_in_both_types_and_scores_nothing(stand_
         checks = half_backward_checks(record)
         shapes = BACKWARD_HALF_CASES + HIDDEN_CASES[4]["backward_half"]
         causal = sum(1 for s in shapes if s[3] <= s[4])
-        assert len(checks) == len(HALF_TYPES) * (len(shapes) + causal + 2), [c["name"] for c in checks]
+        # a grading checks each case in one of the two types, by turns: both types, half the time
+        each = 1 if flags else len(HALF_TYPES)
+        assert len(checks) == each * (len(shapes) + causal + 2), [c["name"] for c in checks]
+        assert {c["name"].split()[0] for c in checks} == set(HALF_TYPES)
         assert all(c["passed"] and "lse " in c["message"] and "dq " in c["message"] and "x SDPA's" in c["message"]
                    for c in checks), failed(record)
-        assert sum("every score very negative" in c["name"] for c in checks) == 2 * len(HALF_TYPES)
+        assert sum("every score very negative" in c["name"] for c in checks) == 2 * each
         passes = {c["name"]: c for c in record["cases"] if c["name"].startswith("memory-safe")}
         assert passes[BACKWARD_HALF_PASS_NAME]["kind"] == "optional" and passes[BACKWARD_HALF_PASS_NAME]["passed"]
         errors = [c for c in record["cases"] if c["name"].startswith("bad input to the 16-bit backward part")]
         assert len(errors) == 1 and errors[0]["passed"] and "6 kinds" in errors[0]["message"], errors
         assert score(4, record)[0] == RUBRIC[4].points
+        trained = [c for c in record["cases"] if c["name"] == training_name(torch.bfloat16)]
+        assert len(trained) == 1 and trained[0]["passed"] and trained[0]["kind"] == "optional", trained
+        assert "in bfloat16" in trained[0]["message"] and "SDPA's default and math backends" in trained[0]["message"]
+        assert {"sdpa_backends_gap", "largest_loss_gap"} <= set(trained[0]["metrics"])
         timed = [c for c in record["cases"] if c["name"].startswith("bf16 backward pass time: ")]
         if flags:  # a grading times nothing optional
-            assert not timed
+            assert not timed and "kernel_step_ms" not in trained[0]["metrics"]
             continue
+        assert {"kernel_step_ms", "sdpa_step_ms"} <= set(trained[0]["metrics"])
         assert len(timed) == len(measure_backward.BACKWARD_HALF_BENCHMARKS) * 2, [c["name"] for c in timed]
         assert all(c["kind"] == "optional" and c["passed"] and c["message"].endswith("not scored")
                    and "SDPA's backward (flash backend, bfloat16)" in c["message"]
@@ -83,3 +96,38 @@ def test_a_wrong_student_part_fails_its_cases_named_and_keeps_every_point(stand_
     record = stand_in.run(4, "--backward-half")  # the handout's skeletons: every step TODO
     said = [c["message"] for c in record["cases"] if c["kind"] == "optional" and not c["passed"]]
     assert len(said) == 1 and "not implemented yet: see README, Task 4, step 27" in said[0], said
+
+
+class CurveWorker:
+    """A worker whose training call returns `losses(SDPA's curve)`: the check's verdicts on curves made to order."""
+
+    sdpa: dict = {}  # SDPA's curve for each type and configuration, trained once
+
+    def __init__(self, losses):
+        self.losses = losses
+
+    def call(self, entry, seed, steps, dtype, timeout):
+        from task4 import train
+
+        assert entry == "train_with_kernels" and steps is None
+        key = (dtype, train.TRAINING, seed)
+        if key not in self.sdpa:
+            self.sdpa[key] = train.train(train.sdpa_attention, train.TRAINING, seed, "cuda", None, getattr(torch, dtype))
+        return self.losses(list(self.sdpa[key]))
+
+
+def test_the_training_check_holds_the_curves_to_sdpas_in_both_types(stand_in):
+    """The training check (untimed): SDPA's own bf16 curve passes, said with the band; a curve half a unit off at one
+    step fails with the step and the README's steps, in float32 and bf16; a NaN fails with its step."""
+    from tests.stand_in.gpu import CudaOnTheCpu
+
+    off_at_9 = lambda losses: losses[:9] + [losses[9] + 0.5] + losses[10:]  # noqa: E731
+    with CudaOnTheCpu():
+        same = check_training(CurveWorker(lambda losses: losses), None, timed=False, dtype=torch.bfloat16)
+        assert same[0] and "the curves agree step by step" in same[1] and "math backends" in same[1], same[1]
+        for dtype, steps in ((torch.float32, "steps 12-16"), (torch.bfloat16, "steps 27-30")):
+            off = check_training(CurveWorker(off_at_9), None, timed=False, dtype=dtype)
+            assert not off[0] and "at step 9 " in off[1] and f"(README, Task 4, {steps})" in off[1], off[1]
+            assert ("SDPA's default and math backends" in off[1]) == (dtype != torch.float32), off[1]
+        nan = check_training(CurveWorker(lambda losses: losses[:3] + [math.nan] + losses[4:]), None, timed=False)
+        assert not nan[0] and "the loss is nan at step 3" in nan[1], nan[1]

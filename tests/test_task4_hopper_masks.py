@@ -33,6 +33,10 @@ def test_the_hopper_masks_part_is_checked_in_both_types_with_its_pass_and_scores
     assert named[HOPPER_MASKS_PASS_NAME]["passed"] and named[HOPPER_MASKS_PASS_NAME]["kind"] == "optional"
     graded = stand_in.run(4, "--solution", *SCORED[4], "--hopper", "--hopper-masks", "--grading")
     assert hopper_mask_checks(graded) and score(4, graded)[0] == RUBRIC[4].points, failed(graded)
+    # a grading checks each case in one of the two types, by turns: both types, half the time
+    in_turns = hopper_mask_checks(graded)
+    assert len(in_turns) == len(MASK_CASES) and {c["name"].split()[2] for c in in_turns} == set(HALF_TYPES), \
+        [c["name"] for c in in_turns]
     alone = stand_in.run(4, "--solution", "--sanitize", "--hopper-masks")
     assert [c["name"] for c in alone["cases"] if c["name"].startswith("memory-safe")] == [HOPPER_MASKS_PASS_NAME]
 

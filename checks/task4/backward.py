@@ -11,6 +11,7 @@ import time
 from contextlib import contextmanager
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from harness import cli, gpu_share
 from harness.checks import compare, exact_float32, expect_errors, guard_damage, guarded_input, guarded_output, random_tensor
@@ -101,16 +102,28 @@ LEARNED = 0.5
 TRAINING_CALL_TIMEOUT_S = 120  # the reference takes seconds; a hang costs two minutes of the task's time
 TRAINING_TAIL = 10  # steps averaged for the final loss
 TRAINING_WARMUP = 5  # steps each side runs first, outside the clock (cuBLAS, Adam and the caches set up)
+# In bf16 (steps 27-30) two correct runs drift further apart: every product rounds to 8 bits, and a gradient's
+# rounding changes with the order of its sums. How far is measured on each run, as the largest gap between SDPA's
+# default backend and its math backend over the same training; the band widens by HALF_TRAINING_FACTOR x that gap.
+HALF_TRAINING_FACTOR = 2.0
 
 
-def check_training(worker, hidden, write_curves=False, timed=True):
+def training_name(dtype=torch.float32) -> str:
+    return "a model trained through your kernels learns as with SDPA" + (
+        "" if dtype == torch.float32 else f" (in {str(dtype)[6:]}, through the 16-bit kernels)")
+
+
+def check_training(worker, hidden, write_curves=False, timed=True, dtype=torch.float32):
     """task4/train.py's copy model trained through your forward_lse and backward, against the same training with
     SDPA: the loss curves agree step by step, and both learned. timed: each run is also timed on this process's
     clock, after a few warm-up steps of its own, with nothing else on the GPU (reported, never scored; a grading
-    leaves the timing out, and the check then runs beside the other tests' checks)."""
+    leaves the timing out, and the check then runs beside the other tests' checks). dtype bfloat16: both trained
+    under autocast (steps 27-30's kernels), the band widened by how far two of SDPA's backends drift apart."""
     from task4 import train
 
     config, seed = train.TRAINING, cli.seed(23, hidden)
+    half, type_name = dtype != torch.float32, str(dtype)[6:]
+    steps_text = "steps 27-30" if half else "steps 12-16"
     step_ms = {}
 
     @contextmanager
@@ -127,37 +140,50 @@ def check_training(worker, hidden, write_curves=False, timed=True):
             yield
             step_ms[who] = (time.perf_counter() - start) * 1e3 / config.steps
 
-    with clocked("kernel_step_ms", lambda steps: worker.call("train_with_kernels", seed, steps,
-                                                             timeout=TRAINING_CALL_TIMEOUT_S)):
-        got = worker.call("train_with_kernels", seed, timeout=TRAINING_CALL_TIMEOUT_S)
+    kernels = lambda steps=None: worker.call("train_with_kernels", seed, steps, type_name,  # noqa: E731
+                                             timeout=TRAINING_CALL_TIMEOUT_S)
+    with clocked("kernel_step_ms", kernels):
+        got = kernels()
     if not (isinstance(got, list) and len(got) == config.steps and all(isinstance(x, float) for x in got)):
         return False, f"the training call returned something else than {config.steps} losses (floats)", {}
-    with exact_float32(), clocked("sdpa_step_ms",
-                                  lambda steps: train.train(train.sdpa_attention, config, seed, "cuda", steps)):
-        expected = train.train(train.sdpa_attention, config, seed, "cuda")
-    metrics = dict(step_ms)
+    sdpa = lambda steps=None: train.train(train.sdpa_attention, config, seed, "cuda", steps, dtype)  # noqa: E731
+    with exact_float32(), clocked("sdpa_step_ms", sdpa):
+        expected = sdpa()
+    metrics, spread = dict(step_ms), 0.0
+    if half:
+        with sdpa_kernel(SDPBackend.MATH):
+            spread = max(abs(a - b) for a, b in zip(sdpa(), expected))
+        metrics["sdpa_backends_gap"] = spread
     tail = lambda losses: sum(losses[-TRAINING_TAIL:]) / TRAINING_TAIL  # noqa: E731
-    said = (f"copy task, {config.steps} steps: loss {got[0]:.3f} -> {tail(got):.3f} with your kernels, "
-            f"{expected[0]:.3f} -> {tail(expected):.3f} with SDPA (chance {train.chance_loss(config):.2f}); " +
+    said = (f"copy task, {config.steps} steps{f' in {type_name}' if half else ''}: loss {got[0]:.3f} -> "
+            f"{tail(got):.3f} with your kernels, {expected[0]:.3f} -> {tail(expected):.3f} with SDPA (chance "
+            f"{train.chance_loss(config):.2f}); " +
             (f"{step_ms['kernel_step_ms']:.1f} ms per training step with your kernels, {step_ms['sdpa_step_ms']:.1f} "
-             "with SDPA" if timed else "not timed in a grading (python -m task4.test --backward times it)"))
+             "with SDPA" if timed else f"not timed in a grading (python -m task4.test "
+                                       f"--backward{'-half' if half else ''} times it)"))
     if write_curves:
-        said += "; wrote " + " and ".join(train.write_curves({"your kernels": got, "SDPA": expected}))
+        path = f"task4-training{f'-{type_name}' if half else ''}.csv"
+        said += "; wrote " + " and ".join(train.write_curves({"your kernels": got, "SDPA": expected}, path, dtype))
     if not all(math.isfinite(x) for x in got):
         step = next(i for i, x in enumerate(got) if not math.isfinite(x))
-        return False, f"{said}: the loss is {got[step]} at step {step} (README, Task 4, steps 12-16)", metrics
+        return False, f"{said}: the loss is {got[step]} at step {step} (README, Task 4, {steps_text})", metrics
     if tail(expected) > LEARNED * train.chance_loss(config):
         return False, f"{said}: SDPA's run did not learn the task, so the curves say nothing (the kit's problem)", metrics
-    excess = [abs(a - b) - (TRAINING_ATOL + TRAINING_RTOL * b) for a, b in zip(got, expected)]
+    widened = HALF_TRAINING_FACTOR * spread
+    excess = [abs(a - b) - (TRAINING_ATOL + TRAINING_RTOL * b + widened) for a, b in zip(got, expected)]
     worst = max(range(config.steps), key=lambda i: excess[i])
     widest = max(range(config.steps), key=lambda i: abs(got[i] - expected[i]))
     gap = abs(got[widest] - expected[widest])
     metrics["largest_loss_gap"] = gap
+    band = f"{TRAINING_RTOL:.0%} + {TRAINING_ATOL}" + (
+        f" + {HALF_TRAINING_FACTOR:g}x {spread:.1e} (SDPA's default and math backends' largest gap in {type_name})"
+        if half else "")
     if excess[worst] > 0:
         return False, (f"{said}: at step {worst} the loss is {got[worst]:.4f} with your kernels and "
-                       f"{expected[worst]:.4f} with SDPA, more apart than {TRAINING_RTOL:.0%} + {TRAINING_ATOL}: the "
-                       "gradients your kernels give drive the model elsewhere (README, Task 4, steps 12-16)"), metrics
-    return True, f"{said}; the curves agree step by step (largest gap {gap:.1e}, at step {widest})", metrics
+                       f"{expected[worst]:.4f} with SDPA, more apart than {band}: the gradients your kernels give "
+                       f"drive the model elsewhere (README, Task 4, {steps_text})"), metrics
+    return True, (f"{said}; the curves agree step by step (largest gap {gap:.1e}, at step {widest}"
+                  + (f"; within {band}" if half else "") + ")"), metrics
 
 
 def check_backward_errors(worker):

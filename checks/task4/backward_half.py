@@ -16,7 +16,8 @@ import math
 import torch
 
 from harness import cli, sanitize
-from harness.checks import compare, expect_errors, guard_damage, guarded_input, guarded_output, random_tensor
+from harness.checks import (compare, expect_errors, guard_damage, guarded_input, guarded_output, in_each_type,
+                            random_tensor)
 from harness.attention_math import attention_float64, attention_gradients
 from harness.diagnose import kernel_constants
 from harness.diagnose_backward import diagnose_gradient
@@ -137,17 +138,16 @@ def backward_half_sanitizer_calls(hidden: cli.Hidden | None) -> list[sanitize.Ca
     return calls
 
 
-def backward_half_part(report, worker, hidden_cases, constants=None) -> bool:
-    """Steps 27-30 (optional): forward_lse and backward on 16-bit tensors, both types; whether every case passed. The
-    first case whose process crashed or hung ends the part. constants: the student's attention_backward_half.cu's
-    (its tiles: WARPS, BLOCK_QUERIES)."""
+def backward_half_part(report, worker, hidden_cases, constants=None, grading=False) -> bool:
+    """Steps 27-30 (optional): forward_lse and backward on 16-bit tensors, both types (a grading: each case in one,
+    in_each_type); whether every case passed. The first case whose process crashed or hung ends the part. constants:
+    the student's attention_backward_half.cu's (its tiles: WARPS, BLOCK_QUERIES)."""
     constants = constants or {}
     tiles = (16 * constants.get("WARPS", 8), constants.get("BLOCK_QUERIES", 32))
     report.begin_part("backward_half", PART_STEPS, optional=True)
-    runs = [(case, dtype) for name, dtype in HALF_TYPES.items()
-            for case in cli.cases(4, "backward_half", BACKWARD_HALF_CASES, hidden_cases,
-                                  lambda s: f"{name} {backward_text(s)}", causal_ok=lambda s: s[3] <= s[4])]
-    for case, dtype in runs:
+    cases_of = lambda name: cli.cases(4, "backward_half", BACKWARD_HALF_CASES, hidden_cases,  # noqa: E731
+                                      lambda s: f"{name} {backward_text(s)}", causal_ok=lambda s: s[3] <= s[4])
+    for case, dtype in in_each_type(cases_of, grading):
         before = len(report.cases)
         report.run(case.name, lambda: check_backward_half_case(worker, case.shape, case.causal, case.seed, dtype,
                                                                tiles=tiles))
@@ -155,7 +155,7 @@ def backward_half_part(report, worker, hidden_cases, constants=None) -> bool:
             return report.end_part("backward_half")
     shape, shift = BACKWARD_HALF_NEGATIVE
     for i, (name, dtype) in enumerate(HALF_TYPES.items()):
-        for causal in (False, True):  # not causal: only the keys past seq_k are masked there
+        for causal in (False, True) if not grading else (bool(i),):  # not causal: only the tail's keys are masked
             before = len(report.cases)
             report.run(f"{name} {backward_text(shape)}{' causal' if causal else ''}, every score very negative "
                        f"(q + {shift:g}, k - {shift:g})",
@@ -188,7 +188,7 @@ def optional_backward_half(report, worker, args, passes: list, step_of) -> bool:
                     f"mma.sync.m16n8k16 and cp.async: not run on this GPU ({major}.{minor})")
         return False
     constants = kernel_constants("task4/kernels/attention_backward_half.cu", args.student_dir, args.solution)
-    if not backward_half_part(report, worker, args.hidden, constants):
+    if not backward_half_part(report, worker, args.hidden, constants, args.grading):
         return False
     passes.append(sanitize.start(report, 4, args, backward_half_sanitizer_calls(args.hidden),
                                  backward_half_step_of(step_of), BACKWARD_HALF_PASS_NAME, kind="optional",

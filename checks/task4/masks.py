@@ -14,12 +14,12 @@ from checks.task3.cases import tiles_visited
 from checks.task3.masks import documents_text
 from checks.task4.forward import make_inputs, padded_spans
 from checks.task4 import measure
-from checks.task4.measure import ATOL, HALF_TYPES, RTOL
+from checks.task4.measure import ATOL, RTOL
 from harness import bench, cli, sanitize
 from harness.attention_math import (attention_flops, attention_float64, expand_kv_heads, masked_scores,
                                     padded_queries, padding_mask)
 from harness.checks import (bit_sum, compare, exact_float32, expect_errors, guard_damage, guarded_input,
-                            guarded_output)
+                            guarded_output, in_each_type)
 from harness.diagnose_masks import diagnose_masked
 
 MASK_STEPS = (23, 24)
@@ -179,17 +179,18 @@ def masks_part(report, worker, hidden_cases) -> bool:
     return report.end_part("masks")
 
 
-def hopper_masks_part(report, worker, hidden_cases) -> bool:
+def hopper_masks_part(report, worker, hidden_cases, grading=False) -> bool:
     """Step 25 (optional, compute capability 9.0): the masks' cases (and the hidden ones) through the Hopper kernel in
-    bf16 and fp16; whether all passed. The binding's errors are steps 23-24's (one function checks them for both)."""
+    bf16 and fp16 (a grading: each in one, in_each_type); whether all passed. The binding's errors are steps 23-24's
+    (one function checks them for both)."""
     report.begin_part("hopper masks", HOPPER_MASK_STEPS, optional=True)
     before = len(report.cases)
-    for name, dtype in HALF_TYPES.items():
-        for case in cli.cases(4, "masks", MASK_CASES, hidden_cases, mask_text, causal=(False,)):
-            report.run(f"Hopper masks: {name} {case.name}",
-                       lambda: check_masked_case(worker, case.shape, case.seed, dtype))
-            if report.process_died_since(before, "the Hopper masks part"):
-                return report.end_part("hopper masks")
+    cases_of = lambda name: cli.cases(4, "masks", MASK_CASES, hidden_cases,  # noqa: E731
+                                      lambda s: f"Hopper masks: {name} {mask_text(s)}", causal=(False,))
+    for case, dtype in in_each_type(cases_of, grading):
+        report.run(case.name, lambda: check_masked_case(worker, case.shape, case.seed, dtype))
+        if report.process_died_since(before, "the Hopper masks part"):
+            return report.end_part("hopper masks")
     return report.end_part("hopper masks")
 
 

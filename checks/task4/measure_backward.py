@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from harness import bench
-from harness.checks import Guarded, bit_sum, compare, exact_float32, guard_damage
+from harness.checks import GUARD_ELEMENTS, Guarded, bit_sum, compare, exact_float32, guard_damage
 from harness.attention_math import attention_flops, attention_gradients, causal_mask, fp32_peak_tflops
 from checks.task4.measure import ATOL, HALF_EPS, HALF_ERROR_FACTOR, REPS, RTOL, TimedCase
 
@@ -28,6 +28,9 @@ BACKWARD_FLOPS = 2.5
 # The 16-bit backward part (steps 27-30), in bf16: timed against SDPA's flash backward (FlashAttention-2's), at the
 # sizes issue 58 names; (batch, heads, seq, head_dim), causal and not.
 BACKWARD_HALF_BENCHMARKS = [(4, 32, 2048, 64), (4, 32, 2048, 128), (2, 16, 4096, 64), (2, 16, 4096, 128)]
+
+ESTIMATE_BACKWARD_TFLOPS = 20.0  # what float32 backward kernels reach: sizes a request, nothing else
+ESTIMATE_BACKWARD_HALF_TFLOPS = 120.0  # the same for the bf16/fp16 ones
 
 
 def backward_cases(half: bool = False) -> list[TimedCase]:
@@ -60,67 +63,88 @@ def gradient_allowance(sdpa_error: float, expected, dtype) -> float:
     return max(HALF_ERROR_FACTOR * sdpa_error, HALF_EPS[dtype] * float(expected.abs().max()), ATOL)
 
 
+def backward_sets_count(batch, heads, seq, head_dim, causal, dtype=torch.float32) -> int:
+    """How many distinct input sets a timed request runs (bench.sets_for): enough that the worker's round trip (about
+    0.5 ms) is small next to the request. A set is eight tensors of `dtype` and lse in float32, each between bands."""
+    elements = batch * heads * seq * head_dim
+    set_bytes = 8 * (elements + 2 * GUARD_ELEMENTS) * dtype.itemsize + 4 * (batch * heads * seq + 2 * GUARD_ELEMENTS)
+    tflops = ESTIMATE_BACKWARD_TFLOPS if dtype == torch.float32 else ESTIMATE_BACKWARD_HALF_TFLOPS
+    estimate_ms = BACKWARD_FLOPS * attention_flops(batch, heads, seq, seq, head_dim, causal) / (tflops * 1e9)
+    return bench.sets_for(set_bytes, estimate_ms)
+
+
 class BackwardSets:
-    """One input set for the backward kernels, made here: q, k, v at random, out and lse computed from them in
-    float32 (TF32 off; out then rounded to `dtype`), dout fresh and dq, dk, dv NaN before every timed request. One
-    head, picked at random after the values are written, is copied here and its gradients checked against float64
-    after the request (a 16-bit one within gradient_allowance); every tensor sits between guard bands, and each
-    input's bit sum is taken before the request."""
+    """Distinct input sets for the backward kernels (backward_sets_count of them), made here: q, k, v at random, out
+    and lse computed from them in float32 (TF32 off; out then rounded to `dtype`), dout fresh and dq, dk, dv NaN
+    before every timed request. One head of every set, picked at random after the values are written, is copied here
+    and its gradients checked against float64 after the request (a 16-bit one within gradient_allowance); every
+    tensor sits between guard bands, and each input's bit sum is taken before the request."""
 
     def __init__(self, batch, heads, seq, head_dim, causal, scale, dtype=torch.float32):
         shape = (batch, heads, seq, head_dim)
         self.dtype = dtype
-        self.inputs = [Guarded(name, shape, dtype=dtype) for name in ("q", "k", "v", "out", "dout")] + \
-            [Guarded("lse", shape[:3])]
-        self.outputs = [Guarded(name, shape, dtype=dtype) for name in ("dq", "dk", "dv")]
-        q, k, v, out, _, lse = (g.tensor for g in self.inputs)
-        for t in (q, k, v):
-            t.normal_()
-        with torch.no_grad(), exact_float32():
-            for b in range(batch):  # one sequence's scores at a time: (heads, seq, seq)
-                scores = (q[b].float() @ k[b].float().transpose(-2, -1)) * scale
-                if causal:
-                    scores.masked_fill_(causal_mask(seq, seq, q.device), -math.inf)
-                lse[b] = torch.logsumexp(scores, dim=-1)
-                out[b] = torch.softmax(scores, dim=-1) @ v[b].float()
-                del scores
-        self.sets = [tuple(g.tensor for g in self.inputs + self.outputs)]  # q, k, v, out, dout, lse, dq, dk, dv
-        self.picked = None
+        self.count = backward_sets_count(batch, heads, seq, head_dim, causal, dtype)
+        self.guarded = []  # (inputs, outputs) of every set
+        for _ in range(self.count):
+            inputs = [Guarded(name, shape, dtype=dtype) for name in ("q", "k", "v", "out", "dout")] + \
+                [Guarded("lse", shape[:3])]
+            outputs = [Guarded(name, shape, dtype=dtype) for name in ("dq", "dk", "dv")]
+            q, k, v, out, _, lse = (g.tensor for g in inputs)
+            for t in (q, k, v):
+                t.normal_()
+            with torch.no_grad(), exact_float32():
+                for b in range(batch):  # one sequence's scores at a time: (heads, seq, seq)
+                    scores = (q[b].float() @ k[b].float().transpose(-2, -1)) * scale
+                    if causal:
+                        scores.masked_fill_(causal_mask(seq, seq, q.device), -math.inf)
+                    lse[b] = torch.logsumexp(scores, dim=-1)
+                    out[b] = torch.softmax(scores, dim=-1) @ v[b].float()
+                    del scores
+            self.guarded.append((inputs, outputs))
+        # each set: q, k, v, out, dout, lse, dq, dk, dv
+        self.sets = [tuple(g.tensor for g in inputs + outputs) for inputs, outputs in self.guarded]
+        self.picked: list = []
         self.bit_sums: list = []
         self.rng = random.Random()
 
     def refresh(self):
-        q, k, v, _, dout, _ = (g.tensor for g in self.inputs)
-        dout.normal_()
-        for g in self.outputs:
-            g.tensor.fill_(math.nan)
-        b, h = self.rng.randrange(q.shape[0]), self.rng.randrange(q.shape[1])
-        self.picked = (b, h, *(t[b, h][None, None].clone() for t in (q, k, v, dout)))  # not the worker's memory
-        self.bit_sums = [bit_sum(g.tensor) for g in self.inputs]
+        self.picked = []
+        for inputs, outputs in self.guarded:
+            q, k, v, _, dout, _ = (g.tensor for g in inputs)
+            dout.normal_()
+            for g in outputs:
+                g.tensor.fill_(math.nan)
+            b, h = self.rng.randrange(q.shape[0]), self.rng.randrange(q.shape[1])
+            head = [t[b, h][None, None].clone() for t in (q, k, v, dout)]  # not the worker's memory
+            self.picked.append((b, h, *head))
+        self.bit_sums = [[bit_sum(g.tensor) for g in inputs] for inputs, _ in self.guarded]
         torch.cuda.synchronize()
 
     def check(self, causal, scale):
-        """The request just timed: raises AssertionError with what is wrong."""
-        damage = guard_damage(*self.inputs, *self.outputs)
-        if damage:
-            raise AssertionError(f"{damage.message} (in a timed run)")
-        for g, before in zip(self.inputs, self.bit_sums):
-            if bit_sum(g.tensor) != before:
-                raise AssertionError(f"changed its input `{g.name}` in a timed run; inputs are read-only")
-        b, h, q, k, v, dout = self.picked
-        expected = attention_gradients(q, k, v, dout, causal, scale)
+        """Every set of the request just timed: raises AssertionError with the first thing wrong."""
+        for i, ((inputs, outputs), prints) in enumerate(zip(self.guarded, self.bit_sums)):
+            where = f"in timed run {i + 1} of {self.count}"
+            damage = guard_damage(*inputs, *outputs)
+            if damage:
+                raise AssertionError(f"{damage.message} ({where})")
+            for g, before in zip(inputs, prints):
+                if bit_sum(g.tensor) != before:
+                    raise AssertionError(f"changed its input `{g.name}` ({where}); inputs are read-only")
         half = self.dtype != torch.float32
-        sdpa = sdpa_gradient_errors(q, k, v, dout, causal, scale, expected) if half else (None,) * 3
-        for g, want, yardstick in zip(self.outputs, expected, sdpa):
-            atol, rtol = (gradient_allowance(yardstick, want, self.dtype), 0.0) if half else (ATOL, RTOL)
-            result = compare(g.tensor[b, h], want[0, 0], atol=atol, rtol=rtol, poisoned=True,
-                             name=f"{g.name} of the timed run, head ({b}, {h})")
-            if not result.passed:
-                raise AssertionError(result.message)
+        for i, ((_, outputs), (b, h, q, k, v, dout)) in enumerate(zip(self.guarded, self.picked)):
+            expected = attention_gradients(q, k, v, dout, causal, scale)
+            sdpa = sdpa_gradient_errors(q, k, v, dout, causal, scale, expected) if half else (None,) * 3
+            for g, want, yardstick in zip(outputs, expected, sdpa):
+                atol, rtol = (gradient_allowance(yardstick, want, self.dtype), 0.0) if half else (ATOL, RTOL)
+                result = compare(g.tensor[b, h], want[0, 0], atol=atol, rtol=rtol, poisoned=True,
+                                 name=f"{g.name} of timed run {i + 1} of {self.count}, head ({b}, {h})")
+                if not result.passed:
+                    raise AssertionError(result.message)
 
 
 def time_student_backward(worker, batch, heads, seq, head_dim, causal, dtype=torch.float32):
-    """Your backward kernels on one set per request, every request checked; a Timing, or a message."""
+    """Your backward kernels over distinct sets per request (backward_sets_count), every set checked; a Timing, or a
+    message."""
     scale = 1.0 / math.sqrt(head_dim)
     timed = bench.or_out_of_memory(lambda: BackwardSets(batch, heads, seq, head_dim, causal, scale, dtype))
     if isinstance(timed, str):
@@ -130,7 +154,7 @@ def time_student_backward(worker, batch, heads, seq, head_dim, causal, dtype=tor
         timed.refresh()
         worker.call("run_batch_backward", kept, causal, scale)  # warm-up
         return bench.host_clock(lambda: worker.call("run_batch_backward", kept, causal, scale), reps=REPS,
-                                per_request=1, before=timed.refresh, after=lambda: timed.check(causal, scale))
+                                per_request=timed.count, before=timed.refresh, after=lambda: timed.check(causal, scale))
     except AssertionError as err:
         return str(err)
     finally:
@@ -138,14 +162,15 @@ def time_student_backward(worker, batch, heads, seq, head_dim, causal, dtype=tor
 
 
 def time_backward_here(backward, batch, heads, seq, head_dim, causal, dtype=torch.float32):
-    """A trusted backward pass timed the same way: backward(q, k, v, out, dout, lse, dq, dk, dv) on one set."""
+    """A trusted backward pass timed the same way: backward(q, k, v, out, dout, lse, dq, dk, dv) over the same
+    number of sets."""
     scale = 1.0 / math.sqrt(head_dim)
 
     def measure():
         timed = BackwardSets(batch, heads, seq, head_dim, causal, scale, dtype)
         run = lambda: bench.run_here(lambda *t: backward(*t, causal, scale), timed.sets)  # noqa: E731
         run()
-        return bench.host_clock(run, reps=REPS, per_request=1, before=timed.refresh)
+        return bench.host_clock(run, reps=REPS, per_request=timed.count, before=timed.refresh)
     result = bench.or_out_of_memory(measure)
     torch.cuda.empty_cache()
     return result
@@ -181,8 +206,10 @@ def backward_result(timing, reference, batch, heads, seq, head_dim, causal, dtyp
         return False, timing, {}
     flops = BACKWARD_FLOPS * attention_flops(batch, heads, seq, seq, head_dim, causal)
     tflops = flops / (timing.median_ms * 1e-3) / 1e12
-    metrics = {"kernel_ms": timing.median_ms, "tflops": tflops}
-    message = f"kernels {timing.median_ms:.3f} ms ({tflops:.1f} TFLOP/s, counting 2.5x the forward pass's flops)"
+    count = backward_sets_count(batch, heads, seq, head_dim, causal, dtype)  # what time_student_backward ran
+    metrics = {"kernel_ms": timing.median_ms, "tflops": tflops, "sets_per_request": count}
+    message = (f"kernels {timing.median_ms:.3f} ms ({tflops:.1f} TFLOP/s, counting 2.5x the forward pass's flops; "
+               f"{count} distinct input set{'s' if count > 1 else ''} per request)")
     try:
         t_sdpa = time_sdpa_backward(batch, heads, seq, head_dim, causal, dtype)
     except RuntimeError as err:  # no efficient (flash) kernel for this GPU: said, the line still counts

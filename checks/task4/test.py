@@ -36,7 +36,8 @@ from harness.checks import random_tensor
 from harness.records import Report
 from harness.attention_math import attention_float64
 from checks.task4 import measure, measure_backward
-from checks.task4.backward import backward_part, backward_text, check_backward_errors, check_training
+from checks.task4.backward import (backward_part, backward_text, check_backward_errors, check_training,
+                                   training_name)
 from checks.task4.backward_half import (BACKWARD_HALF_PASS_NAME, PART_STEPS as BACKWARD_HALF_STEPS,
                                         backward_half_sanitizer_calls, backward_half_step_of, optional_backward_half)
 from checks.task4.forward import attention_part, check_errors, grouped_text, make_inputs, shape_text
@@ -248,7 +249,7 @@ def optional_hopper_masks(report, worker, args, passes: list, hopper_chosen: boo
         report.note("the Hopper kernel's masks (step 25) were not checked: they run on the Hopper part's kernel, which "
                     "did not pass (steps 17-22 first)")
         return False
-    if not hopper_masks_part(report, worker, args.hidden):
+    if not hopper_masks_part(report, worker, args.hidden, args.grading):
         return False
     passes.append(sanitize.start(report, 4, args, masks_sanitizer_calls(args.hidden, torch.bfloat16),
                                  hopper_masks_step_of, HOPPER_MASKS_PASS_NAME, kind="optional", part="hopper masks"))
@@ -381,17 +382,20 @@ def main(argv=None) -> int:
         if "backward_half" in chosen and not report.stopped:
             worker.stop_until_next_call()  # the same
             backward_half_passed = optional_backward_half(report, worker, args, passes, step_of)
-        training = lambda: report.run("a model trained through your kernels learns as with SDPA",  # noqa: E731
-                                      lambda: check_training(worker, args.hidden, write_curves=args.backward,
-                                                             timed=not args.grading), kind="optional")
-        if backward_passed and args.grading:
-            training()  # untimed: a check like the others, beside the sanitizer passes
+        trained = [(dtype, written) for passed, dtype, written in ((backward_passed, torch.float32, args.backward),
+                                                                   (backward_half_passed, torch.bfloat16,
+                                                                    args.backward_half)) if passed]
+        training = lambda dtype, written: report.run(  # noqa: E731
+            training_name(dtype), lambda: check_training(worker, args.hidden, written, not args.grading, dtype),
+            kind="optional")
+        for dtype, written in trained if args.grading else ():
+            training(dtype, written)  # untimed: a check like the others, beside the sanitizer passes
         if any(passes):
             report.heading("compute-sanitizer")
         for started in passes:
             sanitize.finish(report, started)
-        if backward_passed and not args.grading:
-            training()  # timed: once the sanitizer passes have ended
+        for dtype, written in () if args.grading else trained:
+            training(dtype, written)  # timed: once the sanitizer passes have ended
         if "attention" in chosen:
             float_benchmarks(report, worker, args)
         timed = []  # the optional parts' benchmarks, for a student's own run: once the part's checks pass

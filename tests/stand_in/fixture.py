@@ -39,7 +39,9 @@ SMALL = {  # module: {name: the small value the stand-in uses}
                    "ESTIMATE_HALF_TFLOPS": FLOPS_PER_S / 1e12, "ESTIMATE_HOPPER_TFLOPS": FLOPS_PER_S / 1e12,
                    "HALF_BENCHMARKS": [(1, 2, 256, 32)]},
     "checks.task4.measure_backward": {"BACKWARD_BENCHMARKS": [(1, 2, 256, 32)],
-                                      "BACKWARD_HALF_BENCHMARKS": [(1, 2, 256, 64)]},
+                                      "BACKWARD_HALF_BENCHMARKS": [(1, 2, 256, 64)],
+                                      "ESTIMATE_BACKWARD_TFLOPS": FLOPS_PER_S / 1e12,
+                                      "ESTIMATE_BACKWARD_HALF_TFLOPS": FLOPS_PER_S / 1e12},
     # the Hopper part runs in every task 4 flow here (the stand-in GPU is 9.0): a few of its shapes, each path once
     "checks.task4.hopper": {"HOPPER_CASES": [(1, 1, 1, 1, 1, 64, None), (2, 4, 2, 129, 255, 128, None),
                                              (1, 2, 2, 50, 50, 33, None), (2, 4, 2, 30, 200, 128, (5, 199))]},
