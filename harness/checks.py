@@ -331,13 +331,6 @@ LOGITS_ATOL, LOGITS_RTOL = 1e-4, 1e-4
 HALF_ERROR_FACTOR = 2.0
 HALF_TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # their short names, as case names say them
 
-
-def in_each_type(cases_of, grading: bool = False) -> list:
-    """(case, dtype) for an optional 16-bit part: every case of cases_of(short name) in bf16 and in fp16, or in a
-    grading each case in one of them, by turns (both types still run, at half the cost every grading pays; a
-    student's own run checks both)."""
-    return [(case, dtype) for t, (name, dtype) in enumerate(HALF_TYPES.items())
-            for i, case in enumerate(cases_of(name)) if not grading or i % len(HALF_TYPES) == t]
 # A 16-bit model's call in tasks 6 and 7 (teacher-forced, or a generation). Their slowest case took 18.6 s in a
 # grading on an H200 (the first: the build's load and warm-up included), so a 16-bit kernel that hangs (the Hopper
 # kernel's turns, task 4's step 22) costs two minutes there, not the five of any other call.
@@ -345,6 +338,21 @@ MODEL_16BIT_CALL_TIMEOUT_S = 120
 HUNG_16BIT = ("the 16-bit model did not answer: one of your 16-bit kernels hangs. python -m task4.test --half (on an "
               "H100/H200, --hopper: its kernel runs these models once its steps are written) and python -m "
               "task5.test --half run each alone and say which")
+
+
+def in_each_type(cases_of, grading: bool = False) -> list:
+    """(case, dtype) for an optional 16-bit part: every cli.Case of cases_of(short name) in bf16 and in fp16, or in
+    a grading each case in one of them (both types still run, at half the cost every grading pays; a student's own
+    run checks both). The type turns with the shape and the mask together, so a shape checked causal and not runs
+    once in each type."""
+    runs = []
+    for t, (name, dtype) in enumerate(HALF_TYPES.items()):
+        shapes: dict = {}  # each shape's place among the part's shapes, in order
+        for case in cases_of(name):
+            place = shapes.setdefault(case.shape, len(shapes))
+            if not grading or (place + case.causal) % len(HALF_TYPES) == t:
+                runs.append((case, dtype))
+    return runs
 
 
 def half_logits_atol(yardstick: float, expected, dtype) -> tuple[float, str]:

@@ -137,6 +137,7 @@ def diagnose_gradient(result: CheckResult, name: str, got, q, k, v, d_out, causa
     grouped = q.shape[-3] != k.shape[-3]
     which = "dq dk dv".split().index(name)
     right = gradients_with(q, k, v, d_out, causal, scale, "", tiles, dq_with_dk=dq_with_dk)[which]
+    size = float(right.abs().max())
     for mistake in MISTAKES:
         if mistake.grad != name or (mistake.needs == "causal" and not causal) or (
                 mistake.needs == "grouped" and not grouped):
@@ -149,7 +150,6 @@ def diagnose_gradient(result: CheckResult, name: str, got, q, k, v, d_out, causa
                 continue
             # a mistake that makes the gradient larger makes its rounding larger too (in 16 bits dS is rounded
             # before its product): got is held to it at the tolerance's share of its size, as to the right one
-            size = float(right.abs().max())
             scaled = atol * max(1.0, float(wrong.abs().max()) / size) if size > 0 else atol
             if compare(got, wrong, atol=scaled, rtol=rtol).passed:
                 step = (steps or {}).get(mistake.step, mistake.step)

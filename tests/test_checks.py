@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from harness.checks import compare, guarded_output, random_tensor, within
+from harness.checks import HALF_TYPES, compare, guarded_output, in_each_type, random_tensor, within
 from harness.attention_math import attention_float64, causal_mask
 
 
@@ -185,3 +185,22 @@ def test_float32_gradients_measure_float32s_own_error_on_very_negative_scores():
         assert got.dtype == torch.float32 and expected.dtype == torch.float64
         error = float((got.double() - expected).abs().max())
         assert 0 < error < 0.05 * float(expected.abs().max())
+
+
+def test_a_grading_checks_each_16_bit_case_in_one_type_and_each_shape_in_both():
+    """in_each_type: a student's run has every case in both types; a grading each case once, a shape checked causal
+    and not in one type each, shapes with one case alternating, both types seen."""
+    from harness import cli
+
+    shapes = [(1, 1), (2, 3), (4, 5), (6, 7), (8, 9)]
+    causal_ok = lambda s: s != (4, 5)  # noqa: E731  # one shape without its causal case
+    cases_of = lambda name: cli.cases(4, "part", shapes, None, lambda s: f"{name} {s}", causal_ok=causal_ok)  # noqa: E731
+    every = in_each_type(cases_of)
+    assert len(every) == len(HALF_TYPES) * len(list(cases_of("x")))
+    graded = in_each_type(cases_of, grading=True)
+    assert len(graded) == len(list(cases_of("x")))
+    types = {}
+    for case, dtype in graded:
+        types.setdefault(case.shape, []).append(dtype)
+    assert all(sorted(map(str, t)) == sorted(map(str, HALF_TYPES.values())) for s, t in types.items() if causal_ok(s))
+    assert {d for _, d in graded} == set(HALF_TYPES.values())

@@ -38,9 +38,9 @@ def test_every_set_of_a_request_is_checked_and_a_fault_names_its_set(stand_in, m
         timed.check(True, scale)
         request()
         timed.sets[1][7].add_(1.0)  # set 2's dk
-        with pytest.raises(AssertionError, match="dk of timed run 2 of 3"):
+        with pytest.raises(AssertionError, match="dk of a timed run, set 2 of 3"):
             timed.check(True, scale)
         request()
         timed.guarded[2][1][2].buffer[-1] = 0.0  # set 3's dv: the band after it
-        with pytest.raises(AssertionError, match="in timed run 3 of 3"):
+        with pytest.raises(AssertionError, match="in set 3 of 3 of a timed run"):
             timed.check(True, scale)

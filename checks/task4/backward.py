@@ -103,8 +103,9 @@ TRAINING_CALL_TIMEOUT_S = 120  # the reference takes seconds; a hang costs two m
 TRAINING_TAIL = 10  # steps averaged for the final loss
 TRAINING_WARMUP = 5  # steps each side runs first, outside the clock (cuBLAS, Adam and the caches set up)
 # In bf16 (steps 27-30) two correct runs drift further apart: every product rounds to 8 bits, and a gradient's
-# rounding changes with the order of its sums. How far is measured on each run, as the largest gap between SDPA's
-# default backend and its math backend over the same training; the band widens by HALF_TRAINING_FACTOR x that gap.
+# rounding changes with the order of its sums. Where a step falls outside the band above, how far is measured on
+# the spot, as the largest gap between SDPA's default backend and its math backend over the same training, and the
+# band widens by HALF_TRAINING_FACTOR x that gap (measured on an H100: 8.4e-3, the reference's largest gap 5.3e-3).
 HALF_TRAINING_FACTOR = 2.0
 
 
@@ -149,11 +150,7 @@ def check_training(worker, hidden, write_curves=False, timed=True, dtype=torch.f
     sdpa = lambda steps=None: train.train(train.sdpa_attention, config, seed, "cuda", steps, dtype)  # noqa: E731
     with exact_float32(), clocked("sdpa_step_ms", sdpa):
         expected = sdpa()
-    metrics, spread = dict(step_ms), 0.0
-    if half:
-        with sdpa_kernel(SDPBackend.MATH):
-            spread = max(abs(a - b) for a, b in zip(sdpa(), expected))
-        metrics["sdpa_backends_gap"] = spread
+    metrics = dict(step_ms)
     tail = lambda losses: sum(losses[-TRAINING_TAIL:]) / TRAINING_TAIL  # noqa: E731
     said = (f"copy task, {config.steps} steps{f' in {type_name}' if half else ''}: loss {got[0]:.3f} -> "
             f"{tail(got):.3f} with your kernels, {expected[0]:.3f} -> {tail(expected):.3f} with SDPA (chance "
@@ -167,23 +164,30 @@ def check_training(worker, hidden, write_curves=False, timed=True, dtype=torch.f
     if not all(math.isfinite(x) for x in got):
         step = next(i for i, x in enumerate(got) if not math.isfinite(x))
         return False, f"{said}: the loss is {got[step]} at step {step} (README, Task 4, {steps_text})", metrics
-    if tail(expected) > LEARNED * train.chance_loss(config):
+    if not all(math.isfinite(x) for x in expected) or tail(expected) > LEARNED * train.chance_loss(config):
         return False, f"{said}: SDPA's run did not learn the task, so the curves say nothing (the kit's problem)", metrics
-    widened = HALF_TRAINING_FACTOR * spread
-    excess = [abs(a - b) - (TRAINING_ATOL + TRAINING_RTOL * b + widened) for a, b in zip(got, expected)]
+    outside = lambda widened: [abs(a - b) - (TRAINING_ATOL + TRAINING_RTOL * b + widened)  # noqa: E731
+                               for a, b in zip(got, expected)]
+    excess, band = outside(0.0), f"{TRAINING_RTOL:.0%} + {TRAINING_ATOL}"
+    if half and max(excess) > 0:  # only then is the third training worth its time (every grading runs this check)
+        with exact_float32(), sdpa_kernel(SDPBackend.MATH):
+            other = sdpa()
+        if not all(math.isfinite(x) for x in other):
+            return False, f"{said}: SDPA's math backend's loss is not finite in {type_name} (the kit's problem)", metrics
+        spread = max(abs(a - b) for a, b in zip(other, expected))
+        metrics["sdpa_backends_gap"] = spread
+        excess = outside(HALF_TRAINING_FACTOR * spread)
+        band += f" + {HALF_TRAINING_FACTOR:g}x {spread:.1e} (SDPA's default and math backends' largest gap in {type_name})"
     worst = max(range(config.steps), key=lambda i: excess[i])
     widest = max(range(config.steps), key=lambda i: abs(got[i] - expected[i]))
     gap = abs(got[widest] - expected[widest])
     metrics["largest_loss_gap"] = gap
-    band = f"{TRAINING_RTOL:.0%} + {TRAINING_ATOL}" + (
-        f" + {HALF_TRAINING_FACTOR:g}x {spread:.1e} (SDPA's default and math backends' largest gap in {type_name})"
-        if half else "")
     if excess[worst] > 0:
         return False, (f"{said}: at step {worst} the loss is {got[worst]:.4f} with your kernels and "
                        f"{expected[worst]:.4f} with SDPA, more apart than {band}: the gradients your kernels give "
                        f"drive the model elsewhere (README, Task 4, {steps_text})"), metrics
-    return True, (f"{said}; the curves agree step by step (largest gap {gap:.1e}, at step {widest}"
-                  + (f"; within {band}" if half else "") + ")"), metrics
+    return True, (f"{said}; the curves agree step by step (largest gap {gap:.1e}, at step {widest}; within {band})"), \
+        metrics
 
 
 def check_backward_errors(worker):

@@ -123,7 +123,7 @@ class BackwardSets:
     def check(self, causal, scale):
         """Every set of the request just timed: raises AssertionError with the first thing wrong."""
         for i, ((inputs, outputs), prints) in enumerate(zip(self.guarded, self.bit_sums)):
-            where = f"in timed run {i + 1} of {self.count}"
+            where = f"in set {i + 1} of {self.count} of a timed run" if self.count > 1 else "in a timed run"
             damage = guard_damage(*inputs, *outputs)
             if damage:
                 raise AssertionError(f"{damage.message} ({where})")
@@ -137,7 +137,7 @@ class BackwardSets:
             for g, want, yardstick in zip(outputs, expected, sdpa):
                 atol, rtol = (gradient_allowance(yardstick, want, self.dtype), 0.0) if half else (ATOL, RTOL)
                 result = compare(g.tensor[b, h], want[0, 0], atol=atol, rtol=rtol, poisoned=True,
-                                 name=f"{g.name} of timed run {i + 1} of {self.count}, head ({b}, {h})")
+                                 name=f"{g.name} of a timed run, set {i + 1} of {self.count}, head ({b}, {h})")
                 if not result.passed:
                     raise AssertionError(result.message)
 
