@@ -119,7 +119,8 @@ def check_training(worker, hidden, write_curves=False, timed=True, dtype=torch.f
     SDPA: the loss curves agree step by step, and both learned. timed: each run is also timed on this process's
     clock, after a few warm-up steps of its own, with nothing else on the GPU (reported, never scored; a grading
     leaves the timing out, and the check then runs beside the other tests' checks). dtype bfloat16: both trained
-    under autocast (steps 27-30's kernels), the band widened by how far two of SDPA's backends drift apart."""
+    under autocast (steps 27-30's kernels); where a step falls outside the band, the band widens by how far two of
+    SDPA's backends drift apart on the same training (HALF_TRAINING_FACTOR)."""
     from task4 import train
 
     config, seed = train.TRAINING, cli.seed(23, hidden)

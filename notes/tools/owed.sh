@@ -1,6 +1,7 @@
 #!/bin/bash
 # The device work the 2026-12-04 stops left owed (notes/hopper-plan.md "Next", notes/backward16-plan.md), as device
 # calls from the repository root (bubblewrap's .deb carried in .dev/; logs under $OUT): bash notes/tools/owed.sh MODE.
+# hopper-bwd: issue 58's 16-bit backward on wgmma and TMA (backward16-hopper-plan.md), checked and timed.
 # backward16: issue 58's experiment, checked and timed, 64- then 32-query tiles (one build serves both).
 # sizes: issue 57's other sizes (B1 H32 S16384, B16 H32 S1024), head_dim 64 and 128, causal and not, with SDPA's
 #   backends beside (about 70 s each: one call).
@@ -30,6 +31,9 @@ dpkg -x .dev/bubblewrap_*.deb / 2>/dev/null
 # cuobjdump (the Hopper part reads its kernels' instructions): the toolkit's, else CUDA's wheels carried in .dev/
 command -v cuobjdump >/dev/null || [ -x /usr/local/cuda/bin/cuobjdump ] || python -m pip install -q --no-index .dev/nvidia_cuda_cuobjdump-*.whl .dev/nvidia_cuda_nvdisasm-*.whl 2>/dev/null
 case "$1" in
+hopper-bwd)  # issue 58's 16-bit backward on wgmma and TMA (notes/backward16-hopper-plan.md), checked then timed
+  ( time timeout 540 python notes/tools/backward16/hopper_bwd.py check time ) > $OUT/hopper_bwd.log 2>&1
+  grep -E "FAIL|checks:|x its speed|rror|real" $OUT/hopper_bwd.log | tail -40 ;;
 backward16)
   ( time timeout 400 python notes/tools/backward16/bwd16.py check time --block-m 64 ) > $OUT/bwd16_64.log 2>&1
   ( time timeout 150 python notes/tools/backward16/bwd16.py check time --block-m 32 ) > $OUT/bwd16_32.log 2>&1
