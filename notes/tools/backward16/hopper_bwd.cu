@@ -126,7 +126,8 @@ __global__ void __launch_bounds__(THREADS, 1) dkdv_hopper_kernel(const __grid_co
   constexpr int D = 64 * PANELS;
   const HopperBackwardParams& p = hp;
   extern __shared__ char smem_raw[];
-  char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // aligned to 1024 bytes from smem_raw itself, so the compiler still knows it is shared memory (STS, not ST.E)
+  char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(smem + L::BARRIERS);
   uint64_t* full = kv_full + 1;  // each stage's Q and dO
 

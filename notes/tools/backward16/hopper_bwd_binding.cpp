@@ -17,6 +17,10 @@ void backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tenso
   TORCH_CHECK(q.scalar_type() == torch::kBFloat16 || q.scalar_type() == torch::kHalf, "bf16 or fp16");
   TORCH_CHECK(q.size(3) == 64 || q.size(3) == 128, "head_dim 64 or 128 (the experiment's)");
   TORCH_CHECK(lse.is_cuda() && lse.is_contiguous() && lse.scalar_type() == torch::kFloat32, "lse: float32");
+  TORCH_CHECK(lse.dim() == 3 && lse.size(0) == q.size(0) && lse.size(1) == q.size(1) && lse.size(2) == q.size(2),
+              "lse: (batch, heads, seq_q)");
+  TORCH_CHECK(q.size(0) >= 1 && k.size(1) >= 1 && q.size(1) % k.size(1) == 0 && q.size(0) * k.size(1) <= 65535,
+              "batch >= 1, heads a multiple of kv_heads, batch * kv_heads <= 65535 (the grid's y)");
   const auto opts = q.options().dtype(torch::kFloat32);
   torch::Tensor delta = torch::empty({q.size(0), q.size(1), q.size(2)}, opts);
   torch::Tensor dq_accum = torch::zeros(q.sizes(), opts);
