@@ -68,16 +68,36 @@ def sdpa_grads(q, k, v, dout, causal, scale):
     return torch.autograd.grad(out, (qs, ks, vs), dout)
 
 
+def judge(grads, exact, theirs, dtype, least=0.0):
+    """(how many of dq, dk, dv failed, a word on each): each within 2x SDPA's error against the same float64, or half
+    a unit in the last place of its largest value, or `least`."""
+    failures, words = 0, []
+    for label, mine, want, sdpa in zip(("dq", "dk", "dv"), grads, exact, theirs):
+        err = (mine.double() - want).abs().max().item()
+        ulp = want.abs().max().item() * torch.finfo(dtype).eps / 2
+        sdpa_err = (sdpa.double() - want).abs().max().item()
+        ok = err <= max(2 * sdpa_err, ulp, least)  # NaN fails
+        failures += not ok
+        words.append(f"{label} {err:.1e} (SDPA {sdpa_err:.1e}) {'ok' if ok else 'FAIL'}")
+    return failures, words
+
+
+def case_inputs(case, name, dtype):
+    """q, k, v, dout of a CHECKS case in `dtype` (named `name`), from a seed of the case, and the scale."""
+    b, h, kvh, sq, sk, d, causal, magnitude = case
+    gen = torch.Generator(device="cuda").manual_seed(hash(case) % 1000 + len(name))
+    q = (torch.randn(b, h, sq, d, device="cuda", generator=gen) * magnitude).to(dtype)
+    k, v = (torch.randn(b, kvh, sk, d, device="cuda", generator=gen).to(dtype) for _ in range(2))
+    dout = torch.randn(b, h, sq, d, device="cuda", generator=gen).to(dtype)
+    return q, k, v, dout, d ** -0.5
+
+
 def check(ext, block_m):
     failures = 0
     for case in CHECKS:
         b, h, kvh, sq, sk, d, causal, magnitude = case
         for name, dtype in TYPES.items():
-            gen = torch.Generator(device="cuda").manual_seed(hash(case) % 1000 + len(name))
-            q = (torch.randn(b, h, sq, d, device="cuda", generator=gen) * magnitude).to(dtype)
-            k, v = (torch.randn(b, kvh, sk, d, device="cuda", generator=gen).to(dtype) for _ in range(2))
-            dout = torch.randn(b, h, sq, d, device="cuda", generator=gen).to(dtype)
-            scale = d ** -0.5
+            q, k, v, dout, scale = case_inputs(case, name, dtype)
             dq64, dk64, dv64, out64, lse64 = reference(q, k, v, dout, causal, scale)
             out, lse = torch.full_like(q, math.nan), torch.full(q.shape[:3], math.nan, device="cuda")
             ext.forward_lse16(q, k, v, out, lse, causal, scale)
@@ -85,17 +105,8 @@ def check(ext, block_m):
             ext.backward(q, k, v, out, dout, lse, dq, dk, dv, causal, scale, block_m)
             torch.cuda.synchronize()
             lse_err = (lse.double() - lse64).abs().max().item()  # reported: its allowance is for the device run to set
-            theirs = sdpa_grads(q, k, v, dout, causal, scale)
-            words = []
-            for i, (label, mine, exact) in enumerate((("dq", dq, dq64), ("dk", dk, dk64), ("dv", dv, dv64))):
-                err = (mine.double() - exact).abs().max().item()
-                big = exact.abs().max().item()
-                ulp = big * torch.finfo(dtype).eps / 2
-                sdpa_err = (theirs[i].double() - exact).abs().max().item()
-                allowed, said = max(2 * sdpa_err, ulp), f"SDPA {sdpa_err:.1e}"
-                ok = err <= allowed  # NaN fails
-                failures += not ok
-                words.append(f"{label} {err:.1e} ({said}) {'ok' if ok else 'FAIL'}")
+            failed, words = judge((dq, dk, dv), (dq64, dk64, dv64), sdpa_grads(q, k, v, dout, causal, scale), dtype)
+            failures += failed
             print(f"{name} b{b} h{h}/{kvh} sq{sq} sk{sk} d{d}{' causal' if causal else ''} x{magnitude}: "
                   + "; ".join(words) + f"; L {lse_err:.1e}", flush=True)
     print(f"checks: {failures} failed", flush=True)
@@ -116,15 +127,20 @@ def median_ms(fn, runs=20):
     return statistics.median(times)
 
 
+def sdpa_flash_ms(q, k, v, dout, causal, scale):
+    """SDPA's flash backward (FlashAttention-2's) on these inputs: its median milliseconds, its forward run once."""
+    qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale)
+    return median_ms(lambda: torch.autograd.grad(out, (qs, ks, vs), dout, retain_graph=True))
+
+
 def time_cases(ext, block_m):
     for b, h, s, d in TIMED:
         for causal in (False, True):
             q, k, v, dout = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
             scale = d ** -0.5
-            qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
-            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-                out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale)
-            flash = median_ms(lambda: torch.autograd.grad(out, (qs, ks, vs), dout, retain_graph=True))
+            flash = sdpa_flash_ms(q, k, v, dout, causal, scale)
             mine_out, lse = torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
             ext.forward_lse16(q, k, v, mine_out, lse, causal, scale)  # L as the forward saves it
             dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))

@@ -15,14 +15,13 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.cpp_extension import load
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE))
-from bwd16 import CHECKS, TIMED, TYPES, median_ms, reference, sdpa_grads  # noqa: E402
+from bwd16 import (CHECKS, TIMED, TYPES, case_inputs, judge, median_ms, reference, sdpa_flash_ms,  # noqa: E402
+                   sdpa_grads)
 
 
 def build():
@@ -38,24 +37,14 @@ def check(ext):
     for case in CHECKS:
         b, h, kvh, sq, sk, d, causal, magnitude = case
         for name, dtype in TYPES.items():
-            gen = torch.Generator(device="cuda").manual_seed(hash(case) % 1000 + len(name))
-            q = (torch.randn(b, h, sq, d, device="cuda", generator=gen) * magnitude).to(dtype)
-            k, v = (torch.randn(b, kvh, sk, d, device="cuda", generator=gen).to(dtype) for _ in range(2))
-            dout = torch.randn(b, h, sq, d, device="cuda", generator=gen).to(dtype)
-            scale = d ** -0.5
+            q, k, v, dout, scale = case_inputs(case, name, dtype)
             dq64, dk64, dv64, out64, lse64 = reference(q, k, v, dout, causal, scale)
             dq, dk, dv = (torch.full_like(t, math.nan) for t in (q, k, v))
             ext.backward(q, k, v, out64.to(dtype), dout, lse64.float(), dq, dk, dv, causal, scale)
             torch.cuda.synchronize()
-            theirs = sdpa_grads(q, k, v, dout, causal, scale)
-            words = []
-            for i, (label, mine, exact) in enumerate((("dq", dq, dq64), ("dk", dk, dk64), ("dv", dv, dv64))):
-                err = (mine.double() - exact).abs().max().item()
-                ulp = exact.abs().max().item() * torch.finfo(dtype).eps / 2
-                sdpa_err = (theirs[i].double() - exact).abs().max().item()
-                ok = err <= max(2 * sdpa_err, ulp, 2e-5)  # NaN fails
-                failures += not ok
-                words.append(f"{label} {err:.1e} (SDPA {sdpa_err:.1e}) {'ok' if ok else 'FAIL'}")
+            failed, words = judge((dq, dk, dv), (dq64, dk64, dv64), sdpa_grads(q, k, v, dout, causal, scale), dtype,
+                                  2e-5)  # the kit's least allowance (a gradient of zeros from float32 sums)
+            failures += failed
             print(f"{name} b{b} h{h}/{kvh} sq{sq} sk{sk} d{d}{' causal' if causal else ''} x{magnitude}: "
                   + "; ".join(words), flush=True)
     print(f"checks: {failures} failed", flush=True)
@@ -86,10 +75,7 @@ def time_cases(ext):
         for causal in (False, True):
             q, k, v, dout = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
             scale = d ** -0.5
-            qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
-            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-                sdpa_out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale)
-            flash = median_ms(lambda: torch.autograd.grad(sdpa_out, (qs, ks, vs), dout, retain_graph=True))
+            flash = sdpa_flash_ms(q, k, v, dout, causal, scale)
             out, lse = out_and_lse(q, k, v, causal, scale)
             dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
             mine = median_ms(lambda: ext.backward(q, k, v, out, dout, lse, dq, dk, dv, causal, scale))
