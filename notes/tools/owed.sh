@@ -32,8 +32,13 @@ dpkg -x .dev/bubblewrap_*.deb / 2>/dev/null
 command -v cuobjdump >/dev/null || [ -x /usr/local/cuda/bin/cuobjdump ] || python -m pip install -q --no-index .dev/nvidia_cuda_cuobjdump-*.whl .dev/nvidia_cuda_nvdisasm-*.whl 2>/dev/null
 case "$1" in
 hopper-bwd)  # issue 58's 16-bit backward on wgmma and TMA (notes/backward16-hopper-plan.md), checked then timed
-  ( time timeout 540 python notes/tools/backward16/hopper_bwd.py check time ) > $OUT/hopper_bwd.log 2>&1
-  grep -E "FAIL|checks:|x its speed|rror|real" $OUT/hopper_bwd.log | tail -40 ;;
+  ( time timeout 400 python notes/tools/backward16/hopper_bwd.py check time ) > $OUT/hopper_bwd.log 2>&1
+  grep -E "FAIL|checks:|x its speed|rror|real" $OUT/hopper_bwd.log | tail -40
+  for tool in memcheck racecheck; do  # two small cases (both types) under each tool, the build reused
+    timeout 70 compute-sanitizer --tool $tool python notes/tools/backward16/hopper_bwd.py check --cases 2 \
+      > $OUT/hopper_bwd_$tool.log 2>&1
+    grep -E "ERROR SUMMARY|checks:|Error|hazard" $OUT/hopper_bwd_$tool.log | head -5
+  done ;;
 backward16)
   ( time timeout 400 python notes/tools/backward16/bwd16.py check time --block-m 64 ) > $OUT/bwd16_64.log 2>&1
   ( time timeout 150 python notes/tools/backward16/bwd16.py check time --block-m 32 ) > $OUT/bwd16_32.log 2>&1

@@ -3,7 +3,7 @@ wgmma and TMA, checked against float64 autograd on the same 16-bit inputs (given
 to the type and its L, as the kit's check does), then timed beside SDPA's flash backward (FlashAttention-2's) in one
 run, and beside the kit's mma.sync reference (steps 27-30) when it is built.
 
-    PYTHONPATH=. python notes/tools/backward16/hopper_bwd.py [check] [time]
+    PYTHONPATH=. python notes/tools/backward16/hopper_bwd.py [check] [time] [--cases N]
 
 check: bwd16.py's cases and allowance (2x SDPA's own 16-bit error on the same inputs, or half a unit in the last
 place); outputs poisoned with NaN first. time: CUDA events, median of 20 after 3 warm-ups; TFLOP/s as 2.5x the
@@ -32,9 +32,9 @@ def build():
                 extra_cuda_cflags=["-O3", "-std=c++17", "-Xptxas", "-v"], extra_ldflags=["-lcuda"], verbose=False)
 
 
-def check(ext):
+def check(ext, cases=None):
     failures = 0
-    for case in CHECKS:
+    for case in CHECKS[:cases]:
         b, h, kvh, sq, sk, d, causal, magnitude = case
         for name, dtype in TYPES.items():
             q, k, v, dout, scale = case_inputs(case, name, dtype)
@@ -92,8 +92,9 @@ def time_cases(ext):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("what", nargs="*", default=["check", "time"])
+    parser.add_argument("--cases", type=int, help="check the first N cases only (a compute-sanitizer run)")
     args = parser.parse_args()
     ext = build()
-    failed = check(ext) if "check" in args.what else 0
+    failed = check(ext, args.cases) if "check" in args.what else 0
     if "time" in args.what and not failed:
         time_cases(ext)
