@@ -143,20 +143,21 @@ class BackwardSets:
 
 
 def time_student_backward(worker, batch, heads, seq, head_dim, causal, dtype=torch.float32):
-    """Your backward kernels over distinct sets per request (backward_sets_count), every set checked; a Timing, or a
-    message."""
+    """Your backward kernels over distinct sets per request (backward_sets_count), every set checked; (Timing, sets
+    a request) or (message, None), as measure.time_student."""
     scale = 1.0 / math.sqrt(head_dim)
     timed = bench.or_out_of_memory(lambda: BackwardSets(batch, heads, seq, head_dim, causal, scale, dtype))
     if isinstance(timed, str):
-        return timed
+        return timed, None
     kept = worker.keep("backward sets", timed.sets)
     try:
         timed.refresh()
         worker.call("run_batch_backward", kept, causal, scale)  # warm-up
         return bench.host_clock(lambda: worker.call("run_batch_backward", kept, causal, scale), reps=REPS,
-                                per_request=timed.count, before=timed.refresh, after=lambda: timed.check(causal, scale))
+                                per_request=timed.count, before=timed.refresh,
+                                after=lambda: timed.check(causal, scale)), timed.count
     except AssertionError as err:
-        return str(err)
+        return str(err), None
     finally:
         worker.drop("backward sets")
 
@@ -200,13 +201,13 @@ def time_sdpa_backward(batch, heads, seq, head_dim, causal, dtype=torch.float32)
     return result
 
 
-def backward_result(timing, reference, batch, heads, seq, head_dim, causal, dtype=torch.float32):
-    """A line of the backward kernels against SDPA's backward pass, and the reference's: reported, never scored."""
-    if isinstance(timing, str):
+def backward_result(timing, count, reference, batch, heads, seq, head_dim, causal, dtype=torch.float32):
+    """A line of the backward kernels (time_student_backward's timing and sets a request) against SDPA's backward
+    pass, and the reference's: reported, never scored."""
+    if count is None:
         return False, timing, {}
     flops = BACKWARD_FLOPS * attention_flops(batch, heads, seq, seq, head_dim, causal)
     tflops = flops / (timing.median_ms * 1e-3) / 1e12
-    count = backward_sets_count(batch, heads, seq, head_dim, causal, dtype)  # what time_student_backward ran
     metrics = {"kernel_ms": timing.median_ms, "tflops": tflops, "sets_per_request": count}
     message = (f"kernels {timing.median_ms:.3f} ms ({tflops:.1f} TFLOP/s, counting 2.5x the forward pass's flops; "
                f"{count} distinct input set{'s' if count > 1 else ''} per request)")
@@ -240,5 +241,5 @@ def run_backward_benchmarks(report, worker, cases, dtype=torch.float32):
     worker.stop()
     reference = bench.load_reference(report, 4)
     for c in cases:
-        report.run(c.name, lambda: backward_result(student[c.name], reference, c.batch, c.heads, c.seq, c.head_dim,
+        report.run(c.name, lambda: backward_result(*student[c.name], reference, c.batch, c.heads, c.seq, c.head_dim,
                                                    c.causal, dtype), kind="optional")

@@ -208,8 +208,8 @@ def measure_backward(worker) -> tune.Measured:
             return tune.Measured(error=f"wrong at {backward_text(shape)}{' causal' if causal else ''}: "
                                        f"{message.splitlines()[0]}")
     b, h, s, d = PERF_CASE
-    timing = time_student_backward(worker, b, h, s, d, False)
-    if isinstance(timing, str):
+    timing, count = time_student_backward(worker, b, h, s, d, False)
+    if count is None:
         return tune.Measured(error=f"timed run failed: {timing.splitlines()[0]}")
     tflops = BACKWARD_FLOPS * attention_flops(b, h, s, s, d, False) / (timing.median_ms * 1e-3) / 1e12
     return tune.Measured(ms=timing.median_ms, throughput=tflops, share=100 * tflops / fp32_peak_tflops())
@@ -247,8 +247,8 @@ def measure_backward_half(worker) -> tune.Measured:
             return tune.Measured(error=f"wrong at bf16 {backward_text(shape)}{' causal' if causal else ''}: "
                                        f"{message.splitlines()[0]}")
     b, h, s, d = BACKWARD_HALF_CASE
-    timing = time_student_backward(worker, b, h, s, d, False, torch.bfloat16)
-    if isinstance(timing, str):
+    timing, count = time_student_backward(worker, b, h, s, d, False, torch.bfloat16)
+    if count is None:
         return tune.Measured(error=f"timed run failed: {timing.splitlines()[0]}")
     tflops = BACKWARD_FLOPS * attention_flops(b, h, s, s, d, False) / (timing.median_ms * 1e-3) / 1e12
     return tune.Measured(ms=timing.median_ms, throughput=tflops, share=100 * tflops / half_tensor_core_bound_tflops())

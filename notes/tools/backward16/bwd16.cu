@@ -24,9 +24,12 @@
 #include "device/half.cuh"    // Half<T>
 #include "device/mma.cuh"     // mma16816, ldmatrix_x4(_trans), cp_async16, cp_async_commit/wait, fast_exp2
 
-#include "bwd16.h"  // Backward16Params
+#include "backward_common.cuh"  // add_pair, delta_kernel, dq_kernel
+#include "bwd16.h"             // Backward16Params
 
 namespace {
+
+using backward_experiment::add_pair, backward_experiment::delta_kernel, backward_experiment::dq_kernel;
 
 constexpr int PAD = 8;  // 16-bit values after each shared-memory row: ldmatrix's 8 rows in 8 bank groups
 
@@ -89,32 +92,6 @@ __device__ __forceinline__ void pack_a(uint32_t (&a)[KSTEPS][4], const float (&c
     a[st][2] = Half<T>::pack(c[2 * st + 1][0], c[2 * st + 1][1]);
     a[st][3] = Half<T>::pack(c[2 * st + 1][2], c[2 * st + 1][3]);
   }
-}
-
-// *dst += a, dst[1] += b, atomically: one vector reduction on 9.0 (red.global.add.v2.f32; dst 8-byte aligned),
-// two atomicAdds before it.
-__device__ __forceinline__ void add_pair(float* dst, float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst), "f"(a), "f"(b) : "memory");
-#else
-  atomicAdd(dst, a);
-  atomicAdd(dst + 1, b);
-#endif
-}
-
-// D = rowsum(dO * O) in float32, one warp a row.
-template <typename T>
-__global__ void delta_kernel(const T* __restrict__ out, const T* __restrict__ dout, float* __restrict__ delta,
-                             long long rows, int head_dim) {
-  const long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / WARP;
-  const int lane = threadIdx.x % WARP;
-  if (row >= rows) return;
-  float sum = 0.0f;
-  for (int d = lane; d < head_dim; d += WARP)
-    sum += Half<T>::to_float(out[row * head_dim + d]) * Half<T>::to_float(dout[row * head_dim + d]);
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (lane == 0) delta[row] = sum;
 }
 
 template <typename T, int D, int BLOCK_M, int WARPS>
@@ -274,12 +251,6 @@ __global__ void __launch_bounds__(WARPS * WARP, 1) dkdv_kernel(const Backward16P
 }
 
 // dq = scale dq_accum, in 16 bits.
-template <typename T>
-__global__ void dq_kernel(const float* __restrict__ dq_accum, T* __restrict__ dq, long long n, float scale) {
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-    dq[i] = Half<T>::from_float(dq_accum[i] * scale);
-}
-
 template <typename T, int D, int BLOCK_M, int WARPS>
 cudaError_t launch(const Backward16Params& p, cudaStream_t stream) {
   const auto kernel = dkdv_kernel<T, D, BLOCK_M, WARPS>;

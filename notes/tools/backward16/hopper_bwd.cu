@@ -26,9 +26,12 @@
 #include "device/half.cuh"    // Half<T>
 #include "device/hopper.cuh"  // mbarrier_*, tma_load_box, swizzled_tile, wgmma_fence/commit/wait, pin_registers
 #include "device/mma.cuh"     // fast_exp2
+#include "backward_common.cuh"  // add_pair, delta_kernel, dq_kernel
 #include "hopper_bwd.h"
 
 namespace {
+
+using backward_experiment::add_pair, backward_experiment::delta_kernel, backward_experiment::dq_kernel;
 
 constexpr int WARPGROUP = 4 * WARP;
 constexpr int CONSUMERS = 2;                      // warpgroups, 64 keys each
@@ -93,30 +96,6 @@ __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy
 // The warpgroup's own barrier (named barrier 1 + consumer, 128 threads): its four warps' dS^T rows written
 __device__ __forceinline__ void warpgroup_sync(int consumer) {
   asm volatile("bar.sync %0, %1;" ::"r"(1 + consumer), "r"(WARPGROUP) : "memory");
-}
-
-__device__ __forceinline__ void add_pair(float* dst, float a, float b) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst), "f"(a), "f"(b) : "memory");
-}
-
-template <typename T>
-__global__ void delta_kernel(const T* __restrict__ out, const T* __restrict__ dout, float* __restrict__ delta,
-                             long long rows, int head_dim) {
-  const long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / WARP;
-  const int lane = threadIdx.x % WARP;
-  if (row >= rows) return;
-  float sum = 0.0f;
-  for (int d = lane; d < head_dim; d += WARP)
-    sum += Half<T>::to_float(out[row * head_dim + d]) * Half<T>::to_float(dout[row * head_dim + d]);
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (lane == 0) delta[row] = sum;
-}
-
-template <typename T>
-__global__ void dq_kernel(const float* __restrict__ dq_accum, T* __restrict__ dq, long long n, float scale) {
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-    dq[i] = Half<T>::from_float(dq_accum[i] * scale);
 }
 
 // grid (ceil(seq_k / KEYS), batch * kv_heads), THREADS threads, Layout<PANELS>::BYTES of shared memory
@@ -314,17 +293,15 @@ __global__ void __launch_bounds__(THREADS, 1) dkdv_hopper_kernel(const __grid_co
 template <typename T, int PANELS>
 cudaError_t launch(const HopperBackwardParams& p, cudaStream_t stream) {
   const long long rows = (long long)p.batch * p.heads * p.seq_q;
-  delta_kernel<T><<<ceil_div(rows * WARP, 256LL), 256, 0, stream>>>(static_cast<const T*>(p.out),
-                                                                    static_cast<const T*>(p.dout), p.delta, rows,
-                                                                    p.head_dim);
+  const unsigned delta_blocks = static_cast<unsigned>((rows * WARP + 255) / 256);  // a warp a row, 64-bit sums
+  delta_kernel<T><<<delta_blocks, 256, 0, stream>>>(static_cast<const T*>(p.out), static_cast<const T*>(p.dout),
+                                                    p.delta, rows, p.head_dim);
   constexpr int bytes = Layout<PANELS>::BYTES;
   cudaError_t err = cudaFuncSetAttribute(dkdv_hopper_kernel<T, PANELS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          bytes);
   if (err != cudaSuccess) return err;
   dkdv_hopper_kernel<T, PANELS><<<dim3(ceil_div(p.seq_k, KEYS), p.batch * p.kv_heads), THREADS, bytes, stream>>>(p);
-  const long long n = rows * p.head_dim;
-  dq_kernel<T><<<(int)std::min<long long>(ceil_div(n, 256LL), 65535LL * 8), 256, 0, stream>>>(
-      p.dq_accum, static_cast<T*>(p.dq), n, p.scale);
+  dq_kernel<T><<<1024, 256, 0, stream>>>(p.dq_accum, static_cast<T*>(p.dq), rows * p.head_dim, p.scale);  // strided
   return cudaGetLastError();
 }
 
